@@ -1,0 +1,135 @@
+// bench/common.cpp: timing, the memcpy peer, the clock estimate and output for the benchmarks.
+#include "common.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <ostream>
+#include <thread>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#if defined(_MSC_VER)
+#include <intrin.h>
+#else
+#include <x86intrin.h>
+#endif
+#define FP8KIT_HAVE_TSC 1
+#endif
+
+namespace fp8kit::bench {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+}  // namespace
+
+double best_seconds(const std::function<void()>& fn, double budget) {
+    fn();  // warm-up: page faults, caches, thread team
+    double best = 1e300;
+    const auto start = Clock::now();
+    for (int runs = 0; runs < 3 || since(start) < budget; ++runs) {
+        const auto t0 = Clock::now();
+        fn();
+        best = std::min(best, since(t0));
+        if (runs > 10000) break;
+    }
+    return best;
+}
+
+void parallel_memcpy(void* dst, const void* src, size_t bytes, int threads) {
+#pragma omp parallel num_threads(threads)
+    {
+        const size_t team = size_t(omp_get_num_threads());
+        const size_t per = ((bytes + team - 1) / team + 63) / 64 * 64;
+        const size_t begin = std::min(bytes, per * size_t(omp_get_thread_num()));
+        const size_t end = std::min(bytes, begin + per);
+        if (begin < end) std::memcpy(static_cast<char*>(dst) + begin, static_cast<const char*>(src) + begin, end - begin);
+    }
+}
+
+double tsc_ghz() {
+#if defined(FP8KIT_HAVE_TSC)
+    static const double ghz = [] {
+        const auto t0 = Clock::now();
+        const unsigned long long c0 = __rdtsc();
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        const unsigned long long c1 = __rdtsc();
+        return double(c1 - c0) / since(t0) * 1e-9;
+    }();
+    return ghz;
+#else
+    return 0.0;
+#endif
+}
+
+Row& Row::add(const std::string& key, const std::string& value) {
+    std::string quoted = "\"";
+    for (char c : value) {
+        if (c == '"' || c == '\\') quoted += '\\';
+        quoted += c;
+    }
+    cells_.emplace_back(key, quoted + "\"");
+    return *this;
+}
+
+Row& Row::add(const std::string& key, double value, int precision) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.*g", precision, value);
+    cells_.emplace_back(key, buf);
+    return *this;
+}
+
+Row& Row::add(const std::string& key, long long value) {
+    cells_.emplace_back(key, std::to_string(value));
+    return *this;
+}
+
+std::string Row::json() const {
+    std::string s = "{";
+    for (size_t i = 0; i < cells_.size(); ++i) {
+        if (i) s += ",";
+        s += "\"" + cells_[i].first + "\":" + cells_[i].second;
+    }
+    return s + "}";
+}
+
+void print_rows(std::ostream& os, const std::vector<Row>& rows, bool json) {
+    if (json) {
+        for (const Row& r : rows) os << r.json() << "\n";
+        return;
+    }
+    if (rows.empty()) return;
+    // Columns: union of keys in first-seen order; strings shown without their quotes.
+    std::vector<std::string> keys;
+    for (const Row& r : rows) {
+        for (const auto& [k, v] : r.cells()) {
+            if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+        }
+    }
+    auto text = [](const Row& r, const std::string& key) -> std::string {
+        for (const auto& [k, v] : r.cells()) {
+            if (k == key) return v.size() >= 2 && v.front() == '"' ? v.substr(1, v.size() - 2) : v;
+        }
+        return "";
+    };
+    std::vector<size_t> width(keys.size());
+    for (size_t c = 0; c < keys.size(); ++c) {
+        width[c] = keys[c].size();
+        for (const Row& r : rows) width[c] = std::max(width[c], text(r, keys[c]).size());
+    }
+    auto line = [&](auto&& cell) {
+        for (size_t c = 0; c < keys.size(); ++c) {
+            const std::string s = cell(c);
+            os << (c ? "  " : "") << s << std::string(width[c] - s.size(), ' ');
+        }
+        os << "\n";
+    };
+    line([&](size_t c) { return keys[c]; });
+    line([&](size_t c) { return std::string(width[c], '-'); });
+    for (const Row& r : rows) line([&](size_t c) { return text(r, keys[c]); });
+}
+
+}  // namespace fp8kit::bench

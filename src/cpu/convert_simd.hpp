@@ -1,0 +1,165 @@
+// src/cpu/convert_simd.hpp: the FP8 encode/decode algorithm for SIMD registers, written once
+// over an ISA's operation set V (see convert_avx2.cpp, convert_avx512.cpp).
+//
+// Checked against: the scalar encode()/decode() of <fp8kit/format.hpp>, over all 2^32 float32
+// inputs for e4m3fn and e5m2 in both overflow modes (tests/unit/test_convert_exhaustive.cpp),
+// and the golden vectors for every format (tests/golden).
+//
+// Included only by the ISA translation units, each compiled with its own -m flags. Everything
+// here has internal linkage (anonymous namespace), and the kernels call nothing but intrinsics
+// and each other: no inline function compiled for AVX-512 can be chosen by the linker for a
+// caller on another path. Tails go through a zero-padded stack block, not scalar code.
+//
+// The algorithm is the scalar one, lane-parallel, on float32 bits:
+//  - normal results: round-to-nearest-even by integer add of (half-1 + kept LSB), shift, rebias;
+//  - subnormal results: |x| * 2^(bias-1+man) is exact and the code is that value rounded to an
+//    integer, done by the float->int conversion with an explicit round-to-nearest-even
+//    immediate, so neither depends on MXCSR. (With denormals-are-zero set by the caller, a
+//    float32 subnormal input reads as 0, which is its correct FP8 code anyway.)
+//  - then the overflow rule, NaN, and the sign, exactly as detail::finish_code.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "cpu/convert_kernels.hpp"
+
+namespace fp8kit::cpu {
+namespace {
+
+// float32 bit patterns and powers of two used below. Constants are constexpr variables so that
+// even an unoptimised build evaluates them at compile time (no out-of-line helper calls).
+constexpr uint32_t abs_mask = 0x7fffffffu, inf_bits = 0x7f800000u, qnan_bits = 0x7fc00000u;
+constexpr float pow2(int e) { return detail::f32_from_bits(uint32_t(127 + e) << 23); }
+
+template <class V, Format F, Overflow O>
+inline typename V::I encode_vec(typename V::F x) {
+    using I = typename V::I;
+    const I b = V::as_i(x);
+    const I a = V::and_(b, V::set1(abs_mask));
+    I code;
+    if constexpr (F == Format::e8m0fnu) {
+        // Exponent with round-half-up; float32 subnormals: 2^-127 below 1.5*2^-127, else 2^-126.
+        const I normal = V::template srli<23>(V::add(a, V::set1(0x400000u)));
+        const I subnormal =
+            V::select(V::lt(a, V::set1(0x600000u)), V::set1(0u), V::set1(1u));
+        code = V::select(V::lt(a, V::set1(0x800000u)), subnormal, normal);
+        if constexpr (O == Overflow::saturate) code = V::min_u(code, V::set1(0xfeu));
+        // Zero, negatives (b-1 < 0 as signed, incl. -0) and NaN (b-1 >= inf) have no code.
+        const I bm1 = V::sub(b, V::set1(1u));
+        const auto invalid = V::mask_or(V::lt(bm1, V::set1(0u)), V::gt(bm1, V::set1(inf_bits - 1u)));
+        return V::select(invalid, V::set1(0xffu), code);
+    } else {
+        constexpr FormatInfo fi = format_info(F);
+        constexpr int k = 23 - fi.mantissa_bits;
+        constexpr uint32_t min_normal = uint32_t(128 - fi.bias) << 23;
+        // (half - 1) minus the exponent rebias, folded into one constant (mod 2^32).
+        constexpr uint32_t normal_add = ((1u << (k - 1)) - 1u) - (uint32_t(127 - fi.bias) << 23);
+        constexpr float to_subnormal_units = pow2(fi.bias - 1 + fi.mantissa_bits);
+
+        const I lsb = V::and_(V::template srli<k>(a), V::set1(1u));
+        const I normal = V::template srli<k>(V::add(V::add(a, V::set1(normal_add)), lsb));
+        const I subnormal = V::round_i(V::mul(V::as_f(a), V::set1f(to_subnormal_units)));
+        code = V::select(V::lt(a, V::set1(min_normal)), subnormal, normal);
+
+        const I nan_mag = V::set1(fi.has_neg_zero ? fi.nan_code : 0x80u);
+        if constexpr (O == Overflow::saturate) {
+            code = V::min_u(code, V::set1(fi.max_code));  // Inf lands here too: +-max
+            code = V::select(V::gt(a, V::set1(inf_bits)), nan_mag, code);
+        } else if constexpr (fi.has_inf) {
+            code = V::select(V::gt(code, V::set1(fi.max_code)), V::set1(0x7cu), code);
+            code = V::select(V::gt(a, V::set1(inf_bits)), nan_mag, code);
+        } else {
+            // NaN inputs round above max_code as well, so one select covers both.
+            code = V::select(V::gt(code, V::set1(fi.max_code)), nan_mag, code);
+        }
+        const I sign = V::and_(V::template srli<24>(b), V::set1(0x80u));
+        if constexpr (fi.has_neg_zero) return V::or_(code, sign);
+        // fnuz: no -0, so the sign is dropped when the magnitude rounded to 0.
+        return V::select(V::eq(code, V::set1(0u)), code, V::or_(code, sign));
+    }
+}
+
+template <class V, Format F>
+inline typename V::F decode_vec(typename V::I c) {
+    using I = typename V::I;
+    I bits;
+    if constexpr (F == Format::e8m0fnu) {
+        bits = V::template slli<23>(c);
+        bits = V::select(V::eq(c, V::set1(0u)), V::set1(0x00400000u), bits);  // 2^-127
+        bits = V::select(V::eq(c, V::set1(0xffu)), V::set1(qnan_bits), bits);
+    } else {
+        constexpr FormatInfo fi = format_info(F);
+        constexpr int man = fi.mantissa_bits;
+        constexpr float quantum = pow2(1 - fi.bias - man);
+        const I mag = V::and_(c, V::set1(0x7fu));
+        const I sign = V::template slli<24>(V::and_(c, V::set1(0x80u)));
+        const I normal =
+            V::add(V::template slli<23 - man>(mag), V::set1(uint32_t(127 - fi.bias) << 23));
+        // Subnormals: mag * 2^(1-bias-man), exact (small integer times a power of two).
+        const I subnormal =
+            V::as_i(V::mul(V::cvt_f(mag), V::set1f(quantum)));
+        bits = V::or_(V::select(V::lt(mag, V::set1(1u << man)), subnormal, normal), sign);
+        const I nan = V::or_(sign, V::set1(qnan_bits));
+        if constexpr (F == Format::e4m3fn) {
+            bits = V::select(V::eq(mag, V::set1(0x7fu)), nan, bits);
+        } else if constexpr (F == Format::e5m2) {
+            bits = V::select(V::eq(mag, V::set1(0x7cu)), V::or_(sign, V::set1(inf_bits)), bits);
+            bits = V::select(V::gt(mag, V::set1(0x7cu)), nan, bits);
+        } else {
+            bits = V::select(V::eq(c, V::set1(0x80u)), nan, bits);
+        }
+    }
+    return V::as_f(bits);
+}
+
+// Blocks of four registers: enough independent work to hide latency, and one pack per block.
+template <class V>
+constexpr size_t block = 4 * V::W;
+
+template <class V>
+struct Kernels {
+    template <class In, Format F, Overflow O>
+    static void encode(const In* in, uint8_t* out, size_t n, float scale) {
+        const auto vscale = V::set1f(scale);
+        auto encode_block = [&](const In* src, uint8_t* dst) {
+            V::store_u8x4(dst, encode_vec<V, F, O>(V::mul(V::load(src), vscale)),
+                          encode_vec<V, F, O>(V::mul(V::load(src + V::W), vscale)),
+                          encode_vec<V, F, O>(V::mul(V::load(src + 2 * V::W), vscale)),
+                          encode_vec<V, F, O>(V::mul(V::load(src + 3 * V::W), vscale)));
+        };
+        size_t i = 0;
+        for (; i + block<V> <= n; i += block<V>) encode_block(in + i, out + i);
+        if (i < n) {
+            alignas(64) unsigned char src[block<V> * sizeof(In)] = {};
+            alignas(64) uint8_t dst[block<V>];
+            std::memcpy(src, in + i, (n - i) * sizeof(In));
+            encode_block(reinterpret_cast<const In*>(src), dst);
+            std::memcpy(out + i, dst, n - i);
+        }
+    }
+
+    template <class Out, Format F>
+    static void decode(const uint8_t* in, Out* out, size_t n, float scale_inv) {
+        const auto vscale = V::set1f(scale_inv);
+        auto decode_block = [&](const uint8_t* src, Out* dst) {
+            for (size_t j = 0; j < 4; ++j) {
+                V::store(dst + j * V::W,
+                         V::mul(decode_vec<V, F>(V::load_u8(src + j * V::W)), vscale));
+            }
+        };
+        size_t i = 0;
+        for (; i + block<V> <= n; i += block<V>) decode_block(in + i, out + i);
+        if (i < n) {
+            alignas(64) uint8_t src[block<V>] = {};
+            alignas(64) unsigned char dst[block<V> * sizeof(Out)];
+            std::memcpy(src, in + i, n - i);
+            decode_block(src, reinterpret_cast<Out*>(dst));
+            std::memcpy(out + i, dst, (n - i) * sizeof(Out));
+        }
+    }
+};
+
+}  // namespace
+}  // namespace fp8kit::cpu

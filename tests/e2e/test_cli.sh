@@ -1,0 +1,34 @@
+#!/bin/sh
+# tests/e2e/test_cli.sh FP8KIT: the command line as a user meets it - help, version, the formats
+# table (values from NUMERICS.md), and bad input giving one line on stderr and exit code 2.
+set -u
+fp8kit=$1
+fails=0
+check() {  # check DESCRIPTION COMMAND... : the command must succeed
+    if ! sh -c "$2"; then echo "FAIL: $1"; fails=$((fails + 1)); else echo "ok: $1"; fi
+}
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+
+"$fp8kit" --help >"$out/help" 2>&1; rc=$?
+check "--help exits 0 and lists formats and bench" "[ $rc -eq 0 ] && grep -q formats '$out/help' && grep -q bench '$out/help'"
+"$fp8kit" --version >"$out/version" 2>&1; rc=$?
+check "--version prints the version" "[ $rc -eq 0 ] && grep -Eq '^fp8kit [0-9]+\.[0-9]+\.[0-9]+$' '$out/version'"
+
+"$fp8kit" formats >"$out/formats" 2>&1; rc=$?
+check "formats exits 0" "[ $rc -eq 0 ]"
+check "e4m3fn row: bias 7, max 448, min subnormal 2^-9" "grep -E '^e4m3fn +4/3 +7 +448 ' '$out/formats' | grep -q '2^-9'"
+check "e5m2 row: max 57344, Inf codes" "grep -E '^e5m2 +5/2 +15 +57344 ' '$out/formats' | grep -q '0x7c 0xfc'"
+check "e4m3fnuz row: bias 8, max 240" "grep -Eq '^e4m3fnuz +4/3 +8 +240 ' '$out/formats'"
+check "e5m2fnuz row: bias 16" "grep -Eq '^e5m2fnuz +5/2 +16 +57344 ' '$out/formats'"
+check "e8m0fnu row: unsigned, max 2^127" "grep -E '^e8m0fnu +8/0 +127 +2\^127' '$out/formats' | grep -q unsigned"
+
+"$fp8kit" frobnicate >"$out/o" 2>"$out/e"; rc=$?
+check "unknown subcommand: exit 2, one line on stderr" "[ $rc -eq 2 ] && [ \$(wc -l <'$out/e') -eq 1 ] && grep -q 'fp8kit: error' '$out/e'"
+FP8KIT_ISA=avx9 "$fp8kit" formats >"$out/o" 2>"$out/e"; rc=$?
+check "bad FP8KIT_ISA: exit 2 naming the value" "[ $rc -eq 2 ] && grep -q \"FP8KIT_ISA='avx9'\" '$out/e'"
+"$fp8kit" bench >"$out/o" 2>"$out/e"; rc=$?
+check "bench without a benchmark name: exit 2" "[ $rc -eq 2 ]"
+
+echo "$(( 12 - fails )) passed, $fails failed"
+[ $fails -eq 0 ]

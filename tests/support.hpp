@@ -1,0 +1,56 @@
+// tests/support.hpp: helpers shared by the tests - the golden data folder, running a body on every
+// CPU code path, and comparing FP8 codes with "any NaN equals any NaN".
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "fp8kit/format.hpp"
+#include "fp8kit/runtime.hpp"
+
+namespace fp8kit::test {
+
+// The golden vectors folder (CMake cache variable FP8KIT_TESTDATA_DIR); tests fail loudly if it is
+// missing rather than skipping.
+inline std::string testdata(const char* file) { return std::string(FP8KIT_TESTDATA_DIR) + "/" + file; }
+
+inline uint32_t bits(float x) {
+    uint32_t b;
+    std::memcpy(&b, &x, 4);
+    return b;
+}
+inline float from_bits(uint32_t b) {
+    float x;
+    std::memcpy(&x, &b, 4);
+    return x;
+}
+
+// Runs body() once per code path this CPU supports, with that path active; restores the path.
+template <class Body>
+void for_each_isa(Body&& body) {
+    const Isa saved = active_isa();
+    for (Isa isa : supported_isas()) {
+        SCOPED_TRACE(std::string("isa=") + std::string(to_string(isa)));
+        set_isa(isa);
+        body(isa);
+    }
+    set_isa(saved);
+}
+
+// Codes agree: identical, or both NaN in format f (any NaN code is a correct NaN).
+inline bool same_code(uint8_t a, uint8_t b, Format f) { return a == b || (is_nan(a, f) && is_nan(b, f)); }
+
+// Floats agree bit for bit, or are both NaN.
+inline bool same_float(float a, float b) { return bits(a) == bits(b) || (a != a && b != b); }
+
+inline std::string hex(uint32_t v, int digits) {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "0x%0*x", digits, v);
+    return buf;
+}
+
+}  // namespace fp8kit::test

@@ -1,0 +1,51 @@
+// tests/unit/test_runtime.cpp: code path selection and threads. ctest runs this binary once per
+// path with FP8KIT_ISA set (and once with a bad value) to check the override really selects it.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "fp8kit/error.hpp"
+#include "support.hpp"
+
+namespace fp8kit::test {
+namespace {
+
+TEST(Runtime, SupportedPathsAreOrderedAndSwitchable) {
+    const auto isas = supported_isas();
+    ASSERT_FALSE(isas.empty());
+    const Isa initial = active_isa();
+    EXPECT_EQ(isas.front(), Isa::portable);
+    EXPECT_TRUE(cpu_supports(Isa::portable));
+    for (Isa isa : isas) {
+        EXPECT_EQ(try_parse_isa(to_string(isa)), isa);
+        set_isa(isa);
+        EXPECT_EQ(active_isa(), isa);
+    }
+    EXPECT_FALSE(try_parse_isa("sse2").has_value());
+    set_isa(initial);
+}
+
+// FP8KIT_ISA names the path in force from the start (ctest sets it; unset means "the best").
+TEST(Runtime, EnvironmentOverrideSelectsThePath) {
+    const char* env = std::getenv("FP8KIT_ISA");
+    const auto want = env && *env ? try_parse_isa(env) : std::optional<Isa>(supported_isas().back());
+    if (!want || !cpu_supports(*want)) {
+        EXPECT_THROW(active_isa(), Error) << "FP8KIT_ISA=" << (env ? env : "") << " must be refused";
+        return;
+    }
+    EXPECT_EQ(active_isa(), *want);
+}
+
+TEST(Runtime, UnsupportedPathIsRefused) {
+    for (Isa isa : {Isa::avx2, Isa::avx512}) {
+        if (!cpu_supports(isa)) {
+            EXPECT_THROW(set_isa(isa), Error);
+        }
+    }
+    EXPECT_THROW(set_num_threads(-1), Error);
+    set_num_threads(2);
+    EXPECT_EQ(num_threads(), 2);
+}
+
+}  // namespace
+}  // namespace fp8kit::test

@@ -1,0 +1,21 @@
+// tools/bench.cpp: `fp8kit bench <name> [--json] [--quick]` runs the benchmark of bench/<name>
+// (the same code as the bench_<name> binary).
+#include <iostream>
+#include <memory>
+
+#include "commands.hpp"
+#include "common.hpp"
+
+namespace fp8kit::tools {
+
+void add_bench_command(CLI::App& app) {
+    CLI::App* bench = app.add_subcommand("bench", "measure fp8kit side by side with its peers (see docs/PERF.md)");
+    bench->require_subcommand(1);
+    auto opt = std::make_shared<bench::Options>();
+    CLI::App* convert = bench->add_subcommand("convert", "bulk FP8 conversion vs memcpy of the same bytes");
+    convert->add_flag("--json", opt->json, "one JSON object per line");
+    convert->add_flag("--quick", opt->quick, "fewer cases and repetitions (under a minute)");
+    convert->callback([opt] { bench::run_convert(*opt, std::cout); });
+}
+
+}  // namespace fp8kit::tools

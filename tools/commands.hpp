@@ -1,0 +1,12 @@
+// tools/commands.hpp: each `fp8kit` subcommand registers itself on the app (one file each).
+// A command's callback runs after parsing; it reports errors by throwing fp8kit::Error.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace fp8kit::tools {
+
+void add_formats_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
+
+}  // namespace fp8kit::tools
