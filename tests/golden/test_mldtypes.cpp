@@ -5,9 +5,10 @@
 //
 // Reads ml_dtypes' 256 decoded values and its conversion of all 2^32 float32 bit patterns
 // (astype = nonsaturating, nearest even) from stdin, and checks the scalar decode and every bulk
-// encode path (nonsaturating) against them. Any NaN code matches any NaN code. NUMERICS.md's one
-// deliberate difference (saturating Inf -> max for e4m3fn) is in the saturating mode, not tested
-// here. Prints "N passed, M failed" and exits non-zero on any mismatch or a short stream.
+// encode path (nonsaturating) against them. Any NaN code matches any NaN code. The deliberate
+// differences of docs/NUMERICS.md: saturating Inf -> max for e4m3fn is in the saturating mode, not
+// tested here; e8m0fnu's nearest rounding of float32 subnormals is asserted exactly (below).
+// Prints "N passed, M failed" and exits non-zero on any mismatch or a short stream.
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -44,6 +45,13 @@ int main(int argc, char** argv) {
         }
     }
 
+    // ml_dtypes rounds every float32 subnormal in (2^-127, 1.5*2^-127) up to e8m0fnu 2^-126;
+    // fp8kit rounds them to the nearer 2^-127. Exactly these inputs may differ, exactly so.
+    auto known_difference = [f](uint32_t x, uint8_t mine, uint8_t theirs) {
+        return f == Format::e8m0fnu && x > 0x400000u && x < 0x600000u && mine == 0x00 && theirs == 0x01;
+    };
+    long long known = 0;
+
     const size_t chunk = size_t(1) << 24;
     std::vector<uint8_t> oracle(chunk), got(chunk);
     std::vector<float> in(chunk);
@@ -60,6 +68,8 @@ int main(int argc, char** argv) {
             for (size_t i = 0; i < chunk; ++i) {
                 if (test::same_code(got[i], oracle[i], f)) {
                     ++passed;
+                } else if (known_difference(uint32_t(start + i), got[i], oracle[i])) {
+                    ++known;
                 } else {
                     fail(std::string(to_string(isa)) + " x=" + test::hex(uint32_t(start + i), 8) + " fp8kit " +
                          test::hex(got[i], 2) + " ml_dtypes " + test::hex(oracle[i], 2));
@@ -67,6 +77,8 @@ int main(int argc, char** argv) {
             }
         }
     }
-    std::printf("%lld passed, %lld failed\n", passed, failed);
+    const long long want_known = f == Format::e8m0fnu ? (0x600000 - 0x400000 - 1) * (long long)isas.size() : 0;
+    if (known != want_known) fail("expected " + std::to_string(want_known) + " known e8m0fnu differences, saw " + std::to_string(known));
+    std::printf("%lld passed, %lld failed\n", passed + (failed == 0 ? known : 0), failed);
     return failed == 0 ? 0 : 1;
 }
