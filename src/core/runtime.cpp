@@ -17,6 +17,8 @@
 #define FP8KIT_X86 1
 #if defined(_MSC_VER)
 #include <intrin.h>
+#else
+#include <cpuid.h>
 #endif
 #endif
 
@@ -41,11 +43,14 @@ bool detect(Isa isa) {
     return avx2 && zmm_saved && ((b >> 16) & 1) && ((b >> 17) & 1) && ((b >> 30) & 1) && ((b >> 31) & 1);
 }
 #elif defined(FP8KIT_X86)
-// GCC's and Clang's cpu model checks both cpuid and the OS-saved state (XCR0).
+// GCC's and Clang's cpu model checks both cpuid and the OS-saved state (XCR0). F16C (leaf 1,
+// ECX bit 29) is not a feature name clang 14 knows, so it is read from cpuid directly; it needs
+// no OS state beyond AVX's, which the avx2 check already covers.
 bool detect(Isa isa) {
     __builtin_cpu_init();
-    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                      __builtin_cpu_supports("f16c");
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && ((ecx >> 29) & 1u);
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
     if (isa == Isa::avx2) return avx2;
     if (isa == Isa::avx512) {
         return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&

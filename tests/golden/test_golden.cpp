@@ -73,7 +73,9 @@ std::map<std::pair<Format, Overflow>, std::vector<EncodeRow>> load_encode() {
 TEST(Golden, DecodeEveryCodeOfEveryFormat) {
     const auto rows = load_decode();
     ASSERT_EQ(rows.size(), 5u);
-    for (const auto& [f, list] : rows) {
+    for (const auto& entry : rows) {
+        const Format f = entry.first;
+        const std::vector<DecodeRow>& list = entry.second;
         ASSERT_EQ(list.size(), 256u) << to_string(f);
         std::vector<uint8_t> codes;
         for (const auto& r : list) {
@@ -116,8 +118,10 @@ TEST(Golden, DecodeEveryCodeOfEveryFormat) {
 TEST(Golden, EncodeEveryVectorScalarAndBulk) {
     const auto rows = load_encode();
     ASSERT_EQ(rows.size(), 8u);  // four signed formats x two modes
-    for (const auto& [key, list] : rows) {
-        const auto [f, o] = key;
+    for (const auto& entry : rows) {
+        const Format f = entry.first.first;
+        const Overflow o = entry.first.second;
+        const std::vector<EncodeRow>& list = entry.second;
         SCOPED_TRACE(std::string(to_string(f)) + " " + std::string(to_string(o)));
         std::vector<float> in;
         for (const auto& r : list) in.push_back(from_bits(r.f32));

@@ -42,7 +42,9 @@ struct Case {
 class EncodeAllFloats : public ::testing::TestWithParam<Case> {};
 
 TEST_P(EncodeAllFloats, EverySimdPathEqualsScalar) {
-    const auto [f, o, scale] = GetParam();
+    const Format f = GetParam().format;
+    const Overflow o = GetParam().overflow;
+    const float scale = GetParam().scale;
     std::vector<Isa> simd;
     for (Isa isa : supported_isas()) {
         if (isa != Isa::portable) simd.push_back(isa);
