@@ -12,6 +12,7 @@
 
 #include <bit>
 #include <cstdint>
+#include <type_traits>
 
 #include "fp8kit/config.hpp"
 
@@ -19,8 +20,21 @@ namespace fp8kit {
 
 namespace detail {
 
-FP8KIT_HD constexpr uint32_t f32_bits(float x) noexcept { return std::bit_cast<uint32_t>(x); }
-FP8KIT_HD constexpr float f32_from_bits(uint32_t b) noexcept { return std::bit_cast<float>(b); }
+// std::bit_cast is host-only under nvcc (without --expt-relaxed-constexpr, which fp8kit does not
+// ask of its users), so device code at run time uses CUDA's own reinterpretation intrinsics;
+// constant evaluation (also in nvcc's device pass) keeps std::bit_cast.
+FP8KIT_HD constexpr uint32_t f32_bits(float x) noexcept {
+#if defined(__CUDA_ARCH__)
+    if (!std::is_constant_evaluated()) return __float_as_uint(x);
+#endif
+    return std::bit_cast<uint32_t>(x);
+}
+FP8KIT_HD constexpr float f32_from_bits(uint32_t b) noexcept {
+#if defined(__CUDA_ARCH__)
+    if (!std::is_constant_evaluated()) return __uint_as_float(b);
+#endif
+    return std::bit_cast<float>(b);
+}
 
 inline constexpr uint32_t f32_sign_bit = 0x80000000u;
 inline constexpr uint32_t f32_inf_bits = 0x7f800000u;
