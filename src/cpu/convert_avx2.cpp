@@ -56,12 +56,7 @@ struct Avx2 {
         return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(v, v), 0x08));
     }
     static void store(bf16* p, F v) {
-        // Round to nearest even on the bits; NaN keeps its top bits and is made quiet.
-        const I b = as_i(v);
-        const I lsb = and_(srli<16>(b), set1(1u));
-        I r = srli<16>(add(add(b, set1(0x7fffu)), lsb));
-        r = select(gt(and_(b, set1(abs_mask)), set1(inf_bits)), or_(srli<16>(b), set1(0x40u)), r);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(p), pack_u16(r));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(p), pack_u16(bf16_bits<Avx2>(v)));
     }
     static void store(f16* p, F v) {
         _mm_storeu_si128(reinterpret_cast<__m128i*>(p),

@@ -51,12 +51,7 @@ struct Avx512 {
 
     static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
     static void store(bf16* p, F v) {
-        // Round to nearest even on the bits; NaN keeps its top bits and is made quiet.
-        const I b = as_i(v);
-        const I lsb = and_(srli<16>(b), set1(1u));
-        I r = srli<16>(add(add(b, set1(0x7fffu)), lsb));
-        r = select(gt(and_(b, set1(abs_mask)), set1(inf_bits)), or_(srli<16>(b), set1(0x40u)), r);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(bf16_bits<Avx512>(v)));
     }
     static void store(f16* p, F v) {
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),

@@ -114,6 +114,18 @@ inline typename V::F decode_vec(typename V::I c) {
     return V::as_f(bits);
 }
 
+// float32 -> bf16 bits in 32-bit lanes: round to nearest even on the bits (as bf16(float));
+// NaN keeps its top bits and is made quiet, so it cannot round into Inf.
+template <class V>
+inline typename V::I bf16_bits(typename V::F v) {
+    using I = typename V::I;
+    const I b = V::as_i(v);
+    const I lsb = V::and_(V::template srli<16>(b), V::set1(1u));
+    const I rounded = V::template srli<16>(V::add(V::add(b, V::set1(0x7fffu)), lsb));
+    const I quiet_nan = V::or_(V::template srli<16>(b), V::set1(0x40u));
+    return V::select(V::gt(V::and_(b, V::set1(abs_mask)), V::set1(inf_bits)), quiet_nan, rounded);
+}
+
 // Blocks of four registers: enough independent work to hide latency, and one pack per block.
 template <class V>
 constexpr size_t block = 4 * V::W;
