@@ -123,7 +123,8 @@ void print_rows(std::ostream& os, const std::vector<Row>& rows, bool json) {
     auto line = [&](auto&& cell) {
         for (size_t c = 0; c < keys.size(); ++c) {
             const std::string s = cell(c);
-            os << (c ? "  " : "") << s << std::string(width[c] - s.size(), ' ');
+            os << (c ? "  " : "") << s;
+            if (c + 1 < keys.size()) os << std::string(width[c] - s.size(), ' ');
         }
         os << "\n";
     };

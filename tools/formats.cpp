@@ -1,13 +1,15 @@
 // tools/formats.cpp: `fp8kit formats` prints every FP8 format's limits and special-value rules,
 // straight from fp8kit::format_info (the same table the encoder uses), and the CPU code path.
-#include <algorithm>
+// `--json`: one object per format, through the benchmarks' table/JSON printer (bench/common).
 #include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <string>
+#include <memory>
 #include <vector>
 
 #include "commands.hpp"
+#include "common.hpp"
 #include "fp8kit/format.hpp"
 #include "fp8kit/runtime.hpp"
 
@@ -28,41 +30,38 @@ std::string show(float v) {
     return buf;
 }
 
-void print_formats() {
-    std::vector<std::vector<std::string>> table = {
-        {"format", "E/M", "bias", "max", "min normal", "min subnormal", "epsilon", "Inf", "NaN", "-0"}};
+void print_formats(bool json) {
+    std::vector<bench::Row> rows;
     for (Format f : all_formats) {
         const FormatInfo fi = format_info(f);
-        table.push_back({std::string(fi.name), std::to_string(fi.exponent_bits) + "/" + std::to_string(fi.mantissa_bits),
-                         std::to_string(fi.bias), show(fi.max), show(fi.min_normal),
-                         fi.min_subnormal == fi.min_normal ? "none" : show(fi.min_subnormal), show(fi.epsilon),
-                         fi.has_inf ? "0x7c 0xfc" : "none", std::string(fi.nan_rule),
-                         fi.has_neg_zero ? "0x80" : (fi.has_sign ? "none (0x80 is NaN)" : "none (unsigned)")});
+        rows.push_back(bench::Row()
+                           .add("format", std::string(fi.name))
+                           .add("E/M", std::to_string(fi.exponent_bits) + "/" + std::to_string(fi.mantissa_bits))
+                           .add("bias", (long long)fi.bias)
+                           .add("max", show(fi.max))
+                           .add("min normal", show(fi.min_normal))
+                           .add("min subnormal", fi.min_subnormal == fi.min_normal ? "none" : show(fi.min_subnormal))
+                           .add("epsilon", show(fi.epsilon))
+                           .add("Inf", fi.has_inf ? "0x7c 0xfc" : "none")
+                           .add("NaN", std::string(fi.nan_rule))
+                           .add("-0", fi.has_neg_zero ? "0x80" : (fi.has_sign ? "none (0x80 is NaN)" : "none (unsigned)")));
     }
-    std::vector<size_t> width(table[0].size(), 0);
-    for (const auto& row : table) {
-        for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
-    }
-    for (const auto& row : table) {
-        std::string line;
-        for (size_t c = 0; c < row.size(); ++c) {
-            line += row[c];
-            if (c + 1 < row.size()) line += std::string(width[c] - row[c].size() + 2, ' ');
-        }
-        std::printf("%s\n", line.c_str());
-    }
-    std::printf("\nRounding: nearest-even from float32 (e8m0fnu: half up, like ml_dtypes). Overflow:\n"
-                "saturate clamps to +-max (and +-Inf); nonsaturating gives Inf (e5m2) or NaN.\n");
-    std::printf("CPU path: %s (supported:", std::string(to_string(active_isa())).c_str());
-    for (Isa isa : supported_isas()) std::printf(" %s", std::string(to_string(isa)).c_str());
-    std::printf("), threads: %d\n", num_threads());
+    bench::print_rows(std::cout, rows, json);
+    if (json) return;
+    std::cout << "\nRounding: nearest-even from float32 (e8m0fnu: half up, like ml_dtypes). Overflow:\n"
+                 "saturate clamps to +-max (and +-Inf); nonsaturating gives Inf (e5m2) or NaN.\n"
+              << "CPU path: " << to_string(active_isa()) << " (supported:";
+    for (Isa isa : supported_isas()) std::cout << " " << to_string(isa);
+    std::cout << "), threads: " << num_threads() << "\n";
 }
 
 }  // namespace
 
 void add_formats_command(CLI::App& app) {
     CLI::App* cmd = app.add_subcommand("formats", "print every FP8 format: bits, bias, limits, Inf/NaN/-0 rules");
-    cmd->callback(print_formats);
+    auto json = std::make_shared<bool>(false);
+    cmd->add_flag("--json", *json, "one JSON object per format");
+    cmd->callback([json] { print_formats(*json); });
 }
 
 }  // namespace fp8kit::tools

@@ -66,25 +66,18 @@ void check_sizes(const char* fn, size_t in, size_t out) {
     }
 }
 
-template <class In>
-void encode_any(std::span<const In> in, std::span<uint8_t> out, Format f, Overflow o, float scale,
-                EncodeKernel<In> const (ConvertKernels::*table)[num_formats][2]) {
-    check_sizes("encode", in.size(), out.size());
-    const EncodeKernel<In> k = (kernels_for(active_isa()).*table)[int(f)][int(o)];
-    parallel_ranges(in.size(), [&](size_t i, size_t count) { k(in.data() + i, out.data() + i, count, scale); });
-}
+// The table of the path in force (FP8KIT_ISA / set_isa / the best the CPU has).
+const ConvertKernels& active_kernels() { return kernels_for(active_isa()); }
 
-template <class Out>
-void decode_any(std::span<const uint8_t> in, std::span<Out> out, Format f, float scale_inv,
-                DecodeKernel<Out> const (ConvertKernels::*table)[num_formats]) {
-    check_sizes("decode", in.size(), out.size());
-    const DecodeKernel<Out> k = (kernels_for(active_isa()).*table)[int(f)];
-    parallel_ranges(in.size(), [&](size_t i, size_t count) { k(in.data() + i, out.data() + i, count, scale_inv); });
+// Checks the spans and runs one kernel (encode or decode: same shape) over the threads.
+template <class In, class Out>
+void run_kernel(const char* fn, std::span<const In> in, std::span<Out> out,
+                void (*kernel)(const In*, Out*, size_t, float), float scale) {
+    check_sizes(fn, in.size(), out.size());
+    parallel_ranges(in.size(), [&](size_t i, size_t count) { kernel(in.data() + i, out.data() + i, count, scale); });
 }
 
 }  // namespace
-
-const ConvertKernels& convert_kernels_portable() { return portable_table; }
 
 #if !defined(FP8KIT_X86_KERNELS)
 const ConvertKernels* convert_kernels_avx2() { return nullptr; }
@@ -94,23 +87,23 @@ const ConvertKernels* convert_kernels_avx512() { return nullptr; }
 }  // namespace cpu
 
 void encode(std::span<const float> in, std::span<uint8_t> out, Format f, Overflow o, float scale) {
-    cpu::encode_any(in, out, f, o, scale, &cpu::ConvertKernels::encode_f32);
+    cpu::run_kernel("encode", in, out, cpu::active_kernels().encode_f32[int(f)][int(o)], scale);
 }
 void encode(std::span<const bf16> in, std::span<uint8_t> out, Format f, Overflow o, float scale) {
-    cpu::encode_any(in, out, f, o, scale, &cpu::ConvertKernels::encode_bf16);
+    cpu::run_kernel("encode", in, out, cpu::active_kernels().encode_bf16[int(f)][int(o)], scale);
 }
 void encode(std::span<const f16> in, std::span<uint8_t> out, Format f, Overflow o, float scale) {
-    cpu::encode_any(in, out, f, o, scale, &cpu::ConvertKernels::encode_f16);
+    cpu::run_kernel("encode", in, out, cpu::active_kernels().encode_f16[int(f)][int(o)], scale);
 }
 
 void decode(std::span<const uint8_t> in, std::span<float> out, Format f, float scale_inv) {
-    cpu::decode_any(in, out, f, scale_inv, &cpu::ConvertKernels::decode_f32);
+    cpu::run_kernel("decode", in, out, cpu::active_kernels().decode_f32[int(f)], scale_inv);
 }
 void decode(std::span<const uint8_t> in, std::span<bf16> out, Format f, float scale_inv) {
-    cpu::decode_any(in, out, f, scale_inv, &cpu::ConvertKernels::decode_bf16);
+    cpu::run_kernel("decode", in, out, cpu::active_kernels().decode_bf16[int(f)], scale_inv);
 }
 void decode(std::span<const uint8_t> in, std::span<f16> out, Format f, float scale_inv) {
-    cpu::decode_any(in, out, f, scale_inv, &cpu::ConvertKernels::decode_f16);
+    cpu::run_kernel("decode", in, out, cpu::active_kernels().decode_f16[int(f)], scale_inv);
 }
 
 void encode_stochastic(std::span<const float> in, std::span<uint8_t> out, Format f,

@@ -56,8 +56,8 @@ constexpr ConvertKernels make_convert_kernels() {
     return t;
 }
 
-// Each path's table; the SIMD ones exist only in x86-64 builds (nullptr otherwise).
-const ConvertKernels& convert_kernels_portable();
+// The SIMD paths' tables; they exist only in x86-64 builds (nullptr otherwise). The portable
+// table lives in convert.cpp.
 const ConvertKernels* convert_kernels_avx2();
 const ConvertKernels* convert_kernels_avx512();
 

@@ -23,6 +23,9 @@ check "e4m3fnuz row: bias 8, max 240" "grep -Eq '^e4m3fnuz +4/3 +8 +240 ' '$out/
 check "e5m2fnuz row: bias 16" "grep -Eq '^e5m2fnuz +5/2 +16 +57344 ' '$out/formats'"
 check "e8m0fnu row: unsigned, max 2^127" "grep -E '^e8m0fnu +8/0 +127 +2\^127' '$out/formats' | grep -q unsigned"
 
+"$fp8kit" formats --json >"$out/json" 2>&1; rc=$?
+check "formats --json: one object per format" "[ $rc -eq 0 ] && [ \$(grep -c '^{\"format\":' '$out/json') -eq 5 ] && grep -q '\"bias\":7,\"max\":\"448\"' '$out/json'"
+
 "$fp8kit" frobnicate >"$out/o" 2>"$out/e"; rc=$?
 check "unknown subcommand: exit 2, one line on stderr" "[ $rc -eq 2 ] && [ \$(wc -l <'$out/e') -eq 1 ] && grep -q 'fp8kit: error' '$out/e'"
 FP8KIT_ISA=avx9 "$fp8kit" formats >"$out/o" 2>"$out/e"; rc=$?
@@ -30,5 +33,5 @@ check "bad FP8KIT_ISA: exit 2 naming the value" "[ $rc -eq 2 ] && grep -q \"FP8K
 "$fp8kit" bench >"$out/o" 2>"$out/e"; rc=$?
 check "bench without a benchmark name: exit 2" "[ $rc -eq 2 ]"
 
-echo "$(( 12 - fails )) passed, $fails failed"
+echo "$(( 13 - fails )) passed, $fails failed"
 [ $fails -eq 0 ]
