@@ -27,7 +27,7 @@ enum class Overflow : uint8_t { saturate, nonsaturating };
 
 struct FormatInfo {
     Format format;
-    std::string_view name;
+    const char* name;    // plain C strings: usable in device code, unlike std::string_view
     int exponent_bits;
     int mantissa_bits;
     int bias;
@@ -40,7 +40,7 @@ struct FormatInfo {
     float min_normal;    // smallest positive normal
     float min_subnormal; // smallest positive value (equals min_normal when there are none)
     float epsilon;       // distance from 1.0 to the next larger value
-    std::string_view nan_rule;  // human description, printed by `fp8kit formats`
+    const char* nan_rule;  // human description, printed by `fp8kit formats`
 };
 
 FP8KIT_HD constexpr FormatInfo format_info(Format f) noexcept {
@@ -147,18 +147,51 @@ FP8KIT_HD constexpr uint8_t finish_code(uint32_t mag, uint32_t sign, Format f, O
     return uint8_t((sign << 7) | mag);
 }
 
-}  // namespace detail
-
-FP8KIT_HD constexpr uint8_t encode(float x, Format f, Overflow o = Overflow::saturate) noexcept {
-    using namespace detail;
+// What encode() and encode_stochastic() share: e8m0fnu, NaN, then `round` (a functor taking the
+// magnitude bits and the FormatInfo, returning the magnitude code), then overflow and sign. +-Inf
+// needs no case of its own: every rounding puts it above max_code, so the overflow rule applies.
+template <class Rounding>
+FP8KIT_HD constexpr uint8_t encode_with(float x, Format f, Overflow o, Rounding round) noexcept {
     const uint32_t b = f32_bits(x);
     if (f == Format::e8m0fnu) return encode_e8m0(b, o);
     const FormatInfo fi = format_info(f);
     const uint32_t sign = b >> 31;
     const uint32_t a = b & 0x7fffffffu;
     if (a > f32_inf_bits) return fi.has_neg_zero ? uint8_t((sign << 7) | fi.nan_code) : fi.nan_code;
-    // Inf goes through the normal path and lands above max_code: overflow rule applies.
-    return finish_code(round_magnitude(a, fi.mantissa_bits, fi.bias), sign, f, o);
+    return finish_code(round(a, fi), sign, f, o);
+}
+
+struct NearestEven {
+    FP8KIT_HD constexpr uint32_t operator()(uint32_t a, const FormatInfo& fi) const noexcept {
+        return round_magnitude(a, fi.mantissa_bits, fi.bias);
+    }
+};
+
+// Round the magnitude up with probability equal to its fractional distance to the next code.
+struct Stochastic {
+    uint32_t random;
+    FP8KIT_HD constexpr uint32_t operator()(uint32_t a, const FormatInfo& fi) const noexcept {
+        const int man = fi.mantissa_bits;
+        if (a >= uint32_t(127 + 1 - fi.bias) << 23) {
+            // The k dropped bits are exactly the fraction in units of 2^-k quanta: adding k
+            // uniform random bits carries into the kept part with probability = fraction.
+            const int k = 23 - man;
+            return ((a + (random >> (32 - k))) >> k) - (uint32_t(127 - fi.bias) << man);
+        }
+        // Subnormal result: |x| / quantum as 32.32 fixed point (exact while the shift keeps all
+        // of m), plus a uniform 32-bit fraction.
+        const uint32_t e = a >> 23;
+        const uint64_t m = e != 0 ? (a & 0x7fffffu) | 0x800000u : a;
+        const int k = 151 - fi.bias - man - int(e != 0 ? e : 1u);
+        const uint64_t fixed = k >= 56 ? 0 : (m << 32) >> k;
+        return uint32_t((fixed + random) >> 32);
+    }
+};
+
+}  // namespace detail
+
+FP8KIT_HD constexpr uint8_t encode(float x, Format f, Overflow o = Overflow::saturate) noexcept {
+    return detail::encode_with(x, f, o, detail::NearestEven{});
 }
 
 // From 16-bit inputs: the widening to float32 is exact, so this is still one rounding.
@@ -194,32 +227,7 @@ FP8KIT_HD constexpr uint32_t random_bits(uint64_t seed, uint64_t index) noexcept
 // Overflow, NaN and sign follow encode(). e8m0fnu is not supported (returns encode()).
 FP8KIT_HD constexpr uint8_t encode_stochastic(float x, Format f, uint32_t random,
                                               Overflow o = Overflow::saturate) noexcept {
-    using namespace detail;
-    if (f == Format::e8m0fnu) return encode(x, f, o);
-    const uint32_t b = f32_bits(x);
-    const FormatInfo fi = format_info(f);
-    const uint32_t sign = b >> 31;
-    const uint32_t a = b & 0x7fffffffu;
-    if (a > f32_inf_bits) return fi.has_neg_zero ? uint8_t((sign << 7) | fi.nan_code) : fi.nan_code;
-    if (a == f32_inf_bits) return finish_code(fi.max_code + 1u, sign, f, o);
-    const int man = fi.mantissa_bits;
-    const uint32_t min_normal = uint32_t(127 + 1 - fi.bias) << 23;
-    uint32_t mag;
-    if (a >= min_normal) {
-        // The k dropped bits are exactly the fraction in units of 2^-k quanta: adding k uniform
-        // random bits carries into the kept part with probability fraction.
-        const int k = 23 - man;
-        mag = ((a + (random >> (32 - k))) >> k) - (uint32_t(127 - fi.bias) << man);
-    } else {
-        // |x| / quantum as 32.32 fixed point (exact while the shift keeps all of m), plus a
-        // uniform 32-bit fraction.
-        const uint32_t e = a >> 23;
-        const uint64_t m = e != 0 ? (a & 0x7fffffu) | 0x800000u : a;
-        const int k = 151 - fi.bias - man - int(e != 0 ? e : 1u);
-        const uint64_t fixed = k >= 56 ? 0 : (m << 32) >> k;
-        mag = uint32_t((fixed + random) >> 32);
-    }
-    return finish_code(mag, sign, f, o);
+    return detail::encode_with(x, f, o, detail::Stochastic{random});
 }
 
 }  // namespace fp8kit
