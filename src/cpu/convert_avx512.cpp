@@ -57,6 +57,9 @@ struct Avx512 {
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
                             _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     }
+    // A full 64-byte line, non-temporal; p is 64-byte aligned (run_blocks guarantees it).
+    static void store_streaming(float* p, F v) { _mm512_stream_ps(p, v); }
+    static void fence() { _mm_sfence(); }
     // Four registers of codes (each lane 0..255) to 64 bytes in order.
     static void store_u8x4(uint8_t* p, I c0, I c1, I c2, I c3) {
         // packus works within 128-bit lanes: afterwards dword (lane j, slot q) holds

@@ -9,6 +9,7 @@
 // here has internal linkage (anonymous namespace), and the kernels call nothing but intrinsics
 // and each other: no inline function compiled for AVX-512 can be chosen by the linker for a
 // caller on another path. Tails go through a zero-padded stack block, not scalar code.
+// Passes: one read of the input, one write of the output (see stream_threshold_bytes).
 //
 // The algorithm is the scalar one, lane-parallel, on float32 bits:
 //  - normal results: round-to-nearest-even by integer add of (half-1 + kept LSB), shift, rebias;
@@ -22,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "cpu/convert_kernels.hpp"
 
@@ -130,46 +132,72 @@ inline typename V::I bf16_bits(typename V::F v) {
 template <class V>
 constexpr size_t block = 4 * V::W;
 
+// Large decodes to float32 on a path whose registers are a full 64-byte line are written with
+// non-temporal stores: ordinary stores first read every output line (read-for-ownership), which
+// for a 1-byte -> 4-byte decode is 4 of its 9 bytes of memory traffic. Measured on this project's
+// machine (docs/PERF.md): full-line streaming doubles decode speed out of cache; partial-line
+// (32-byte) streaming, and streaming the small outputs of encode, were slower, so neither is done.
+// Threshold: twice the L2, per call (i.e. per thread), where the output would not stay cached.
+constexpr size_t stream_threshold_bytes = size_t(4) << 20;
+
+// Converts `count` (< one block) elements through a zero-padded stack block, so that nothing past
+// the end of the caller's buffers is read or written.
+template <class V, class In, class Out, class BlockFn>
+void run_partial(const In* in, Out* out, size_t count, BlockFn& block_fn) {
+    alignas(64) unsigned char src[block<V> * sizeof(In)] = {};
+    alignas(64) unsigned char dst[block<V> * sizeof(Out)];
+    std::memcpy(src, in, count * sizeof(In));
+    block_fn(std::false_type{}, reinterpret_cast<const In*>(src), reinterpret_cast<Out*>(dst));
+    std::memcpy(out, dst, count * sizeof(Out));
+}
+
+// Runs block_fn(nt, src, dst) over [0, n) in whole blocks and run_partial for what is left. With
+// Stream, a large output gets nt = std::true_type (non-temporal stores) after a head that aligns
+// it to 64 bytes.
+template <class V, bool Stream, class In, class Out, class BlockFn>
+void run_blocks(const In* in, Out* out, size_t n, BlockFn&& block_fn) {
+    constexpr size_t B = block<V>;
+    size_t i = 0;
+    if constexpr (Stream) {
+        const uintptr_t addr = reinterpret_cast<uintptr_t>(out);
+        if (n * sizeof(Out) >= stream_threshold_bytes && addr % sizeof(Out) == 0) {
+            const size_t head = (64 - addr % 64) % 64 / sizeof(Out);
+            for (; i < head; i += B) run_partial<V>(in + i, out + i, head - i < B ? head - i : B, block_fn);
+            for (i = head; i + B <= n; i += B) block_fn(std::true_type{}, in + i, out + i);
+            V::fence();  // streamed stores are weakly ordered: complete them before returning
+        }
+    }
+    for (; i + B <= n; i += B) block_fn(std::false_type{}, in + i, out + i);
+    if (i < n) run_partial<V>(in + i, out + i, n - i, block_fn);
+}
+
 template <class V>
 struct Kernels {
     template <class In, Format F, Overflow O>
     static void encode(const In* in, uint8_t* out, size_t n, float scale) {
         const auto vscale = V::set1f(scale);
-        auto encode_block = [&](const In* src, uint8_t* dst) {
+        run_blocks<V, false>(in, out, n, [&](auto, const In* src, uint8_t* dst) {
             V::store_u8x4(dst, encode_vec<V, F, O>(V::mul(V::load(src), vscale)),
                           encode_vec<V, F, O>(V::mul(V::load(src + V::W), vscale)),
                           encode_vec<V, F, O>(V::mul(V::load(src + 2 * V::W), vscale)),
                           encode_vec<V, F, O>(V::mul(V::load(src + 3 * V::W), vscale)));
-        };
-        size_t i = 0;
-        for (; i + block<V> <= n; i += block<V>) encode_block(in + i, out + i);
-        if (i < n) {
-            alignas(64) unsigned char src[block<V> * sizeof(In)] = {};
-            alignas(64) uint8_t dst[block<V>];
-            std::memcpy(src, in + i, (n - i) * sizeof(In));
-            encode_block(reinterpret_cast<const In*>(src), dst);
-            std::memcpy(out + i, dst, n - i);
-        }
+        });
     }
 
     template <class Out, Format F>
     static void decode(const uint8_t* in, Out* out, size_t n, float scale_inv) {
         const auto vscale = V::set1f(scale_inv);
-        auto decode_block = [&](const uint8_t* src, Out* dst) {
+        constexpr bool stream = std::is_same_v<Out, float> && V::W * sizeof(float) == 64;
+        run_blocks<V, stream>(in, out, n, [&](auto nt, const uint8_t* src, Out* dst) {
             for (size_t j = 0; j < 4; ++j) {
-                V::store(dst + j * V::W,
-                         V::mul(decode_vec<V, F>(V::load_u8(src + j * V::W)), vscale));
+                const auto v = V::mul(decode_vec<V, F>(V::load_u8(src + j * V::W)), vscale);
+                if constexpr (decltype(nt)::value) {
+                    V::store_streaming(dst + j * V::W, v);
+                } else {
+                    V::store(dst + j * V::W, v);
+                }
             }
-        };
-        size_t i = 0;
-        for (; i + block<V> <= n; i += block<V>) decode_block(in + i, out + i);
-        if (i < n) {
-            alignas(64) uint8_t src[block<V>] = {};
-            alignas(64) unsigned char dst[block<V> * sizeof(Out)];
-            std::memcpy(src, in + i, n - i);
-            decode_block(src, reinterpret_cast<Out*>(dst));
-            std::memcpy(out + i, dst, (n - i) * sizeof(Out));
-        }
+        });
     }
 };
 

@@ -147,6 +147,43 @@ TEST(Convert, ThreadCountDoesNotChangeResults) {
     for (size_t i = 0; i < n; i += 997) ASSERT_EQ(one[i], encode(in[i] * 0.5f, Format::e5m2, Overflow::nonsaturating));
 }
 
+// Outputs of 4 MiB and more per call are written with non-temporal stores after an aligning head:
+// check that path against the scalar functions, from unaligned output pointers, with a guard
+// after the end. One thread, so the call is not split below the threshold.
+TEST(Convert, LargeOutputsStreamedExactly) {
+    const int saved = num_threads();
+    set_num_threads(1);
+    const size_t n = (size_t(4) << 20) + 77;  // >= 4 MiB of FP8 codes, not a block multiple
+    std::vector<float> in(n);
+    std::mt19937 rng(5);
+    std::normal_distribution<float> normal(0.0f, 200.0f);
+    for (float& x : in) x = normal(rng);
+    for_each_isa([&](Isa) {
+        for (size_t offset : {0u, 1u, 3u}) {
+            std::vector<uint8_t> codes(n + offset + 64, 0xa5);
+            std::span<uint8_t> out(codes.data() + offset, n);
+            encode(in, out, Format::e4m3fn, Overflow::saturate, 0.5f);
+            for (size_t i = 0; i < n; ++i) ASSERT_EQ(out[i], encode(in[i] * 0.5f, Format::e4m3fn)) << "i=" << i;
+            for (size_t i = offset + n; i < codes.size(); ++i) ASSERT_EQ(codes[i], 0xa5) << "wrote past the end";
+            for (size_t i = 0; i < offset; ++i) ASSERT_EQ(codes[i], 0xa5) << "wrote before the start";
+
+            // Decode 1.1 Mi codes to f32 (4.4 MiB) and bf16 from the same unaligned spans.
+            const size_t m = (size_t(11) << 20) / 10;
+            std::vector<float> back(m + offset + 16, -7.0f);
+            decode(std::span<const uint8_t>(out.data(), m), std::span(back.data() + offset, m), Format::e4m3fn, 2.0f);
+            for (size_t i = 0; i < m; ++i) ASSERT_TRUE(same_float(back[offset + i], decode(out[i], Format::e4m3fn) * 2.0f));
+            for (size_t i = offset + m; i < back.size(); ++i) ASSERT_EQ(back[i], -7.0f) << "wrote past the end";
+            std::vector<bf16> back16(2 * m + offset + 16, bf16::from_bits(0x1234));
+            std::vector<uint8_t> codes2(2 * m);
+            for (size_t i = 0; i < 2 * m; ++i) codes2[i] = out[i % n];
+            decode(codes2, std::span(back16.data() + offset, 2 * m), Format::e4m3fn);
+            for (size_t i = 0; i < 2 * m; ++i) ASSERT_EQ(back16[offset + i].bits, decode_bf16(codes2[i], Format::e4m3fn).bits);
+            for (size_t i = offset + 2 * m; i < back16.size(); ++i) ASSERT_EQ(back16[i].bits, 0x1234) << "wrote past the end";
+        }
+    });
+    set_num_threads(saved);
+}
+
 TEST(Convert, MismatchedSpansAreClearErrors) {
     std::vector<float> in(8);
     std::vector<uint8_t> out(7);
