@@ -23,6 +23,10 @@ double best_seconds(const std::function<void()>& fn, double budget);
 // memcpy of `bytes` split over `threads` threads in contiguous ranges, as the kernels split.
 void parallel_memcpy(void* dst, const void* src, size_t bytes, int threads);
 
+// Reads `bytes` (a multiple of 8) split over `threads` threads and returns their sum, so the
+// compiler cannot drop it: the read-bandwidth peer of a conversion that mostly reads.
+unsigned long long parallel_read(const void* src, size_t bytes, int threads);
+
 // Nominal clock in GHz from the CPU's time-stamp counter (0 where there is none). Elements per
 // cycle are reported against this clock; turbo clocks make the true per-cycle figure lower.
 double tsc_ghz();

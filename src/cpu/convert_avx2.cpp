@@ -55,12 +55,14 @@ struct Avx2 {
     static __m128i pack_u16(I v) {
         return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(v, v), 0x08));
     }
-    static void store(bf16* p, F v) {
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(p), pack_u16(bf16_bits<Avx2>(v)));
+    // 16-bit outputs: two registers (16 values) per 32-byte store.
+    static void store(bf16* p, F a, F b) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                            _mm256_set_m128i(pack_u16(bf16_bits<Avx2>(b)), pack_u16(bf16_bits<Avx2>(a))));
     }
-    static void store(f16* p, F v) {
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
-                         _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    static void store(f16* p, F a, F b) {
+        constexpr int rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_set_m128i(_mm256_cvtps_ph(b, rn), _mm256_cvtps_ph(a, rn)));
     }
     // Four registers of codes (each lane 0..255) to 32 bytes in order.
     static void store_u8x4(uint8_t* p, I c0, I c1, I c2, I c3) {

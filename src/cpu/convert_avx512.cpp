@@ -50,15 +50,21 @@ struct Avx512 {
     }
 
     static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
-    static void store(bf16* p, F v) {
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(bf16_bits<Avx512>(v)));
+    // 16-bit outputs: two registers (32 values) per 64-byte store.
+    static I halves(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
+    static I bf16_pair(F a, F b) {
+        return halves(_mm512_cvtepi32_epi16(bf16_bits<Avx512>(a)), _mm512_cvtepi32_epi16(bf16_bits<Avx512>(b)));
     }
-    static void store(f16* p, F v) {
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
-                            _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    static I f16_pair(F a, F b) {
+        constexpr int rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+        return halves(_mm512_cvtps_ph(a, rn), _mm512_cvtps_ph(b, rn));
     }
-    // A full 64-byte line, non-temporal; p is 64-byte aligned (run_blocks guarantees it).
+    static void store(bf16* p, F a, F b) { _mm512_storeu_si512(p, bf16_pair(a, b)); }
+    static void store(f16* p, F a, F b) { _mm512_storeu_si512(p, f16_pair(a, b)); }
+    // Full 64-byte lines, non-temporal; p is 64-byte aligned (run_blocks guarantees it).
     static void store_streaming(float* p, F v) { _mm512_stream_ps(p, v); }
+    static void store_streaming(bf16* p, F a, F b) { _mm512_stream_si512(reinterpret_cast<__m512i*>(p), bf16_pair(a, b)); }
+    static void store_streaming(f16* p, F a, F b) { _mm512_stream_si512(reinterpret_cast<__m512i*>(p), f16_pair(a, b)); }
     static void fence() { _mm_sfence(); }
     // Four registers of codes (each lane 0..255) to 64 bytes in order.
     static void store_u8x4(uint8_t* p, I c0, I c1, I c2, I c3) {

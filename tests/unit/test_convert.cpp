@@ -167,7 +167,7 @@ TEST(Convert, LargeOutputsStreamedExactly) {
             for (size_t i = offset + n; i < codes.size(); ++i) ASSERT_EQ(codes[i], 0xa5) << "wrote past the end";
             for (size_t i = 0; i < offset; ++i) ASSERT_EQ(codes[i], 0xa5) << "wrote before the start";
 
-            // Decode 1.1 Mi codes to f32 (4.4 MiB) and bf16 from the same unaligned spans.
+            // Decode 1.1 Mi codes to f32 (4.4 MiB), 2.2 Mi to bf16 and f16, into unaligned spans.
             const size_t m = (size_t(11) << 20) / 10;
             std::vector<float> back(m + offset + 16, -7.0f);
             decode(std::span<const uint8_t>(out.data(), m), std::span(back.data() + offset, m), Format::e4m3fn, 2.0f);
@@ -179,6 +179,12 @@ TEST(Convert, LargeOutputsStreamedExactly) {
             decode(codes2, std::span(back16.data() + offset, 2 * m), Format::e4m3fn);
             for (size_t i = 0; i < 2 * m; ++i) ASSERT_EQ(back16[offset + i].bits, decode_bf16(codes2[i], Format::e4m3fn).bits);
             for (size_t i = offset + 2 * m; i < back16.size(); ++i) ASSERT_EQ(back16[i].bits, 0x1234) << "wrote past the end";
+            std::vector<f16> backh(2 * m + offset + 16, f16::from_bits(0x1234));
+            decode(codes2, std::span(backh.data() + offset, 2 * m), Format::e5m2, 0.25f);
+            for (size_t i = 0; i < 2 * m; ++i) {
+                ASSERT_EQ(backh[offset + i].bits, f16(decode(codes2[i], Format::e5m2) * 0.25f).bits);
+            }
+            for (size_t i = offset + 2 * m; i < backh.size(); ++i) ASSERT_EQ(backh[i].bits, 0x1234) << "wrote past the end";
         }
     });
     set_num_threads(saved);
