@@ -40,6 +40,10 @@ double best_seconds(const std::function<void()>& fn, double budget) {
 }
 
 void parallel_memcpy(void* dst, const void* src, size_t bytes, int threads) {
+    if (threads <= 1) {  // no parallel region: its overhead would dominate small copies
+        std::memcpy(dst, src, bytes);
+        return;
+    }
 #pragma omp parallel num_threads(threads)
     {
         const size_t team = size_t(omp_get_num_threads());
@@ -54,6 +58,10 @@ unsigned long long parallel_read(const void* src, size_t bytes, int threads) {
     const auto* words = static_cast<const unsigned long long*>(src);
     const size_t n = bytes / 8;
     unsigned long long sum = 0;
+    if (threads <= 1) {  // no parallel region: its overhead would dominate small reads
+        for (size_t i = 0; i < n; ++i) sum += words[i];
+        return sum;
+    }
 #pragma omp parallel for num_threads(threads) schedule(static) reduction(+ : sum)
     for (size_t i = 0; i < n; ++i) sum += words[i];
     return sum;
