@@ -215,12 +215,20 @@ struct Kernels {
         run_blocks<V, stream>(in, out, n, [&](auto nt, const uint8_t* src, Out* dst) {
             auto value = [&](size_t j) { return V::mul(decode_vec<V, F>(V::load_u8(src + j * V::W)), vscale); };
             for (size_t j = 0; j < 4; j += per_store) {
-                if constexpr (per_store == 1 && decltype(nt)::value) {
-                    V::store_streaming(dst + j * V::W, value(j));
-                } else if constexpr (per_store == 1) {
+                // Outer condition on `stream` (known when the kernel is instantiated): a path that
+                // never streams need not have store_streaming at all.
+                if constexpr (stream) {
+                    if constexpr (decltype(nt)::value) {
+                        if constexpr (per_store == 1) {
+                            V::store_streaming(dst + j * V::W, value(j));
+                        } else {
+                            V::store_streaming(dst + j * V::W, value(j), value(j + 1));
+                        }
+                        continue;
+                    }
+                }
+                if constexpr (per_store == 1) {
                     V::store(dst + j * V::W, value(j));
-                } else if constexpr (decltype(nt)::value) {
-                    V::store_streaming(dst + j * V::W, value(j), value(j + 1));
                 } else {
                     V::store(dst + j * V::W, value(j), value(j + 1));
                 }
