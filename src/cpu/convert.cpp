@@ -4,12 +4,11 @@
 // The portable kernels are the scalar encode()/decode() in a loop: the ground truth every SIMD
 // path is tested against (tests/unit/test_convert*.cpp, tests/golden). Elementwise work split into
 // contiguous per-thread ranges gives the same bytes for any thread count.
-#include <omp.h>
-
 #include <algorithm>
 #include <string>
 
 #include "cpu/convert_kernels.hpp"
+#include "cpu/parallel.hpp"
 #include "fp8kit/convert.hpp"
 #include "fp8kit/error.hpp"
 
@@ -18,14 +17,39 @@ namespace fp8kit {
 namespace cpu {
 namespace {
 
+// Calls fn(k, g) for every element k of a run and its group g (see convert_kernels.hpp).
+template <class Fn>
+void for_each_element(size_t n, size_t group, size_t offset, Fn&& fn) {
+    for (size_t k = 0, g = 0, left = group - offset % group; k < n; ++k) {
+        fn(k, g);
+        if (--left == 0) {
+            ++g;
+            left = group;
+        }
+    }
+}
+
+uint32_t abs_bits(float x) { return detail::f32_bits(x) & 0x7fffffffu; }
+
 struct Portable {
     template <class In, Format F, Overflow O>
-    static void encode(const In* in, uint8_t* out, size_t n, float scale) {
-        for (size_t i = 0; i < n; ++i) out[i] = fp8kit::encode(float(in[i]) * scale, F, O);
+    static void encode(const In* in, uint8_t* out, size_t n, size_t group, size_t offset, const float* scales,
+                       uint32_t* amax) {
+        uint32_t m = 0;
+        for_each_element(n, group, offset, [&](size_t k, size_t g) {
+            const float x = float(in[k]);
+            m = std::max(m, abs_bits(x));
+            out[k] = fp8kit::encode(x * scales[g], F, O);
+        });
+        if (amax != nullptr) *amax = std::max(*amax, m);
     }
     template <class Out, Format F>
-    static void decode(const uint8_t* in, Out* out, size_t n, float scale_inv) {
-        for (size_t i = 0; i < n; ++i) out[i] = Out(fp8kit::decode(in[i], F) * scale_inv);
+    static void decode(const uint8_t* in, Out* out, size_t n, size_t group, size_t offset, const float* scale_inv) {
+        for_each_element(n, group, offset, [&](size_t k, size_t g) { out[k] = Out(fp8kit::decode(in[k], F) * scale_inv[g]); });
+    }
+    template <class In>
+    static void amax(const In* in, size_t n, size_t group, size_t offset, uint32_t* acc) {
+        for_each_element(n, group, offset, [&](size_t k, size_t g) { acc[g] = std::max(acc[g], abs_bits(float(in[k]))); });
     }
 };
 
@@ -38,27 +62,6 @@ const ConvertKernels& kernels_for(Isa isa) {
     return k != nullptr ? *k : portable_table;
 }
 
-// Below this many elements one thread is faster than waking the team.
-constexpr size_t parallel_threshold = size_t(1) << 16;
-
-// Runs kernel(begin, count) over [0, n) in one contiguous range per thread (64-element aligned).
-template <class Fn>
-void parallel_ranges(size_t n, Fn&& kernel) {
-    const int threads = num_threads();
-    if (threads <= 1 || n < parallel_threshold) {
-        kernel(size_t(0), n);
-        return;
-    }
-#pragma omp parallel num_threads(threads)
-    {
-        const size_t team = size_t(omp_get_num_threads());
-        const size_t per = ((n + team - 1) / team + 63) / 64 * 64;
-        const size_t begin = std::min(n, per * size_t(omp_get_thread_num()));
-        const size_t end = std::min(n, begin + per);
-        if (begin < end) kernel(begin, end - begin);
-    }
-}
-
 void check_sizes(const char* fn, size_t in, size_t out) {
     if (in != out) {
         throw Error(std::string("fp8kit::") + fn + ": out.size() is " + std::to_string(out) +
@@ -66,18 +69,19 @@ void check_sizes(const char* fn, size_t in, size_t out) {
     }
 }
 
-// The table of the path in force (FP8KIT_ISA / set_isa / the best the CPU has).
-const ConvertKernels& active_kernels() { return kernels_for(active_isa()); }
-
-// Checks the spans and runs one kernel (encode or decode: same shape) over the threads.
-template <class In, class Out>
+// Checks the spans and runs one encode or decode kernel over the threads, each range one group.
+template <class In, class Out, class... Rest>
 void run_kernel(const char* fn, std::span<const In> in, std::span<Out> out,
-                void (*kernel)(const In*, Out*, size_t, float), float scale) {
+                void (*kernel)(const In*, Out*, size_t, size_t, size_t, const float*, Rest...), float scale) {
     check_sizes(fn, in.size(), out.size());
-    parallel_ranges(in.size(), [&](size_t i, size_t count) { kernel(in.data() + i, out.data() + i, count, scale); });
+    parallel_ranges(in.size(), [&](size_t i, size_t count) {
+        kernel(in.data() + i, out.data() + i, count, count, 0, &scale, Rest{}...);
+    });
 }
 
 }  // namespace
+
+const ConvertKernels& active_kernels() { return kernels_for(active_isa()); }
 
 #if !defined(FP8KIT_X86_KERNELS)
 const ConvertKernels* convert_kernels_avx2() { return nullptr; }

@@ -25,6 +25,13 @@ struct Avx2 {
     template <int K> static I srli(I a) { return _mm256_srli_epi32(a, K); }
     template <int K> static I slli(I a) { return _mm256_slli_epi32(a, K); }
     static I min_u(I a, I b) { return _mm256_min_epu32(a, b); }
+    static I max_u(I a, I b) { return _mm256_max_epu32(a, b); }
+    static uint32_t hmax(I a) {
+        __m128i m = _mm_max_epu32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+        m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0x4e));
+        m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0xb1));
+        return uint32_t(_mm_cvtsi128_si32(m));
+    }
     static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
     static F cvt_f(I a) { return _mm256_cvtepi32_ps(a); }
     static I round_i(F a) {
@@ -46,6 +53,8 @@ struct Avx2 {
     static F load(const f16* p) {
         return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     }
+    static I load_i(const uint32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+    static void store_i(uint32_t* p, I v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
     static I load_u8(const uint8_t* p) {
         return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
     }
@@ -63,6 +72,11 @@ struct Avx2 {
     static void store(f16* p, F a, F b) {
         constexpr int rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_set_m128i(_mm256_cvtps_ph(b, rn), _mm256_cvtps_ph(a, rn)));
+    }
+    // One register of codes (each lane 0..255) to 8 bytes.
+    static void store_u8(uint8_t* p, I c) {
+        const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packus_epi16(words, words));
     }
     // Four registers of codes (each lane 0..255) to 32 bytes in order.
     static void store_u8x4(uint8_t* p, I c0, I c1, I c2, I c3) {

@@ -25,6 +25,8 @@ struct Avx512 {
     template <int K> static I srli(I a) { return _mm512_srli_epi32(a, K); }
     template <int K> static I slli(I a) { return _mm512_slli_epi32(a, K); }
     static I min_u(I a, I b) { return _mm512_min_epu32(a, b); }
+    static I max_u(I a, I b) { return _mm512_max_epu32(a, b); }
+    static uint32_t hmax(I a) { return _mm512_reduce_max_epu32(a); }
     static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
     static F cvt_f(I a) { return _mm512_cvtepi32_ps(a); }
     static I round_i(F a) {
@@ -45,6 +47,8 @@ struct Avx512 {
     static F load(const f16* p) {
         return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     }
+    static I load_i(const uint32_t* p) { return _mm512_loadu_si512(p); }
+    static void store_i(uint32_t* p, I v) { _mm512_storeu_si512(p, v); }
     static I load_u8(const uint8_t* p) {
         return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     }
@@ -66,6 +70,8 @@ struct Avx512 {
     static void store_streaming(bf16* p, F a, F b) { _mm512_stream_si512(reinterpret_cast<__m512i*>(p), bf16_pair(a, b)); }
     static void store_streaming(f16* p, F a, F b) { _mm512_stream_si512(reinterpret_cast<__m512i*>(p), f16_pair(a, b)); }
     static void fence() { _mm_sfence(); }
+    // One register of codes (each lane 0..255) to 16 bytes.
+    static void store_u8(uint8_t* p, I c) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(c)); }
     // Four registers of codes (each lane 0..255) to 64 bytes in order.
     static void store_u8x4(uint8_t* p, I c0, I c1, I c2, I c3) {
         // packus works within 128-bit lanes: afterwards dword (lane j, slot q) holds

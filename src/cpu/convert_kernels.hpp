@@ -1,7 +1,11 @@
 // src/cpu/convert_kernels.hpp: the table of bulk conversion kernels one code path provides
 // (portable, AVX2, AVX-512), and the builder that fills it from a kernel family.
 //
-// Kernels take raw pointers and a count; threading and argument checks live in convert.cpp.
+// Kernels take raw pointers and a count; threading and argument checks live in convert.cpp and
+// quantize.cpp. Every kernel works on a run of n elements split into scaling groups: element k
+// belongs to group (offset + k) / group (group 1: one group per element), and group arrays
+// (scales, amax) are indexed from the group of element 0. amax values are float32 bits of |x|,
+// whose integer order is the order of the values with every NaN above Inf.
 #pragma once
 
 #include <cstddef>
@@ -16,10 +20,17 @@ namespace fp8kit::cpu {
 
 inline constexpr int num_formats = 5;
 
+// out[k] = encode(float32(in[k] * scales[g(k)])); with amax != nullptr, *amax = max(*amax, |in| bits).
 template <class In>
-using EncodeKernel = void (*)(const In* in, uint8_t* out, size_t n, float scale);
+using EncodeKernel = void (*)(const In* in, uint8_t* out, size_t n, size_t group, size_t offset,
+                              const float* scales, uint32_t* amax);
+// out[k] = Out(decode(in[k]) * scale_inv[g(k)]).
 template <class Out>
-using DecodeKernel = void (*)(const uint8_t* in, Out* out, size_t n, float scale_inv);
+using DecodeKernel = void (*)(const uint8_t* in, Out* out, size_t n, size_t group, size_t offset,
+                              const float* scale_inv);
+// acc[g] = max(acc[g], max |in| bits over the elements of group g).
+template <class In>
+using AmaxKernel = void (*)(const In* in, size_t n, size_t group, size_t offset, uint32_t* acc);
 
 struct ConvertKernels {
     // [format][overflow]
@@ -30,10 +41,28 @@ struct ConvertKernels {
     DecodeKernel<float> decode_f32[num_formats];
     DecodeKernel<bf16> decode_bf16[num_formats];
     DecodeKernel<f16> decode_f16[num_formats];
+    AmaxKernel<float> amax_f32;
+    AmaxKernel<bf16> amax_bf16;
+    AmaxKernel<f16> amax_f16;
+
+    // The entry for an element type (float, bf16, f16).
+    template <class T> EncodeKernel<T> encode(Format f, Overflow o) const;
+    template <class T> DecodeKernel<T> decode(Format f) const;
+    template <class T> AmaxKernel<T> amax() const;
 };
 
-// K provides `template <class In, Format F, Overflow O> static void encode(...)` and
-// `template <class Out, Format F> static void decode(...)`.
+template <> inline EncodeKernel<float> ConvertKernels::encode<float>(Format f, Overflow o) const { return encode_f32[int(f)][int(o)]; }
+template <> inline EncodeKernel<bf16> ConvertKernels::encode<bf16>(Format f, Overflow o) const { return encode_bf16[int(f)][int(o)]; }
+template <> inline EncodeKernel<f16> ConvertKernels::encode<f16>(Format f, Overflow o) const { return encode_f16[int(f)][int(o)]; }
+template <> inline DecodeKernel<float> ConvertKernels::decode<float>(Format f) const { return decode_f32[int(f)]; }
+template <> inline DecodeKernel<bf16> ConvertKernels::decode<bf16>(Format f) const { return decode_bf16[int(f)]; }
+template <> inline DecodeKernel<f16> ConvertKernels::decode<f16>(Format f) const { return decode_f16[int(f)]; }
+template <> inline AmaxKernel<float> ConvertKernels::amax<float>() const { return amax_f32; }
+template <> inline AmaxKernel<bf16> ConvertKernels::amax<bf16>() const { return amax_bf16; }
+template <> inline AmaxKernel<f16> ConvertKernels::amax<f16>() const { return amax_f16; }
+
+// K provides `template <class In, Format F, Overflow O> static void encode(...)`,
+// `template <class Out, Format F> static void decode(...)` and `template <class In> static void amax(...)`.
 template <class K>
 constexpr ConvertKernels make_convert_kernels() {
     ConvertKernels t{};
@@ -53,6 +82,9 @@ constexpr ConvertKernels make_convert_kernels() {
     [&]<size_t... I>(std::index_sequence<I...>) {
         (fill(std::integral_constant<size_t, I>{}), ...);
     }(std::make_index_sequence<num_formats>{});
+    t.amax_f32 = &K::template amax<float>;
+    t.amax_bf16 = &K::template amax<bf16>;
+    t.amax_f16 = &K::template amax<f16>;
     return t;
 }
 
@@ -60,5 +92,11 @@ constexpr ConvertKernels make_convert_kernels() {
 // table lives in convert.cpp.
 const ConvertKernels* convert_kernels_avx2();
 const ConvertKernels* convert_kernels_avx512();
+
+// The table of the path in force (FP8KIT_ISA / set_isa / the best the CPU has).
+const ConvertKernels& active_kernels();
+
+// Below this many elements one thread is faster than waking the team.
+inline constexpr size_t parallel_threshold = size_t(1) << 16;
 
 }  // namespace fp8kit::cpu

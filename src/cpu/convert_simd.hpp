@@ -11,6 +11,11 @@
 // caller on another path. Tails go through a zero-padded stack block, not scalar code.
 // Passes: one read of the input, one write of the output (see stream_threshold_bytes).
 //
+// Kernels work on runs split into scaling groups (src/cpu/quantize.cpp drives them): element k of
+// a run belongs to group (offset + k) / group and is multiplied by that group's scale; group 1
+// means one scale per element. Encodes can also return max |x| of what they read, so that a cast
+// with a known scale measures amax in the same pass.
+//
 // The algorithm is the scalar one, lane-parallel, on float32 bits:
 //  - normal results: round-to-nearest-even by integer add of (half-1 + kept LSB), shift, rebias;
 //  - subnormal results: |x| * 2^(bias-1+man) is exact and the code is that value rounded to an
@@ -155,6 +160,31 @@ inline void prefetch_block(const In* block_start) {
     for (size_t off = 0; off < block<V> * sizeof(In); off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
 }
 
+// Helpers with internal linkage: an ISA translation unit calls nothing it did not compile itself.
+constexpr size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
+
+// Calls fn(begin, len, g) for the chunks of [0, n) that lie in one scaling group each: element k
+// is in group (offset + k) / group, and g counts groups from the one element 0 is in.
+template <class Fn>
+inline void for_each_group(size_t n, size_t group, size_t offset, Fn&& fn) {
+    size_t len = min_size(n, group - offset % group);
+    for (size_t begin = 0, g = 0; begin < n; begin += len, ++g, len = min_size(n - begin, group)) fn(begin, len, g);
+}
+
+// One register from `count` (< W) elements through a zero-padded buffer, so that nothing past the
+// end of the caller's buffer is read; zeros are neutral for amax and encode to a discarded code.
+template <class V, class T>
+inline auto load_partial(const T* p, size_t count) {
+    alignas(64) T buf[V::W] = {};
+    std::memcpy(buf, p, count * sizeof(T));
+    return V::load(buf);
+}
+
+template <class V>
+inline typename V::I abs_bits(typename V::F x) {
+    return V::and_(V::as_i(x), V::set1(abs_mask));
+}
+
 // Converts `count` (< one block) elements through a zero-padded stack block, so that nothing past
 // the end of the caller's buffers is read or written.
 template <class V, class In, class Out, class BlockFn>
@@ -192,24 +222,138 @@ void run_blocks(const In* in, Out* out, size_t n, BlockFn&& block_fn) {
     if (i < n) run_partial<V>(in + i, out + i, n - i, block_fn);
 }
 
+// Encodes `len` elements that share one scale; with Amax, also folds max |x| (as float32 bits:
+// the integer order of |x| bits is the order of the values, and every NaN is above Inf) into acc.
+template <class V, class In, Format F, Overflow O, bool Amax>
+inline void encode_run(const In* in, uint8_t* out, size_t len, typename V::F vscale, typename V::I& acc) {
+    constexpr size_t W = V::W;
+    const auto code = [&](typename V::F x) {
+        if constexpr (Amax) acc = V::max_u(acc, abs_bits<V>(x));
+        return encode_vec<V, F, O>(V::mul(x, vscale));
+    };
+    size_t i = 0;
+    for (; i + 4 * W <= len; i += 4 * W) {
+        prefetch_block<V>(in + i);
+        const auto x0 = V::load(in + i), x1 = V::load(in + i + W), x2 = V::load(in + i + 2 * W),
+                   x3 = V::load(in + i + 3 * W);
+        V::store_u8x4(out + i, code(x0), code(x1), code(x2), code(x3));
+    }
+    for (; i + W <= len; i += W) V::store_u8(out + i, code(V::load(in + i)));
+    if (i < len) {
+        alignas(64) uint8_t codes[W];
+        V::store_u8(codes, code(load_partial<V>(in + i, len - i)));
+        std::memcpy(out + i, codes, len - i);
+    }
+}
+
+// Encodes n elements, element k multiplied by scales[k] (scaling groups of one element: columns).
+template <class V, class In, Format F, Overflow O, bool Amax>
+inline void encode_each(const In* in, uint8_t* out, size_t n, const float* scales, typename V::I& acc) {
+    constexpr size_t W = V::W;
+    const auto code = [&](typename V::F x, typename V::F s) {
+        if constexpr (Amax) acc = V::max_u(acc, abs_bits<V>(x));
+        return encode_vec<V, F, O>(V::mul(x, s));
+    };
+    size_t i = 0;
+    for (; i + W <= n; i += W) V::store_u8(out + i, code(V::load(in + i), V::load(scales + i)));
+    if (i < n) {
+        alignas(64) uint8_t codes[W];
+        V::store_u8(codes, code(load_partial<V>(in + i, n - i), load_partial<V>(scales + i, n - i)));
+        std::memcpy(out + i, codes, n - i);
+    }
+}
+
+// max |x| bits of `len` elements folded into acc (four independent maxima per block).
+template <class V, class In>
+inline void amax_run(const In* in, size_t len, typename V::I& acc) {
+    constexpr size_t W = V::W;
+    size_t i = 0;
+    for (; i + 4 * W <= len; i += 4 * W) {
+        prefetch_block<V>(in + i);
+        const auto m01 = V::max_u(abs_bits<V>(V::load(in + i)), abs_bits<V>(V::load(in + i + W)));
+        const auto m23 = V::max_u(abs_bits<V>(V::load(in + i + 2 * W)), abs_bits<V>(V::load(in + i + 3 * W)));
+        acc = V::max_u(acc, V::max_u(m01, m23));
+    }
+    for (; i + W <= len; i += W) acc = V::max_u(acc, abs_bits<V>(V::load(in + i)));
+    if (i < len) acc = V::max_u(acc, abs_bits<V>(load_partial<V>(in + i, len - i)));
+}
+
 template <class V>
 struct Kernels {
+    template <class In, Format F, Overflow O, bool Amax>
+    static void encode_groups(const In* in, uint8_t* out, size_t n, size_t group, size_t offset,
+                              const float* scales, uint32_t* amax) {
+        auto acc = V::set1(0u);
+        if (group == 1) {
+            encode_each<V, In, F, O, Amax>(in, out, n, scales, acc);
+        } else {
+            for_each_group(n, group, offset, [&](size_t begin, size_t len, size_t g) {
+                encode_run<V, In, F, O, Amax>(in + begin, out + begin, len, V::set1f(scales[g]), acc);
+            });
+        }
+        if constexpr (Amax) {
+            const uint32_t m = V::hmax(acc);
+            if (m > *amax) *amax = m;
+        }
+    }
+
     template <class In, Format F, Overflow O>
-    static void encode(const In* in, uint8_t* out, size_t n, float scale) {
-        const auto vscale = V::set1f(scale);
-        run_blocks<V, false>(in, out, n, [&](auto, const In* src, uint8_t* dst) {
-            V::store_u8x4(dst, encode_vec<V, F, O>(V::mul(V::load(src), vscale)),
-                          encode_vec<V, F, O>(V::mul(V::load(src + V::W), vscale)),
-                          encode_vec<V, F, O>(V::mul(V::load(src + 2 * V::W), vscale)),
-                          encode_vec<V, F, O>(V::mul(V::load(src + 3 * V::W), vscale)));
+    static void encode(const In* in, uint8_t* out, size_t n, size_t group, size_t offset, const float* scales,
+                       uint32_t* amax) {
+        if (amax != nullptr) {
+            encode_groups<In, F, O, true>(in, out, n, group, offset, scales, amax);
+        } else {
+            encode_groups<In, F, O, false>(in, out, n, group, offset, scales, amax);
+        }
+    }
+
+    template <class In>
+    static void amax(const In* in, size_t n, size_t group, size_t offset, uint32_t* acc) {
+        constexpr size_t W = V::W;
+        if (group == 1) {  // one group per element: elementwise maxima (column scaling)
+            size_t i = 0;
+            for (; i + W <= n; i += W) V::store_i(acc + i, V::max_u(V::load_i(acc + i), abs_bits<V>(V::load(in + i))));
+            if (i < n) {
+                alignas(64) uint32_t a[W] = {};
+                std::memcpy(a, acc + i, (n - i) * sizeof(uint32_t));
+                V::store_i(a, V::max_u(V::load_i(a), abs_bits<V>(load_partial<V>(in + i, n - i))));
+                std::memcpy(acc + i, a, (n - i) * sizeof(uint32_t));
+            }
+            return;
+        }
+        for_each_group(n, group, offset, [&](size_t begin, size_t len, size_t g) {
+            auto r = V::set1(0u);
+            amax_run<V>(in + begin, len, r);
+            const uint32_t m = V::hmax(r);
+            if (m > acc[g]) acc[g] = m;
         });
     }
 
     template <class Out, Format F>
-    static void decode(const uint8_t* in, Out* out, size_t n, float scale_inv) {
-        const auto vscale = V::set1f(scale_inv);
-        // 16-bit outputs are stored two registers at a time, so that every store on AVX-512 is a
-        // full 64-byte line and large outputs can be streamed.
+    static void decode(const uint8_t* in, Out* out, size_t n, size_t group, size_t offset, const float* scale_inv) {
+        if (group == 1) {
+            decode_each<Out, F>(in, out, n, scale_inv);
+            return;
+        }
+        for_each_group(n, group, offset, [&](size_t begin, size_t len, size_t g) {
+            decode_run<Out, F>(in + begin, out + begin, len, V::set1f(scale_inv[g]));
+        });
+    }
+
+    // 16-bit outputs are stored two registers at a time, so that every store on AVX-512 is a
+    // full 64-byte line and large outputs can be streamed.
+    template <class Out>
+    static void store_pair(Out* p, typename V::F a, typename V::F b) {
+        if constexpr (sizeof(Out) == 4) {
+            V::store(p, a);
+            V::store(p + V::W, b);
+        } else {
+            V::store(p, a, b);
+        }
+    }
+
+    template <class Out, Format F>
+    static void decode_run(const uint8_t* in, Out* out, size_t n, typename V::F vscale) {
         constexpr size_t per_store = sizeof(Out) == 4 ? 1 : 2;
         constexpr bool stream = V::W * sizeof(Out) * per_store == 64;
         run_blocks<V, stream>(in, out, n, [&](auto nt, const uint8_t* src, Out* dst) {
@@ -234,6 +378,27 @@ struct Kernels {
                 }
             }
         });
+    }
+
+    // Element k multiplied by scale_inv[k], two registers at a time; the tail through padded buffers.
+    template <class Out, Format F>
+    static void decode_each(const uint8_t* in, Out* out, size_t n, const float* scale_inv) {
+        constexpr size_t W = V::W;
+        const auto pair = [](const uint8_t* c, const float* s, Out* o) {
+            store_pair(o, V::mul(decode_vec<V, F>(V::load_u8(c)), V::load(s)),
+                       V::mul(decode_vec<V, F>(V::load_u8(c + W)), V::load(s + W)));
+        };
+        size_t i = 0;
+        for (; i + 2 * W <= n; i += 2 * W) pair(in + i, scale_inv + i, out + i);
+        if (i < n) {
+            alignas(64) uint8_t c[2 * W] = {};
+            alignas(64) float s[2 * W] = {};
+            alignas(64) Out o[2 * W];
+            std::memcpy(c, in + i, n - i);
+            std::memcpy(s, scale_inv + i, (n - i) * sizeof(float));
+            pair(c, s, o);
+            std::memcpy(out + i, o, (n - i) * sizeof(Out));
+        }
     }
 };
 

@@ -1,0 +1,78 @@
+// fp8kit/recipe.hpp: scaling recipes - which format and granularity each GEMM operand is
+// quantized with - and the per-tensor state of delayed scaling.
+//
+// Defaults are those of docs/NUMERICS.md ("Recipes"):
+//   tensorwise  e4m3fn forward, e5m2 gradients ("hybrid"), one scale per tensor, current amax
+//   delayed     the same formats, one scale per tensor from an amax history
+//   rowwise     e4m3fn throughout, one power-of-two scale per row of each GEMM operand
+//   block       e4m3fn throughout, activations and gradients 1x128, weights 128x128
+//   mxfp8       e4m3fn throughout (e5m2 gradients optional), 1x32 blocks with e8m0 scales
+// Pure e5m2 training (e5m2 forward) is refused: its 2 mantissa bits lose the forward pass.
+#pragma once
+
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "fp8kit/quantize.hpp"
+
+namespace fp8kit {
+
+enum class RecipeKind : uint8_t { tensorwise, delayed, rowwise, block, mxfp8 };
+enum class Role : uint8_t { input, weight, grad_output };  // the operands of a Linear's GEMMs
+enum class AmaxCompute : uint8_t { max, most_recent };     // delayed: amax from the history
+
+struct Recipe {
+    RecipeKind kind = RecipeKind::tensorwise;
+    Format forward = Format::e4m3fn;   // inputs and weights
+    Format backward = Format::e5m2;    // gradients
+    Overflow overflow = Overflow::saturate;
+    bool power_of_two = false;
+    float amax_epsilon = 0.0f;
+    // delayed
+    int history_length = 1024;
+    AmaxCompute amax_compute = AmaxCompute::max;
+    int margin = 0;                    // scale = (fp8_max * 2^-margin) / amax
+    // block: activations 1 x block_size, weights block_size x block_size
+    int64_t block_size = 128;
+    // mxfp8
+    MxRounding mx_rounding = MxRounding::floor;
+
+    static Recipe tensorwise();
+    static Recipe delayed(int history_length = 1024, AmaxCompute compute = AmaxCompute::max, int margin = 0);
+    static Recipe rowwise();
+    static Recipe block(int64_t block_size = 128);
+    static Recipe mxfp8(Format grad = Format::e4m3fn);
+
+    // fp8kit::Error naming the field: e5m2 forward, a non-FP8 or e8m0 format, history_length or
+    // block_size < 1, margin < 0, a negative or NaN epsilon.
+    void validate() const;
+    // The quantization of one operand (delayed: without the scale, which DelayedScaling holds).
+    QuantizeOptions options(Role role) const;
+};
+
+std::string_view to_string(RecipeKind k) noexcept;  // "tensorwise", "delayed", "rowwise", "block", "mxfp8"
+Recipe parse_recipe(std::string_view name);         // the defaults of that kind; fp8kit::Error otherwise
+
+// Delayed scaling state of one tensor (TransformerEngine's DelayedScaling): quantize() uses the
+// scale derived from earlier steps and records this step's amax; step() - once per training
+// step - derives the next scale from the history and rolls it. A history whose amax is 0, NaN or
+// Inf keeps the previous scale.
+class DelayedScaling {
+public:
+    DelayedScaling(const Recipe& recipe, Role role);  // recipe.kind must be delayed
+
+    float scale() const noexcept { return scale_; }
+    std::span<const float> amax_history() const noexcept { return history_; }  // [0]: this step
+
+    QTensor quantize(const Tensor& x, bool transpose = false);
+    void step();
+
+private:
+    Recipe recipe_;
+    QuantizeOptions options_;
+    std::vector<float> history_;
+    float scale_ = 1.0f;
+};
+
+}  // namespace fp8kit

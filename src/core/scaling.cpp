@@ -1,0 +1,197 @@
+// src/core/scaling.cpp: scaling groups and their names; recipes and delayed-scaling state.
+// Checked by tests/unit/test_scaling.cpp.
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <string>
+
+#include "fp8kit/error.hpp"
+#include "fp8kit/recipe.hpp"
+#include "fp8kit/scaling.hpp"
+
+namespace fp8kit {
+
+// ---- Scaling ----
+
+GroupShape Scaling::group_shape(int64_t rows, int64_t cols) const {
+    switch (granularity) {
+        case Granularity::tensor: return {std::max<int64_t>(rows, 1), std::max<int64_t>(cols, 1)};
+        case Granularity::row: return {1, std::max<int64_t>(cols, 1)};
+        case Granularity::column: return {std::max<int64_t>(rows, 1), 1};
+        case Granularity::mx32: return {1, 32};
+        case Granularity::block: break;
+    }
+    if (block_rows < 1 || block_cols < 1) {
+        throw Error("fp8kit::Scaling: block " + std::to_string(block_rows) + "x" + std::to_string(block_cols) +
+                    " has a dimension < 1");
+    }
+    return {block_rows, block_cols};
+}
+
+GroupShape Scaling::scale_shape(int64_t rows, int64_t cols) const {
+    const GroupShape g = group_shape(rows, cols);
+    return {(rows + g.rows - 1) / g.rows, (cols + g.cols - 1) / g.cols};
+}
+
+std::string to_string(const Scaling& s) {
+    switch (s.granularity) {
+        case Granularity::tensor: return "tensor";
+        case Granularity::row: return "row";
+        case Granularity::column: return "column";
+        case Granularity::mx32: return "mx32";
+        case Granularity::block: break;
+    }
+    return "block(" + std::to_string(s.block_rows) + "x" + std::to_string(s.block_cols) + ")";
+}
+
+Scaling parse_scaling(std::string_view text) {
+    if (text == "tensor") return Scaling::tensor();
+    if (text == "row") return Scaling::row();
+    if (text == "column") return Scaling::column();
+    if (text == "mx32") return Scaling::mx32();
+    auto bad = [&] {
+        return Error("unknown scaling '" + std::string(text) +
+                     "', expected tensor, row, column, mx32 or block:RxC (for example block:1x128)");
+    };
+    if (!text.starts_with("block:")) throw bad();
+    const std::string_view dims = text.substr(6);
+    const size_t x = dims.find('x');
+    if (x == std::string_view::npos) throw bad();
+    int64_t r = 0, c = 0;
+    const auto rr = std::from_chars(dims.data(), dims.data() + x, r);
+    const auto rc = std::from_chars(dims.data() + x + 1, dims.data() + dims.size(), c);
+    if (rr.ec != std::errc{} || rr.ptr != dims.data() + x || rc.ec != std::errc{} ||
+        rc.ptr != dims.data() + dims.size() || r < 1 || c < 1) {
+        throw bad();
+    }
+    return Scaling::block(r, c);
+}
+
+// ---- Recipe ----
+
+Recipe Recipe::tensorwise() { return {}; }
+
+Recipe Recipe::delayed(int history_length, AmaxCompute compute, int margin) {
+    Recipe r;
+    r.kind = RecipeKind::delayed;
+    r.history_length = history_length;
+    r.amax_compute = compute;
+    r.margin = margin;
+    r.validate();
+    return r;
+}
+
+Recipe Recipe::rowwise() {
+    Recipe r;
+    r.kind = RecipeKind::rowwise;
+    r.backward = Format::e4m3fn;
+    r.power_of_two = true;
+    return r;
+}
+
+Recipe Recipe::block(int64_t block_size) {
+    Recipe r;
+    r.kind = RecipeKind::block;
+    r.backward = Format::e4m3fn;
+    r.block_size = block_size;
+    r.validate();
+    return r;
+}
+
+Recipe Recipe::mxfp8(Format grad) {
+    Recipe r;
+    r.kind = RecipeKind::mxfp8;
+    r.backward = grad;
+    r.validate();
+    return r;
+}
+
+void Recipe::validate() const {
+    const auto data_format = [](Format f) {
+        return f == Format::e4m3fn || f == Format::e5m2 || f == Format::e4m3fnuz || f == Format::e5m2fnuz;
+    };
+    const std::string name(to_string(kind));
+    if (forward == Format::e5m2 || forward == Format::e5m2fnuz) {
+        throw Error("fp8kit::Recipe " + name + ": forward format " + std::string(to_string(forward)) +
+                    " is refused: pure e5m2 training loses the forward pass (2 mantissa bits); use e4m3fn "
+                    "forward with e5m2 gradients (hybrid)");
+    }
+    if (!data_format(forward) || !data_format(backward)) {
+        throw Error("fp8kit::Recipe " + name + ": formats must be e4m3fn, e5m2, e4m3fnuz or e5m2fnuz, got forward " +
+                    std::string(to_string(forward)) + ", backward " + std::string(to_string(backward)));
+    }
+    if (history_length < 1) throw Error("fp8kit::Recipe " + name + ": history_length " + std::to_string(history_length) + ", expected >= 1");
+    if (margin < 0) throw Error("fp8kit::Recipe " + name + ": margin " + std::to_string(margin) + ", expected >= 0");
+    if (block_size < 1) throw Error("fp8kit::Recipe " + name + ": block_size " + std::to_string(block_size) + ", expected >= 1");
+    if (!(amax_epsilon >= 0.0f)) throw Error("fp8kit::Recipe " + name + ": amax_epsilon " + std::to_string(amax_epsilon) + ", expected >= 0");
+}
+
+QuantizeOptions Recipe::options(Role role) const {
+    validate();
+    QuantizeOptions o;
+    o.format = role == Role::grad_output ? backward : forward;
+    o.overflow = overflow;
+    o.power_of_two = power_of_two;
+    o.amax_epsilon = amax_epsilon;
+    o.mx_rounding = mx_rounding;
+    switch (kind) {
+        case RecipeKind::tensorwise:
+        case RecipeKind::delayed: o.scaling = Scaling::tensor(); break;
+        case RecipeKind::rowwise: o.scaling = Scaling::row(); break;
+        case RecipeKind::block:
+            o.scaling = role == Role::weight ? Scaling::block(block_size, block_size) : Scaling::block(1, block_size);
+            break;
+        case RecipeKind::mxfp8: o.scaling = Scaling::mx32(); break;
+    }
+    return o;
+}
+
+std::string_view to_string(RecipeKind k) noexcept {
+    constexpr std::string_view names[] = {"tensorwise", "delayed", "rowwise", "block", "mxfp8"};
+    return names[uint8_t(k)];
+}
+
+Recipe parse_recipe(std::string_view name) {
+    if (name == "tensorwise") return Recipe::tensorwise();
+    if (name == "delayed") return Recipe::delayed();
+    if (name == "rowwise") return Recipe::rowwise();
+    if (name == "block") return Recipe::block();
+    if (name == "mxfp8") return Recipe::mxfp8();
+    throw Error("unknown recipe '" + std::string(name) + "', expected tensorwise, delayed, rowwise, block or mxfp8");
+}
+
+// ---- DelayedScaling ----
+
+DelayedScaling::DelayedScaling(const Recipe& recipe, Role role)
+    : recipe_(recipe), options_(recipe.options(role)), history_(size_t(std::max(recipe.history_length, 1)), 0.0f) {
+    if (recipe.kind != RecipeKind::delayed) {
+        throw Error("fp8kit::DelayedScaling: recipe is " + std::string(to_string(recipe.kind)) + ", expected delayed");
+    }
+}
+
+QTensor DelayedScaling::quantize(const Tensor& x, bool transpose) {
+    QuantizeOptions o = options_;
+    o.scale = scale_;
+    o.transpose = transpose;
+    QTensor q = fp8kit::quantize(x, o);
+    // Several casts in one step (gradient accumulation) keep the largest amax; NaN sticks.
+    const float a = *q.amax;
+    if (std::isnan(a) || a > history_[0]) history_[0] = a;
+    return q;
+}
+
+void DelayedScaling::step() {
+    float a = history_[0];
+    if (recipe_.amax_compute == AmaxCompute::max) {
+        for (float h : history_) {
+            if (std::isnan(h) || h > a) a = h;
+            if (std::isnan(a)) break;
+        }
+    }
+    const float fp8_max = std::ldexp(format_info(options_.format).max, -recipe_.margin);
+    scale_ = compute_scale(a, fp8_max, options_.amax_epsilon, options_.power_of_two, scale_);
+    std::rotate(history_.rbegin(), history_.rbegin() + 1, history_.rend());  // [k] -> [k+1]
+    history_[0] = 0.0f;
+}
+
+}  // namespace fp8kit

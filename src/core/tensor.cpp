@@ -1,0 +1,275 @@
+// src/core/tensor.cpp: DType names and the Tensor model (storage, views, copies, element access).
+// Checked by tests/unit/test_tensor.cpp.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "fp8kit/convert.hpp"
+#include "fp8kit/tensor.hpp"
+
+namespace fp8kit {
+
+// ---- DType ----
+
+namespace {
+constexpr std::string_view plain_names[] = {"f32", "bf16", "f16", "u8", "i32"};
+}
+
+std::string_view to_string(DType d) noexcept {
+    if (is_fp8(d)) return to_string(Format(uint8_t(d)));
+    return plain_names[uint8_t(d) - uint8_t(DType::f32)];
+}
+
+std::optional<DType> try_parse_dtype(std::string_view name) noexcept {
+    for (size_t i = 0; i < std::size(plain_names); ++i) {
+        if (plain_names[i] == name) return DType(uint8_t(DType::f32) + i);
+    }
+    if (name == "float32") return DType::f32;
+    if (name == "bfloat16") return DType::bf16;
+    if (name == "float16") return DType::f16;
+    if (auto f = try_parse_format(name)) return dtype_of(*f);
+    return std::nullopt;
+}
+
+DType parse_dtype(std::string_view name) {
+    if (auto d = try_parse_dtype(name)) return *d;
+    throw Error("unknown dtype '" + std::string(name) +
+                "', expected f32, bf16, f16, u8, i32 or an FP8 format (e4m3fn, e5m2, e4m3fnuz, e5m2fnuz, e8m0fnu)");
+}
+
+Format format_of(DType d) {
+    if (!is_fp8(d)) throw Error("dtype " + std::string(to_string(d)) + " is not an FP8 format");
+    return Format(uint8_t(d));
+}
+
+std::string_view to_string(Device d) noexcept { return d == Device::cpu ? "cpu" : "cuda"; }
+
+std::string to_string(const Shape& shape) {
+    std::string s = "[";
+    for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+    return s + "]";
+}
+
+// ---- Tensor ----
+
+namespace {
+
+int64_t count(const Shape& shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+}
+
+Shape row_major_strides(const Shape& shape) {
+    Shape strides(shape.size());
+    int64_t s = 1;
+    for (size_t i = shape.size(); i-- > 0;) {
+        strides[i] = s;
+        s *= std::max<int64_t>(shape[i], 1);
+    }
+    return strides;
+}
+
+void check_shape(const Shape& shape, const char* fn) {
+    for (int64_t d : shape) {
+        if (d < 0) throw Error(std::string("fp8kit::Tensor::") + fn + ": shape " + to_string(shape) + " has a negative dimension");
+    }
+}
+
+}  // namespace
+
+Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
+    check_shape(shape, "empty");
+    if (device != Device::cpu) {
+        throw Error("fp8kit::Tensor::empty: device cuda needs the CUDA backend, which this build does not have");
+    }
+    Tensor t;
+    // At least one aligned line, so that an empty tensor is still defined().
+    const size_t bytes = std::max<size_t>(size_t(count(shape)) * dtype_size(dtype), tensor_alignment);
+    const size_t rounded = (bytes + tensor_alignment - 1) / tensor_alignment * tensor_alignment;
+    auto* p = static_cast<std::byte*>(::operator new(rounded, std::align_val_t{tensor_alignment}));
+    t.storage_ = std::shared_ptr<std::byte>(p, [](std::byte* q) { ::operator delete(q, std::align_val_t{tensor_alignment}); });
+    t.strides_ = row_major_strides(shape);
+    t.shape_ = std::move(shape);
+    t.dtype_ = dtype;
+    t.device_ = device;
+    return t;
+}
+
+Tensor Tensor::zeros(Shape shape, DType dtype, Device device) {
+    Tensor t = empty(std::move(shape), dtype, device);
+    std::memset(t.raw_data(), 0, t.nbytes());
+    return t;
+}
+
+template <class T>
+Tensor Tensor::from(std::span<const T> values, Shape shape) {
+    static_assert(is_element_type_v<T>);
+    check_shape(shape, "from");
+    if (int64_t(values.size()) != count(shape)) {
+        throw Error("fp8kit::Tensor::from: " + std::to_string(values.size()) + " values for shape " +
+                    to_string(shape) + ", expected " + std::to_string(count(shape)));
+    }
+    constexpr DType d = std::is_same_v<T, float> ? DType::f32
+                        : std::is_same_v<T, bf16> ? DType::bf16
+                        : std::is_same_v<T, f16> ? DType::f16
+                        : std::is_same_v<T, int32_t> ? DType::i32 : DType::u8;
+    Tensor t = empty(std::move(shape), d);
+    if (!values.empty()) std::memcpy(t.raw_data(), values.data(), values.size_bytes());
+    return t;
+}
+template Tensor Tensor::from(std::span<const float>, Shape);
+template Tensor Tensor::from(std::span<const bf16>, Shape);
+template Tensor Tensor::from(std::span<const f16>, Shape);
+template Tensor Tensor::from(std::span<const uint8_t>, Shape);
+template Tensor Tensor::from(std::span<const int32_t>, Shape);
+
+int64_t Tensor::size(int64_t d) const {
+    const int64_t n = dim();
+    if (d < -n || d >= n) {
+        throw Error("fp8kit::Tensor::size: dimension " + std::to_string(d) + " of a " + std::to_string(n) + "-d tensor");
+    }
+    return shape_[size_t(d < 0 ? d + n : d)];
+}
+
+int64_t Tensor::numel() const noexcept { return defined() ? count(shape_) : 0; }
+
+bool Tensor::is_contiguous() const noexcept {
+    int64_t s = 1;
+    for (size_t i = shape_.size(); i-- > 0;) {
+        if (shape_[i] != 1 && strides_[i] != s) return false;
+        s *= shape_[i];
+    }
+    return true;
+}
+
+void* Tensor::raw_data() const noexcept {
+    return storage_.get() + offset_ * int64_t(dtype_size(dtype_));
+}
+
+void Tensor::check_access(bool type_ok, size_t elem_size) const {
+    if (!defined()) throw Error("fp8kit::Tensor::data: the tensor is undefined");
+    if (!type_ok) {
+        throw Error("fp8kit::Tensor::data: element type of " + std::to_string(elem_size) +
+                    " bytes does not hold dtype " + std::string(to_string(dtype_)));
+    }
+    if (device_ != Device::cpu) throw Error("fp8kit::Tensor::data: the tensor is on device cuda, not in host memory");
+}
+
+Tensor Tensor::reshape(Shape shape) const {
+    int64_t known = 1, infer = -1;
+    for (size_t i = 0; i < shape.size(); ++i) {
+        if (shape[i] == -1 && infer < 0) {
+            infer = int64_t(i);
+        } else if (shape[i] < 0) {
+            throw Error("fp8kit::Tensor::reshape: bad shape " + to_string(shape));
+        } else {
+            known *= shape[i];
+        }
+    }
+    if (infer >= 0 && known > 0) shape[size_t(infer)] = numel() / known;
+    if (count(shape) != numel() || (infer >= 0 && known == 0)) {
+        throw Error("fp8kit::Tensor::reshape: shape " + to_string(shape) + " does not hold the " +
+                    std::to_string(numel()) + " elements of " + to_string(shape_));
+    }
+    if (!is_contiguous()) throw Error("fp8kit::Tensor::reshape: the tensor is not contiguous (call contiguous() first)");
+    Tensor t = *this;
+    t.strides_ = row_major_strides(shape);
+    t.shape_ = std::move(shape);
+    return t;
+}
+
+Tensor Tensor::slice(int64_t d, int64_t begin, int64_t end) const {
+    const size_t k = size_t(d < 0 ? d + dim() : d);
+    const int64_t n = size(d);
+    if (begin < 0 || end < begin || end > n) {
+        throw Error("fp8kit::Tensor::slice: [" + std::to_string(begin) + ", " + std::to_string(end) +
+                    ") is not a range of dimension " + std::to_string(d) + " (size " + std::to_string(n) + ")");
+    }
+    Tensor t = *this;
+    t.offset_ += begin * strides_[k];
+    t.shape_[k] = end - begin;
+    return t;
+}
+
+Tensor Tensor::transpose() const {
+    if (dim() != 2) throw Error("fp8kit::Tensor::transpose: expected a 2-d tensor, got shape " + to_string(shape_));
+    Tensor t = *this;
+    std::swap(t.shape_[0], t.shape_[1]);
+    std::swap(t.strides_[0], t.strides_[1]);
+    return t;
+}
+
+Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
+
+Tensor Tensor::clone() const {
+    Tensor t = empty(shape_, dtype_, device_);
+    const size_t es = dtype_size(dtype_);
+    const auto* src = static_cast<const std::byte*>(raw_data());
+    auto* dst = static_cast<std::byte*>(t.raw_data());
+    // Walk the elements in row-major order, copying runs along the last dimension.
+    const int64_t n = numel();
+    if (n == 0) return t;
+    const int64_t inner = shape_.back(), inner_stride = strides_.back();
+    Shape index(shape_.size(), 0);
+    for (int64_t done = 0; done < n; done += inner) {
+        int64_t off = 0;
+        for (size_t i = 0; i + 1 < shape_.size(); ++i) off += index[i] * strides_[i];
+        for (int64_t j = 0; j < inner; ++j) std::memcpy(dst + (done + j) * int64_t(es), src + (off + j * inner_stride) * int64_t(es), es);
+        for (size_t i = shape_.size() - 1; i-- > 0;) {
+            if (++index[i] < shape_[i]) break;
+            index[i] = 0;
+        }
+    }
+    return t;
+}
+
+int64_t Tensor::element_offset(std::initializer_list<int64_t> index) const {
+    if (int64_t(index.size()) != dim()) {
+        throw Error("fp8kit::Tensor: index of " + std::to_string(index.size()) + " values for a " +
+                    std::to_string(dim()) + "-d tensor");
+    }
+    int64_t off = 0;
+    size_t k = 0;
+    for (int64_t i : index) {
+        if (i < 0 || i >= shape_[k]) {
+            throw Error("fp8kit::Tensor: index " + std::to_string(i) + " out of range for dimension " +
+                        std::to_string(k) + " of shape " + to_string(shape_));
+        }
+        off += i * strides_[k++];
+    }
+    return off;
+}
+
+float Tensor::get(std::initializer_list<int64_t> index) const {
+    const int64_t off = element_offset(index);
+    switch (dtype_) {
+        case DType::f32: return data<float>()[off];
+        case DType::bf16: return float(data<bf16>()[off]);
+        case DType::f16: return float(data<f16>()[off]);
+        case DType::i32: return float(data<int32_t>()[off]);
+        case DType::u8: return float(data<uint8_t>()[off]);
+        default: return decode(data<uint8_t>()[off], format_of(dtype_));
+    }
+}
+
+void Tensor::set(std::initializer_list<int64_t> index, float value) const {
+    const int64_t off = element_offset(index);
+    const auto integer = [&](double lo, double hi) {
+        if (!(value >= lo && value <= hi) || std::nearbyint(value) != value) {
+            throw Error("fp8kit::Tensor::set: " + std::to_string(value) + " is not a " + std::string(to_string(dtype_)) + " value");
+        }
+    };
+    switch (dtype_) {
+        case DType::f32: data<float>()[off] = value; break;
+        case DType::bf16: data<bf16>()[off] = bf16(value); break;
+        case DType::f16: data<f16>()[off] = f16(value); break;
+        case DType::i32: integer(-2147483648.0, 2147483647.0); data<int32_t>()[off] = int32_t(value); break;
+        case DType::u8: integer(0, 255); data<uint8_t>()[off] = uint8_t(value); break;
+        default: data<uint8_t>()[off] = encode(value, format_of(dtype_)); break;
+    }
+}
+
+}  // namespace fp8kit

@@ -1,0 +1,324 @@
+// src/cpu/quantize.cpp: the fast CPU cast operations - amax, quantize, dequantize, cast_transpose -
+// driving the SIMD kernels of convert_simd.hpp (or the portable ones) over OpenMP threads.
+//
+// Checked against: src/ref/quantize.cpp, bit for bit (codes, scales, amax), on every ISA path,
+// every granularity, format, input dtype and overflow mode (tests/ops/test_quantize.cpp).
+//
+// Reads of the input per path (what decides speed once the input is larger than the caches):
+//  - tensor scaling, current: 2 - an amax pass, then the cast; the scale needs the whole tensor.
+//  - tensor scaling with a given scale (delayed): 1 - amax is measured in the cast pass.
+//  - row, block{r, c}, mx32: 1 - each strip of r rows is cut into tiles of whole groups of about
+//    32 KiB; a tile's amax is found, then the tile is cast while it is still in L1/L2. (A row
+//    longer than the L2 is read twice from memory.)
+//  - column, and blocks taller than the matrix: 2 - like tensor, a group spans every row.
+//  - cast_transpose: 1 for the cast itself, which writes both copies from one read of each 64x64
+//    tile, after the amax passes the scales need: none with a given scale, 1 when the transposed
+//    copy's groups are those of the row-major copy (tensor; square blocks), 2 otherwise (row,
+//    column, 1xN blocks, mx32: each direction has its own groups).
+#include <algorithm>
+#include <vector>
+
+#include "core/ops.hpp"
+#include "cpu/convert_kernels.hpp"
+#include "cpu/parallel.hpp"
+
+namespace fp8kit::cpu {
+
+namespace {
+
+using detail::MatrixRef;
+
+float amax_value(uint32_t bits) {
+    return detail::f32_from_bits(bits > 0x7f800000u ? detail::canonical_nan_bits : bits);
+}
+
+// Calls fn(T{}) with the element type of an f32 / bf16 / f16 dtype.
+template <class Fn>
+void with_type(DType d, Fn&& fn) {
+    if (d == DType::bf16) {
+        fn(bf16{});
+    } else if (d == DType::f16) {
+        fn(f16{});
+    } else {
+        fn(float{});
+    }
+}
+
+template <class T>
+const T* row(const MatrixRef& x, int64_t i) {
+    return static_cast<const T*>(x.data) + i * x.ld;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+size_t elements(const MatrixRef& x) { return size_t(x.rows * x.cols); }
+bool flat(const MatrixRef& x) { return x.ld == x.cols || x.rows == 1; }
+
+// Max |x| bits over the whole matrix.
+template <class T>
+uint32_t total_amax_bits(const MatrixRef& x) {
+    const auto kernel = active_kernels().amax<T>();
+    std::vector<uint32_t> acc(size_t(num_threads()), 0);
+    if (flat(x)) {
+        const T* p = row<T>(x, 0);
+        const size_t n = elements(x), per = std::max<size_t>(n / size_t(num_threads()) + 1, parallel_threshold);
+        parallel_tasks(int64_t(ceil_div(int64_t(n), int64_t(per))), n, [&](int64_t t, int slot) {
+            const size_t begin = size_t(t) * per, count = std::min(per, n - begin);
+            kernel(p + begin, count, count, 0, &acc[size_t(slot)]);
+        });
+    } else {
+        parallel_tasks(x.rows, elements(x), [&](int64_t i, int slot) {
+            kernel(row<T>(x, i), size_t(x.cols), size_t(x.cols), 0, &acc[size_t(slot)]);
+        });
+    }
+    return *std::max_element(acc.begin(), acc.end());
+}
+
+// Max |x| bits of every group into acc [ceil(rows / g.rows), ceil(cols / g.cols)] (zeroed here).
+// With several group rows, each thread owns whole group rows; with one (column, tall blocks),
+// each thread takes a range of rows into its own array and the arrays are merged.
+template <class T>
+void group_amax_bits(const MatrixRef& x, GroupShape g, std::vector<uint32_t>& acc) {
+    const auto kernel = active_kernels().amax<T>();
+    const int64_t gr = ceil_div(x.rows, g.rows), gc = ceil_div(x.cols, g.cols);
+    acc.assign(size_t(gr * gc), 0);
+    if (gr == 1 && g.cols >= x.cols) {  // one group: the whole matrix
+        acc[0] = total_amax_bits<T>(x);
+        return;
+    }
+    if (gr > 1) {
+        parallel_tasks(gr, elements(x), [&](int64_t b, int) {
+            for (int64_t i = b * g.rows; i < std::min(x.rows, (b + 1) * g.rows); ++i) {
+                kernel(row<T>(x, i), size_t(x.cols), size_t(g.cols), 0, &acc[size_t(b * gc)]);
+            }
+        });
+        return;
+    }
+    const int threads = threads_for(elements(x));
+    std::vector<std::vector<uint32_t>> part(size_t(threads), std::vector<uint32_t>(size_t(gc), 0));
+    const int64_t per = ceil_div(x.rows, threads);
+    parallel_tasks(threads, elements(x), [&](int64_t t, int) {
+        for (int64_t i = t * per; i < std::min(x.rows, (t + 1) * per); ++i) {
+            kernel(row<T>(x, i), size_t(x.cols), size_t(g.cols), 0, part[size_t(t)].data());
+        }
+    });
+    for (const auto& p : part) {
+        for (size_t k = 0; k < acc.size(); ++k) acc[k] = std::max(acc[k], p[k]);
+    }
+}
+
+// The scales of every group from their amax bits: stored scale_inv (float or e8m0) and the float
+// multipliers the encode kernels use. Returns the max over all groups.
+uint32_t make_scales(const std::vector<uint32_t>& acc, const ScaleRule& rule, void* scale_inv, std::vector<float>& mult) {
+    mult.resize(acc.size());
+    uint32_t total = 0;
+    for (size_t k = 0; k < acc.size(); ++k) {
+        const GroupScale s = group_scale(amax_value(acc[k]), rule);
+        mult[k] = s.scale;
+        if (rule.mx) {
+            static_cast<uint8_t*>(scale_inv)[k] = s.e8m0;
+        } else {
+            static_cast<float*>(scale_inv)[k] = s.scale_inv;
+        }
+        total = std::max(total, acc[k]);
+    }
+    return total;
+}
+
+// Encodes every row with the multipliers of its groups (mult [ceil(rows/g.rows), ceil(cols/g.cols)]),
+// into out [rows, cols]; with `amax`, measures max |x| bits in the same pass.
+template <class T>
+void encode_rows(const MatrixRef& x, GroupShape g, const float* mult, const detail::QuantizeJob& job,
+                 uint8_t* out, uint32_t* amax) {
+    const auto kernel = active_kernels().encode<T>(job.rule.format, job.overflow);
+    std::vector<uint32_t> acc(size_t(num_threads()), 0);
+    uint32_t* const none = nullptr;
+    if (flat(x) && g.cols >= x.cols && g.rows >= x.rows) {  // one scale: split the flat run
+        const T* p = row<T>(x, 0);
+        const size_t n = elements(x), per = std::max<size_t>(n / size_t(num_threads()) + 1, parallel_threshold);
+        parallel_tasks(int64_t(ceil_div(int64_t(n), int64_t(per))), n, [&](int64_t t, int slot) {
+            const size_t begin = size_t(t) * per, count = std::min(per, n - begin);
+            kernel(p + begin, out + begin, count, count, 0, mult, amax ? &acc[size_t(slot)] : none);
+        });
+    } else {
+        const int64_t gc = ceil_div(x.cols, g.cols);
+        parallel_tasks(x.rows, elements(x), [&](int64_t i, int slot) {
+            kernel(row<T>(x, i), out + i * x.cols, size_t(x.cols), size_t(g.cols), 0, mult + i / g.rows * gc,
+                   amax ? &acc[size_t(slot)] : none);
+        });
+    }
+    if (amax != nullptr) *amax = *std::max_element(acc.begin(), acc.end());
+}
+
+// Row, block and mx32 scaling in one read: tiles of g.rows rows by a whole number of groups
+// (about 32 KiB of input); each tile's group amaxes, then its scales, then its cast.
+template <class T>
+uint32_t quantize_tiles(const detail::QuantizeJob& job) {
+    const MatrixRef& x = job.x;
+    const GroupShape g = job.group;
+    const auto& k = active_kernels();
+    const auto amax_kernel = k.amax<T>();
+    const auto encode_kernel = k.encode<T>(job.rule.format, job.overflow);
+    const int64_t gc = ceil_div(x.cols, g.cols);
+    const int64_t tile_bytes = 32 << 10;
+    const int64_t groups_per_tile = std::max<int64_t>(1, tile_bytes / (g.rows * g.cols * int64_t(sizeof(T))));
+    const int64_t col_tiles = ceil_div(gc, groups_per_tile), row_tiles = ceil_div(x.rows, g.rows);
+    std::vector<uint32_t> total(size_t(num_threads()), 0);
+    std::vector<std::vector<uint32_t>> acc(total.size());
+    std::vector<std::vector<float>> mult(total.size());
+    parallel_tasks(row_tiles * col_tiles, elements(x), [&](int64_t t, int slot) {
+        const int64_t b = t / col_tiles, c0 = t % col_tiles * groups_per_tile;  // group row, first group column
+        const int64_t nc = std::min(groups_per_tile, gc - c0);
+        const int64_t j0 = c0 * g.cols, width = std::min(x.cols, (c0 + nc) * g.cols) - j0;
+        const int64_t i0 = b * g.rows, i1 = std::min(x.rows, i0 + g.rows);
+        auto& a = acc[size_t(slot)];
+        auto& m = mult[size_t(slot)];
+        a.assign(size_t(nc), 0);
+        for (int64_t i = i0; i < i1; ++i) amax_kernel(row<T>(x, i) + j0, size_t(width), size_t(g.cols), 0, a.data());
+        void* scale_inv = job.rule.mx ? static_cast<void*>(static_cast<uint8_t*>(job.scale_inv) + b * gc + c0)
+                                      : static_cast<void*>(static_cast<float*>(job.scale_inv) + b * gc + c0);
+        total[size_t(slot)] = std::max(total[size_t(slot)], make_scales(a, job.rule, scale_inv, m));
+        for (int64_t i = i0; i < i1; ++i) {
+            encode_kernel(row<T>(x, i) + j0, job.data + i * x.cols + j0, size_t(width), size_t(g.cols), 0, m.data(), nullptr);
+        }
+    });
+    return *std::max_element(total.begin(), total.end());
+}
+
+// The transposed copy, written in the same pass as the row-major one: for each 64x64 tile, the
+// tile's rows are cast (row-major copy), the tile is transposed in L1, and its columns are cast
+// (transposed copy) with the transposed copy's multipliers mult_t.
+template <class T>
+void cast_tiles(const detail::QuantizeJob& job, const float* mult, const float* mult_t, uint32_t* amax) {
+    constexpr int64_t tile = 64;
+    const MatrixRef& x = job.x;
+    const GroupShape g = job.group, gt = job.group_t;
+    const auto encode_kernel = active_kernels().encode<T>(job.rule.format, job.overflow);
+    const int64_t gc = ceil_div(x.cols, g.cols), gct = ceil_div(x.rows, gt.cols);
+    const int64_t row_tiles = ceil_div(x.rows, tile), col_tiles = ceil_div(x.cols, tile);
+    std::vector<uint32_t> acc(size_t(num_threads()), 0);
+    uint32_t* const none = nullptr;
+    parallel_tasks(row_tiles * col_tiles, elements(x), [&](int64_t t, int slot) {
+        alignas(64) T buf[tile * tile];
+        const int64_t i0 = t / col_tiles * tile, j0 = t % col_tiles * tile;
+        const int64_t h = std::min(tile, x.rows - i0), w = std::min(tile, x.cols - j0);
+        for (int64_t i = i0; i < i0 + h; ++i) {
+            const T* src = row<T>(x, i) + j0;
+            encode_kernel(src, job.data + i * x.cols + j0, size_t(w), size_t(g.cols), size_t(j0 % g.cols),
+                          mult + i / g.rows * gc + j0 / g.cols, amax ? &acc[size_t(slot)] : none);
+            for (int64_t j = 0; j < w; ++j) buf[j * tile + (i - i0)] = src[j];
+        }
+        for (int64_t j = j0; j < j0 + w; ++j) {
+            encode_kernel(buf + (j - j0) * tile, job.data_t + j * x.rows + i0, size_t(h), size_t(gt.cols),
+                          size_t(i0 % gt.cols), mult_t + j / gt.rows * gct + i0 / gt.cols, nullptr);
+        }
+    });
+    if (amax != nullptr) *amax = *std::max_element(acc.begin(), acc.end());
+}
+
+template <class T>
+void quantize_typed(detail::QuantizeJob& job) {
+    const MatrixRef& x = job.x;
+    const GroupShape g = job.group;
+    uint32_t total = 0;
+    std::vector<uint32_t> acc;
+    std::vector<float> mult, mult_t;
+    if (job.data_t == nullptr) {
+        if (job.rule.fixed) {
+            static_cast<float*>(job.scale_inv)[0] = group_scale(0.0f, job.rule).scale_inv;
+            encode_rows<T>(x, g, &job.rule.fixed_scale, job, job.data, &total);
+        } else if (g.rows < x.rows || g.cols < x.cols) {
+            if (g.rows < x.rows) {
+                total = quantize_tiles<T>(job);
+            } else {  // column scaling (or blocks at least as tall as the matrix)
+                group_amax_bits<T>(x, g, acc);
+                total = make_scales(acc, job.rule, job.scale_inv, mult);
+                encode_rows<T>(x, g, mult.data(), job, job.data, nullptr);
+            }
+        } else {  // tensor
+            acc.assign(1, total_amax_bits<T>(x));
+            total = make_scales(acc, job.rule, job.scale_inv, mult);
+            encode_rows<T>(x, g, mult.data(), job, job.data, nullptr);
+        }
+        job.amax = amax_value(total);
+        return;
+    }
+    // cast_transpose: the scales of both copies first, then one tiled pass writes both.
+    const GroupShape gt = job.group_t;
+    const int64_t gr = ceil_div(x.rows, g.rows), gc = ceil_div(x.cols, g.cols);
+    const int64_t grt = ceil_div(x.cols, gt.rows), gct = ceil_div(x.rows, gt.cols);
+    if (job.rule.fixed) {
+        static_cast<float*>(job.scale_inv)[0] = static_cast<float*>(job.scale_inv_t)[0] =
+            group_scale(0.0f, job.rule).scale_inv;
+        mult.assign(1, job.rule.fixed_scale);
+        mult_t = mult;
+        cast_tiles<T>(job, mult.data(), mult_t.data(), &total);
+        job.amax = amax_value(total);
+        return;
+    }
+    group_amax_bits<T>(x, g, acc);
+    total = make_scales(acc, job.rule, job.scale_inv, mult);
+    // The transposed copy's group (r, c) on x^T is the block of c rows by r columns of x.
+    std::vector<uint32_t> acc_t(size_t(grt * gct));
+    if (GroupShape{gt.cols, gt.rows} == g) {
+        for (int64_t a = 0; a < gr; ++a) {
+            for (int64_t b = 0; b < gc; ++b) acc_t[size_t(b * gct + a)] = acc[size_t(a * gc + b)];
+        }
+    } else {
+        std::vector<uint32_t> acc_x;
+        group_amax_bits<T>(x, {gt.cols, gt.rows}, acc_x);  // [gct, grt]
+        for (int64_t a = 0; a < gct; ++a) {
+            for (int64_t b = 0; b < grt; ++b) acc_t[size_t(b * gct + a)] = acc_x[size_t(a * grt + b)];
+        }
+    }
+    make_scales(acc_t, job.rule, job.scale_inv_t, mult_t);
+    cast_tiles<T>(job, mult.data(), mult_t.data(), nullptr);
+    job.amax = amax_value(total);
+}
+
+template <class Out>
+void dequantize_typed(const detail::DequantizeJob& job) {
+    const auto kernel = active_kernels().decode<Out>(job.format);
+    const GroupShape g = job.group;
+    const int64_t gr = ceil_div(job.rows, g.rows), gc = ceil_div(job.cols, g.cols);
+    std::vector<float> scale_inv(size_t(gr * gc));
+    for (size_t k = 0; k < scale_inv.size(); ++k) {
+        scale_inv[k] = job.e8m0 ? decode(static_cast<const uint8_t*>(job.scale_inv)[k], Format::e8m0fnu)
+                                : static_cast<const float*>(job.scale_inv)[k];
+    }
+    Out* out = static_cast<Out*>(job.out);
+    const size_t n = size_t(job.rows * job.cols);
+    if (gr == 1 && gc == 1) {  // one scale: split the flat run (large outputs stream)
+        parallel_ranges(n, [&](size_t begin, size_t count) {
+            kernel(job.data + begin, out + begin, count, count, 0, scale_inv.data());
+        });
+        return;
+    }
+    parallel_tasks(job.rows, n, [&](int64_t i, int) {
+        kernel(job.data + i * job.cols, out + i * job.cols, size_t(job.cols), size_t(g.cols), 0,
+               scale_inv.data() + i / g.rows * gc);
+    });
+}
+
+}  // namespace
+
+float amax(const MatrixRef& x) {
+    uint32_t bits = 0;
+    with_type(x.dtype, [&]<class T>(T) { bits = total_amax_bits<T>(x); });
+    return amax_value(bits);
+}
+
+void group_amax(const MatrixRef& x, GroupShape g, float* out) {
+    std::vector<uint32_t> acc;
+    with_type(x.dtype, [&]<class T>(T) { group_amax_bits<T>(x, g, acc); });
+    for (size_t k = 0; k < acc.size(); ++k) out[k] = amax_value(acc[k]);
+}
+
+void quantize(detail::QuantizeJob& job) {
+    with_type(job.x.dtype, [&]<class T>(T) { quantize_typed<T>(job); });
+}
+
+void dequantize(const detail::DequantizeJob& job) {
+    with_type(job.out_dtype, [&]<class Out>(Out) { dequantize_typed<Out>(job); });
+}
+
+}  // namespace fp8kit::cpu
