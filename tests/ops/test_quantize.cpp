@@ -1,0 +1,238 @@
+// tests/ops/test_quantize.cpp: every fast backend against ref for the cast operations - amax,
+// per-group amax, quantize, cast_transpose, dequantize - bit for bit (codes, scales, amax), on
+// every CPU code path, granularity, data format, input dtype and overflow mode, on shapes that
+// include 1x1, 1xN, Nx1, primes, sizes that cut blocks at the edges, strided views, and sizes
+// large enough to run on several threads (where the result must not depend on the thread count).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fp8kit/fp8kit.hpp"
+#include "support.hpp"
+
+namespace fp8kit {
+namespace {
+
+using test::bits;
+using test::same_code;
+using test::same_float;
+
+struct Case {
+    std::string name;
+    QuantizeOptions opts;
+};
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+std::vector<Case> granularities() {
+    std::vector<Case> cases;
+    const auto add = [&](std::string name, Scaling s, auto&& tweak) {
+        QuantizeOptions o;
+        o.scaling = s;
+        tweak(o);
+        cases.push_back({std::move(name), o});
+    };
+    const auto none = [](QuantizeOptions&) {};
+    add("tensor", Scaling::tensor(), none);
+    add("tensor_given_scale", Scaling::tensor(), [](QuantizeOptions& o) { o.scale = 3.25f; });
+    add("tensor_pow2_eps", Scaling::tensor(), [](QuantizeOptions& o) { o.power_of_two = true; o.amax_epsilon = 1e-3f; });
+    add("row_pow2", Scaling::row(), [](QuantizeOptions& o) { o.power_of_two = true; });
+    add("column", Scaling::column(), none);
+    add("block_1x128", Scaling::block(1, 128), none);
+    add("block_128x128", Scaling::block(128, 128), none);
+    add("block_3x5", Scaling::block(3, 5), none);
+    add("block_1x16", Scaling::block(1, 16), none);
+    add("block_40x1", Scaling::block(40, 1), none);
+    add("mx32", Scaling::mx32(), none);
+    add("mx32_up", Scaling::mx32(), [](QuantizeOptions& o) { o.mx_rounding = MxRounding::up; });
+    return cases;
+}
+
+const std::vector<std::pair<int64_t, int64_t>> shapes = {
+    {1, 1}, {1, 1000}, {1000, 1}, {17, 33}, {127, 257}, {130, 300}, {256, 256}, {300, 520}};
+
+// N(0,1) values whose magnitude varies by row and column (so row, column and block scales
+// differ), with zeros, -0, tiny values and a few large ones; with `specials`, also NaN and +-Inf.
+Tensor make_input(int64_t rows, int64_t cols, DType dtype, bool specials, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal;
+    std::vector<float> v(size_t(rows * cols));
+    for (int64_t i = 0; i < rows; ++i) {
+        for (int64_t j = 0; j < cols; ++j) {
+            const float mag = std::ldexp(1.0f, int((i * 7 + j / 16) % 13) - 6);
+            v[size_t(i * cols + j)] = normal(rng) * mag;
+        }
+    }
+    std::uniform_int_distribution<size_t> pick(0, v.size() - 1);
+    for (int k = 0; k < 4; ++k) {
+        v[pick(rng)] = 0.0f;
+        v[pick(rng)] = -0.0f;
+        v[pick(rng)] = 1e-30f;
+        v[pick(rng)] = -3e4f;
+    }
+    if (specials) {
+        v[pick(rng)] = NAN;
+        v[pick(rng)] = INFINITY;
+        v[pick(rng)] = -INFINITY;
+    }
+    Tensor f = Tensor::from(v, {rows, cols});
+    if (dtype == DType::f32) return f;
+    Tensor t = Tensor::empty({rows, cols}, dtype);
+    for (int64_t i = 0; i < rows; ++i) {
+        for (int64_t j = 0; j < cols; ++j) t.set({i, j}, f.get({i, j}));
+    }
+    return t;
+}
+
+::testing::AssertionResult same_codes(const Tensor& a, const Tensor& b, Format f) {
+    if (a.shape() != b.shape()) return ::testing::AssertionFailure() << "shape " << to_string(a.shape()) << " vs " << to_string(b.shape());
+    const uint8_t* pa = a.data<uint8_t>();
+    const uint8_t* pb = b.data<uint8_t>();
+    for (int64_t k = 0; k < a.numel(); ++k) {
+        if (!same_code(pa[k], pb[k], f)) {
+            return ::testing::AssertionFailure() << "code " << k << " (row " << k / a.size(-1) << ", col " << k % a.size(-1)
+                                                 << "): " << test::hex(pa[k], 2) << " vs ref " << test::hex(pb[k], 2);
+        }
+    }
+    return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult same_scales(const Tensor& a, const Tensor& b) {
+    if (a.shape() != b.shape() || a.dtype() != b.dtype()) {
+        return ::testing::AssertionFailure() << "scale_inv " << to_string(a.shape()) << " vs " << to_string(b.shape());
+    }
+    for (int64_t k = 0; k < a.numel(); ++k) {
+        const bool same = a.dtype() == DType::f32 ? same_float(a.data<float>()[k], b.data<float>()[k])
+                                                  : a.data<uint8_t>()[k] == b.data<uint8_t>()[k];
+        if (!same) return ::testing::AssertionFailure() << "scale_inv " << k << ": " << a.get({k / a.size(1), k % a.size(1)})
+                                                        << " vs ref " << b.get({k / b.size(1), k % b.size(1)});
+    }
+    return ::testing::AssertionSuccess();
+}
+
+template <class Fn>
+auto on_backend(Backend b, Fn&& fn) {
+    const Backend saved = active_backend();
+    set_backend(b);
+    auto r = fn();
+    set_backend(saved);
+    return r;
+}
+
+void expect_same(const QTensor& got, const QTensor& ref) {
+    EXPECT_TRUE(same_codes(got.data, ref.data, ref.format));
+    EXPECT_TRUE(same_scales(got.scale_inv, ref.scale_inv));
+    ASSERT_TRUE(got.amax && ref.amax);
+    EXPECT_TRUE(same_float(*got.amax, *ref.amax)) << *got.amax << " vs ref " << *ref.amax;
+    EXPECT_EQ(bits(*got.amax) == bits(*ref.amax), true) << "amax bits (NaN is canonical)";
+    ASSERT_EQ(got.has_transpose(), ref.has_transpose());
+    if (ref.has_transpose()) {
+        EXPECT_TRUE(same_codes(got.data_t, ref.data_t, ref.format)) << "transposed copy";
+        EXPECT_TRUE(same_scales(got.scale_inv_t, ref.scale_inv_t)) << "transposed copy";
+    }
+}
+
+constexpr Format data_formats[] = {Format::e4m3fn, Format::e5m2, Format::e4m3fnuz, Format::e5m2fnuz};
+constexpr DType input_dtypes[] = {DType::f32, DType::bf16, DType::f16};
+
+// The whole grid for one granularity (one ctest test each, so they run in parallel).
+class QuantizeGrid : public ::testing::TestWithParam<Case> {};
+
+TEST_P(QuantizeGrid, CpuEqualsRefBitForBit) {
+    const Case& c = GetParam();
+    uint32_t seed = 1;
+    for (auto [rows, cols] : shapes) {
+        for (DType dtype : input_dtypes) {
+            for (bool specials : {false, true}) {
+                const Tensor x = make_input(rows, cols, dtype, specials, seed++);
+                for (Format f : data_formats) {
+                    for (Overflow o : {Overflow::saturate, Overflow::nonsaturating}) {
+                        for (bool transpose : {false, true}) {
+                            QuantizeOptions opts = c.opts;
+                            opts.format = f;
+                            opts.overflow = o;
+                            opts.transpose = transpose;
+                            SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols) + " " + std::string(to_string(dtype)) +
+                                         " " + std::string(to_string(f)) + " " + std::string(to_string(o)) +
+                                         (specials ? " nan/inf" : "") + (transpose ? " cast_transpose" : " quantize"));
+                            const QTensor ref = on_backend(Backend::ref, [&] { return quantize(x, opts); });
+                            test::for_each_isa([&](Isa) {
+                                expect_same(on_backend(Backend::cpu, [&] { return quantize(x, opts); }), ref);
+                            });
+                            if (transpose || specials) continue;
+                            for (DType out : input_dtypes) {
+                                const Tensor want = on_backend(Backend::ref, [&] { return dequantize(ref, out); });
+                                test::for_each_isa([&](Isa) {
+                                    const Tensor got = on_backend(Backend::cpu, [&] { return dequantize(ref, out); });
+                                    for (int64_t k = 0; k < want.numel(); ++k) {
+                                        const int64_t i = k / cols, j = k % cols;
+                                        ASSERT_TRUE(same_float(got.get({i, j}), want.get({i, j})))
+                                            << "dequantize to " << to_string(out) << " at " << i << "," << j;
+                                    }
+                                });
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Granularity, QuantizeGrid, ::testing::ValuesIn(granularities()),
+                         [](const auto& param_info) { return param_info.param.name; });
+
+TEST(QuantizeOps, AmaxEqualsRef) {
+    for (auto [rows, cols] : shapes) {
+        for (DType dtype : input_dtypes) {
+            for (bool specials : {false, true}) {
+                const Tensor x = make_input(rows, cols, dtype, specials, 99);
+                const float want = on_backend(Backend::ref, [&] { return amax(x); });
+                for (const Case& c : granularities()) {
+                    const Tensor want_groups = on_backend(Backend::ref, [&] { return amax(x, c.opts.scaling); });
+                    test::for_each_isa([&](Isa) {
+                        EXPECT_EQ(bits(on_backend(Backend::cpu, [&] { return amax(x); })), bits(want));
+                        const Tensor got = on_backend(Backend::cpu, [&] { return amax(x, c.opts.scaling); });
+                        EXPECT_TRUE(same_scales(got, want_groups)) << c.name;
+                    });
+                }
+            }
+        }
+    }
+}
+
+// Views: a column slice and a row slice of a larger matrix are read in place (row stride > cols).
+TEST(QuantizeOps, StridedViewsEqualRef) {
+    const Tensor big = make_input(300, 520, DType::f32, false, 7);
+    for (const Tensor& x : {big.slice(1, 3, 260), big.slice(0, 1, 299).slice(1, 129, 520)}) {
+        for (const Case& c : granularities()) {
+            QuantizeOptions opts = c.opts;
+            opts.transpose = true;
+            const QTensor ref = on_backend(Backend::ref, [&] { return quantize(x, opts); });
+            const QTensor contiguous = on_backend(Backend::cpu, [&] { return quantize(x.contiguous(), opts); });
+            test::for_each_isa([&](Isa) { expect_same(on_backend(Backend::cpu, [&] { return quantize(x, opts); }), ref); });
+            expect_same(contiguous, ref);
+        }
+    }
+}
+
+// The thread count never changes a result: every granularity on 1 thread and on 2.
+TEST(QuantizeOps, ThreadCountDoesNotChangeResults) {
+    const Tensor x = make_input(1024, 384, DType::bf16, true, 11);
+    const int saved = num_threads();
+    for (const Case& c : granularities()) {
+        QuantizeOptions opts = c.opts;
+        opts.transpose = true;
+        const QTensor ref = on_backend(Backend::ref, [&] { return quantize(x, opts); });
+        for (int threads : {1, 2, 3}) {
+            set_num_threads(threads);
+            expect_same(on_backend(Backend::cpu, [&] { return quantize(x, opts); }), ref);
+        }
+    }
+    set_num_threads(saved);
+}
+
+}  // namespace
+}  // namespace fp8kit
