@@ -58,6 +58,10 @@ struct QTensor {
 float amax(const Tensor& x);                       // max |x|; NaN if any NaN; 0 if empty
 Tensor amax(const Tensor& x, const Scaling& s);    // per group, f32 [scale_shape]
 QTensor quantize(const Tensor& x, const QuantizeOptions& opts = {});
+// The same, into `out`: its buffers are reused where their dtype and shape fit (and replaced
+// where not), so a training loop that quantizes the same shapes every step allocates nothing -
+// a fresh large output costs a page fault per 4 KiB on first touch. Returns out.
+QTensor& quantize(const Tensor& x, const QuantizeOptions& opts, QTensor& out);
 QTensor cast_transpose(const Tensor& x, QuantizeOptions opts = {});  // quantize with transpose
 Tensor dequantize(const QTensor& q, DType out = DType::f32);          // f32, bf16 or f16
 

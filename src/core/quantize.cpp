@@ -46,8 +46,14 @@ Matrix as_matrix(const Tensor& x, const char* fn) {
 
 const detail::BackendOps& ops() { return detail::backend_ops(active_backend()); }
 
-Tensor scale_tensor(GroupShape shape, bool e8m0) {
-    return Tensor::empty({shape.rows, shape.cols}, e8m0 ? DType::e8m0fnu : DType::f32);
+// `t` itself when it is a contiguous host tensor of this shape and dtype, else a new one.
+Tensor reuse_or_empty(const Tensor& t, const Shape& shape, DType dtype) {
+    if (t.defined() && t.dtype() == dtype && t.shape() == shape && t.is_contiguous() && t.device() == Device::cpu) return t;
+    return Tensor::empty(shape, dtype);
+}
+
+Tensor scale_tensor(const Tensor& reuse, GroupShape shape, bool e8m0) {
+    return reuse_or_empty(reuse, {shape.rows, shape.cols}, e8m0 ? DType::e8m0fnu : DType::f32);
 }
 
 void check_options(const QuantizeOptions& o, const std::string& where) {
@@ -108,23 +114,30 @@ Tensor amax(const Tensor& x, const Scaling& s) {
 }
 
 QTensor quantize(const Tensor& x, const QuantizeOptions& o) {
+    QTensor q;
+    return quantize(x, o, q);
+}
+
+QTensor& quantize(const Tensor& x, const QuantizeOptions& o, QTensor& out) {
     const std::string where = o.transpose ? "fp8kit::cast_transpose: " : "fp8kit::quantize: ";
     check_options(o, where);
     const Matrix m = as_matrix(x, o.transpose ? "cast_transpose" : "quantize");
     const int64_t rows = m.ref.rows, cols = m.ref.cols;
     const bool mx = o.scaling.granularity == Granularity::mx32;
 
+    // Built aside and moved into `out` when complete: after an error `out` still describes what it
+    // did before (reused buffers may hold partial codes).
     QTensor q;
     q.format = o.format;
     q.scaling = o.scaling;
-    q.data = Tensor::empty(x.shape(), dtype_of(o.format));
-    q.scale_inv = scale_tensor(o.scaling.scale_shape(rows, cols), mx);
+    q.data = reuse_or_empty(out.data, x.shape(), dtype_of(o.format));
+    q.scale_inv = scale_tensor(out.scale_inv, o.scaling.scale_shape(rows, cols), mx);
     detail::QuantizeJob job{m.ref, scale_rule(o), o.overflow, o.scaling.group_shape(rows, cols),
                             o.scaling.group_shape(cols, rows), q.data.data<uint8_t>(), q.scale_inv.raw_data(),
                             nullptr, nullptr, 0.0f};
     if (o.transpose) {
-        q.data_t = Tensor::empty({cols, rows}, dtype_of(o.format));
-        q.scale_inv_t = scale_tensor(o.scaling.scale_shape(cols, rows), mx);
+        q.data_t = reuse_or_empty(out.data_t, {cols, rows}, dtype_of(o.format));
+        q.scale_inv_t = scale_tensor(out.scale_inv_t, o.scaling.scale_shape(cols, rows), mx);
         job.data_t = q.data_t.data<uint8_t>();
         job.scale_inv_t = q.scale_inv_t.raw_data();
     }
@@ -134,7 +147,8 @@ QTensor quantize(const Tensor& x, const QuantizeOptions& o) {
                     " (amax is " + (std::isnan(job.amax) ? "nan" : "inf") + ") and non_finite is error");
     }
     q.amax = job.amax;
-    return q;
+    out = std::move(q);
+    return out;
 }
 
 QTensor cast_transpose(const Tensor& x, QuantizeOptions opts) {

@@ -53,6 +53,31 @@ struct Avx512 {
         return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     }
 
+    // 16x16 transpose: r[i][j] -> r[j][i]. Afterwards (1) pairs of rows interleave, (2) register
+    // 4k+c holds column 4q+c of rows 4k..4k+3 in its 128-bit lane q, (3)+(4) 128-bit lanes are
+    // gathered so that register j holds column j.
+    static void transpose(F r[16]) {
+        F t[16], u[16];
+        for (int k = 0; k < 8; ++k) {
+            t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+            t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+        }
+        for (int k = 0; k < 4; ++k) {
+            u[4 * k + 0] = _mm512_shuffle_ps(t[4 * k], t[4 * k + 2], 0x44);
+            u[4 * k + 1] = _mm512_shuffle_ps(t[4 * k], t[4 * k + 2], 0xee);
+            u[4 * k + 2] = _mm512_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0x44);
+            u[4 * k + 3] = _mm512_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0xee);
+        }
+        for (int c = 0; c < 4; ++c) {
+            const F lo01 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88), hi01 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xdd);
+            const F lo23 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88), hi23 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xdd);
+            r[c] = _mm512_shuffle_f32x4(lo01, lo23, 0x88);
+            r[4 + c] = _mm512_shuffle_f32x4(hi01, hi23, 0x88);
+            r[8 + c] = _mm512_shuffle_f32x4(lo01, lo23, 0xdd);
+            r[12 + c] = _mm512_shuffle_f32x4(hi01, hi23, 0xdd);
+        }
+    }
+
     static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
     // 16-bit outputs: two registers (32 values) per 64-byte store.
     static I halves(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
@@ -70,6 +95,11 @@ struct Avx512 {
     static void store_streaming(bf16* p, F a, F b) { _mm512_stream_si512(reinterpret_cast<__m512i*>(p), bf16_pair(a, b)); }
     static void store_streaming(f16* p, F a, F b) { _mm512_stream_si512(reinterpret_cast<__m512i*>(p), f16_pair(a, b)); }
     static void fence() { _mm_sfence(); }
+    // One 64-byte line from an aligned buffer to an aligned destination, non-temporal.
+    static void stream_line(uint8_t* dst, const uint8_t* src) {
+        _mm512_stream_si512(reinterpret_cast<__m512i*>(dst), _mm512_load_si512(src));
+    }
+
     // One register of codes (each lane 0..255) to 16 bytes.
     static void store_u8(uint8_t* p, I c) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(c)); }
     // Four registers of codes (each lane 0..255) to 64 bytes in order.

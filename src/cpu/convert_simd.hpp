@@ -280,6 +280,8 @@ inline void amax_run(const In* in, size_t len, typename V::I& acc) {
 
 template <class V>
 struct Kernels {
+    static constexpr size_t width = V::W;
+
     template <class In, Format F, Overflow O, bool Amax>
     static void encode_groups(const In* in, uint8_t* out, size_t n, size_t group, size_t offset,
                               const float* scales, uint32_t* amax) {
@@ -338,6 +340,66 @@ struct Kernels {
         for_each_group(n, group, offset, [&](size_t begin, size_t len, size_t g) {
             decode_run<Out, F>(in + begin, out + begin, len, V::set1f(scale_inv[g]));
         });
+    }
+
+    // cast_transpose of a tile of rows x cols elements (multiples of W, at most cast_tile_rows x
+    // cast_tile_cols) at `in` (row stride ld): row-major codes to out (row stride ld_out) and
+    // transposed codes to out_t (row stride ld_t), from one load of each W x W block, transposed
+    // in registers. Multipliers are uniform per register: mrow[k * (cols / W) + b] for tile row k
+    // in column block b, mcol[k * (rows / W) + b] for tile column k (a row of the transpose) in row
+    // block b. With amax, max |x| bits are folded into *amax.
+    //
+    // Both code tiles are staged in L1 and written out a row at a time: written straight, the W
+    // partial lines of one output (its rows ld_out or ld_t apart, often a multiple of 4 KiB) map
+    // to one L1 set and evict each other before they are complete. The same columns of the
+    // next tile to the right are prefetched, one line per row, since dozens of row streams at
+    // once are more than the hardware prefetcher follows.
+    // Copies a staged rows x cols code tile (row stride `stride`) to dst. Whole aligned 64-byte
+    // lines are written with non-temporal stores: each is written once, completely, so reading
+    // it first (what an ordinary store does) would only add traffic.
+    static void flush_tile(const uint8_t* stage, size_t stride, uint8_t* dst, size_t ld, size_t rows, size_t cols) {
+        constexpr size_t W = V::W;
+        const bool lines = cols % 64 == 0 && ld % 64 == 0 && reinterpret_cast<uintptr_t>(dst) % 64 == 0;
+        for (size_t k = 0; k < rows; ++k) {
+            if (lines) {
+                for (size_t c = 0; c < cols; c += 64) V::stream_line(dst + k * ld + c, stage + k * stride + c);
+            } else {
+                for (size_t c = 0; c < cols; c += W) std::memcpy(dst + k * ld + c, stage + k * stride + c, W);
+            }
+        }
+        if (lines) V::fence();
+    }
+
+    template <class In, Format F, Overflow O>
+    static void cast_transpose_tile(const In* in, size_t ld, size_t rows, size_t cols, uint8_t* out, size_t ld_out,
+                                    uint8_t* out_t, size_t ld_t, const float* mrow, const float* mcol, uint32_t* amax) {
+        constexpr size_t W = V::W, TR = cast_tile_rows, TC = cast_tile_cols;
+        alignas(64) uint8_t stage[TR * TC], stage_t[TC * TR];
+        auto acc = V::set1(0u);
+        typename V::F r[W];
+        for (size_t bi = 0; bi < rows; bi += W) {
+            for (size_t bj = 0; bj < cols; bj += W) {
+                for (size_t k = 0; k < W; ++k) {
+                    const In* p = in + (bi + k) * ld + bj;
+                    _mm_prefetch(reinterpret_cast<const char*>(p + cols), _MM_HINT_T0);
+                    r[k] = V::load(p);
+                    acc = V::max_u(acc, abs_bits<V>(r[k]));
+                    V::store_u8(stage + (bi + k) * TC + bj,
+                                encode_vec<V, F, O>(V::mul(r[k], V::set1f(mrow[(bi + k) * (cols / W) + bj / W]))));
+                }
+                V::transpose(r);
+                for (size_t k = 0; k < W; ++k) {
+                    V::store_u8(stage_t + (bj + k) * TR + bi,
+                                encode_vec<V, F, O>(V::mul(r[k], V::set1f(mcol[(bj + k) * (rows / W) + bi / W]))));
+                }
+            }
+        }
+        flush_tile(stage, TC, out, ld_out, rows, cols);
+        flush_tile(stage_t, TR, out_t, ld_t, cols, rows);
+        if (amax != nullptr) {
+            const uint32_t m = V::hmax(acc);
+            if (m > *amax) *amax = m;
+        }
     }
 
     // 16-bit outputs are stored two registers at a time, so that every store on AVX-512 is a

@@ -7,9 +7,9 @@
 // Reads of the input per path (what decides speed once the input is larger than the caches):
 //  - tensor scaling, current: 2 - an amax pass, then the cast; the scale needs the whole tensor.
 //  - tensor scaling with a given scale (delayed): 1 - amax is measured in the cast pass.
-//  - row, block{r, c}, mx32: 1 - each strip of r rows is cut into tiles of whole groups of about
-//    32 KiB; a tile's amax is found, then the tile is cast while it is still in L1/L2. (A row
-//    longer than the L2 is read twice from memory.)
+//  - row, block{r, c}, mx32: 1 - each strip of r rows is cut into tiles of whole groups (about
+//    32 KiB for 1-row groups, 512 KiB for taller ones); a tile's amax is found, then the tile is
+//    cast while it is still in L1/L2. (A row longer than the L2 is read twice from memory.)
 //  - column, and blocks taller than the matrix: 2 - like tensor, a group spans every row.
 //  - cast_transpose: 1 for the cast itself, which writes both copies from one read of each 64x64
 //    tile, after the amax passes the scales need: none with a given scale, 1 when the transposed
@@ -149,8 +149,8 @@ void encode_rows(const MatrixRef& x, GroupShape g, const float* mult, const deta
     if (amax != nullptr) *amax = *std::max_element(acc.begin(), acc.end());
 }
 
-// Row, block and mx32 scaling in one read: tiles of g.rows rows by a whole number of groups
-// (about 32 KiB of input); each tile's group amaxes, then its scales, then its cast.
+// Row, block and mx32 scaling in one read: tiles of g.rows rows by a whole number of groups;
+// each tile's group amaxes, then its scales, then its cast while the tile is still cached.
 template <class T>
 uint32_t quantize_tiles(const detail::QuantizeJob& job) {
     const MatrixRef& x = job.x;
@@ -159,7 +159,9 @@ uint32_t quantize_tiles(const detail::QuantizeJob& job) {
     const auto amax_kernel = k.amax<T>();
     const auto encode_kernel = k.encode<T>(job.rule.format, job.overflow);
     const int64_t gc = ceil_div(x.cols, g.cols);
-    const int64_t tile_bytes = 32 << 10;
+    // Row-local groups: ~32 KiB tiles, re-read from L1. Taller blocks: ~512 KiB tiles (re-read
+    // from L2), so that each of their rows is read in long runs rather than a 512-byte piece.
+    const int64_t tile_bytes = g.rows == 1 ? 32 << 10 : 512 << 10;
     const int64_t groups_per_tile = std::max<int64_t>(1, tile_bytes / (g.rows * g.cols * int64_t(sizeof(T))));
     const int64_t col_tiles = ceil_div(gc, groups_per_tile), row_tiles = ceil_div(x.rows, g.rows);
     std::vector<uint32_t> total(size_t(num_threads()), 0);
@@ -184,32 +186,53 @@ uint32_t quantize_tiles(const detail::QuantizeJob& job) {
     return *std::max_element(total.begin(), total.end());
 }
 
-// The transposed copy, written in the same pass as the row-major one: for each 64x64 tile, the
-// tile's rows are cast (row-major copy), the tile is transposed in L1, and its columns are cast
-// (transposed copy) with the transposed copy's multipliers mult_t.
+// Both copies in one pass over tiles of cast_tile_rows x cast_tile_cols. The part of a tile that is a whole number of
+// registers wide and tall goes to the path's cast_transpose kernel, which transposes W x W blocks
+// in registers; it needs one multiplier per register, i.e. groups whose width is a multiple of W
+// (or spans the matrix) in both copies - true for tensor, row, 1xN / NxN blocks with N % 16 == 0
+// and mx32. The rest (edges; column scaling and odd blocks on SIMD paths) is cast element by
+// element here, with the same arithmetic: encode(float32(x * multiplier)).
 template <class T>
 void cast_tiles(const detail::QuantizeJob& job, const float* mult, const float* mult_t, uint32_t* amax) {
-    constexpr int64_t tile = 64;
+    constexpr int64_t TR = int64_t(cast_tile_rows), TC = int64_t(cast_tile_cols);
     const MatrixRef& x = job.x;
     const GroupShape g = job.group, gt = job.group_t;
-    const auto encode_kernel = active_kernels().encode<T>(job.rule.format, job.overflow);
+    const auto& k = active_kernels();
+    const auto tile_kernel = k.cast_transpose<T>(job.rule.format, job.overflow);
+    const int64_t W = int64_t(k.width);
+    const bool uniform = (g.cols % W == 0 || g.cols >= x.cols) && (gt.cols % W == 0 || gt.cols >= x.rows);
     const int64_t gc = ceil_div(x.cols, g.cols), gct = ceil_div(x.rows, gt.cols);
-    const int64_t row_tiles = ceil_div(x.rows, tile), col_tiles = ceil_div(x.cols, tile);
+    const auto m = [&](int64_t i, int64_t j) { return mult[i / g.rows * gc + j / g.cols]; };
+    const auto m_t = [&](int64_t j, int64_t i) { return mult_t[j / gt.rows * gct + i / gt.cols]; };
+    const int64_t row_tiles = ceil_div(x.rows, TR), col_tiles = ceil_div(x.cols, TC);
     std::vector<uint32_t> acc(size_t(num_threads()), 0);
-    uint32_t* const none = nullptr;
+    // Per thread: the multipliers of a tile, one per register (per element on the portable path).
+    std::vector<std::vector<float>> multipliers(acc.size(), std::vector<float>(size_t(2 * TR * TC / W)));
     parallel_tasks(row_tiles * col_tiles, elements(x), [&](int64_t t, int slot) {
-        alignas(64) T buf[tile * tile];
-        const int64_t i0 = t / col_tiles * tile, j0 = t % col_tiles * tile;
-        const int64_t h = std::min(tile, x.rows - i0), w = std::min(tile, x.cols - j0);
-        for (int64_t i = i0; i < i0 + h; ++i) {
-            const T* src = row<T>(x, i) + j0;
-            encode_kernel(src, job.data + i * x.cols + j0, size_t(w), size_t(g.cols), size_t(j0 % g.cols),
-                          mult + i / g.rows * gc + j0 / g.cols, amax ? &acc[size_t(slot)] : none);
-            for (int64_t j = 0; j < w; ++j) buf[j * tile + (i - i0)] = src[j];
+        const int64_t i0 = t / col_tiles * TR, j0 = t % col_tiles * TC;
+        const int64_t h = std::min(TR, x.rows - i0), w = std::min(TC, x.cols - j0);
+        const int64_t ha = uniform ? h - h % W : 0, wa = uniform ? w - w % W : 0;
+        uint32_t& a = acc[size_t(slot)];
+        if (ha > 0 && wa > 0) {
+            float* mr = multipliers[size_t(slot)].data();
+            float* mt = mr + TR * TC / W;
+            for (int64_t r = 0; r < ha; ++r) {
+                for (int64_t b = 0; b < wa / W; ++b) mr[r * (wa / W) + b] = m(i0 + r, j0 + b * W);
+            }
+            for (int64_t c = 0; c < wa; ++c) {
+                for (int64_t b = 0; b < ha / W; ++b) mt[c * (ha / W) + b] = m_t(j0 + c, i0 + b * W);
+            }
+            tile_kernel(row<T>(x, i0) + j0, size_t(x.ld), size_t(ha), size_t(wa), job.data + i0 * x.cols + j0,
+                        size_t(x.cols), job.data_t + j0 * x.rows + i0, size_t(x.rows), mr, mt, &a);
         }
-        for (int64_t j = j0; j < j0 + w; ++j) {
-            encode_kernel(buf + (j - j0) * tile, job.data_t + j * x.rows + i0, size_t(h), size_t(gt.cols),
-                          size_t(i0 % gt.cols), mult_t + j / gt.rows * gct + i0 / gt.cols, nullptr);
+        for (int64_t i = i0; i < i0 + h; ++i) {
+            const T* src = row<T>(x, i);
+            for (int64_t j = (i < i0 + ha ? j0 + wa : j0); j < j0 + w; ++j) {
+                const float v = float(src[j]);
+                a = std::max(a, detail::f32_bits(v) & 0x7fffffffu);
+                job.data[i * x.cols + j] = encode(v * m(i, j), job.rule.format, job.overflow);
+                job.data_t[j * x.rows + i] = encode(v * m_t(j, i), job.rule.format, job.overflow);
+            }
         }
     });
     if (amax != nullptr) *amax = *std::max_element(acc.begin(), acc.end());
