@@ -143,7 +143,8 @@ class QuantizeGrid : public ::testing::TestWithParam<Case> {};
 TEST_P(QuantizeGrid, CpuEqualsRefBitForBit) {
     const Case& c = GetParam();
     uint32_t seed = 1;
-    for (auto [rows, cols] : shapes) {
+    for (const auto& shape : shapes) {
+        const int64_t rows = shape.first, cols = shape.second;  // (clang 14: lambdas cannot capture bindings)
         for (DType dtype : input_dtypes) {
             for (bool specials : {false, true}) {
                 const Tensor x = make_input(rows, cols, dtype, specials, seed++);
@@ -185,7 +186,8 @@ INSTANTIATE_TEST_SUITE_P(Granularity, QuantizeGrid, ::testing::ValuesIn(granular
                          [](const auto& param_info) { return param_info.param.name; });
 
 TEST(QuantizeOps, AmaxEqualsRef) {
-    for (auto [rows, cols] : shapes) {
+    for (const auto& shape : shapes) {
+        const int64_t rows = shape.first, cols = shape.second;  // (clang 14: lambdas cannot capture bindings)
         for (DType dtype : input_dtypes) {
             for (bool specials : {false, true}) {
                 const Tensor x = make_input(rows, cols, dtype, specials, 99);
