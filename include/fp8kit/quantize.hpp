@@ -27,7 +27,7 @@ enum class NonFinite : uint8_t { propagate, error };
 struct QuantizeOptions {
     Format format = Format::e4m3fn;       // e4m3fn, e5m2, e4m3fnuz or e5m2fnuz
     Scaling scaling = Scaling::tensor();
-    Overflow overflow = Overflow::saturate;
+    Overflow overflow = Overflow::saturate;  // mx32 always saturates (the MX spec's encoding)
     bool power_of_two = false;            // scales rounded down to 2^k (exact scaling)
     float amax_epsilon = 0.0f;            // amax below this counts as this (0: off)
     MxRounding mx_rounding = MxRounding::floor;  // mx32 only

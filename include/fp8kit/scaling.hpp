@@ -49,7 +49,7 @@ struct Scaling {
     bool operator==(const Scaling&) const = default;
 };
 
-// "tensor", "row", "column", "block(1x128)", "mx32"; parse also takes "block:RxC".
+// "tensor", "row", "column", "block(1x128)", "mx32"; parse reads these and also "block:RxC".
 std::string to_string(const Scaling& s);
 Scaling parse_scaling(std::string_view text);  // fp8kit::Error naming the value
 

@@ -132,7 +132,10 @@ QTensor& quantize(const Tensor& x, const QuantizeOptions& o, QTensor& out) {
     q.scaling = o.scaling;
     q.data = reuse_or_empty(out.data, x.shape(), dtype_of(o.format));
     q.scale_inv = scale_tensor(out.scale_inv, o.scaling.scale_shape(rows, cols), mx);
-    detail::QuantizeJob job{m.ref, scale_rule(o), o.overflow, o.scaling.group_shape(rows, cols),
+    // MX elements are encoded with saturation whatever `overflow` says: the spec defines the
+    // conversion so, and the floor rule relies on it (values just under 2^(emax+1) * X clamp).
+    const Overflow overflow = mx ? Overflow::saturate : o.overflow;
+    detail::QuantizeJob job{m.ref, scale_rule(o), overflow, o.scaling.group_shape(rows, cols),
                             o.scaling.group_shape(cols, rows), q.data.data<uint8_t>(), q.scale_inv.raw_data(),
                             nullptr, nullptr, 0.0f};
     if (o.transpose) {
@@ -170,7 +173,7 @@ Tensor dequantize(const QTensor& q, DType out) {
     const bool mx = q.scaling.granularity == Granularity::mx32;
     const GroupShape ss = q.scaling.scale_shape(rows, cols);
     const DType scale_dtype = mx ? DType::e8m0fnu : DType::f32;
-    if (!q.scale_inv.defined() || q.scale_inv.dtype() != scale_dtype || q.scale_inv.numel() != ss.rows * ss.cols) {
+    if (!q.scale_inv.defined() || q.scale_inv.dtype() != scale_dtype || q.scale_inv.shape() != Shape{ss.rows, ss.cols}) {
         throw Error(where + "scale_inv is " +
                     (q.scale_inv.defined() ? std::string(to_string(q.scale_inv.dtype())) + " " + to_string(q.scale_inv.shape())
                                            : std::string("undefined")) +

@@ -53,8 +53,15 @@ Scaling parse_scaling(std::string_view text) {
         return Error("unknown scaling '" + std::string(text) +
                      "', expected tensor, row, column, mx32 or block:RxC (for example block:1x128)");
     };
-    if (!text.starts_with("block:")) throw bad();
-    const std::string_view dims = text.substr(6);
+    // "block:RxC", and "block(RxC)" as to_string writes it.
+    std::string_view dims;
+    if (text.starts_with("block:")) {
+        dims = text.substr(6);
+    } else if (text.starts_with("block(") && text.ends_with(")")) {
+        dims = text.substr(6, text.size() - 7);
+    } else {
+        throw bad();
+    }
     const size_t x = dims.find('x');
     if (x == std::string_view::npos) throw bad();
     int64_t r = 0, c = 0;

@@ -1,0 +1,452 @@
+// tests/unit/test_tensor.cpp: the Tensor model - construction (shape, row-major strides, sizes,
+// 64-byte alignment), dtype names, typed access checks, views that share storage (reshape, slice,
+// transpose), copies (contiguous, clone), element get/set for every dtype, and the errors for bad
+// indices and shapes. Expected values are written out by hand (strides, offsets, FP8 codes derived
+// from the bit layouts of NUMERICS.md), never taken from the code under test.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fp8kit/error.hpp"
+#include "fp8kit/tensor.hpp"
+#include "support.hpp"
+
+namespace fp8kit::test {
+namespace {
+
+// Runs fn and expects fp8kit::Error whose message contains `needle`.
+template <class Fn>
+void expect_error(Fn&& fn, const std::string& needle) {
+    try {
+        fn();
+        ADD_FAILURE() << "no fp8kit::Error (expected one mentioning '" << needle << "')";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
+            << "message '" << e.what() << "' does not mention '" << needle << "'";
+    }
+}
+
+bool aligned64(const void* p) { return reinterpret_cast<uintptr_t>(p) % 64 == 0; }
+
+// A [rows, cols] f32 tensor with element (i, j) = 100 i + j: every element is distinct and its
+// value says where it came from.
+Tensor iota2(int64_t rows, int64_t cols) {
+    std::vector<float> v(size_t(rows * cols));
+    for (int64_t i = 0; i < rows; ++i) {
+        for (int64_t j = 0; j < cols; ++j) v[size_t(i * cols + j)] = float(100 * i + j);
+    }
+    return Tensor::from(v, {rows, cols});
+}
+
+const DType all_dtypes[] = {DType::e4m3fn, DType::e5m2, DType::e4m3fnuz, DType::e5m2fnuz, DType::e8m0fnu,
+                            DType::f32,    DType::bf16, DType::f16,      DType::u8,       DType::i32};
+
+TEST(Tensor, EmptyHasShapeRowMajorStridesSizeAndAlignment) {
+    for (DType d : all_dtypes) {
+        SCOPED_TRACE(std::string(to_string(d)));
+        const Tensor t = Tensor::empty({2, 3, 5}, d);
+        EXPECT_TRUE(t.defined());
+        EXPECT_EQ(t.dtype(), d);
+        EXPECT_EQ(t.device(), Device::cpu);
+        EXPECT_EQ(t.shape(), (Shape{2, 3, 5}));
+        EXPECT_EQ(t.strides(), (Shape{15, 5, 1}));
+        EXPECT_EQ(t.dim(), 3);
+        EXPECT_EQ(t.numel(), 30);
+        EXPECT_EQ(t.size(0), 2);
+        EXPECT_EQ(t.size(-1), 5);
+        EXPECT_EQ(t.size(-3), 2);
+        EXPECT_TRUE(t.is_contiguous());
+        EXPECT_EQ(t.storage_offset(), 0);
+        const size_t elem = (d == DType::f32 || d == DType::i32) ? 4 : (d == DType::bf16 || d == DType::f16) ? 2 : 1;
+        EXPECT_EQ(t.nbytes(), 30 * elem);
+        EXPECT_TRUE(aligned64(t.raw_data()));
+    }
+    // Size of every element type, against the C++ types that hold them.
+    EXPECT_EQ(dtype_size(DType::f32), sizeof(float));
+    EXPECT_EQ(dtype_size(DType::i32), sizeof(int32_t));
+    EXPECT_EQ(dtype_size(DType::bf16), sizeof(bf16));
+    EXPECT_EQ(dtype_size(DType::f16), sizeof(f16));
+    EXPECT_EQ(dtype_size(DType::e4m3fn), 1u);
+    // Many allocations of odd sizes: every data pointer is 64-byte aligned.
+    for (int64_t n = 1; n < 200; n += 7) {
+        EXPECT_TRUE(aligned64(Tensor::empty({n}, DType::u8).raw_data())) << n;
+        EXPECT_TRUE(aligned64(Tensor::empty({n, 3}, DType::bf16).raw_data())) << n;
+    }
+    // Zero-sized tensors are still defined, with no elements.
+    const Tensor z = Tensor::empty({0, 5}, DType::f32);
+    EXPECT_TRUE(z.defined());
+    EXPECT_EQ(z.numel(), 0);
+    EXPECT_EQ(z.nbytes(), 0u);
+    // A 0-d tensor holds one element.
+    const Tensor s = Tensor::zeros({}, DType::f32);
+    EXPECT_EQ(s.numel(), 1);
+    EXPECT_EQ(s.get({}), 0.0f);
+    // Undefined tensor.
+    const Tensor u;
+    EXPECT_FALSE(u.defined());
+    EXPECT_EQ(u.numel(), 0);
+    expect_error([&] { (void)u.data<float>(); }, "undefined");
+}
+
+TEST(Tensor, ZerosAreZeroForEveryDtype) {
+    for (DType d : all_dtypes) {
+        SCOPED_TRACE(std::string(to_string(d)));
+        const Tensor t = Tensor::zeros({7, 9}, d);
+        const auto* p = static_cast<const unsigned char*>(t.raw_data());
+        for (size_t i = 0; i < t.nbytes(); ++i) ASSERT_EQ(p[i], 0) << i;
+        EXPECT_TRUE(aligned64(t.raw_data()));
+    }
+}
+
+TEST(Tensor, FromCopiesValuesWithTheMatchingDtype) {
+    const std::vector<float> f = {1.5f, -2.0f, 3.25f, 0.0f, 1e-3f, 7.0f};
+    Tensor t = Tensor::from(f, {2, 3});
+    EXPECT_EQ(t.dtype(), DType::f32);
+    EXPECT_EQ(t.shape(), (Shape{2, 3}));
+    EXPECT_EQ(t.strides(), (Shape{3, 1}));
+    EXPECT_EQ(t.nbytes(), 24u);
+    EXPECT_TRUE(aligned64(t.raw_data()));
+    for (int64_t i = 0; i < 2; ++i) {
+        for (int64_t j = 0; j < 3; ++j) EXPECT_EQ(t.get({i, j}), f[size_t(i * 3 + j)]);
+    }
+    // A copy, not a view of the vector.
+    EXPECT_NE(static_cast<const void*>(t.data<float>()), static_cast<const void*>(f.data()));
+
+    const std::vector<int32_t> iv = {-7, 0, 123456};
+    EXPECT_EQ(Tensor::from(iv, {3}).dtype(), DType::i32);
+    EXPECT_EQ(Tensor::from(iv, {3}).get({2}), 123456.0f);
+    const std::vector<uint8_t> uv = {0, 255};
+    EXPECT_EQ(Tensor::from(uv, {2}).dtype(), DType::u8);
+    EXPECT_EQ(Tensor::from(uv, {2}).get({1}), 255.0f);
+    const std::vector<bf16> bv = {bf16::from_bits(0x3fc0)};  // 1.5
+    EXPECT_EQ(Tensor::from(bv, {1, 1}).dtype(), DType::bf16);
+    EXPECT_EQ(Tensor::from(bv, {1, 1}).get({0, 0}), 1.5f);
+    const std::vector<f16> hv = {f16::from_bits(0xc500)};  // -5
+    EXPECT_EQ(Tensor::from(hv, {1}).dtype(), DType::f16);
+    EXPECT_EQ(Tensor::from(hv, {1}).get({0}), -5.0f);
+
+    expect_error([&] { (void)Tensor::from(f, {4, 2}); }, "expected 8");
+    expect_error([&] { (void)Tensor::empty({3, -1}, DType::f32); }, "negative dimension");
+}
+
+TEST(DTypeNames, ToStringAndParseRoundTrip) {
+    const std::pair<DType, const char*> names[] = {
+        {DType::e4m3fn, "e4m3fn"}, {DType::e5m2, "e5m2"}, {DType::e4m3fnuz, "e4m3fnuz"},
+        {DType::e5m2fnuz, "e5m2fnuz"}, {DType::e8m0fnu, "e8m0fnu"}, {DType::f32, "f32"},
+        {DType::bf16, "bf16"}, {DType::f16, "f16"}, {DType::u8, "u8"}, {DType::i32, "i32"}};
+    for (const auto& [d, name] : names) {
+        EXPECT_EQ(to_string(d), name);
+        EXPECT_EQ(parse_dtype(name), d);
+        EXPECT_EQ(try_parse_dtype(name), d);
+    }
+    EXPECT_EQ(parse_dtype("float32"), DType::f32);
+    EXPECT_EQ(parse_dtype("bfloat16"), DType::bf16);
+    EXPECT_EQ(parse_dtype("float16"), DType::f16);
+    EXPECT_EQ(parse_dtype("e4m3"), DType::e4m3fn);
+    EXPECT_FALSE(try_parse_dtype("f64").has_value());
+    EXPECT_FALSE(try_parse_dtype("").has_value());
+    expect_error([] { (void)parse_dtype("f64"); }, "'f64'");
+    expect_error([] { (void)parse_dtype("F32"); }, "'F32'");
+    // FP8 dtypes and formats convert by a cast.
+    EXPECT_EQ(format_of(DType::e5m2fnuz), Format::e5m2fnuz);
+    EXPECT_EQ(dtype_of(Format::e4m3fnuz), DType::e4m3fnuz);
+    EXPECT_TRUE(is_fp8(DType::e8m0fnu));
+    EXPECT_FALSE(is_fp8(DType::f32));
+    expect_error([] { (void)format_of(DType::bf16); }, "bf16");
+}
+
+TEST(Tensor, TypedAccessChecksTheElementType) {
+    const Tensor f = Tensor::zeros({4}, DType::f32);
+    EXPECT_NO_THROW((void)f.data<float>());
+    expect_error([&] { (void)f.data<int32_t>(); }, "f32");
+    expect_error([&] { (void)f.data<uint8_t>(); }, "f32");
+    expect_error([&] { (void)f.data<bf16>(); }, "f32");
+    const Tensor b = Tensor::zeros({4}, DType::bf16);
+    expect_error([&] { (void)b.data<f16>(); }, "bf16");
+    expect_error([&] { (void)b.data<float>(); }, "bf16");
+    EXPECT_NO_THROW((void)b.data<bf16>());
+    const Tensor i = Tensor::zeros({4}, DType::i32);
+    expect_error([&] { (void)i.data<float>(); }, "i32");
+    // uint8_t holds u8 and every FP8 dtype (codes), nothing else.
+    for (DType d : {DType::u8, DType::e4m3fn, DType::e5m2, DType::e4m3fnuz, DType::e5m2fnuz, DType::e8m0fnu}) {
+        const Tensor t = Tensor::zeros({4}, d);
+        EXPECT_NO_THROW((void)t.data<uint8_t>()) << to_string(d);
+        expect_error([&] { (void)t.data<float>(); }, std::string(to_string(d)));
+    }
+    // at<T> goes through the same check.
+    expect_error([&] { (void)f.at<int32_t>({0}); }, "f32");
+    f.at<float>({2}) = 9.5f;
+    EXPECT_EQ(f.data<float>()[2], 9.5f);
+}
+
+TEST(TensorViews, ReshapeSharesStorageAndInfersMinusOne) {
+    const Tensor x = iota2(3, 8);
+    const Tensor r = x.reshape({-1, 4});
+    EXPECT_EQ(r.shape(), (Shape{6, 4}));
+    EXPECT_EQ(r.strides(), (Shape{4, 1}));
+    EXPECT_TRUE(r.shares_storage_with(x));
+    EXPECT_EQ(r.raw_data(), x.raw_data());
+    // Row-major order is kept: r(k / 4, k % 4) == x(k / 8, k % 8).
+    for (int64_t k = 0; k < 24; ++k) EXPECT_EQ(r.get({k / 4, k % 4}), x.get({k / 8, k % 8})) << k;
+    // A write through the view is seen by the original.
+    r.set({5, 3}, -1.0f);
+    EXPECT_EQ(x.get({2, 7}), -1.0f);
+
+    EXPECT_EQ(x.reshape({2, -1, 3}).shape(), (Shape{2, 4, 3}));
+    EXPECT_EQ(x.reshape({2, -1, 3}).strides(), (Shape{12, 3, 1}));
+    EXPECT_EQ(x.reshape({24}).shape(), (Shape{24}));
+    EXPECT_EQ(x.reshape({-1}).shape(), (Shape{24}));
+
+    expect_error([&] { (void)x.reshape({5, 5}); }, "does not hold");
+    expect_error([&] { (void)x.reshape({-1, 5}); }, "does not hold");
+    expect_error([&] { (void)x.reshape({-1, -1}); }, "bad shape");
+    expect_error([&] { (void)x.reshape({-2, 12}); }, "bad shape");
+    // Not contiguous: no view possible.
+    expect_error([&] { (void)x.transpose().reshape({24}); }, "not contiguous");
+}
+
+TEST(TensorViews, SliceAlongRowsIsContiguousAlongColumnsIsStrided) {
+    const Tensor x = iota2(5, 8);
+    const Tensor rows = x.slice(0, 1, 4);
+    EXPECT_EQ(rows.shape(), (Shape{3, 8}));
+    EXPECT_EQ(rows.strides(), (Shape{8, 1}));
+    EXPECT_EQ(rows.storage_offset(), 8);
+    EXPECT_TRUE(rows.is_contiguous());
+    EXPECT_TRUE(rows.shares_storage_with(x));
+    EXPECT_EQ(rows.raw_data(), static_cast<void*>(x.data<float>() + 8));
+    for (int64_t i = 0; i < 3; ++i) {
+        for (int64_t j = 0; j < 8; ++j) EXPECT_EQ(rows.get({i, j}), float(100 * (i + 1) + j));
+    }
+
+    const Tensor cols = x.slice(1, 2, 5);
+    EXPECT_EQ(cols.shape(), (Shape{5, 3}));
+    EXPECT_EQ(cols.strides(), (Shape{8, 1}));
+    EXPECT_EQ(cols.storage_offset(), 2);
+    EXPECT_FALSE(cols.is_contiguous());
+    EXPECT_TRUE(cols.shares_storage_with(x));
+    for (int64_t i = 0; i < 5; ++i) {
+        for (int64_t j = 0; j < 3; ++j) EXPECT_EQ(cols.get({i, j}), float(100 * i + j + 2));
+    }
+    cols.set({4, 2}, -3.0f);
+    EXPECT_EQ(x.get({4, 4}), -3.0f);
+
+    // Negative dimension counts from the end; a slice of a slice adds the offsets.
+    const Tensor both = x.slice(-1, 2, 5).slice(0, 1, 3);
+    EXPECT_EQ(both.shape(), (Shape{2, 3}));
+    EXPECT_EQ(both.storage_offset(), 10);
+    EXPECT_EQ(both.get({1, 0}), 202.0f);
+    // A single row is contiguous; a single column of a wider matrix is not.
+    EXPECT_TRUE(x.slice(0, 2, 3).is_contiguous());
+    EXPECT_FALSE(x.slice(1, 2, 3).is_contiguous());
+    // Empty slices are allowed.
+    EXPECT_EQ(x.slice(1, 3, 3).numel(), 0);
+
+    expect_error([&] { (void)x.slice(1, 5, 9); }, "not a range");
+    expect_error([&] { (void)x.slice(0, 3, 2); }, "not a range");
+    expect_error([&] { (void)x.slice(0, -1, 2); }, "not a range");
+    expect_error([&] { (void)x.slice(2, 0, 1); }, "dimension 2");
+}
+
+TEST(TensorViews, TransposeSwapsShapeAndStrides) {
+    const Tensor x = iota2(3, 7);
+    const Tensor t = x.transpose();
+    EXPECT_EQ(t.shape(), (Shape{7, 3}));
+    EXPECT_EQ(t.strides(), (Shape{1, 7}));
+    EXPECT_FALSE(t.is_contiguous());
+    EXPECT_TRUE(t.shares_storage_with(x));
+    for (int64_t i = 0; i < 7; ++i) {
+        for (int64_t j = 0; j < 3; ++j) EXPECT_EQ(t.get({i, j}), x.get({j, i}));
+    }
+    t.set({6, 2}, 0.5f);
+    EXPECT_EQ(x.get({2, 6}), 0.5f);
+    // Transposing twice gives the original layout back.
+    EXPECT_TRUE(t.transpose().is_contiguous());
+    EXPECT_EQ(t.transpose().strides(), (Shape{7, 1}));
+    // 1xN and Nx1 transposes stay contiguous (size-1 dimensions have no meaningful stride).
+    EXPECT_TRUE(iota2(1, 5).transpose().is_contiguous());
+
+    expect_error([] { (void)Tensor::zeros({2, 3, 4}, DType::f32).transpose(); }, "2-d");
+}
+
+TEST(TensorCopies, ContiguousAndCloneCopyValues) {
+    const Tensor x = iota2(6, 9);
+    // Already contiguous: contiguous() is the tensor itself; clone() always copies.
+    EXPECT_TRUE(x.contiguous().shares_storage_with(x));
+    const Tensor c0 = x.clone();
+    EXPECT_FALSE(c0.shares_storage_with(x));
+    for (int64_t i = 0; i < 6; ++i) {
+        for (int64_t j = 0; j < 9; ++j) EXPECT_EQ(c0.get({i, j}), x.get({i, j}));
+    }
+    c0.set({0, 0}, 42.0f);
+    EXPECT_EQ(x.get({0, 0}), 0.0f);
+
+    const Tensor views[] = {x.transpose(), x.slice(1, 2, 7), x.slice(0, 1, 5).slice(1, 3, 9),
+                            x.transpose().slice(0, 1, 8)};
+    for (const Tensor& v : views) {
+        SCOPED_TRACE(to_string(v.shape()));
+        ASSERT_FALSE(v.is_contiguous());
+        for (const Tensor& c : {v.contiguous(), v.clone()}) {
+            EXPECT_FALSE(c.shares_storage_with(x));
+            EXPECT_TRUE(c.is_contiguous());
+            EXPECT_EQ(c.shape(), v.shape());
+            EXPECT_EQ(c.strides(), (Shape{v.shape()[1], 1}));
+            EXPECT_EQ(c.storage_offset(), 0);
+            EXPECT_TRUE(aligned64(c.raw_data()));
+            // Element by element, and in memory order.
+            const float* p = c.data<float>();
+            for (int64_t i = 0; i < v.shape()[0]; ++i) {
+                for (int64_t j = 0; j < v.shape()[1]; ++j) {
+                    EXPECT_EQ(c.get({i, j}), v.get({i, j}));
+                    EXPECT_EQ(p[i * v.shape()[1] + j], v.get({i, j}));
+                }
+            }
+        }
+    }
+
+    // 3-d: a slice along the middle dimension.
+    std::vector<float> v3(2 * 4 * 5);
+    for (size_t k = 0; k < v3.size(); ++k) v3[k] = float(k);
+    const Tensor t3 = Tensor::from(v3, {2, 4, 5});
+    const Tensor s3 = t3.slice(1, 1, 3);
+    EXPECT_EQ(s3.strides(), (Shape{20, 5, 1}));
+    EXPECT_FALSE(s3.is_contiguous());
+    const Tensor c3 = s3.clone();
+    EXPECT_EQ(c3.strides(), (Shape{10, 5, 1}));
+    for (int64_t a = 0; a < 2; ++a) {
+        for (int64_t b = 0; b < 2; ++b) {
+            for (int64_t c = 0; c < 5; ++c) EXPECT_EQ(c3.get({a, b, c}), float(a * 20 + (b + 1) * 5 + c));
+        }
+    }
+
+    // FP8 codes copy as bytes; 16-bit elements as 16-bit.
+    for (DType d : {DType::e4m3fn, DType::bf16}) {
+        const Tensor y = Tensor::zeros({4, 5}, d);
+        for (int64_t i = 0; i < 4; ++i) {
+            for (int64_t j = 0; j < 5; ++j) y.set({i, j}, float(i - j) * 0.5f);
+        }
+        const Tensor yt = y.transpose().contiguous();
+        EXPECT_EQ(yt.dtype(), d);
+        for (int64_t i = 0; i < 5; ++i) {
+            for (int64_t j = 0; j < 4; ++j) EXPECT_EQ(yt.get({i, j}), float(j - i) * 0.5f);
+        }
+    }
+}
+
+TEST(TensorElements, GetSetEveryDtype) {
+    // f32: exact.
+    const Tensor f = Tensor::zeros({2, 2}, DType::f32);
+    f.set({1, 0}, 0.1f);
+    EXPECT_EQ(f.get({1, 0}), 0.1f);
+    EXPECT_EQ(f.data<float>()[2], 0.1f);
+
+    // bf16: round to nearest even at 8 significant bits. 1 + 2^-8 is halfway between 1 and 1 + 2^-7
+    // (odd mantissa): ties to 1. 1 + 3 * 2^-8 is halfway between 1 + 2^-7 and 1 + 2^-6: ties to the
+    // even 1 + 2^-6.
+    const Tensor b = Tensor::zeros({3}, DType::bf16);
+    b.set({0}, 1.0f + 0x1p-8f);
+    b.set({1}, 1.0f + 3 * 0x1p-8f);
+    b.set({2}, -2.5f);
+    EXPECT_EQ(b.get({0}), 1.0f);
+    EXPECT_EQ(b.get({1}), 1.0f + 0x1p-6f);
+    EXPECT_EQ(b.get({2}), -2.5f);
+    EXPECT_EQ(b.data<bf16>()[2].bits, 0xc020);
+
+    // f16: 11 significant bits, same tie rule.
+    const Tensor h = Tensor::zeros({3}, DType::f16);
+    h.set({0}, 1.0f + 0x1p-11f);
+    h.set({1}, 1.0f + 3 * 0x1p-11f);
+    h.set({2}, 65504.0f);
+    EXPECT_EQ(h.get({0}), 1.0f);
+    EXPECT_EQ(h.get({1}), 1.0f + 0x1p-9f);
+    EXPECT_EQ(h.get({2}), 65504.0f);
+    EXPECT_EQ(h.data<f16>()[2].bits, 0x7bff);
+
+    // i32 and u8: integers in range only.
+    const Tensor i = Tensor::zeros({2}, DType::i32);
+    i.set({0}, -7.0f);
+    i.set({1}, 16777216.0f);
+    EXPECT_EQ(i.data<int32_t>()[0], -7);
+    EXPECT_EQ(i.get({1}), 16777216.0f);
+    expect_error([&] { i.set({0}, 0.5f); }, "i32");
+    expect_error([&] { i.set({0}, 3e9f); }, "i32");
+    expect_error([&] { i.set({0}, NAN); }, "i32");
+    const Tensor u = Tensor::zeros({2}, DType::u8);
+    u.set({1}, 200.0f);
+    EXPECT_EQ(u.data<uint8_t>()[1], 200);
+    EXPECT_EQ(u.get({1}), 200.0f);
+    expect_error([&] { u.set({0}, 256.0f); }, "u8");
+    expect_error([&] { u.set({0}, -1.0f); }, "u8");
+    expect_error([&] { u.set({0}, 1.5f); }, "u8");
+    EXPECT_EQ(u.data<uint8_t>()[0], 0);  // a refused set leaves the element alone
+
+    // FP8: set encodes (nearest even, saturating), get decodes. Codes from the bit layouts:
+    struct Case {
+        DType d;
+        float in;
+        uint8_t code;
+        float out;
+    };
+    const Case cases[] = {
+        // e4m3fn, bias 7: 1.0 = 0.0111.000; 1 + 2^-4 ties to 1.0 (even); 1 + 3 * 2^-4 ties to 1.25.
+        {DType::e4m3fn, 1.0f, 0x38, 1.0f},
+        {DType::e4m3fn, 1.0625f, 0x38, 1.0f},
+        {DType::e4m3fn, 1.1875f, 0x3a, 1.25f},
+        // -0.3 = -1.2 * 2^-2: nearest on the 2^-5 grid is 0.3125 = 1.25 * 2^-2 -> 1.0101.010.
+        {DType::e4m3fn, -0.3f, 0xaa, -0.3125f},
+        // 500 > 448 saturates to max 0.1111.110.
+        {DType::e4m3fn, 500.0f, 0x7e, 448.0f},
+        {DType::e4m3fn, -1e30f, 0xfe, -448.0f},
+        // Subnormal: 2^-9 is code 1.
+        {DType::e4m3fn, 0x1p-9f, 0x01, 0x1p-9f},
+        // e5m2, bias 15: 3 = 1.5 * 2 -> 0.10000.10; max 57344 = 0.11110.11.
+        {DType::e5m2, 3.0f, 0x42, 3.0f},
+        {DType::e5m2, 1e6f, 0x7b, 57344.0f},
+        // e4m3fnuz, bias 8: 1.0 = 0.1000.000; -0 has no code of its own: 0x00.
+        {DType::e4m3fnuz, 1.0f, 0x40, 1.0f},
+        {DType::e4m3fnuz, -0.0f, 0x00, 0.0f},
+        {DType::e4m3fnuz, 300.0f, 0x7f, 240.0f},
+        // e5m2fnuz, bias 16: 1.0 = 0.10000.00.
+        {DType::e5m2fnuz, -1.0f, 0xc0, -1.0f},
+        // e8m0fnu: 2^(code - 127).
+        {DType::e8m0fnu, 4.0f, 0x81, 4.0f},
+        {DType::e8m0fnu, 0x1p-20f, 107, 0x1p-20f},
+    };
+    for (const Case& c : cases) {
+        SCOPED_TRACE(std::string(to_string(c.d)) + " " + std::to_string(c.in));
+        const Tensor t = Tensor::zeros({2, 3}, c.d);
+        t.set({1, 2}, c.in);
+        EXPECT_EQ(int(t.data<uint8_t>()[5]), int(c.code));
+        EXPECT_EQ(int(t.at<uint8_t>({1, 2})), int(c.code));
+        EXPECT_TRUE(same_float(t.get({1, 2}), c.out)) << t.get({1, 2});
+        EXPECT_EQ(t.data<uint8_t>()[0], 0);  // neighbours untouched
+        EXPECT_EQ(t.data<uint8_t>()[4], 0);
+    }
+    // NaN stays NaN in every FP8 dtype.
+    for (DType d : {DType::e4m3fn, DType::e5m2, DType::e4m3fnuz, DType::e5m2fnuz, DType::e8m0fnu}) {
+        const Tensor t = Tensor::zeros({1}, d);
+        t.set({0}, NAN);
+        EXPECT_TRUE(std::isnan(t.get({0}))) << to_string(d);
+    }
+}
+
+TEST(TensorElements, BadIndicesThrowNamingTheProblem) {
+    const Tensor x = Tensor::zeros({3, 5}, DType::f32);
+    expect_error([&] { (void)x.get({3, 0}); }, "out of range");
+    expect_error([&] { (void)x.get({0, 5}); }, "out of range");
+    expect_error([&] { (void)x.get({-1, 0}); }, "out of range");
+    expect_error([&] { x.set({0, 7}, 1.0f); }, "out of range");
+    expect_error([&] { (void)x.get({1}); }, "index of 1 values for a 2-d tensor");
+    expect_error([&] { (void)x.get({1, 1, 1}); }, "index of 3 values");
+    expect_error([&] { (void)x.at<float>({0, 9}); }, "out of range");
+    expect_error([&] { (void)x.size(2); }, "dimension 2");
+    expect_error([&] { (void)x.size(-3); }, "dimension -3");
+    // Out of range in a view is judged by the view's shape, not the storage's.
+    const Tensor v = x.slice(1, 1, 3);
+    expect_error([&] { (void)v.get({0, 2}); }, "out of range");
+}
+
+}  // namespace
+}  // namespace fp8kit::test
