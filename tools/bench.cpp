@@ -16,6 +16,10 @@ void add_bench_command(CLI::App& app) {
     convert->add_flag("--json", opt->json, "one JSON object per line");
     convert->add_flag("--quick", opt->quick, "fewer cases and repetitions (under a minute)");
     convert->callback([opt] { bench::run_convert(*opt, std::cout); });
+    CLI::App* quantize = bench->add_subcommand("quantize", "quantize / cast_transpose per scaling vs memcpy of the input");
+    quantize->add_flag("--json", opt->json, "one JSON object per line");
+    quantize->add_flag("--quick", opt->quick, "fewer cases and repetitions (under a minute)");
+    quantize->callback([opt] { bench::run_quantize(*opt, std::cout); });
 }
 
 }  // namespace fp8kit::tools

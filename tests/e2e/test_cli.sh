@@ -1,6 +1,7 @@
 #!/bin/sh
 # tests/e2e/test_cli.sh FP8KIT: the command line as a user meets it - help, version, the formats
-# table (values from NUMERICS.md), and bad input giving one line on stderr and exit code 2.
+# table (values from NUMERICS.md), bad input giving one line on stderr and exit code 2, and
+# `bench quantize --quick --json` printing JSON lines.
 set -u
 fp8kit=$1
 fails=0
@@ -32,6 +33,10 @@ FP8KIT_ISA=avx9 "$fp8kit" formats >"$out/o" 2>"$out/e"; rc=$?
 check "bad FP8KIT_ISA: exit 2 naming the value" "[ $rc -eq 2 ] && grep -q \"FP8KIT_ISA='avx9'\" '$out/e'"
 "$fp8kit" bench >"$out/o" 2>"$out/e"; rc=$?
 check "bench without a benchmark name: exit 2" "[ $rc -eq 2 ]"
+# The one benchmark run here (~15 s on 2 idle cores, up to ~40 s on busy ones: 256 MiB inputs
+# even with --quick); only its output format is checked, never its numbers.
+"$fp8kit" bench quantize --quick --json >"$out/bq" 2>"$out/e"; rc=$?
+check "bench quantize --quick --json: JSON lines of bench quantize" "[ $rc -eq 0 ] && grep -q '^{\"bench\":\"quantize\",' '$out/bq' && ! grep -qv '^{.*}$' '$out/bq'"
 
-echo "$(( 13 - fails )) passed, $fails failed"
+echo "$(( 14 - fails )) passed, $fails failed"
 [ $fails -eq 0 ]
