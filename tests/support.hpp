@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 
+#include "fp8kit/error.hpp"
 #include "fp8kit/format.hpp"
 #include "fp8kit/runtime.hpp"
 
@@ -46,6 +47,18 @@ inline bool same_code(uint8_t a, uint8_t b, Format f) { return a == b || (is_nan
 
 // Floats agree bit for bit, or are both NaN.
 inline bool same_float(float a, float b) { return bits(a) == bits(b) || (a != a && b != b); }
+
+// Runs fn and expects fp8kit::Error whose message contains `needle`.
+template <class Fn>
+void expect_error(Fn&& fn, const std::string& needle) {
+    try {
+        fn();
+        ADD_FAILURE() << "no fp8kit::Error (expected one mentioning '" << needle << "')";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
+            << "message '" << e.what() << "' does not mention '" << needle << "'";
+    }
+}
 
 inline std::string hex(uint32_t v, int digits) {
     char buf[16];

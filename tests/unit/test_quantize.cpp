@@ -24,17 +24,6 @@
 namespace fp8kit::test {
 namespace {
 
-template <class Fn>
-void expect_error(Fn&& fn, const std::string& needle) {
-    try {
-        fn();
-        ADD_FAILURE() << "no fp8kit::Error (expected one mentioning '" << needle << "')";
-    } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
-            << "message '" << e.what() << "' does not mention '" << needle << "'";
-    }
-}
-
 // Runs body() on every available backend, and on the cpu backend once per ISA path; the cpu
 // backend is active again afterwards (also when body() throws).
 template <class Body>

@@ -21,17 +21,6 @@
 namespace fp8kit::test {
 namespace {
 
-template <class Fn>
-void expect_error(Fn&& fn, const std::string& needle) {
-    try {
-        fn();
-        ADD_FAILURE() << "no fp8kit::Error (expected one mentioning '" << needle << "')";
-    } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
-            << "message '" << e.what() << "' does not mention '" << needle << "'";
-    }
-}
-
 const Format data_formats[] = {Format::e4m3fn, Format::e5m2, Format::e4m3fnuz, Format::e5m2fnuz};
 
 // fp8_max / amax in float64, rounded once to float32; a quotient above FLT_MAX gives FLT_MAX (it

@@ -17,18 +17,6 @@
 namespace fp8kit::test {
 namespace {
 
-// Runs fn and expects fp8kit::Error whose message contains `needle`.
-template <class Fn>
-void expect_error(Fn&& fn, const std::string& needle) {
-    try {
-        fn();
-        ADD_FAILURE() << "no fp8kit::Error (expected one mentioning '" << needle << "')";
-    } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
-            << "message '" << e.what() << "' does not mention '" << needle << "'";
-    }
-}
-
 bool aligned64(const void* p) { return reinterpret_cast<uintptr_t>(p) % 64 == 0; }
 
 // A [rows, cols] f32 tensor with element (i, j) = 100 i + j: every element is distinct and its
