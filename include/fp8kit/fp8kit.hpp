@@ -7,6 +7,7 @@
 #include "fp8kit/dtype.hpp"
 #include "fp8kit/error.hpp"
 #include "fp8kit/format.hpp"
+#include "fp8kit/gemm.hpp"
 #include "fp8kit/half.hpp"
 #include "fp8kit/quantize.hpp"
 #include "fp8kit/recipe.hpp"

@@ -15,8 +15,10 @@ namespace {
 
 constexpr Backend host_backends[] = {Backend::ref, Backend::cpu};
 
-constexpr detail::BackendOps ref_ops{&ref::amax, &ref::group_amax, &ref::quantize, &ref::dequantize};
-constexpr detail::BackendOps cpu_ops{&cpu::amax, &cpu::group_amax, &cpu::quantize, &cpu::dequantize};
+constexpr detail::BackendOps ref_ops{&ref::amax, &ref::group_amax, &ref::quantize, &ref::dequantize,
+                                     &ref::pack_weight, &ref::gemm};
+constexpr detail::BackendOps cpu_ops{&cpu::amax, &cpu::group_amax, &cpu::quantize, &cpu::dequantize,
+                                     &cpu::pack_weight, &cpu::gemm};
 
 std::atomic<Backend> active{Backend::cpu};
 std::once_flag env_read;

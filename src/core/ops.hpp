@@ -5,10 +5,15 @@
 // ScaleRule - never options to interpret - so each backend implements only the arithmetic.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <memory>
+#include <string>
 
 #include "fp8kit/backend.hpp"
 #include "fp8kit/dtype.hpp"
+#include "fp8kit/gemm.hpp"
+#include "fp8kit/half.hpp"
 #include "fp8kit/quantize.hpp"
 
 namespace fp8kit::detail {
@@ -19,6 +24,18 @@ struct MatrixRef {
     DType dtype;
     int64_t rows, cols, ld;
 };
+
+// The [numel / last dim, last dim] matrix of a host f32/bf16/f16 tensor. A 2-d view with unit
+// column stride (rows of a larger matrix, a column slice) is used in place; anything else is
+// copied to contiguous memory first (`keep` holds the copy). `fn` names the caller in errors.
+struct Matrix {
+    Tensor keep;
+    MatrixRef ref;
+};
+Matrix as_matrix(const Tensor& x, const char* fn);
+
+// fp8kit::Error, prefixed by `where`, for options quantize cannot honour.
+void check_quantize_options(const QuantizeOptions& o, const std::string& where);
 
 // quantize / cast_transpose. Outputs are contiguous and preallocated:
 //   data      [rows, cols] codes          scale_inv   [ceil(rows/group.rows), ceil(cols/group.cols)]
@@ -50,12 +67,55 @@ struct DequantizeJob {
     DType out_dtype;        // f32, bf16, f16
 };
 
+// One FP8 GEMM operand: codes [rows, k] with row stride ld; element (i, kk) has the scale
+// scale_inv[(i / group.rows) * scale_cols + kk / group.cols] (float, or e8m0 codes).
+struct GemmOperand {
+    const uint8_t* data;
+    int64_t rows, k, ld;
+    Format format;
+    GroupShape group;
+    const void* scale_inv;
+    bool e8m0;
+    int64_t scale_cols;
+
+    float scale(int64_t i, int64_t kk) const noexcept {
+        const int64_t at = (i / group.rows) * scale_cols + kk / group.cols;
+        return e8m0 ? decode(static_cast<const uint8_t*>(scale_inv)[at], Format::e8m0fnu)
+                    : static_cast<const float*>(scale_inv)[at];
+    }
+};
+
+// gemm: out[m, n] (contiguous, out_dtype f32/bf16/f16) =
+//   act(alpha * sum over K groups g of (sum_{k in g} a_ik b_jk) * sa(i, g) * sb(j, g)
+//       + beta * c[i, j] + bias[j])
+// K groups are kgroup wide (the last one may be cut); kgroup divides both operands' scale groups
+// along K, so each operand has one scale per (row, K group).
+// Fused cast: a.data is null and `fuse` quantizes A ([m, k], its codes never stored whole): the
+// backend fills fuse->scale_inv (A's scales, the layout of a.scale_inv) and fuse->amax, exactly
+// as quantize(fuse) would. a then describes A's scales only.
+struct GemmJob {
+    int64_t m, n, k, kgroup;
+    GemmOperand a, b;
+    QuantizeJob* fuse;         // null unless A is high precision
+    const void* b_packed;      // the backend's pack_weight(b)
+    float alpha, beta;
+    MatrixRef c;               // c.data null when there is no C
+    const void* bias;          // [n] of bias_dtype, or null
+    DType bias_dtype;
+    Activation activation;
+    void* out;
+    DType out_dtype;
+};
+
 struct BackendOps {
     float (*amax)(const MatrixRef& x);
     // Per-group max |x| into out [ceil(rows/group.rows), ceil(cols/group.cols)], row-major.
     void (*group_amax)(const MatrixRef& x, GroupShape group, float* out);
     void (*quantize)(QuantizeJob& job);
     void (*dequantize)(const DequantizeJob& job);
+    // B in the backend's layout for gemm (null when it reads the operand as is); *bytes = size.
+    std::shared_ptr<const void> (*pack_weight)(const GemmOperand& b, int64_t kgroup, size_t* bytes);
+    void (*gemm)(GemmJob& job);
 };
 
 const BackendOps& backend_ops(Backend b);  // fp8kit::Error if not available
@@ -65,13 +125,54 @@ inline constexpr uint32_t canonical_nan_bits = 0x7fc00000u;
 
 }  // namespace fp8kit::detail
 
-// Each backend's implementation of the quantize family (src/<backend>/quantize.cpp).
+namespace fp8kit::detail {
+
+// The epilogue after the scaled product v = alpha * (sum of scaled partial sums), shared by the
+// backends (ref in double, cpu in float): + beta * c + bias, then the activation.
+template <class T>
+T gelu(T x) noexcept {
+    // GPT-2's tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+    const T k = T(0.7978845608028654);
+    return T(0.5) * x * (T(1) + std::tanh(k * (x + T(0.044715) * x * x * x)));
+}
+
+inline float load_float(const void* p, DType t, int64_t at) noexcept {
+    switch (t) {
+        case DType::bf16: return float(static_cast<const bf16*>(p)[at]);
+        case DType::f16: return float(static_cast<const f16*>(p)[at]);
+        default: return static_cast<const float*>(p)[at];
+    }
+}
+
+// Rounds once, to nearest even, into f32 / bf16 / f16.
+inline void store_float(void* p, DType t, int64_t at, float v) noexcept {
+    switch (t) {
+        case DType::bf16: static_cast<bf16*>(p)[at] = bf16(v); break;
+        case DType::f16: static_cast<f16*>(p)[at] = f16(v); break;
+        default: static_cast<float*>(p)[at] = v;
+    }
+}
+
+template <class T>
+T gemm_epilogue(const GemmJob& j, int64_t i, int64_t n, T v) noexcept {
+    if (j.c.data != nullptr) v += T(j.beta) * T(load_float(j.c.data, j.c.dtype, i * j.c.ld + n));
+    if (j.bias != nullptr) v += T(load_float(j.bias, j.bias_dtype, n));
+    return j.activation == Activation::gelu ? gelu(v) : v;
+}
+
+}  // namespace fp8kit::detail
+
+// Each backend's implementation of the quantize and gemm families (src/<backend>/quantize.cpp,
+// src/<backend>/gemm.cpp).
 #define FP8KIT_DECLARE_QUANTIZE_OPS(ns)                                                       \
     namespace fp8kit::ns {                                                                    \
     float amax(const detail::MatrixRef& x);                                                   \
     void group_amax(const detail::MatrixRef& x, GroupShape group, float* out);                \
     void quantize(detail::QuantizeJob& job);                                                  \
     void dequantize(const detail::DequantizeJob& job);                                        \
+    std::shared_ptr<const void> pack_weight(const detail::GemmOperand& b, int64_t kgroup,     \
+                                            size_t* bytes);                                   \
+    void gemm(detail::GemmJob& job);                                                          \
     }
 FP8KIT_DECLARE_QUANTIZE_OPS(ref)
 FP8KIT_DECLARE_QUANTIZE_OPS(cpu)

@@ -16,34 +16,6 @@ using detail::MatrixRef;
 
 bool is_data_format(Format f) { return f != Format::e8m0fnu; }
 
-// The [numel / last dim, last dim] matrix of a host f32/bf16/f16 tensor. A 2-d view with unit
-// column stride (rows of a larger matrix, a column slice) is used in place; anything else is
-// copied to contiguous memory first (`keep` holds the copy).
-struct Matrix {
-    Tensor keep;
-    MatrixRef ref;
-};
-
-Matrix as_matrix(const Tensor& x, const char* fn) {
-    const std::string where = std::string("fp8kit::") + fn + ": ";
-    if (!x.defined()) throw Error(where + "input tensor is undefined");
-    if (x.dtype() != DType::f32 && x.dtype() != DType::bf16 && x.dtype() != DType::f16) {
-        throw Error(where + "input dtype is " + std::string(to_string(x.dtype())) + ", expected f32, bf16 or f16");
-    }
-    if (x.device() != Device::cpu) throw Error(where + "input is on device cuda; this build runs host tensors only");
-    const int64_t cols = x.dim() == 0 ? 1 : x.shape().back();
-    const int64_t rows = cols == 0 ? 0 : x.numel() / cols;
-    Matrix m;
-    if (x.dim() == 2 && x.strides()[1] == 1 && x.strides()[0] >= cols) {
-        m.keep = x;
-        m.ref = {x.raw_data(), x.dtype(), rows, cols, x.strides()[0]};
-    } else {
-        m.keep = x.contiguous();
-        m.ref = {m.keep.raw_data(), x.dtype(), rows, cols, cols};
-    }
-    return m;
-}
-
 const detail::BackendOps& ops() { return detail::backend_ops(active_backend()); }
 
 // `t` itself when it is a contiguous host tensor of this shape and dtype, else a new one.
@@ -56,7 +28,29 @@ Tensor scale_tensor(const Tensor& reuse, GroupShape shape, bool e8m0) {
     return reuse_or_empty(reuse, {shape.rows, shape.cols}, e8m0 ? DType::e8m0fnu : DType::f32);
 }
 
-void check_options(const QuantizeOptions& o, const std::string& where) {
+}  // namespace
+
+detail::Matrix detail::as_matrix(const Tensor& x, const char* fn) {
+    const std::string where = std::string("fp8kit::") + fn + ": ";
+    if (!x.defined()) throw Error(where + "input tensor is undefined");
+    if (x.dtype() != DType::f32 && x.dtype() != DType::bf16 && x.dtype() != DType::f16) {
+        throw Error(where + "input dtype is " + std::string(to_string(x.dtype())) + ", expected f32, bf16 or f16");
+    }
+    if (x.device() != Device::cpu) throw Error(where + "input is on device cuda; this build runs host tensors only");
+    const int64_t cols = x.dim() == 0 ? 1 : x.shape().back();
+    const int64_t rows = cols == 0 ? 0 : x.numel() / cols;
+    detail::Matrix m;
+    if (x.dim() == 2 && x.strides()[1] == 1 && x.strides()[0] >= cols) {
+        m.keep = x;
+        m.ref = {x.raw_data(), x.dtype(), rows, cols, x.strides()[0]};
+    } else {
+        m.keep = x.contiguous();
+        m.ref = {m.keep.raw_data(), x.dtype(), rows, cols, cols};
+    }
+    return m;
+}
+
+void detail::check_quantize_options(const QuantizeOptions& o, const std::string& where) {
     if (!is_data_format(o.format)) {
         throw Error(where + "format e8m0fnu holds scales, not data; expected e4m3fn, e5m2, e4m3fnuz or e5m2fnuz");
     }
@@ -73,8 +67,6 @@ void check_options(const QuantizeOptions& o, const std::string& where) {
     }
     (void)o.scaling.group_shape(1, 1);  // checks block dimensions
 }
-
-}  // namespace
 
 ScaleRule scale_rule(const QuantizeOptions& o) {
     return {o.format, o.scaling.granularity == Granularity::mx32, o.mx_rounding, format_info(o.format).max,
@@ -100,13 +92,13 @@ QTensor QTensor::transposed() const {
 }
 
 float amax(const Tensor& x) {
-    const Matrix m = as_matrix(x, "amax");
+    const detail::Matrix m = detail::as_matrix(x, "amax");
     if (m.ref.rows == 0 || m.ref.cols == 0) return 0.0f;
     return ops().amax(m.ref);
 }
 
 Tensor amax(const Tensor& x, const Scaling& s) {
-    const Matrix m = as_matrix(x, "amax");
+    const detail::Matrix m = detail::as_matrix(x, "amax");
     const GroupShape ss = s.scale_shape(m.ref.rows, m.ref.cols);
     Tensor out = Tensor::empty({ss.rows, ss.cols}, DType::f32);
     if (out.numel() > 0) ops().group_amax(m.ref, s.group_shape(m.ref.rows, m.ref.cols), out.data<float>());
@@ -120,8 +112,8 @@ QTensor quantize(const Tensor& x, const QuantizeOptions& o) {
 
 QTensor& quantize(const Tensor& x, const QuantizeOptions& o, QTensor& out) {
     const std::string where = o.transpose ? "fp8kit::cast_transpose: " : "fp8kit::quantize: ";
-    check_options(o, where);
-    const Matrix m = as_matrix(x, o.transpose ? "cast_transpose" : "quantize");
+    detail::check_quantize_options(o, where);
+    const detail::Matrix m = detail::as_matrix(x, o.transpose ? "cast_transpose" : "quantize");
     const int64_t rows = m.ref.rows, cols = m.ref.cols;
     const bool mx = o.scaling.granularity == Granularity::mx32;
 

@@ -1,0 +1,89 @@
+// fp8kit/gemm.hpp: scaled FP8 matrix multiplication.
+//
+//   D[M, N] = act(alpha * deq(A)[M, K] . deq(B)[N, K]^T  (+ beta * C[M, N])  (+ bias[N]))
+//
+// B is [out, in] as a Linear weight: the "TN" layout of cuBLASLt, torch._scaled_mm and DeepGEMM.
+// deq(X) = decode(code) * scale_inv of the code's scaling group (quantize.hpp).
+//
+// Numerics (docs/NUMERICS.md): every product of two FP8 values is exact in float32, products are
+// summed in a float32 accumulator, and scales are applied per K group: with scale groups that are
+// narrower than K (block 1x128 / 128x128, mx32), the partial sum over each K group is multiplied
+// by sa * sb and added into the float32 accumulator (DeepGEMM's promotion). With tensor and row
+// scaling the one K group is all of K. alpha, C, bias and the activation follow in float32.
+//
+// A may be given in high precision (f32, bf16, f16) with its QuantizeOptions: the cast then runs
+// inside the GEMM, while A is packed, with exactly the codes and scales quantize() gives - it
+// never writes an FP8 copy of A (tensor current scaling reads A twice: amax, then the packing
+// cast; every other scaling reads it once).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "fp8kit/backend.hpp"
+#include "fp8kit/quantize.hpp"
+#include "fp8kit/tensor.hpp"
+
+namespace fp8kit {
+
+enum class Activation {
+    none,
+    gelu,  // tanh approximation, as GPT-2 and PyTorch's gelu(approximate="tanh")
+};
+
+struct GemmOptions {
+    float alpha = 1.0f;
+    float beta = 0.0f;                 // multiplies c; nonzero needs c
+    std::optional<Tensor> c;           // [M, N] f32/bf16/f16, any row stride
+    std::optional<Tensor> bias;        // [N] f32/bf16/f16
+    Activation activation = Activation::none;
+    DType out_dtype = DType::f32;      // f32, bf16 or f16 (for FP8 output see gemm_quantized)
+};
+
+// The A operand: FP8 already quantized, or high precision plus the options to quantize it with
+// (fused cast). Implicit, so gemm(qa, qb) and gemm({x, recipe.options(Role::input)}, w) read well.
+struct GemmA {
+    GemmA(const QTensor& q) : fp8(q) {}                                   // NOLINT: implicit
+    GemmA(const Tensor& x, const QuantizeOptions& q) : hp(x), quantize(q) {}  // NOLINT
+    std::optional<QTensor> fp8;
+    std::optional<Tensor> hp;  // [M, K], unit column stride or copied
+    QuantizeOptions quantize;  // for hp
+};
+
+// B packed once for the active backend, for many GEMMs (inference reuses a weight every call).
+// Holds the codes in the backend's blocked layout (FP8, one byte per weight) plus the scales, and
+// shares - never copies - the source QTensor. Implicit from a QTensor: a GEMM handed a plain
+// QTensor packs it for that one call.
+class PackedWeight {
+public:
+    PackedWeight(const QTensor& b);  // NOLINT: implicit; [N, K], fp8kit::Error if not a GEMM operand
+    const QTensor& source() const noexcept { return source_; }
+    int64_t n() const noexcept { return n_; }
+    int64_t k() const noexcept { return k_; }
+    Backend backend() const noexcept { return backend_; }
+    size_t packed_bytes() const noexcept;  // memory the packed layout takes beyond the source
+    const void* packed() const noexcept { return packed_.get(); }  // backend-private
+
+private:
+    QTensor source_;
+    int64_t n_ = 0, k_ = 0;
+    Backend backend_;
+    std::shared_ptr<const void> packed_;
+    size_t packed_bytes_ = 0;
+};
+
+// D as out_dtype (f32, bf16, f16), [M, N] contiguous.
+Tensor gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts = {});
+
+// D quantized to FP8 with its own scale: computed in float32 as above, then quantize(D, out),
+// so out.scaling / out.scale (delayed) apply and the result carries D's amax.
+QTensor gemm_quantized(const GemmA& a, const PackedWeight& b, const GemmOptions& opts,
+                       const QuantizeOptions& out);
+
+// The K group over which partial sums are scaled, for two operand scalings along K: the
+// narrower of their K extents (K itself for tensor/row). fp8kit::Error if they do not nest
+// (one extent must divide the other) or one scales along K per element (column).
+int64_t gemm_k_group(const Scaling& a, const Scaling& b, int64_t k);
+
+}  // namespace fp8kit

@@ -1,0 +1,212 @@
+// src/core/gemm.cpp: the public GEMM entry points - argument checks with errors that name the
+// argument, the K group rule, PackedWeight, output allocation - then the active backend's gemm.
+// Checked by tests/unit/test_gemm.cpp (errors, K groups) and tests/ops/test_gemm.cpp (results).
+#include <cmath>
+#include <string>
+
+#include "core/ops.hpp"
+#include "fp8kit/error.hpp"
+#include "fp8kit/gemm.hpp"
+
+namespace fp8kit {
+
+namespace {
+
+using detail::GemmOperand;
+
+std::string shape_str(const Shape& s) {
+    std::string r = "[";
+    for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+    return r + "]";
+}
+
+bool five_bit_exponent(Format f) { return f == Format::e5m2 || f == Format::e5m2fnuz; }
+
+// How far one scale reaches along K (the operand's columns).
+int64_t k_extent(const Scaling& s, int64_t k, const char* which) {
+    switch (s.granularity) {
+        case Granularity::tensor:
+        case Granularity::row: return k;
+        case Granularity::column:
+            throw Error(std::string("fp8kit::gemm: ") + which + " has column scaling, one scale per element of K; " +
+                        "a GEMM needs scales that factor out of the K sum (tensor, row, block or mx32)");
+        case Granularity::block: return std::min(s.block_cols, k);
+        case Granularity::mx32: return std::min<int64_t>(32, k);
+    }
+    return k;
+}
+
+// Checks an FP8 QTensor as a GEMM operand [rows, K] ("A" or "B") and describes it.
+GemmOperand operand(const QTensor& q, const char* which) {
+    const std::string where = std::string("fp8kit::gemm: ") + which + " ";
+    const Tensor& d = q.data;
+    if (!d.defined()) throw Error(where + "data is undefined");
+    if (d.device() != Device::cpu) throw Error(where + "is on device cuda; this build runs host tensors only");
+    if (d.dim() != 2) throw Error(where + "must be 2-d, got shape " + shape_str(d.shape()));
+    if (!is_fp8(d.dtype()) || d.dtype() == DType::e8m0fnu) {
+        throw Error(where + "data dtype is " + std::string(to_string(d.dtype())) + ", expected an FP8 data format");
+    }
+    if (format_of(d.dtype()) != q.format) {
+        throw Error(where + "data dtype " + std::string(to_string(d.dtype())) + " does not match its format " +
+                    std::string(to_string(q.format)));
+    }
+    if (d.strides()[1] != 1 || d.strides()[0] < d.shape()[1]) {
+        throw Error(where + "data needs unit column stride and rows at least K apart");
+    }
+    const int64_t rows = d.shape()[0], k = d.shape()[1];
+    (void)k_extent(q.scaling, k, which);
+    const bool mx = q.scaling.granularity == Granularity::mx32;
+    const GroupShape scales = q.scaling.scale_shape(rows, k);
+    const Shape want{scales.rows, scales.cols};
+    const DType want_dtype = mx ? DType::e8m0fnu : DType::f32;
+    if (!q.scale_inv.defined() || q.scale_inv.shape() != want || q.scale_inv.dtype() != want_dtype ||
+        !q.scale_inv.is_contiguous()) {
+        throw Error(where + "scale_inv must be a contiguous " + std::string(to_string(want_dtype)) + " tensor of shape " +
+                    shape_str(want) + " for " + to_string(q.scaling) + " scaling of " + shape_str(d.shape()) + ", got " +
+                    (q.scale_inv.defined() ? std::string(to_string(q.scale_inv.dtype())) + " " +
+                                                 shape_str(q.scale_inv.shape())
+                                           : std::string("none")));
+    }
+    return {d.data<uint8_t>(), rows, k, d.strides()[0], q.format, q.scaling.group_shape(rows, k),
+            q.scale_inv.raw_data(), mx, scales.cols};
+}
+
+void check_pair(Format a, Format b) {
+    if (five_bit_exponent(a) && five_bit_exponent(b)) {
+        throw Error("fp8kit::gemm: A is " + std::string(to_string(a)) + " and B is " + std::string(to_string(b)) +
+                    "; two 5-bit-exponent operands are refused (as cuBLASLt does): use e4m3 for one of them");
+    }
+}
+
+// An optional f32/bf16/f16 host tensor of an exact shape.
+void check_float_tensor(const Tensor& t, const Shape& want, const char* what) {
+    const std::string where = std::string("fp8kit::gemm: ") + what + " ";
+    if (!t.defined()) throw Error(where + "is undefined");
+    if (t.device() != Device::cpu) throw Error(where + "is on device cuda; this build runs host tensors only");
+    if (t.dtype() != DType::f32 && t.dtype() != DType::bf16 && t.dtype() != DType::f16) {
+        throw Error(where + "dtype is " + std::string(to_string(t.dtype())) + ", expected f32, bf16 or f16");
+    }
+    if (t.shape() != want) throw Error(where + "has shape " + shape_str(t.shape()) + ", expected " + shape_str(want));
+}
+
+}  // namespace
+
+int64_t gemm_k_group(const Scaling& a, const Scaling& b, int64_t k) {
+    const int64_t ka = k_extent(a, k, "A"), kb = k_extent(b, k, "B");
+    const int64_t lo = std::min(ka, kb), hi = std::max(ka, kb);
+    if (lo <= 0) return std::max<int64_t>(k, 1);
+    if (hi % lo != 0 && hi != k) {
+        throw Error("fp8kit::gemm: A's scaling " + to_string(a) + " and B's " + to_string(b) +
+                    " do not nest along K (" + std::to_string(ka) + " and " + std::to_string(kb) +
+                    " wide): one must divide the other");
+    }
+    return lo;
+}
+
+PackedWeight::PackedWeight(const QTensor& b) : source_(b), backend_(active_backend()) {
+    const GemmOperand op = operand(b, "B");
+    n_ = op.rows;
+    k_ = op.k;
+    // Packed for the widest K group B allows; a GEMM whose A needs narrower groups repacks.
+    const int64_t kgroup = gemm_k_group(b.scaling, b.scaling, k_);
+    packed_ = detail::backend_ops(backend_).pack_weight(op, kgroup, &packed_bytes_);
+}
+
+size_t PackedWeight::packed_bytes() const noexcept { return packed_bytes_; }
+
+Tensor gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts) {
+    if (is_fp8(opts.out_dtype) || (opts.out_dtype != DType::f32 && opts.out_dtype != DType::bf16 &&
+                                   opts.out_dtype != DType::f16)) {
+        throw Error("fp8kit::gemm: out_dtype is " + std::string(to_string(opts.out_dtype)) +
+                    ", expected f32, bf16 or f16 (FP8 output: gemm_quantized)");
+    }
+    const QTensor& qb = b.source();
+    const GemmOperand ob = operand(qb, "B");
+
+    // A: FP8, or high precision with its options (fused cast).
+    GemmOperand oa{};
+    detail::Matrix x;
+    Tensor a_scales;  // fused: the scales the backend computes for A
+    detail::QuantizeJob fuse{};
+    Scaling a_scaling;
+    if (a.fp8) {
+        oa = operand(*a.fp8, "A");
+        a_scaling = a.fp8->scaling;
+    } else {
+        if (!a.hp) throw Error("fp8kit::gemm: A is undefined");
+        const QuantizeOptions& o = a.quantize;
+        detail::check_quantize_options(o, "fp8kit::gemm: A's quantize options: ");
+        if (o.transpose) throw Error("fp8kit::gemm: A's quantize options ask for a transpose; the GEMM uses A as is");
+        if (a.hp->dim() != 2) throw Error("fp8kit::gemm: A must be 2-d, got shape " + shape_str(a.hp->shape()));
+        x = detail::as_matrix(*a.hp, "gemm");
+        const int64_t rows = x.ref.rows, cols = x.ref.cols;
+        (void)k_extent(o.scaling, cols, "A");
+        const bool mx = o.scaling.granularity == Granularity::mx32;
+        const GroupShape scales = o.scaling.scale_shape(rows, cols);
+        a_scales = Tensor::empty({scales.rows, scales.cols}, mx ? DType::e8m0fnu : DType::f32);
+        fuse = {x.ref, scale_rule(o), mx ? Overflow::saturate : o.overflow, o.scaling.group_shape(rows, cols),
+                o.scaling.group_shape(cols, rows), nullptr, a_scales.raw_data(), nullptr, nullptr, 0.0f};
+        oa = {nullptr, rows, cols, cols, o.format, fuse.group, fuse.scale_inv, mx, scales.cols};
+        a_scaling = o.scaling;
+    }
+    if (oa.k != ob.k) {
+        throw Error("fp8kit::gemm: K mismatch: A is [" + std::to_string(oa.rows) + ", " + std::to_string(oa.k) +
+                    "] and B is [" + std::to_string(ob.rows) + ", " + std::to_string(ob.k) + "]");
+    }
+    check_pair(oa.format, ob.format);
+    const int64_t m = oa.rows, n = ob.rows, k = oa.k;
+    const int64_t kgroup = gemm_k_group(a_scaling, qb.scaling, k);
+
+    detail::GemmJob job{m, n, k, kgroup, oa, ob, a.fp8 ? nullptr : &fuse, nullptr, opts.alpha, opts.beta,
+                        detail::MatrixRef{nullptr, DType::f32, 0, 0, 0}, nullptr, DType::f32, opts.activation,
+                        nullptr, opts.out_dtype};
+    if (!std::isfinite(opts.alpha) || !std::isfinite(opts.beta)) {
+        throw Error("fp8kit::gemm: alpha and beta must be finite, got " + std::to_string(opts.alpha) + " and " +
+                    std::to_string(opts.beta));
+    }
+    detail::Matrix c;
+    if (opts.c) {
+        check_float_tensor(*opts.c, {m, n}, "C");
+        c = detail::as_matrix(*opts.c, "gemm");
+        job.c = c.ref;
+    } else if (opts.beta != 0.0f) {
+        throw Error("fp8kit::gemm: beta is " + std::to_string(opts.beta) + " but no C was given");
+    }
+    Tensor bias;
+    if (opts.bias) {
+        check_float_tensor(*opts.bias, {n}, "bias");
+        bias = opts.bias->contiguous();
+        job.bias = bias.raw_data();
+        job.bias_dtype = bias.dtype();
+    }
+
+    // A PackedWeight made for another backend, or for wider K groups than A allows, is repacked.
+    const detail::BackendOps& ops = detail::backend_ops(active_backend());
+    std::shared_ptr<const void> packed;
+    size_t bytes = 0;
+    if (b.backend() == active_backend() && gemm_k_group(qb.scaling, qb.scaling, k) == kgroup) {
+        job.b_packed = b.packed();
+    } else {
+        packed = ops.pack_weight(ob, kgroup, &bytes);
+        job.b_packed = packed.get();
+    }
+
+    Tensor out = Tensor::empty({m, n}, opts.out_dtype);
+    job.out = out.raw_data();
+    if (m > 0 && n > 0) {
+        ops.gemm(job);
+        if (job.fuse != nullptr && a.quantize.non_finite == NonFinite::error && !std::isfinite(fuse.amax)) {
+            throw Error(std::string("fp8kit::gemm: A contains ") + (std::isnan(fuse.amax) ? "NaN" : "Inf") +
+                        " and its non_finite is error");
+        }
+    }
+    return out;
+}
+
+QTensor gemm_quantized(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, const QuantizeOptions& out) {
+    GemmOptions f32 = opts;
+    f32.out_dtype = DType::f32;
+    return quantize(gemm(a, b, f32), out);
+}
+
+}  // namespace fp8kit

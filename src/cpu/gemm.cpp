@@ -1,0 +1,334 @@
+// src/cpu/gemm.cpp: the cpu backend's scaled FP8 GEMM - packing, the fused cast, the blocking
+// over threads and caches, K-group promotion and the epilogue - plus the portable kernels.
+// Checked against the reference backend and float64 by tests/ops/test_gemm.cpp on every ISA.
+//
+// Blocking. B is packed once (pack_weight, FP8 codes in 16-column strips). A is packed per call
+// into bf16 rows - the fused cast quantizes A here, a 64-row panel at a time, with the cast
+// kernels quantize() uses, so the codes and scales are exactly quantize()'s and no FP8 copy of
+// A is ever written. Tasks are panels of 8 strips (128 columns) times a range of A's rows; a
+// task widens a window of its B panel (<= 1024 of K, 256 KiB of bf16: L2) once and sweeps all
+// its rows of A over it in 32x32 blocks, accumulating in a float32 buffer of its own.
+// With one K group (tensor, row scaling) the tiles sum all of K; with narrower groups each
+// group's partial sums are promoted into the accumulator as partial * (sa * sb).
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <new>
+
+#include "core/ops.hpp"
+#include "cpu/gemm_kernels.hpp"
+#include "cpu/parallel.hpp"
+
+namespace fp8kit::cpu {
+
+namespace {
+
+using detail::GemmJob;
+using detail::GemmOperand;
+
+constexpr int64_t panel_strips = 8;      // 128 columns of B per task
+constexpr int64_t window_chunks = 32;    // K chunks of B widened at once (1024 of K)
+constexpr int64_t fuse_panel_rows = 64;  // rows of A quantized per fused-cast step
+
+// 64-byte aligned scratch that is not zeroed (every byte used is written first).
+template <class T>
+struct Scratch {
+    struct Free {
+        void operator()(T* p) const { ::operator delete[](p, std::align_val_t(64)); }
+    };
+    std::unique_ptr<T[], Free> p;
+    explicit Scratch(int64_t n) : p(static_cast<T*>(::operator new[](size_t(std::max<int64_t>(n, 1)) * sizeof(T), std::align_val_t(64)))) {}
+    T* get() const { return p.get(); }
+};
+
+// ---- portable kernels ----
+
+void expand_portable(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t* out) {
+    for (int64_t i = 0; i < n; ++i) out[i] = t.bf16[codes[i]];
+}
+
+float bf16_value(uint16_t bits) { return float(bf16::from_bits(bits)); }
+
+// One 16x16 tile over `chunks` K chunks: the same sum as TDPBF16PS (products exact, then
+// added in float32, pairs in order).
+void tile_portable(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t chunks, float* c, int64_t ldc,
+                   bool accumulate) {
+    float acc[gemm_tile][gemm_tile];
+    for (int64_t r = 0; r < gemm_tile; ++r) {
+        for (int64_t n = 0; n < gemm_tile; ++n) acc[r][n] = accumulate ? c[r * ldc + n] : 0.0f;
+    }
+    for (int64_t q = 0; q < chunks; ++q) {
+        const uint16_t* bt = b + q * gemm_chunk_codes;
+        for (int64_t r = 0; r < gemm_tile; ++r) {
+            const uint16_t* ar = a + r * lda + q * gemm_chunk;
+            for (int64_t p = 0; p < gemm_chunk / 2; ++p) {
+                const float a0 = bf16_value(ar[2 * p]), a1 = bf16_value(ar[2 * p + 1]);
+                const uint16_t* bp = bt + p * 2 * gemm_tile;
+                for (int64_t n = 0; n < gemm_tile; ++n) {
+                    acc[r][n] += a0 * bf16_value(bp[2 * n]);
+                    acc[r][n] += a1 * bf16_value(bp[2 * n + 1]);
+                }
+            }
+        }
+    }
+    for (int64_t r = 0; r < gemm_tile; ++r) {
+        for (int64_t n = 0; n < gemm_tile; ++n) c[r * ldc + n] = acc[r][n];
+    }
+}
+
+void block_portable(int mi, int nj, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t b_strip,
+                    int64_t chunks, float* c, int64_t ldc, bool accumulate) {
+    for (int i = 0; i < mi; ++i) {
+        for (int j = 0; j < nj; ++j) {
+            tile_portable(a + i * gemm_tile * lda, lda, b + j * b_strip, chunks, c + i * gemm_tile * ldc + j * gemm_tile,
+                          ldc, accumulate);
+        }
+    }
+}
+
+void nothing() {}
+
+constexpr GemmKernels portable_kernels{&expand_portable, &block_portable, &promote_loop, &nothing, &nothing};
+
+// ---- packing A ----
+
+// Row i of A's codes into packed bf16 row `out` (kl.padded elements, group padding zeroed).
+void pack_row(const uint8_t* codes, const KLayout& kl, const ExpandTable& table, const GemmKernels& kern,
+              uint16_t* out) {
+    for (int64_t g = 0; g < kl.groups; ++g) {
+        const int64_t len = kl.k > 0 ? kl.len(g) : 0;
+        kern.expand(codes + g * kl.group, len, table, out + g * kl.group_padded);
+        std::memset(out + g * kl.group_padded + len, 0, size_t(kl.group_padded - len) * sizeof(uint16_t));
+    }
+}
+
+// Scales of A per (row, K group): sa[i * groups + g].
+void a_scales(const GemmOperand& a, const KLayout& kl, int64_t r0, int64_t r1, float* sa) {
+    for (int64_t i = r0; i < r1; ++i) {
+        for (int64_t g = 0; g < kl.groups; ++g) sa[i * kl.groups + g] = a.scale(i, g * kl.group);
+    }
+}
+
+float nan_max(float a, float b) { return std::isnan(a) || std::isnan(b) ? std::nanf("") : std::max(a, b); }
+
+// Packs A [m, k] into apk [Mp][lda] and its scales into sa; with the fused cast, quantizes it on
+// the way (fills job.fuse's scale_inv and amax as quantize() would).
+void pack_a(GemmJob& job, const KLayout& kl, const GemmKernels& kern, uint16_t* apk, int64_t lda, float* sa) {
+    const int64_t m = job.m, mp = round_up(m, gemm_tile);
+    const ExpandTable& table = expand_table(job.a.format);
+    std::memset(apk + m * lda, 0, size_t((mp - m) * lda) * sizeof(uint16_t));
+    if (job.fuse == nullptr) {
+        parallel_tasks(m, size_t(m * kl.padded), [&](int64_t i, int) {
+            pack_row(job.a.data + i * job.a.ld, kl, table, kern, apk + i * lda);
+            a_scales(job.a, kl, i, i + 1, sa);
+        });
+        return;
+    }
+    detail::QuantizeJob whole = *job.fuse;
+    const bool tensor = whole.group.rows >= m && whole.group.cols >= job.k && !whole.rule.mx;
+    int64_t rows_per_panel = whole.group.rows * std::max<int64_t>(1, fuse_panel_rows / whole.group.rows);
+    float tensor_scale_inv = 0.0f;
+    if (tensor) {
+        // Current scaling needs the amax of all of A before any code: one read-only pass, then
+        // every panel is cast with that one scale - the scale quantize() would compute.
+        whole.amax = amax(whole.x);
+        if (!whole.rule.fixed) {
+            const GroupScale gs = group_scale(whole.amax, whole.rule);
+            whole.rule.fixed = true;
+            whole.rule.fixed_scale = gs.scale;
+        }
+        tensor_scale_inv = 1.0f / whole.rule.fixed_scale;
+        static_cast<float*>(job.fuse->scale_inv)[0] = tensor_scale_inv;
+        rows_per_panel = fuse_panel_rows;
+    }
+    const int64_t panels = (m + rows_per_panel - 1) / rows_per_panel;
+    const int threads = num_threads();
+    std::vector<Scratch<uint8_t>> codes;
+    for (int t = 0; t < threads; ++t) codes.emplace_back(rows_per_panel * job.k);
+    std::vector<float> amaxes(size_t(panels), 0.0f);
+    const size_t scale_size = whole.rule.mx ? 1 : sizeof(float);
+    parallel_tasks(panels, size_t(m * job.k), [&](int64_t p, int slot) {
+        detail::QuantizeJob sub = whole;
+        const int64_t r0 = p * rows_per_panel, rows = std::min(rows_per_panel, m - r0);
+        sub.x.data = static_cast<const char*>(whole.x.data) + r0 * whole.x.ld * dtype_size(whole.x.dtype);
+        sub.x.rows = rows;
+        sub.data = codes[size_t(slot)].get();
+        float dummy = 0.0f;
+        if (tensor) {
+            sub.group = {rows, job.k};
+            sub.scale_inv = &dummy;
+        } else {
+            sub.scale_inv = static_cast<char*>(whole.scale_inv) + (r0 / whole.group.rows) * job.a.scale_cols * scale_size;
+        }
+        quantize(sub);  // nested in this task: runs on this thread
+        amaxes[size_t(p)] = sub.amax;
+        for (int64_t i = 0; i < rows; ++i) pack_row(sub.data + i * job.k, kl, table, kern, apk + (r0 + i) * lda);
+        a_scales(job.a, kl, r0, r0 + rows, sa);
+    });
+    if (!tensor) {
+        whole.amax = 0.0f;
+        for (float a : amaxes) whole.amax = nan_max(whole.amax, a);
+    }
+    job.fuse->amax = std::isnan(whole.amax) ? std::bit_cast<float>(detail::canonical_nan_bits) : whole.amax;
+}
+
+// ---- one task: rows [r0, r1) of A (multiples of 16, r1 may pass m) x strips [s0, s1) of B ----
+
+struct Task {
+    const GemmJob& job;
+    const PackedB& b;
+    const GemmKernels& kern;
+    const uint16_t* apk;
+    int64_t lda;
+    const float* sa;
+    const ExpandTable& table;
+};
+
+void run_task(const Task& t, int64_t r0, int64_t r1, int64_t s0, int64_t s1) {
+    const KLayout& kl = t.b.kl;
+    const int64_t ns = s1 - s0, rows = r1 - r0, ldacc = ns * gemm_tile;
+    const bool one_group = kl.groups == 1;
+    const int64_t cpg = kl.chunks_per_group();
+    // A window: whole K groups, up to window_chunks chunks (one group may be longer: then the
+    // window is that group, in pieces accumulated in the tiles).
+    const int64_t groups_per_window = std::max<int64_t>(1, window_chunks / cpg);
+    const int64_t wchunks = one_group ? std::min(window_chunks, cpg) : groups_per_window * cpg;
+    const int64_t b_strip = wchunks * gemm_chunk_codes;
+    Scratch<uint16_t> bexp(ns * b_strip);
+    Scratch<float> acc(rows * ldacc);
+    Scratch<float> part(4 * gemm_tile * gemm_tile);
+    const int64_t total_chunks = kl.padded / gemm_chunk;
+
+    t.kern.begin();
+    for (int64_t w0 = 0; w0 < total_chunks; w0 += wchunks) {
+        const int64_t wc = std::min(wchunks, total_chunks - w0);
+        for (int64_t s = 0; s < ns; ++s) {
+            t.kern.expand(t.b.strip(s0 + s) + w0 * gemm_chunk_codes, wc * gemm_chunk_codes, t.table,
+                          bexp.get() + s * b_strip);
+        }
+        for (int64_t i = 0; i < rows; i += 2 * gemm_tile) {
+            const int mi = rows - i > gemm_tile ? 2 : 1;
+            const uint16_t* a = t.apk + (r0 + i) * t.lda + w0 * gemm_chunk;
+            for (int64_t s = 0; s < ns; s += 2) {
+                const int nj = ns - s > 1 ? 2 : 1;
+                float* c = acc.get() + i * ldacc + s * gemm_tile;
+                const uint16_t* b = bexp.get() + s * b_strip;
+                if (one_group) {
+                    t.kern.block(mi, nj, a, t.lda, b, b_strip, wc, c, ldacc, w0 > 0);
+                    continue;
+                }
+                for (int64_t q = 0; q < wc; q += cpg) {
+                    const int64_t g = (w0 + q) / cpg;
+                    t.kern.block(mi, nj, a + q * gemm_chunk, t.lda, b + q * gemm_chunk_codes, b_strip, cpg, part.get(),
+                                 2 * gemm_tile, false);
+                    const float* sb = t.b.scales.data() + g * t.b.strips * gemm_tile + (s0 + s) * gemm_tile;
+                    t.kern.promote(part.get(), mi * gemm_tile, nj * gemm_tile, t.sa + (r0 + i) * kl.groups + g,
+                                   kl.groups, sb, c, ldacc, g == 0);
+                }
+            }
+        }
+    }
+    t.kern.end();
+
+    // Epilogue: scales (one group), alpha, C, bias, activation, the output type.
+    const GemmJob& job = t.job;
+    const int64_t j0 = s0 * gemm_tile, cols = std::min(job.n, s1 * gemm_tile) - j0;
+    for (int64_t i = 0; i < std::min(rows, job.m - r0); ++i) {
+        const float* arow = acc.get() + i * ldacc;
+        const int64_t gi = r0 + i;
+        for (int64_t j = 0; j < cols; ++j) {
+            float v = arow[j];
+            if (one_group) v *= t.sa[gi] * t.b.scales[size_t(j0 + j)];
+            const float d = detail::gemm_epilogue(job, gi, j0 + j, job.alpha * v);
+            detail::store_float(job.out, job.out_dtype, gi * job.n + j0 + j, d);
+        }
+    }
+}
+
+}  // namespace
+
+// Exact, NaN and Inf kept: every FP8 value is a bf16.
+const ExpandTable& expand_table(Format f) {
+    struct Tables {
+        ExpandTable t[4];
+        Tables() {
+            for (int f = 0; f < 4; ++f) {
+                for (int c = 0; c < 256; ++c) {
+                    const uint16_t bits = bf16(decode(uint8_t(c), Format(f))).bits;
+                    t[f].bf16[c] = bits;
+                    t[f].lo[c] = uint8_t(bits);
+                    t[f].hi[c] = uint8_t(bits >> 8);
+                }
+            }
+        }
+    };
+    static const Tables tables;
+    return tables.t[int(f)];
+}
+
+#if !defined(FP8KIT_AMX_KERNELS)
+const GemmKernels* amx_gemm_kernels() { return nullptr; }
+#endif
+
+const GemmKernels& gemm_kernels() {
+    const GemmKernels* amx = active_isa() == Isa::avx512 ? amx_gemm_kernels() : nullptr;
+    return amx != nullptr ? *amx : portable_kernels;
+}
+
+std::shared_ptr<const void> pack_weight(const GemmOperand& b, int64_t kgroup, size_t* bytes) {
+    auto p = std::make_shared<PackedB>(PackedB{b.rows, (b.rows + gemm_tile - 1) / gemm_tile, KLayout(b.k, kgroup),
+                                               b.format, {}, {}});
+    PackedB& pb = *p;
+    const KLayout& kl = pb.kl;
+    pb.codes.assign(size_t(pb.strips * kl.padded * gemm_tile), 0);
+    pb.scales.assign(size_t(kl.groups * pb.strips * gemm_tile), 0.0f);
+    parallel_tasks(pb.strips, size_t(b.rows * b.k), [&](int64_t s, int) {
+        uint8_t* out = pb.codes.data() + s * kl.padded * gemm_tile;
+        for (int64_t c = 0; c < gemm_tile; ++c) {
+            const int64_t j = s * gemm_tile + c;
+            if (j >= b.rows) break;
+            const uint8_t* row = b.data + j * b.ld;
+            for (int64_t g = 0; g < kl.groups; ++g) {
+                pb.scales[size_t(g * pb.strips * gemm_tile + j)] = b.scale(j, g * kl.group);
+                for (int64_t e = 0; e < (b.k > 0 ? kl.len(g) : 0); ++e) {
+                    const int64_t kp = g * kl.group_padded + e;  // packed K position
+                    const int64_t chunk = kp / gemm_chunk, in = kp % gemm_chunk;
+                    out[chunk * gemm_chunk_codes + (in / 2) * 2 * gemm_tile + c * 2 + in % 2] = row[g * kl.group + e];
+                }
+            }
+        }
+    });
+    *bytes = pb.codes.size() + pb.scales.size() * sizeof(float);
+    return p;
+}
+
+void gemm(GemmJob& job) {
+    const PackedB& b = *static_cast<const PackedB*>(job.b_packed);
+    const KLayout& kl = b.kl;
+    const GemmKernels& kern = gemm_kernels();
+    const int64_t mp = round_up(job.m, gemm_tile);
+    // Row stride of packed A: a multiple of 64 bytes, but not of 512, so that the 16 rows of a
+    // tile do not all fall into the same L1 set.
+    const int64_t lda = kl.padded % 256 == 0 ? kl.padded + gemm_chunk : kl.padded;
+    Scratch<uint16_t> apk(mp * lda);
+    std::vector<float> sa(size_t(job.m * kl.groups));
+    pack_a(job, kl, kern, apk.get(), lda, sa.data());
+
+    // Tasks: panels of strips x row ranges; rows split only when panels alone leave threads idle.
+    const int64_t panels = (b.strips + panel_strips - 1) / panel_strips;
+    const int64_t row_blocks = mp / (2 * gemm_tile) + (mp % (2 * gemm_tile) ? 1 : 0);
+    const int threads = num_threads();
+    const int64_t row_splits = std::min<int64_t>(row_blocks, panels >= 2 * threads ? 1 : (2 * threads + panels - 1) / panels);
+    const int64_t rows_per_split = (row_blocks + row_splits - 1) / row_splits * 2 * gemm_tile;
+    const Task task{job, b, kern, apk.get(), lda, sa.data(), expand_table(b.format)};
+    const size_t work = size_t(job.m) * size_t(job.n) * size_t(std::max<int64_t>(job.k, 1));
+    parallel_tasks(panels * row_splits, work, [&](int64_t t, int) {
+        const int64_t p = t / row_splits, r = t % row_splits;
+        const int64_t r0 = r * rows_per_split, r1 = std::min(mp, r0 + rows_per_split);
+        if (r0 >= r1) return;
+        run_task(task, r0, r1, p * panel_strips, std::min(b.strips, (p + 1) * panel_strips));
+    });
+}
+
+}  // namespace fp8kit::cpu

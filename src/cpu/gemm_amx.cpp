@@ -1,0 +1,143 @@
+// src/cpu/gemm_amx.cpp: the GEMM kernels on Intel AMX (TDPBF16PS on 16x16 float32 tiles) and
+// AVX-512 VBMI (byte-table FP8 -> bf16 widening). Built with -mamx-tile -mamx-bf16 -mavx512*;
+// used only when cpuid reports AMX-TILE, AMX-BF16 and AVX512-VBMI, XCR0 has the tile state, and
+// (Linux) the kernel grants this process the tile data state. Checked against the reference
+// backend by tests/ops/test_gemm.cpp (the avx512 ISA path on an AMX machine).
+#include <immintrin.h>
+
+#include <cpuid.h>
+
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#include "cpu/gemm_kernels.hpp"
+
+namespace fp8kit::cpu {
+
+namespace {
+
+// ---- widening: 64 codes per step, four 128-entry byte lookups (VPERMI2B) ----
+// The low and high bytes of each bf16 are looked up separately and interleaved with
+// VPUNPCK[LH]BW, which works within 128-bit lanes; the codes are first permuted so that the
+// interleaved words come out in order.
+void expand_vbmi(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t* out) {
+    alignas(64) static const uint8_t order[64] = {
+        0,  1,  2,  3,  4,  5,  6,  7,  32, 33, 34, 35, 36, 37, 38, 39, 8,  9,  10, 11, 12, 13,
+        14, 15, 40, 41, 42, 43, 44, 45, 46, 47, 16, 17, 18, 19, 20, 21, 22, 23, 48, 49, 50, 51,
+        52, 53, 54, 55, 24, 25, 26, 27, 28, 29, 30, 31, 56, 57, 58, 59, 60, 61, 62, 63};
+    const __m512i perm = _mm512_load_si512(order);
+    const __m512i lo0 = _mm512_load_si512(t.lo), lo1 = _mm512_load_si512(t.lo + 64);
+    const __m512i lo2 = _mm512_load_si512(t.lo + 128), lo3 = _mm512_load_si512(t.lo + 192);
+    const __m512i hi0 = _mm512_load_si512(t.hi), hi1 = _mm512_load_si512(t.hi + 64);
+    const __m512i hi2 = _mm512_load_si512(t.hi + 128), hi3 = _mm512_load_si512(t.hi + 192);
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        const __m512i x = _mm512_permutexvar_epi8(perm, _mm512_loadu_si512(codes + i));
+        const __mmask64 upper = _mm512_movepi8_mask(x);  // codes >= 128
+        const __m512i lo = _mm512_mask_blend_epi8(upper, _mm512_permutex2var_epi8(lo0, x, lo1),
+                                                  _mm512_permutex2var_epi8(lo2, x, lo3));
+        const __m512i hi = _mm512_mask_blend_epi8(upper, _mm512_permutex2var_epi8(hi0, x, hi1),
+                                                  _mm512_permutex2var_epi8(hi2, x, hi3));
+        _mm512_storeu_si512(out + i, _mm512_unpacklo_epi8(lo, hi));
+        _mm512_storeu_si512(out + i + 32, _mm512_unpackhi_epi8(lo, hi));
+    }
+    for (; i < n; ++i) out[i] = t.bf16[codes[i]];
+}
+
+// ---- tiles: 0-3 the 2x2 C block, 4-5 A, 6-7 B; all 16 rows x 64 bytes ----
+struct TileConfig {
+    uint8_t palette, start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+constexpr TileConfig tile_config() {
+    TileConfig cfg{};
+    cfg.palette = 1;
+    for (int i = 0; i < 8; ++i) {
+        cfg.colsb[i] = 64;
+        cfg.rows[i] = 16;
+    }
+    return cfg;
+}
+
+// A constant in memory: GCC's _tile_loadconfig does not tell the optimizer that it reads all 64
+// bytes, and drops stores into a local configuration it thinks are dead.
+alignas(64) constexpr TileConfig config = tile_config();
+
+void amx_begin() { _tile_loadconfig(&config); }
+
+void amx_end() { _tile_release(); }
+
+template <int MI, int NJ>
+void block_amx(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t b_strip, int64_t chunks, float* c,
+               int64_t ldc, bool accumulate) {
+    const int64_t sa = lda * 2, sc = ldc * 4;
+    const uint16_t* a1 = a + gemm_tile * lda;
+    const uint16_t* b1 = b + b_strip;
+    float* c1 = c + gemm_tile * ldc;
+    if (accumulate) {
+        _tile_loadd(0, c, sc);
+        if constexpr (NJ > 1) _tile_loadd(1, c + gemm_tile, sc);
+        if constexpr (MI > 1) _tile_loadd(2, c1, sc);
+        if constexpr (MI > 1 && NJ > 1) _tile_loadd(3, c1 + gemm_tile, sc);
+    } else {
+        _tile_zero(0);
+        if constexpr (NJ > 1) _tile_zero(1);
+        if constexpr (MI > 1) _tile_zero(2);
+        if constexpr (MI > 1 && NJ > 1) _tile_zero(3);
+    }
+    for (int64_t q = 0; q < chunks; ++q) {
+        _tile_loadd(4, a + q * gemm_chunk, sa);
+        _tile_loadd(6, b + q * gemm_chunk_codes, 64);
+        if constexpr (NJ > 1) _tile_loadd(7, b1 + q * gemm_chunk_codes, 64);
+        if constexpr (MI > 1) _tile_loadd(5, a1 + q * gemm_chunk, sa);
+        _tile_dpbf16ps(0, 4, 6);
+        if constexpr (NJ > 1) _tile_dpbf16ps(1, 4, 7);
+        if constexpr (MI > 1) _tile_dpbf16ps(2, 5, 6);
+        if constexpr (MI > 1 && NJ > 1) _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, c, sc);
+    if constexpr (NJ > 1) _tile_stored(1, c + gemm_tile, sc);
+    if constexpr (MI > 1) _tile_stored(2, c1, sc);
+    if constexpr (MI > 1 && NJ > 1) _tile_stored(3, c1 + gemm_tile, sc);
+}
+
+void block_dispatch(int mi, int nj, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t b_strip,
+                    int64_t chunks, float* c, int64_t ldc, bool accumulate) {
+    if (mi == 2 && nj == 2) return block_amx<2, 2>(a, lda, b, b_strip, chunks, c, ldc, accumulate);
+    if (mi == 2) return block_amx<2, 1>(a, lda, b, b_strip, chunks, c, ldc, accumulate);
+    if (nj == 2) return block_amx<1, 2>(a, lda, b, b_strip, chunks, c, ldc, accumulate);
+    block_amx<1, 1>(a, lda, b, b_strip, chunks, c, ldc, accumulate);
+}
+
+// cpuid leaf 7: EDX 22 AMX-BF16, 24 AMX-TILE; ECX 1 AVX512-VBMI. XCR0 17-18: tile config and
+// data state enabled by the OS. Linux additionally hands tile data out per process on request
+// (arch_prctl ARCH_REQ_XCOMP_PERM, feature 18); elsewhere AMX is not used.
+bool amx_usable() {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    if (!((edx >> 22) & 1u) || !((edx >> 24) & 1u) || !((ecx >> 1) & 1u)) return false;
+    const unsigned long long xcr0 = _xgetbv(0);
+    if ((xcr0 & 0x60000ull) != 0x60000ull) return false;
+#if defined(__linux__)
+    constexpr long arch_req_xcomp_perm = 0x1023, xfeature_xtiledata = 18;
+    return syscall(SYS_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0;
+#else
+    return false;
+#endif
+}
+
+constexpr GemmKernels amx_kernels{&expand_vbmi, &block_dispatch, &promote_loop, &amx_begin, &amx_end};
+
+}  // namespace
+
+const GemmKernels* amx_gemm_kernels() {
+    static const bool usable = amx_usable();
+    return usable ? &amx_kernels : nullptr;
+}
+
+}  // namespace fp8kit::cpu

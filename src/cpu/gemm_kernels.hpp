@@ -1,0 +1,100 @@
+// src/cpu/gemm_kernels.hpp: the packed operand layouts of the cpu GEMM and the kernel table
+// that computes on them: Intel AMX tiles (src/cpu/gemm_amx.cpp) where the CPU and OS allow, a
+// portable float32 kernel (src/cpu/gemm.cpp) elsewhere. Both are checked against the reference
+// backend by tests/ops/test_gemm.cpp, on every ISA path.
+//
+// Why bf16: every e4m3 / e5m2 value is exact in bf16, and the product of two of them is exact
+// in float32 (at most 4 x 4 significant bits, exponents within float32's range), so a
+// bf16 x bf16 -> float32 dot product (AMX TDPBF16PS) computes FP8 products exactly and
+// accumulates them in float32: the numerics of NUMERICS.md at the speed of the tile unit.
+// Codes are widened to bf16 only in cache-sized pieces; B stays FP8 (one byte per weight) in
+// memory, so the decode (small M) case streams a quarter of what f32 weights would take.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "fp8kit/format.hpp"
+
+namespace fp8kit::cpu {
+
+inline constexpr int64_t gemm_tile = 16;   // rows of an A tile; columns (n) of a B strip
+inline constexpr int64_t gemm_chunk = 32;  // K per tile step: 16 rows of 32 bf16 (64 bytes)
+inline constexpr int64_t gemm_chunk_codes = gemm_tile * gemm_chunk;  // 512 codes per B tile
+
+inline int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+// K in packed form: each scale group of `group` elements starts at a multiple of 32 and is
+// zero-padded to `group_padded`, so tile steps never straddle two groups' scales.
+struct KLayout {
+    int64_t k, group, groups, group_padded, padded;
+    KLayout(int64_t k_, int64_t group_)
+        : k(k_), group(group_ < 1 ? 1 : group_), groups(k_ <= 0 ? 1 : (k_ + group - 1) / group),
+          group_padded(round_up(group, gemm_chunk)), padded(groups * group_padded) {}
+    int64_t chunks_per_group() const { return group_padded / gemm_chunk; }
+    int64_t len(int64_t g) const { return std::min(group, k - g * group); }  // elements of group g
+};
+
+// B [n, k] packed once (PackedWeight): FP8 codes in 16-column strips; within a strip, one 512-byte
+// tile per 32-wide K chunk in AMX's pair-interleaved ("VNNI") order: byte 32 p + 2 c + e holds
+// B[16 s + c, 32 chunk + 2 p + e]. Padding codes are 0x00 (+0 in every format).
+struct PackedB {
+    int64_t n, strips;
+    KLayout kl;
+    Format format;
+    std::vector<uint8_t> codes;  // [strips][kl.padded / 32][512]
+    std::vector<float> scales;   // [kl.groups][strips * 16]: sb(j, g), group-major
+    const uint8_t* strip(int64_t s) const { return codes.data() + s * kl.padded * gemm_tile; }
+};
+
+// FP8 code -> bf16 bits for one format, whole and split into low / high bytes (for byte-table
+// lookups).
+struct ExpandTable {
+    uint16_t bf16[256];
+    alignas(64) uint8_t lo[256];
+    alignas(64) uint8_t hi[256];
+};
+const ExpandTable& expand_table(Format f);
+
+// The computing kernels. A is packed as bf16 rows [Mp][lda] in the K layout above; B pieces are
+// widened to bf16 tiles of 512 elements (same order as the codes).
+struct GemmKernels {
+    // out[i] = t.bf16[codes[i]] for i < n: FP8 codes to bf16 bits.
+    void (*expand)(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t* out);
+    // C block of (mi x nj) 16x16 tiles, mi, nj in {1, 2}: c[r * ldc + col] (+)= sum over `chunks`
+    // K chunks of A rows (a + r * lda, chunk q at + 32 q) times B strip tiles (strip t at
+    // b + t * b_strip, chunk q at + 512 q). accumulate: add to c, else overwrite it.
+    void (*block)(int mi, int nj, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t b_strip, int64_t chunks,
+                  float* c, int64_t ldc, bool accumulate);
+    // acc[r * ldacc + col] (=, when first, else +=) part[r * 32 + col] * (sa[r * sa_stride] * sb[col])
+    // for r < rows, col < cols: one K group's partial sums promoted into the accumulator.
+    void (*promote)(const float* part, int64_t rows, int64_t cols, const float* sa, int64_t sa_stride,
+                    const float* sb, float* acc, int64_t ldacc, bool first);
+    void (*begin)();  // per thread, before block (tile configuration)
+    void (*end)();
+};
+
+namespace {  // compiled into each kernel TU with that TU's ISA flags (internal linkage, no ODR mixing)
+
+// GemmKernels::promote as a loop the compiler vectorizes. partial * (sa * sb): DeepGEMM's order.
+inline void promote_loop(const float* part, int64_t rows, int64_t cols, const float* sa, int64_t sa_stride,
+                         const float* sb, float* acc, int64_t ldacc, bool first) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const float s = sa[r * sa_stride];
+        float* out = acc + r * ldacc;
+        const float* p = part + r * 2 * gemm_tile;
+        if (first) {
+            for (int64_t c = 0; c < cols; ++c) out[c] = p[c] * (s * sb[c]);
+        } else {
+            for (int64_t c = 0; c < cols; ++c) out[c] += p[c] * (s * sb[c]);
+        }
+    }
+}
+
+}  // namespace
+
+const GemmKernels& gemm_kernels();  // AMX when the active ISA is avx512 and AMX is usable
+const GemmKernels* amx_gemm_kernels();  // null where AMX cannot run (CPU, OS or build)
+
+}  // namespace fp8kit::cpu

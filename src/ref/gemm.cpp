@@ -1,0 +1,48 @@
+// src/ref/gemm.cpp: the reference GEMM - plain loops in float64, the ground truth the cpu and
+// cuda backends are compared with (tests/ops/test_gemm.cpp), itself checked against float64
+// products of dequantized inputs and against torch._scaled_mm (tests/golden/test_torch_gemm.cpp).
+//
+// Each K group's partial sum is exact here (float64 holds every sum of FP8 products of one group
+// for K < 2^20), is multiplied by sa * sb, and the groups are summed in float64: the value an
+// ideal float32-accumulating kernel approximates. Only the final store rounds.
+#include <vector>
+
+#include "core/ops.hpp"
+
+namespace fp8kit::ref {
+
+std::shared_ptr<const void> pack_weight(const detail::GemmOperand&, int64_t, size_t* bytes) {
+    *bytes = 0;  // reads B as it is
+    return nullptr;
+}
+
+void gemm(detail::GemmJob& job) {
+    std::vector<uint8_t> codes;  // fused cast: A quantized whole - the reference has no packing
+    detail::GemmOperand a = job.a;
+    if (job.fuse != nullptr) {
+        codes.resize(size_t(job.m * job.k));
+        job.fuse->data = codes.data();
+        quantize(*job.fuse);
+        a.data = codes.data();
+        a.ld = job.k;
+    }
+    const detail::GemmOperand& b = job.b;
+    const int64_t kg = job.kgroup;
+    for (int64_t i = 0; i < job.m; ++i) {
+        for (int64_t j = 0; j < job.n; ++j) {
+            double sum = 0.0;
+            for (int64_t k0 = 0; k0 < job.k; k0 += kg) {
+                double partial = 0.0;
+                for (int64_t kk = k0; kk < std::min(job.k, k0 + kg); ++kk) {
+                    partial += double(decode(a.data[i * a.ld + kk], a.format)) *
+                               double(decode(b.data[j * b.ld + kk], b.format));
+                }
+                sum += partial * (double(a.scale(i, k0)) * double(b.scale(j, k0)));
+            }
+            const double d = detail::gemm_epilogue(job, i, j, double(job.alpha) * sum);
+            detail::store_float(job.out, job.out_dtype, i * job.n + j, float(d));
+        }
+    }
+}
+
+}  // namespace fp8kit::ref
