@@ -127,8 +127,7 @@ inline constexpr uint32_t canonical_nan_bits = 0x7fc00000u;
 
 namespace fp8kit::detail {
 
-// The epilogue after the scaled product v = alpha * (sum of scaled partial sums), shared by the
-// backends (ref in double, cpu in float): + beta * c + bias, then the activation.
+// The GEMM epilogue, shared by the backends (ref in double, cpu in float).
 template <class T>
 T gelu(T x) noexcept {
     // GPT-2's tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
@@ -144,20 +143,34 @@ inline float load_float(const void* p, DType t, int64_t at) noexcept {
     }
 }
 
-// Rounds once, to nearest even, into f32 / bf16 / f16.
-inline void store_float(void* p, DType t, int64_t at, float v) noexcept {
-    switch (t) {
-        case DType::bf16: static_cast<bf16*>(p)[at] = bf16(v); break;
-        case DType::f16: static_cast<f16*>(p)[at] = f16(v); break;
-        default: static_cast<float*>(p)[at] = v;
+// Row i, columns [j0, j0 + cols), in place: v = alpha * (scaled product) on entry.
+template <class T>
+void gemm_epilogue(const GemmJob& j, int64_t i, int64_t j0, T* v, int64_t cols) noexcept {
+    if (j.c.data != nullptr) {
+        for (int64_t n = 0; n < cols; ++n) v[n] += T(j.beta) * T(load_float(j.c.data, j.c.dtype, i * j.c.ld + j0 + n));
+    }
+    if (j.bias != nullptr) {
+        for (int64_t n = 0; n < cols; ++n) v[n] += T(load_float(j.bias, j.bias_dtype, j0 + n));
+    }
+    if (j.activation == Activation::gelu) {
+        for (int64_t n = 0; n < cols; ++n) v[n] = gelu(v[n]);
     }
 }
 
+// out[i, j0 + n] = v[n], rounded once (through float32 when T is double).
 template <class T>
-T gemm_epilogue(const GemmJob& j, int64_t i, int64_t n, T v) noexcept {
-    if (j.c.data != nullptr) v += T(j.beta) * T(load_float(j.c.data, j.c.dtype, i * j.c.ld + n));
-    if (j.bias != nullptr) v += T(load_float(j.bias, j.bias_dtype, n));
-    return j.activation == Activation::gelu ? gelu(v) : v;
+void gemm_store(const GemmJob& j, int64_t i, int64_t j0, const T* v, int64_t cols) noexcept {
+    const int64_t at = i * j.n + j0;
+    switch (j.out_dtype) {
+        case DType::bf16:
+            for (int64_t n = 0; n < cols; ++n) static_cast<bf16*>(j.out)[at + n] = bf16(float(v[n]));
+            break;
+        case DType::f16:
+            for (int64_t n = 0; n < cols; ++n) static_cast<f16*>(j.out)[at + n] = f16(float(v[n]));
+            break;
+        default:
+            for (int64_t n = 0; n < cols; ++n) static_cast<float*>(j.out)[at + n] = float(v[n]);
+    }
 }
 
 }  // namespace fp8kit::detail

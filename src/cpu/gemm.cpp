@@ -234,15 +234,18 @@ void run_task(const Task& t, int64_t r0, int64_t r1, int64_t s0, int64_t s1) {
     // Epilogue: scales (one group), alpha, C, bias, activation, the output type.
     const GemmJob& job = t.job;
     const int64_t j0 = s0 * gemm_tile, cols = std::min(job.n, s1 * gemm_tile) - j0;
+    const float* sb = t.b.scales.data() + j0;
     for (int64_t i = 0; i < std::min(rows, job.m - r0); ++i) {
-        const float* arow = acc.get() + i * ldacc;
+        float* v = acc.get() + i * ldacc;
         const int64_t gi = r0 + i;
-        for (int64_t j = 0; j < cols; ++j) {
-            float v = arow[j];
-            if (one_group) v *= t.sa[gi] * t.b.scales[size_t(j0 + j)];
-            const float d = detail::gemm_epilogue(job, gi, j0 + j, job.alpha * v);
-            detail::store_float(job.out, job.out_dtype, gi * job.n + j0 + j, d);
+        if (one_group) {
+            const float sa = t.sa[gi];
+            for (int64_t j = 0; j < cols; ++j) v[j] = job.alpha * (v[j] * (sa * sb[j]));
+        } else {
+            for (int64_t j = 0; j < cols; ++j) v[j] = job.alpha * v[j];
         }
+        detail::gemm_epilogue(job, gi, j0, v, cols);
+        detail::gemm_store(job, gi, j0, v, cols);
     }
 }
 

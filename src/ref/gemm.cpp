@@ -4,7 +4,7 @@
 //
 // Each K group's partial sum is exact here (float64 holds every sum of FP8 products of one group
 // for K < 2^20), is multiplied by sa * sb, and the groups are summed in float64: the value an
-// ideal float32-accumulating kernel approximates. Only the final store rounds.
+// ideal float32-accumulating kernel approximates. Only the final store rounds (to float32, then to bf16/f16).
 #include <vector>
 
 #include "core/ops.hpp"
@@ -28,6 +28,7 @@ void gemm(detail::GemmJob& job) {
     }
     const detail::GemmOperand& b = job.b;
     const int64_t kg = job.kgroup;
+    std::vector<double> row(size_t(job.n));
     for (int64_t i = 0; i < job.m; ++i) {
         for (int64_t j = 0; j < job.n; ++j) {
             double sum = 0.0;
@@ -39,9 +40,10 @@ void gemm(detail::GemmJob& job) {
                 }
                 sum += partial * (double(a.scale(i, k0)) * double(b.scale(j, k0)));
             }
-            const double d = detail::gemm_epilogue(job, i, j, double(job.alpha) * sum);
-            detail::store_float(job.out, job.out_dtype, i * job.n + j, float(d));
+            row[size_t(j)] = double(job.alpha) * sum;
         }
+        detail::gemm_epilogue(job, i, 0, row.data(), job.n);
+        detail::gemm_store(job, i, 0, row.data(), job.n);
     }
 }
 
