@@ -35,11 +35,12 @@ constexpr int64_t fuse_panel_rows = 64;  // rows of A quantized per fused-cast s
 template <class T>
 struct Scratch {
     struct Free {
-        void operator()(T* p) const { ::operator delete[](p, std::align_val_t(64)); }
+        void operator()(T* mem) const { ::operator delete[](mem, std::align_val_t(64)); }
     };
-    std::unique_ptr<T[], Free> p;
-    explicit Scratch(int64_t n) : p(static_cast<T*>(::operator new[](size_t(std::max<int64_t>(n, 1)) * sizeof(T), std::align_val_t(64)))) {}
-    T* get() const { return p.get(); }
+    std::unique_ptr<T[], Free> mem;
+    explicit Scratch(int64_t n)
+        : mem(static_cast<T*>(::operator new[](size_t(std::max<int64_t>(n, 1)) * sizeof(T), std::align_val_t(64)))) {}
+    T* get() const { return mem.get(); }
 };
 
 // ---- portable kernels ----
