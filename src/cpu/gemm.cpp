@@ -35,7 +35,7 @@ constexpr int64_t fuse_panel_rows = 64;  // rows of A quantized per fused-cast s
 template <class T>
 struct Scratch {
     struct Free {
-        void operator()(T* mem) const { ::operator delete[](mem, std::align_val_t(64)); }
+        void operator()(T* ptr) const { ::operator delete[](ptr, std::align_val_t(64)); }
     };
     std::unique_ptr<T[], Free> mem;
     explicit Scratch(int64_t n)
