@@ -8,7 +8,10 @@ cd "$(dirname "$0")/.."
 # Build: compilers (g++ and clang++ with its OpenMP runtime), CMake + Ninja, GoogleTest, CLI11.
 # Tests: python3 + venv for the oracles (ml_dtypes, numpy from PyPI), pkg-config for the
 # install test.
-packages="cmake ninja-build g++ clang libomp-dev libgtest-dev libcli11-dev pkg-config python3 python3-venv"
+# Benchmarks only (bench_gemm's peers; the library never links them): OpenBLAS in its OpenMP
+# build - on libgomp, as g++ builds fp8kit, so peers and fp8kit share one thread team instead of
+# two spinning against each other (found through pkg-config) - and oneDNN.
+packages="cmake ninja-build g++ clang libomp-dev libgtest-dev libcli11-dev pkg-config python3 python3-venv libopenblas-openmp-dev libdnnl-dev"
 
 missing=""
 for p in $packages; do
@@ -35,4 +38,28 @@ if ! "$venv/bin/python3" -c "import ml_dtypes, numpy" 2>/dev/null; then
     "$venv/bin/python3" -m pip install -q --disable-pip-version-check -r tests/requirements.txt
 else
     echo "setup: Python test oracles present"
+fi
+
+# PyTorch for the torch._scaled_mm oracle, with --no-deps: tests/requirements-torch.txt says why.
+# FP8KIT_NO_TORCH=1 leaves it out (tests/golden/test_torch_gemm.cpp then reports itself skipped).
+torch_pin=$(sed -n 's/^torch==//p' tests/requirements-torch.txt)
+torch_ok() {  # the pinned torch imports (with every library it links with)
+    "$venv/bin/python3" -c "import sys, torch; sys.exit(torch.__version__.split('+')[0] != '$torch_pin')" 2>/dev/null
+}
+if [ "${FP8KIT_NO_TORCH:-0}" = 1 ]; then
+    echo "setup: FP8KIT_NO_TORCH=1: not installing PyTorch"
+elif torch_ok; then
+    echo "setup: PyTorch $torch_pin present"
+else
+    echo "setup: installing PyTorch $torch_pin without its CUDA dependencies (~1.1 GB)"
+    "$venv/bin/python3" -m pip install -q --disable-pip-version-check --no-deps -r tests/requirements-torch.txt
+    if ! torch_ok; then
+        echo "setup: no CUDA 13 toolkit for torch's libraries to link with: installing its runtime libraries (~2 GB)"
+        "$venv/bin/python3" -m pip install -q --disable-pip-version-check --no-deps -r tests/requirements-torch-cuda.txt
+    fi
+    if ! torch_ok; then
+        echo "setup: torch $torch_pin does not import:" >&2
+        "$venv/bin/python3" -c "import torch" >&2 || true
+        exit 1
+    fi
 fi

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 
+#include "fp8kit/backend.hpp"
 #include "fp8kit/error.hpp"
 #include "fp8kit/format.hpp"
 #include "fp8kit/runtime.hpp"
@@ -40,6 +41,35 @@ void for_each_isa(Body&& body) {
         body(isa);
     }
     set_isa(saved);
+}
+
+// fn() with backend b active, returning what fn returns; the previous backend is active again
+// afterwards, also when fn throws.
+template <class Fn>
+auto on_backend(Backend b, Fn&& fn) {
+    struct Restore {
+        Backend saved;
+        ~Restore() { set_backend(saved); }
+    } restore{active_backend()};
+    set_backend(b);
+    return fn();
+}
+
+// body() on every available backend: ref first (the ground truth), then the others; cpu once per
+// code path this CPU supports.
+template <class Body>
+void for_each_backend(Body&& body) {
+    for (Backend b : available_backends()) {
+        SCOPED_TRACE(std::string("backend=") + std::string(to_string(b)));
+        on_backend(b, [&] {
+            if (b == Backend::cpu) {
+                for_each_isa([&](Isa) { body(); });
+            } else {
+                body();
+            }
+            return 0;
+        });
+    }
 }
 
 // Codes agree: identical, or both NaN in format f (any NaN code is a correct NaN).

@@ -1,8 +1,10 @@
 // src/core/gemm.cpp: the public GEMM entry points - argument checks with errors that name the
 // argument, the K group rule, PackedWeight, output allocation - then the active backend's gemm.
 // Checked by tests/unit/test_gemm.cpp (errors, K groups) and tests/ops/test_gemm.cpp (results).
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "core/ops.hpp"
 #include "fp8kit/error.hpp"
@@ -108,8 +110,9 @@ PackedWeight::PackedWeight(const QTensor& b) : source_(b), backend_(active_backe
     n_ = op.rows;
     k_ = op.k;
     // Packed for the widest K group B allows; a GEMM whose A needs narrower groups repacks.
+    // K = 0: nothing to pack, and no scale to read (scale_inv has no columns).
     const int64_t kgroup = gemm_k_group(b.scaling, b.scaling, k_);
-    packed_ = detail::backend_ops(backend_).pack_weight(op, kgroup, &packed_bytes_);
+    if (k_ > 0) packed_ = detail::backend_ops(backend_).pack_weight(op, kgroup, &packed_bytes_);
 }
 
 size_t PackedWeight::packed_bytes() const noexcept { return packed_bytes_; }
@@ -180,6 +183,18 @@ Tensor gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts) {
         job.bias_dtype = bias.dtype();
     }
 
+    Tensor out = Tensor::empty({m, n}, opts.out_dtype);
+    job.out = out.raw_data();
+    if (k == 0) {  // an empty sum: D = beta * C + bias (then the activation); no scale exists to read
+        std::vector<float> row(static_cast<size_t>(n));
+        for (int64_t i = 0; i < m; ++i) {
+            std::fill(row.begin(), row.end(), 0.0f);
+            detail::gemm_epilogue(job, i, 0, row.data(), n);
+            detail::gemm_store(job, i, 0, row.data(), n);
+        }
+        return out;
+    }
+
     // A PackedWeight made for another backend, or for wider K groups than A allows, is repacked.
     const detail::BackendOps& ops = detail::backend_ops(active_backend());
     std::shared_ptr<const void> packed;
@@ -191,8 +206,6 @@ Tensor gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts) {
         job.b_packed = packed.get();
     }
 
-    Tensor out = Tensor::empty({m, n}, opts.out_dtype);
-    job.out = out.raw_data();
     if (m > 0 && n > 0) {
         ops.gemm(job);
         if (job.fuse != nullptr && a.quantize.non_finite == NonFinite::error && !std::isfinite(fuse.amax)) {

@@ -18,6 +18,14 @@ bool is_data_format(Format f) { return f != Format::e8m0fnu; }
 
 const detail::BackendOps& ops() { return detail::backend_ops(active_backend()); }
 
+// The rows of the [rows, cols] matrix a tensor is quantized as: the product of every dimension
+// but the last (1 for a scalar). Not numel / cols, which loses the rows of a [rows, 0] tensor.
+int64_t leading_rows(const Tensor& t) {
+    int64_t rows = 1;
+    for (int d = 0; d + 1 < t.dim(); ++d) rows *= t.shape()[size_t(d)];
+    return rows;
+}
+
 // `t` itself when it is a contiguous host tensor of this shape and dtype, else a new one.
 Tensor reuse_or_empty(const Tensor& t, const Shape& shape, DType dtype) {
     if (t.defined() && t.dtype() == dtype && t.shape() == shape && t.is_contiguous() && t.device() == Device::cpu) return t;
@@ -38,7 +46,7 @@ detail::Matrix detail::as_matrix(const Tensor& x, const char* fn) {
     }
     if (x.device() != Device::cpu) throw Error(where + "input is on device cuda; this build runs host tensors only");
     const int64_t cols = x.dim() == 0 ? 1 : x.shape().back();
-    const int64_t rows = cols == 0 ? 0 : x.numel() / cols;
+    const int64_t rows = leading_rows(x);
     detail::Matrix m;
     if (x.dim() == 2 && x.strides()[1] == 1 && x.strides()[0] >= cols) {
         m.keep = x;
@@ -73,10 +81,7 @@ ScaleRule scale_rule(const QuantizeOptions& o) {
             o.amax_epsilon, o.power_of_two, o.scale.has_value(), o.scale.value_or(1.0f)};
 }
 
-int64_t QTensor::rows() const {
-    const int64_t c = cols();
-    return c == 0 ? 0 : data.numel() / c;
-}
+int64_t QTensor::rows() const { return leading_rows(data); }
 
 int64_t QTensor::cols() const { return data.dim() == 0 ? 1 : data.shape().back(); }
 

@@ -18,6 +18,7 @@ namespace {
 
 using test::bits;
 using test::same_code;
+using test::on_backend;
 using test::same_float;
 
 struct Case {
@@ -110,15 +111,6 @@ Tensor make_input(int64_t rows, int64_t cols, DType dtype, bool specials, uint32
                                                         << " vs ref " << b.get({k / b.size(1), k % b.size(1)});
     }
     return ::testing::AssertionSuccess();
-}
-
-template <class Fn>
-auto on_backend(Backend b, Fn&& fn) {
-    const Backend saved = active_backend();
-    set_backend(b);
-    auto r = fn();
-    set_backend(saved);
-    return r;
 }
 
 void expect_same(const QTensor& got, const QTensor& ref) {

@@ -1,0 +1,698 @@
+// tests/ops/test_gemm.cpp: the scaled FP8 GEMM (<fp8kit/gemm.hpp>) of every backend - ref, and cpu
+// on every ISA path (AMX tiles on avx512 machines that have them, the portable kernel elsewhere) -
+// against float64 arithmetic written here: each operand is dequantized by decoding its codes with
+// the scalar decode() (pinned by the golden tables) times the scale_inv of the element's group,
+// found from the Scaling definitions of scaling.hpp, and D = act(alpha A.B^T + beta C + bias) is
+// computed in float64. Each backend must be within an error bound derived from K, the K group and
+// the input magnitudes (NUMERICS.md, "Scaled GEMM"), and cpu within the sum of both bounds of ref
+// (not bit for bit: the summation order differs).
+// Also: the fused cast against quantize-then-gemm (bit for bit), PackedWeight reuse and repacking,
+// thread-count independence (bit for bit), NaN/Inf propagation, SQNR against the product of the
+// unquantized inputs, gemm_quantized against quantize(gemm(...)).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <iterator>
+#include <numbers>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fp8kit/fp8kit.hpp"
+#include "support.hpp"
+
+namespace fp8kit {
+namespace {
+
+using test::bits;
+using test::for_each_backend;
+using test::for_each_isa;
+using test::on_backend;
+using test::same_float;
+
+constexpr double eps_f32 = 0x1p-23;  // float32 machine epsilon = 2 u
+
+// ---- inputs ----
+
+// N(0,1) values; with `banded`, times 2^e where e = (5 i + 3 (k / 32)) % 9 - 4 varies by row and
+// by 32-wide band of K, so that rows, 1x128 and 128x128 blocks and 1x32 blocks all get scales of
+// their own: a scale applied to the wrong group shows up as an error far above the bound.
+std::vector<float> gaussian(int64_t rows, int64_t cols, uint32_t seed, bool banded = true) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd;
+    std::vector<float> v(size_t(rows * cols));
+    for (int64_t i = 0; i < rows; ++i) {
+        for (int64_t k = 0; k < cols; ++k) {
+            const int e = banded ? int((5 * i + 3 * (k / 32)) % 9) - 4 : 0;
+            v[size_t(i * cols + k)] = std::ldexp(nd(rng), e);
+        }
+    }
+    return v;
+}
+
+// A contiguous [rows, cols] tensor of `dtype` holding v (rounded to bf16/f16 where asked).
+Tensor as_tensor(const std::vector<float>& v, int64_t rows, int64_t cols, DType dtype) {
+    if (dtype == DType::bf16) {
+        std::vector<bf16> h;
+        for (float x : v) h.push_back(bf16(x));
+        return Tensor::from(h, {rows, cols});
+    }
+    if (dtype == DType::f16) {
+        std::vector<f16> h;
+        for (float x : v) h.push_back(f16(x));
+        return Tensor::from(h, {rows, cols});
+    }
+    return Tensor::from(v, {rows, cols});
+}
+
+QuantizeOptions qopts(Scaling s, Format f, bool pow2 = false) {
+    QuantizeOptions o;
+    o.scaling = s;
+    o.format = f;
+    o.power_of_two = pow2;
+    return o;
+}
+
+// Every element of a 2-d f32/bf16/f16 tensor (any strides) as double.
+std::vector<double> values(const Tensor& t) {
+    std::vector<double> v;
+    v.reserve(size_t(t.numel()));
+    for (int64_t i = 0; i < t.size(0); ++i) {
+        for (int64_t j = 0; j < t.size(1); ++j) v.push_back(double(t.get({i, j})));
+    }
+    return v;
+}
+
+// ---- the float64 model ----
+
+// scale_inv of element (i, k) of q, from the definition of its granularity (scaling.hpp).
+double scale_of(const QTensor& q, int64_t i, int64_t k) {
+    int64_t gi = 0, gk = 0;
+    switch (q.scaling.granularity) {
+        case Granularity::tensor: break;
+        case Granularity::row: gi = i; break;
+        case Granularity::column: gk = k; break;
+        case Granularity::block:
+            gi = i / q.scaling.block_rows;
+            gk = k / q.scaling.block_cols;
+            break;
+        case Granularity::mx32:
+            gi = i;
+            gk = k / 32;
+            break;
+    }
+    const int64_t at = gi * q.scale_inv.size(1) + gk;
+    if (q.scale_inv.dtype() == DType::e8m0fnu) return double(decode(q.scale_inv.data<uint8_t>()[at], Format::e8m0fnu));
+    return double(q.scale_inv.data<float>()[at]);
+}
+
+// deq(q) in float64: exact (a code has <= 4 significant bits, a scale_inv 24).
+std::vector<double> dequantize64(const QTensor& q) {
+    const int64_t rows = q.data.size(0), cols = q.data.size(1), ld = q.data.strides()[0];
+    const uint8_t* p = q.data.data<uint8_t>();
+    std::vector<double> v(size_t(rows * cols));
+    for (int64_t i = 0; i < rows; ++i) {
+        for (int64_t k = 0; k < cols; ++k) v[size_t(i * cols + k)] = double(decode(p[i * ld + k], q.format)) * scale_of(q, i, k);
+    }
+    return v;
+}
+
+// How far one scale reaches along K (NUMERICS.md "Scales and K groups"): all of K for tensor and
+// row, the block's width for block and 32 for mx32, cut at K.
+int64_t k_extent(const Scaling& s, int64_t k) {
+    switch (s.granularity) {
+        case Granularity::block: return std::min(s.block_cols, k);
+        case Granularity::mx32: return std::min<int64_t>(32, k);
+        default: return k;
+    }
+}
+
+// A . B^T of the dequantized operands, and the sum of |a_ik b_jk| that the error bound scales with.
+struct Product64 {
+    int64_t m = 0, n = 0, k = 0;
+    int64_t kgroup = 1, groups = 1;  // K group width and count (the bound's accumulation lengths)
+    std::vector<double> dot, abs;
+};
+
+Product64 product64(const QTensor& qa, const QTensor& qb) {
+    Product64 p;
+    p.m = qa.data.size(0);
+    p.n = qb.data.size(0);
+    p.k = qa.data.size(1);
+    p.kgroup = std::max<int64_t>(1, std::min(k_extent(qa.scaling, p.k), k_extent(qb.scaling, p.k)));
+    p.groups = std::max<int64_t>(1, (p.k + p.kgroup - 1) / p.kgroup);
+    const std::vector<double> a = dequantize64(qa), b = dequantize64(qb);
+    p.dot.assign(size_t(p.m * p.n), 0.0);
+    p.abs.assign(size_t(p.m * p.n), 0.0);
+    for (int64_t i = 0; i < p.m; ++i) {
+        for (int64_t j = 0; j < p.n; ++j) {
+            double s = 0.0, sa = 0.0;
+            for (int64_t k = 0; k < p.k; ++k) {
+                const double t = a[size_t(i * p.k + k)] * b[size_t(j * p.k + k)];
+                s += t;
+                sa += std::fabs(t);
+            }
+            p.dot[size_t(i * p.n + j)] = s;
+            p.abs[size_t(i * p.n + j)] = sa;
+        }
+    }
+    return p;
+}
+
+double gelu64(double x) {
+    return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / std::numbers::pi) * (x + 0.044715 * x * x * x)));
+}
+constexpr double max_gelu_slope = 1.13;  // max |gelu'(x)| of the tanh form is 1.12899...
+
+// Rounding to the output type: its unit roundoff u = 2^-p (p significant bits: 24, 8, 11),
+// and half the smallest subnormal.
+double out_u(DType t) { return t == DType::bf16 ? 0x1p-8 : t == DType::f16 ? 0x1p-11 : 0x1p-24; }
+double out_tiny(DType t) { return t == DType::bf16 ? 0x1p-134 : t == DType::f16 ? 0x1p-25 : 0x1p-150; }
+
+// The epilogue of one call, as GemmOptions and as the float64 values the GEMM reads.
+struct Epilogue {
+    const char* name;
+    float alpha, beta;
+    bool has_c;
+    DType c_dtype;
+    bool has_bias;
+    DType bias_dtype;
+    Activation act;
+};
+
+const Epilogue epilogues[] = {
+    {"plain", 1.0f, 0.0f, false, DType::f32, false, DType::f32, Activation::none},
+    {"alpha", -0.75f, 0.0f, false, DType::f32, false, DType::f32, Activation::none},
+    {"beta_c_f32", 1.5f, 0.5f, true, DType::f32, false, DType::f32, Activation::none},
+    {"beta_c_bf16_bias_f32", 1.0f, -1.25f, true, DType::bf16, true, DType::f32, Activation::none},
+    {"bias_f16_gelu", 0.5f, 0.0f, false, DType::f32, true, DType::f16, Activation::gelu},
+    {"alpha_c_f16_bias_bf16_gelu", -1.5f, 0.75f, true, DType::f16, true, DType::bf16, Activation::gelu},
+};
+
+struct Call {
+    GemmOptions opts;
+    std::vector<double> c, bias;  // what the GEMM reads (exactly representable)
+};
+
+// C is a strided view: columns [2, n + 2) of a [m, n + 5] tensor, so its row stride is not n.
+Call make_call(const Epilogue& e, int64_t m, int64_t n, DType out, uint32_t seed) {
+    Call call;
+    call.opts.alpha = e.alpha;
+    call.opts.beta = e.beta;
+    call.opts.activation = e.act;
+    call.opts.out_dtype = out;
+    if (e.has_c) {
+        const Tensor wide = as_tensor(gaussian(m, n + 5, seed, false), m, n + 5, e.c_dtype);
+        call.opts.c = wide.slice(1, 2, n + 2);
+        call.c = values(*call.opts.c);
+    }
+    if (e.has_bias) {
+        const Tensor b = as_tensor(gaussian(1, n, seed + 7, false), 1, n, e.bias_dtype);
+        call.opts.bias = b.reshape({n});
+        call.bias = values(b);
+    }
+    return call;
+}
+
+// The float64 D and, per element, the error each backend may make.
+//  - cpu: the float32 sums within a K group (kgroup - 1 roundings), each group's promotion
+//    partial * (sa * sb) (2 roundings), the sum over the groups (groups - 1), alpha (1): to first
+//    order (kgroup + groups + 2) u |alpha| sum|a b|; the bound is c * (kgroup + groups + 4) *
+//    eps_f32 * |alpha| sum|a b| with c = 1 and eps_f32 = 2u, i.e. twice that, covering
+//    second-order terms and the AMX pair adds. With per-block scales (groups > 1) the group
+//    promotions are what the "groups + 2" term pays for. The epilogue (beta * C, + C, + bias)
+//    adds 3 roundings of values <= mag = |alpha| sum|ab| + |beta c| + |bias|: 2 eps_f32 mag.
+//    GELU: the bound times max |gelu'| plus the float32 evaluation of gelu (tanhf and the
+//    cubic: < 6 u |x|, allowed 4 eps_f32 |x|). Then the rounding to the output type.
+//  - ref: exact group sums and promotion in float64, so only the final rounding to float32 (then
+//    to bf16/f16) and float64 noise (1e-12 of mag).
+struct Expect {
+    std::vector<double> d, bound_cpu, bound_ref;
+};
+
+Expect expect(const Product64& p, const Call& call, DType out) {
+    Expect e;
+    const GemmOptions& o = call.opts;
+    const double alpha = o.alpha, beta = o.beta;
+    for (int64_t i = 0; i < p.m; ++i) {
+        for (int64_t j = 0; j < p.n; ++j) {
+            const size_t at = size_t(i * p.n + j);
+            const double c = call.c.empty() ? 0.0 : beta * call.c[at];
+            const double bias = call.bias.empty() ? 0.0 : call.bias[size_t(j)];
+            const double pre = alpha * p.dot[at] + c + bias;
+            const double mag = std::fabs(alpha) * p.abs[at] + std::fabs(c) + std::fabs(bias);
+            const double pre_err = double(p.kgroup + p.groups + 4) * eps_f32 * std::fabs(alpha) * p.abs[at] + 2 * eps_f32 * mag;
+            double d = pre, err = pre_err;
+            if (o.activation == Activation::gelu) {
+                d = gelu64(pre);
+                err = max_gelu_slope * pre_err + 4 * eps_f32 * (std::fabs(pre) + pre_err);
+            }
+            e.d.push_back(d);
+            e.bound_cpu.push_back(err + out_u(out) * (std::fabs(d) + err) + out_tiny(out));
+            e.bound_ref.push_back(0x1p-24 * std::fabs(d) + out_u(out) * std::fabs(d) * (1 + 0x1p-24) + out_tiny(out) +
+                                  0x1p-150 + 1e-12 * mag);
+        }
+    }
+    return e;
+}
+
+::testing::AssertionResult within(const std::vector<double>& got, const std::vector<double>& want,
+                                  const std::vector<double>& bound, int64_t n) {
+    if (got.size() != want.size()) return ::testing::AssertionFailure() << got.size() << " values, expected " << want.size();
+    for (size_t at = 0; at < got.size(); ++at) {
+        const double diff = std::fabs(got[at] - want[at]);
+        if (!(diff <= bound[at])) {  // NaN fails too
+            return ::testing::AssertionFailure() << "D[" << int64_t(at) / n << ", " << int64_t(at) % n << "] = " << got[at]
+                                                 << ", expected " << want[at] << " +- " << bound[at] << " (off by "
+                                                 << diff << ", " << diff / bound[at] << " x the bound)";
+        }
+    }
+    return ::testing::AssertionSuccess();
+}
+
+std::vector<double> add(const std::vector<double>& a, const std::vector<double>& b) {
+    std::vector<double> s(a.size());
+    for (size_t i = 0; i < a.size(); ++i) s[i] = a[i] + b[i];
+    return s;
+}
+
+::testing::AssertionResult is_output(const Tensor& d, int64_t m, int64_t n, DType out) {
+    if (d.shape() != Shape{m, n} || d.dtype() != out || !d.is_contiguous()) {
+        return ::testing::AssertionFailure() << "D is " << to_string(d.dtype()) << " " << to_string(d.shape())
+                                             << (d.is_contiguous() ? "" : " (strided)") << ", expected contiguous "
+                                             << to_string(out) << " [" << m << ", " << n << "]";
+    }
+    return ::testing::AssertionSuccess();
+}
+
+// D identical bit for bit (same dtype and shape; NaN equals NaN).
+::testing::AssertionResult identical(const Tensor& got, const Tensor& want) {
+    if (got.shape() != want.shape() || got.dtype() != want.dtype()) {
+        return ::testing::AssertionFailure() << to_string(got.dtype()) << " " << to_string(got.shape()) << " vs "
+                                             << to_string(want.dtype()) << " " << to_string(want.shape());
+    }
+    const Tensor g = got.contiguous(), w = want.contiguous();
+    const auto* pg = static_cast<const unsigned char*>(g.raw_data());
+    const auto* pw = static_cast<const unsigned char*>(w.raw_data());
+    const size_t es = dtype_size(g.dtype());
+    for (int64_t at = 0; at < g.numel(); ++at) {
+        if (std::memcmp(pg + size_t(at) * es, pw + size_t(at) * es, es) != 0) {
+            const int64_t i = at / g.size(1), j = at % g.size(1);
+            const float a = g.get({i, j}), b = w.get({i, j});
+            if (a != a && b != b) continue;
+            return ::testing::AssertionFailure() << "D[" << i << ", " << j << "]: " << a << " vs " << b << " ("
+                                                 << test::hex(bits(a), 8) << " vs " << test::hex(bits(b), 8) << ")";
+        }
+    }
+    return ::testing::AssertionSuccess();
+}
+
+// Runs gemm(qa, qb, call) on ref and on cpu (every ISA path) and checks each against the float64
+// model, and cpu against ref.
+void check_gemm(const QTensor& qa, const QTensor& qb, const Product64& p, const Call& call) {
+    const DType out = call.opts.out_dtype;
+    const Expect e = expect(p, call, out);
+    const Tensor ref = on_backend(Backend::ref, [&] { return gemm(qa, qb, call.opts); });
+    ASSERT_TRUE(is_output(ref, p.m, p.n, out));
+    const std::vector<double> r = values(ref);
+    EXPECT_TRUE(within(r, e.d, e.bound_ref, p.n)) << "ref vs float64";
+    const std::vector<double> both = add(e.bound_cpu, e.bound_ref);
+    on_backend(Backend::cpu, [&] {
+        for_each_isa([&](Isa) {
+            const Tensor got = gemm(qa, qb, call.opts);
+            ASSERT_TRUE(is_output(got, p.m, p.n, out));
+            const std::vector<double> g = values(got);
+            EXPECT_TRUE(within(g, e.d, e.bound_cpu, p.n)) << "cpu vs float64";
+            EXPECT_TRUE(within(g, r, both, p.n)) << "cpu vs ref";
+        });
+        return 0;
+    });
+}
+
+std::string fmt_name(Format a, Format b) { return std::string(to_string(a)) + " x " + std::string(to_string(b)); }
+
+struct Mnk {
+    int64_t m, n, k;
+};
+
+// 1s, primes, K not a multiple of 32 or 128, N across several 128-column panels, M across several
+// 32-row blocks, and K past the cpu kernel's 1024-wide window of B.
+const Mnk grid_shapes[] = {{1, 1, 1},       {1, 17, 5},      {3, 7, 130},     {16, 33, 257}, {17, 64, 128},
+                           {31, 130, 300},  {64, 48, 512},   {130, 257, 129}, {37, 140, 1100}};
+
+const std::pair<Format, Format> format_pairs[] = {
+    {Format::e4m3fn, Format::e4m3fn}, {Format::e4m3fn, Format::e5m2}, {Format::e5m2, Format::e4m3fn}};
+
+constexpr DType out_dtypes[] = {DType::f32, DType::bf16, DType::f16};
+
+// One scaling of A and of B (the recipes of NUMERICS.md, and tensor A with block B).
+struct GranCase {
+    std::string name;
+    Scaling a, b;
+    bool power_of_two;
+};
+void PrintTo(const GranCase& c, std::ostream* os) { *os << c.name; }
+
+std::vector<GranCase> gran_cases() {
+    return {{"tensor", Scaling::tensor(), Scaling::tensor(), false},
+            {"row", Scaling::row(), Scaling::row(), false},
+            {"row_pow2", Scaling::row(), Scaling::row(), true},
+            {"block", Scaling::block(1, 128), Scaling::block(128, 128), false},
+            {"mx32", Scaling::mx32(), Scaling::mx32(), false},
+            {"tensor_x_block", Scaling::tensor(), Scaling::block(128, 128), false}};
+}
+
+// The grid for one pair of scalings (one ctest test each): every shape x format pair x epilogue,
+// with the output type rotating so that each epilogue meets each output type.
+class GemmGrid : public ::testing::TestWithParam<GranCase> {};
+
+TEST_P(GemmGrid, BackendsWithinTheFloat64Bound) {
+    const GranCase& g = GetParam();
+    uint32_t seed = 1000;
+    for (size_t si = 0; si < std::size(grid_shapes); ++si) {
+        const Mnk s = grid_shapes[si];
+        for (size_t fi = 0; fi < std::size(format_pairs); ++fi) {
+            const Format fa = format_pairs[fi].first, fb = format_pairs[fi].second;
+            SCOPED_TRACE(std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k) + " " + fmt_name(fa, fb));
+            const QTensor qa = quantize(as_tensor(gaussian(s.m, s.k, seed), s.m, s.k, DType::f32), qopts(g.a, fa, g.power_of_two));
+            const QTensor qb = quantize(as_tensor(gaussian(s.n, s.k, seed + 1), s.n, s.k, DType::f32), qopts(g.b, fb, g.power_of_two));
+            seed += 2;
+            const Product64 p = product64(qa, qb);
+            for (size_t ei = 0; ei < std::size(epilogues); ++ei) {
+                const DType out = out_dtypes[(si + fi + ei) % std::size(out_dtypes)];
+                SCOPED_TRACE(std::string(epilogues[ei].name) + " -> " + std::string(to_string(out)));
+                check_gemm(qa, qb, p, make_call(epilogues[ei], s.m, s.n, out, seed++));
+            }
+        }
+    }
+}
+
+// Two 5-bit-exponent operands are refused (NUMERICS.md), by every backend, for these scalings.
+TEST_P(GemmGrid, E5m2TimesE5m2IsRefused) {
+    const GranCase& g = GetParam();
+    const QTensor qa = quantize(as_tensor(gaussian(5, 40, 1), 5, 40, DType::f32), qopts(g.a, Format::e5m2));
+    const QTensor qb = quantize(as_tensor(gaussian(6, 40, 2), 6, 40, DType::f32), qopts(g.b, Format::e5m2));
+    for_each_backend([&] { test::expect_error([&] { gemm(qa, qb); }, "e5m2"); });
+}
+
+INSTANTIATE_TEST_SUITE_P(Scaling, GemmGrid, ::testing::ValuesIn(gran_cases()),
+                         [](const auto& param_info) { return param_info.param.name; });
+
+// The fnuz formats (and one fnuz operand with an OCP one) follow the same rules.
+TEST(GemmOps, FnuzFormatsWithinTheFloat64Bound) {
+    const std::pair<Format, Format> pairs[] = {{Format::e4m3fnuz, Format::e4m3fnuz},
+                                               {Format::e4m3fnuz, Format::e5m2fnuz},
+                                               {Format::e5m2fnuz, Format::e4m3fn}};
+    uint32_t seed = 77;
+    for (const Mnk s : {Mnk{17, 64, 128}, Mnk{31, 130, 300}}) {
+        for (const auto& f : pairs) {
+            for (const Scaling sc : {Scaling::tensor(), Scaling::row(), Scaling::mx32()}) {
+                SCOPED_TRACE(std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k) + " " +
+                             fmt_name(f.first, f.second) + " " + to_string(sc));
+                const QTensor qa = quantize(as_tensor(gaussian(s.m, s.k, seed), s.m, s.k, DType::f32), qopts(sc, f.first));
+                const QTensor qb = quantize(as_tensor(gaussian(s.n, s.k, seed + 1), s.n, s.k, DType::f32), qopts(sc, f.second));
+                seed += 2;
+                check_gemm(qa, qb, product64(qa, qb), make_call(epilogues[3], s.m, s.n, DType::f32, seed++));
+            }
+        }
+    }
+    const QTensor a5 = quantize(as_tensor(gaussian(4, 64, 1), 4, 64, DType::f32), qopts(Scaling::row(), Format::e5m2fnuz));
+    const QTensor b5 = quantize(as_tensor(gaussian(4, 64, 2), 4, 64, DType::f32), qopts(Scaling::row(), Format::e5m2));
+    for_each_backend([&] { test::expect_error([&] { gemm(a5, b5); }, "e5m2"); });
+}
+
+// ---- the fused cast ----
+
+// gemm({x, options}, B) quantizes A inside the GEMM with exactly quantize()'s codes and scales,
+// so D equals gemm(quantize(x, options), B) bit for bit: f32, bf16 and f16 x, contiguous and a
+// strided view (a window of a wider tensor), tensor (current and a given scale), row, 1x128 and
+// mx32, on every backend and ISA. M = 150 spans several of the cpu backend's 64-row cast panels
+// (and threads); K = 300 cuts the last 128 and 32 groups. Each D is also checked against float64.
+TEST(GemmFusedCast, EqualsQuantizeThenGemmBitForBit) {
+    struct FuseCase {
+        const char* name;
+        QuantizeOptions a;
+        Scaling b;
+    };
+    QuantizeOptions given = qopts(Scaling::tensor(), Format::e4m3fn);
+    given.scale = 2.5f;  // delayed scaling: large elements (|x| > 179) saturate
+    QuantizeOptions row_e5m2 = qopts(Scaling::row(), Format::e5m2, true);
+    const FuseCase cases[] = {{"tensor", qopts(Scaling::tensor(), Format::e4m3fn), Scaling::tensor()},
+                              {"tensor_given_scale", given, Scaling::tensor()},
+                              {"row_pow2_e5m2", row_e5m2, Scaling::row()},
+                              {"block_1x128", qopts(Scaling::block(1, 128), Format::e4m3fn), Scaling::block(128, 128)},
+                              {"mx32", qopts(Scaling::mx32(), Format::e4m3fn), Scaling::mx32()}};
+    const int64_t m = 150, n = 70, k = 300;
+    GemmOptions opts;
+    opts.alpha = 0.5f;
+    opts.bias = Tensor::from(gaussian(1, n, 5, false), {n});
+    uint32_t seed = 300;
+    for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+        const Tensor wide = as_tensor(gaussian(m + 3, k + 9, seed++), m + 3, k + 9, dtype);
+        const Tensor view = wide.slice(0, 2, m + 2).slice(1, 5, k + 5);
+        for (const Tensor& x : {view.contiguous(), view}) {
+            for (const FuseCase& c : cases) {
+                SCOPED_TRACE(std::string(to_string(dtype)) + (x.is_contiguous() ? " contiguous " : " strided view ") + c.name);
+                const QTensor qb = quantize(as_tensor(gaussian(n, k, seed++), n, k, DType::f32),
+                                            qopts(c.b, Format::e4m3fn, c.a.power_of_two));
+                const QTensor qa_model = quantize(x, c.a);
+                const Product64 p = product64(qa_model, qb);
+                Call call;
+                call.opts = opts;
+                call.bias = values(opts.bias->reshape({1, n}));
+                const Expect e = expect(p, call, DType::f32);
+                for_each_backend([&] {
+                    const Tensor fused = gemm({x, c.a}, qb, opts);
+                    const Tensor unfused = gemm(quantize(x, c.a), qb, opts);
+                    EXPECT_TRUE(identical(fused, unfused));
+                    EXPECT_TRUE(within(values(fused), e.d, add(e.bound_cpu, e.bound_ref), n)) << "fused vs float64";
+                });
+            }
+        }
+    }
+}
+
+// ---- PackedWeight ----
+
+// A PackedWeight used for several GEMMs gives what a fresh pack gives, bit for bit; one packed on
+// another backend, or for wider K groups than A allows (row-scaled B with an mx32 A), is repacked
+// and still right (checked against float64 too).
+TEST(GemmPackedWeight, ReuseEqualsAFreshPack) {
+    const int64_t n = 70, k = 300;
+    uint32_t seed = 500;
+    for (const Scaling sb : {Scaling::row(), Scaling::block(128, 128), Scaling::mx32()}) {
+        SCOPED_TRACE("B " + to_string(sb));
+        const Scaling sa = sb.granularity == Granularity::block ? Scaling::block(1, 128) : sb;
+        const QTensor qb = quantize(as_tensor(gaussian(n, k, seed++), n, k, DType::f32), qopts(sb, Format::e4m3fn));
+        const QTensor qa1 = quantize(as_tensor(gaussian(33, k, seed++), 33, k, DType::f32), qopts(sa, Format::e4m3fn));
+        const QTensor qa2 = quantize(as_tensor(gaussian(5, k, seed++), 5, k, DType::f32), qopts(sa, Format::e5m2));
+        const QTensor qa_mx = quantize(as_tensor(gaussian(20, k, seed++), 20, k, DType::f32), qopts(Scaling::mx32(), Format::e4m3fn));
+        const PackedWeight on_ref = on_backend(Backend::ref, [&] { return PackedWeight(qb); });
+        EXPECT_EQ(on_ref.backend(), Backend::ref);
+        for_each_backend([&] {
+            const PackedWeight w(qb);
+            EXPECT_EQ(w.n(), n);
+            EXPECT_EQ(w.k(), k);
+            EXPECT_EQ(w.backend(), active_backend());
+            EXPECT_TRUE(w.source().data.shares_storage_with(qb.data)) << "the source is shared, not copied";
+            const Tensor d1 = gemm(qa1, w), d2 = gemm(qa2, w), d3 = gemm(qa1, w);
+            EXPECT_TRUE(identical(d1, gemm(qa1, qb)));
+            EXPECT_TRUE(identical(d2, gemm(qa2, PackedWeight(qb))));
+            EXPECT_TRUE(identical(d3, d1)) << "the same call again";
+            EXPECT_TRUE(identical(gemm(qa1, on_ref), d1)) << "a PackedWeight made on ref";
+            const Tensor dmx = gemm(qa_mx, w);
+            EXPECT_TRUE(identical(dmx, gemm(qa_mx, qb))) << "A with narrower K groups than the pack";
+            Call call;
+            const Product64 p = product64(qa_mx, qb);
+            const Expect e = expect(p, call, DType::f32);
+            EXPECT_TRUE(within(values(dmx), e.d, add(e.bound_cpu, e.bound_ref), n)) << "mx32 A on a packed " << to_string(sb) << " B";
+        });
+    }
+}
+
+// ---- determinism ----
+
+// Threads split M and N, never K: D is bit for bit the same on 1, 2 and 3 threads, on every ISA
+// path, for every scaling and for the fused cast (whose 64-row panels are cast on the threads).
+TEST(GemmOps, ThreadCountDoesNotChangeD) {
+    const int64_t m = 200, n = 300, k = 600;
+    const int saved = num_threads();
+    struct Restore {
+        int threads;
+        ~Restore() { set_num_threads(threads); }
+    } restore{saved};
+    uint32_t seed = 700;
+    const std::vector<float> xv = gaussian(m, k, seed++);
+    for (const GranCase& g : gran_cases()) {
+        SCOPED_TRACE(g.name);
+        const QuantizeOptions oa = qopts(g.a, Format::e4m3fn, g.power_of_two);
+        const QTensor qb = quantize(as_tensor(gaussian(n, k, seed++), n, k, DType::f32), qopts(g.b, Format::e4m3fn, g.power_of_two));
+        const QTensor qa = quantize(as_tensor(xv, m, k, DType::f32), oa);
+        const Tensor x = as_tensor(xv, m, k, DType::bf16);
+        GemmOptions opts;
+        opts.bias = Tensor::from(gaussian(1, n, seed++, false), {n});
+        opts.activation = Activation::gelu;
+        const Product64 p = product64(qa, qb);
+        Call call;
+        call.opts = opts;
+        call.bias = values(opts.bias->reshape({1, n}));
+        const Expect e = expect(p, call, DType::f32);
+        on_backend(Backend::cpu, [&] {
+            for_each_isa([&](Isa) {
+                set_num_threads(1);
+                const Tensor d1 = gemm(qa, qb, opts), f1 = gemm({x, oa}, qb, opts);
+                EXPECT_TRUE(within(values(d1), e.d, e.bound_cpu, n)) << "1 thread vs float64";
+                for (int threads : {2, 3}) {
+                    set_num_threads(threads);
+                    EXPECT_TRUE(identical(gemm(qa, qb, opts), d1)) << threads << " threads";
+                    EXPECT_TRUE(identical(gemm({x, oa}, qb, opts), f1)) << threads << " threads, fused cast";
+                }
+            });
+            return 0;
+        });
+    }
+}
+
+// ---- NaN and Inf ----
+
+// Codes injected after quantizing (a NaN input would make a tensor scale non-finite): the NaN
+// code of e4m3fn (0x7f) in row i of A makes row i of D NaN and nothing else; in row j of B,
+// column j. Every scaling, every backend and ISA, f32 and bf16 output.
+TEST(GemmNaN, NanCodePoisonsOnlyItsRowOrColumn) {
+    const int64_t m = 37, n = 45, k = 300, ni = 5, nj = 9;
+    for (const GranCase& g : gran_cases()) {
+        SCOPED_TRACE(g.name);
+        const QTensor qa = quantize(as_tensor(gaussian(m, k, 11), m, k, DType::f32), qopts(g.a, Format::e4m3fn));
+        const QTensor qb = quantize(as_tensor(gaussian(n, k, 12), n, k, DType::f32), qopts(g.b, Format::e4m3fn));
+        QTensor qa_nan = qa, qb_nan = qb;
+        qa_nan.data = qa.data.clone();
+        qb_nan.data = qb.data.clone();
+        qa_nan.data.data<uint8_t>()[ni * k + 77] = 0x7f;
+        qb_nan.data.data<uint8_t>()[nj * k + 200] = 0x7f;
+        for (DType out : {DType::f32, DType::bf16}) {
+            GemmOptions opts;
+            opts.out_dtype = out;
+            for_each_backend([&] {
+                const struct {
+                    const char* what;
+                    const QTensor& a;
+                    const QTensor& b;
+                    int64_t row, col;  // the NaN row / column of D, or -1
+                } cases[] = {{"A", qa_nan, qb, ni, -1}, {"B", qa, qb_nan, -1, nj}, {"A and B", qa_nan, qb_nan, ni, nj}};
+                for (const auto& c : cases) {
+                    const Tensor d = gemm(c.a, c.b, opts);
+                    int bad = 0;
+                    for (int64_t i = 0; i < m; ++i) {
+                        for (int64_t j = 0; j < n; ++j) {
+                            const float v = d.get({i, j});
+                            const bool want_nan = i == c.row || j == c.col;
+                            if (want_nan != std::isnan(v) || (!want_nan && !std::isfinite(v))) {
+                                if (++bad <= 3) ADD_FAILURE() << "NaN in " << c.what << " (" << to_string(out) << "): D[" << i << ", " << j << "] = " << v;
+                            }
+                        }
+                    }
+                    EXPECT_EQ(bad, 0) << "NaN in " << c.what;
+                }
+            });
+        }
+    }
+}
+
+// IEEE: Inf (e5m2 code 0x7c) times 0 is NaN. B row j has +Inf at k; A has 0 at (i, k) and +1.0
+// (code 0x38) at every other (i', k): D[i, j] is NaN, D[i', j] is +Inf, everything else finite.
+TEST(GemmNaN, InfTimesZeroIsNan) {
+    const int64_t m = 40, n = 20, k = 200, ci = 3, cj = 7, ck = 150;
+    for (const Scaling s : {Scaling::row(), Scaling::mx32(), Scaling::tensor()}) {
+        SCOPED_TRACE(to_string(s));
+        QTensor qa = quantize(as_tensor(gaussian(m, k, 21), m, k, DType::f32), qopts(s, Format::e4m3fn));
+        QTensor qb = quantize(as_tensor(gaussian(n, k, 22), n, k, DType::f32), qopts(s, Format::e5m2));
+        for (int64_t i = 0; i < m; ++i) qa.data.data<uint8_t>()[i * k + ck] = i == ci ? 0x00 : 0x38;
+        qb.data.data<uint8_t>()[cj * k + ck] = 0x7c;
+        for_each_backend([&] {
+            const Tensor d = gemm(qa, qb);
+            int bad = 0;
+            for (int64_t i = 0; i < m; ++i) {
+                for (int64_t j = 0; j < n; ++j) {
+                    const float v = d.get({i, j});
+                    const bool ok = j != cj ? std::isfinite(v) : i == ci ? std::isnan(v) : v == INFINITY;
+                    if (!ok && ++bad <= 3) ADD_FAILURE() << "D[" << i << ", " << j << "] = " << v;
+                }
+            }
+            EXPECT_EQ(bad, 0);
+        });
+    }
+}
+
+// ---- accuracy against the unquantized product ----
+
+// SQNR of D against the float64 product of the unquantized N(0,1) inputs >= 25 dB
+// (NUMERICS.md "Accuracy targets"), e4m3fn with every recipe's scaling, every backend and ISA.
+TEST(GemmAccuracy, SqnrAbove25dBAgainstTheUnquantizedProduct) {
+    const int64_t m = 64, n = 96, k = 512;
+    const std::vector<float> av = gaussian(m, k, 31, false), bv = gaussian(n, k, 32, false);
+    std::vector<double> exact(size_t(m * n));
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+            double s = 0.0;
+            for (int64_t kk = 0; kk < k; ++kk) s += double(av[size_t(i * k + kk)]) * double(bv[size_t(j * k + kk)]);
+            exact[size_t(i * n + j)] = s;
+        }
+    }
+    const Tensor a = as_tensor(av, m, k, DType::f32), b = as_tensor(bv, n, k, DType::f32);
+    for (const GranCase& g : gran_cases()) {
+        const QTensor qa = quantize(a, qopts(g.a, Format::e4m3fn, g.power_of_two));
+        const QTensor qb = quantize(b, qopts(g.b, Format::e4m3fn, g.power_of_two));
+        for_each_backend([&] {
+            const std::vector<double> d = values(gemm(qa, qb));
+            double signal = 0.0, noise = 0.0;
+            for (size_t at = 0; at < d.size(); ++at) {
+                signal += exact[at] * exact[at];
+                noise += (d[at] - exact[at]) * (d[at] - exact[at]);
+            }
+            const double sqnr = 10.0 * std::log10(signal / noise);
+            EXPECT_GE(sqnr, 25.0) << g.name;
+            EXPECT_LT(sqnr, 60.0) << g.name << ": far above what 3 mantissa bits allow - are the inputs quantized?";
+        });
+    }
+}
+
+// ---- FP8 output ----
+
+// gemm_quantized = quantize(gemm(..., f32), out) bit for bit (codes, scales) and carries D's amax
+// (max |D| by a loop here): tensor current scaling, a given (delayed) scale, and row scaling.
+TEST(GemmQuantized, EqualsQuantizeOfTheF32Gemm) {
+    const int64_t m = 45, n = 70, k = 300;
+    const QTensor qa = quantize(as_tensor(gaussian(m, k, 41), m, k, DType::f32), qopts(Scaling::block(1, 128), Format::e4m3fn));
+    const QTensor qb = quantize(as_tensor(gaussian(n, k, 42), n, k, DType::f32), qopts(Scaling::block(128, 128), Format::e4m3fn));
+    GemmOptions opts;
+    opts.alpha = 0.25f;
+    opts.bias = Tensor::from(gaussian(1, n, 43, false), {n});
+    QuantizeOptions given = qopts(Scaling::tensor(), Format::e4m3fn);
+    given.scale = 0.125f;
+    for (const QuantizeOptions& out : {qopts(Scaling::tensor(), Format::e4m3fn), given, qopts(Scaling::row(), Format::e5m2)}) {
+        SCOPED_TRACE(std::string(to_string(out.format)) + " " + to_string(out.scaling) + (out.scale ? " given scale" : ""));
+        for_each_backend([&] {
+            const QTensor q = gemm_quantized(qa, qb, opts, out);
+            const Tensor d = gemm(qa, qb, opts);
+            const QTensor want = quantize(d, out);
+            ASSERT_EQ(q.data.shape(), (Shape{m, n}));
+            EXPECT_EQ(q.format, out.format);
+            EXPECT_EQ(q.scaling, out.scaling);
+            ASSERT_EQ(q.scale_inv.shape(), want.scale_inv.shape());
+            EXPECT_EQ(std::memcmp(q.data.raw_data(), want.data.raw_data(), size_t(m * n)), 0) << "codes";
+            for (int64_t s = 0; s < want.scale_inv.numel(); ++s) {
+                EXPECT_EQ(bits(q.scale_inv.data<float>()[s]), bits(want.scale_inv.data<float>()[s])) << "scale_inv " << s;
+            }
+            float amax_d = 0.0f;
+            for (const double v : values(d)) amax_d = std::max(amax_d, float(std::fabs(v)));
+            ASSERT_TRUE(q.amax.has_value());
+            EXPECT_EQ(bits(*q.amax), bits(amax_d));
+            EXPECT_GT(amax_d, 0.0f);
+        });
+    }
+}
+
+}  // namespace
+}  // namespace fp8kit
