@@ -1,4 +1,5 @@
-// bench/common.cpp: timing, the memcpy peer, the clock estimate and output for the benchmarks.
+// bench/common.cpp: timing, inputs, the memcpy and read peers, the clock estimate and output for
+// the benchmarks (the FMA peak is in fma_peak.cpp, with its per-ISA code).
 #include "common.hpp"
 
 #include <omp.h>
@@ -26,17 +27,49 @@ using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 }  // namespace
 
-double best_seconds(const std::function<void()>& fn, double budget) {
+double best_seconds(const std::function<void()>& fn, double budget, const std::function<void()>& before) {
     fn();  // warm-up: page faults, caches, thread team
     double best = 1e300;
     const auto start = Clock::now();
     for (int runs = 0; runs < 3 || since(start) < budget; ++runs) {
+        if (before) before();
         const auto t0 = Clock::now();
         fn();
         best = std::min(best, since(t0));
         if (runs > 10000) break;
     }
     return best;
+}
+
+Tensor normal_tensor(int64_t rows, int64_t cols, DType dtype, uint32_t seed) {
+    Tensor t = Tensor::empty({rows, cols}, dtype);
+    const size_t n = size_t(rows * cols);
+    uint32_t s = seed;
+    auto uniform = [&s] {
+        s = s * 1664525u + 1013904223u;
+        return float(s >> 8) * 0x1p-24f;
+    };
+    float* f = dtype == DType::f32 ? t.data<float>() : nullptr;
+    bf16* b = dtype == DType::bf16 ? t.data<bf16>() : nullptr;
+    for (size_t i = 0; i < n; ++i) {
+        const float v = (uniform() + uniform() + uniform() + uniform() - 2.0f) * 1.7320508f;
+        if (f != nullptr) {
+            f[i] = v;
+        } else {
+            b[i] = bf16(v);
+        }
+    }
+    return t;
+}
+
+void alloc_and_touch(const std::vector<size_t>& sizes, int threads) {
+    for (size_t bytes : sizes) {
+        Tensor t = Tensor::empty({int64_t(bytes)}, DType::u8);
+        auto* p = t.data<uint8_t>();
+        const int64_t pages = int64_t((bytes + 4095) / 4096);
+#pragma omp parallel for schedule(static) num_threads(threads)
+        for (int64_t k = 0; k < pages; ++k) p[k * 4096] = 1;
+    }
 }
 
 void parallel_memcpy(void* dst, const void* src, size_t bytes, int threads) {

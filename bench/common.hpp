@@ -1,13 +1,17 @@
-// bench/common.hpp: what every fp8kit benchmark shares - options, best-of timing, the memcpy
-// peer, the clock estimate, and output as a human table or JSON lines (format in DESIGN.md).
+// bench/common.hpp: what every fp8kit benchmark shares - options, best-of timing, inputs, the
+// memcpy / read / FMA peak peers, the clock estimate, and output as a human table or JSON lines
+// (format in DESIGN.md).
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <iosfwd>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "fp8kit/tensor.hpp"
 
 namespace fp8kit::bench {
 
@@ -18,7 +22,17 @@ struct Options {
 
 // Best (minimum) seconds per call of fn over repeated runs lasting about `budget` seconds
 // (at least 3 runs after one warm-up). The minimum is the least disturbed by other load.
-double best_seconds(const std::function<void()>& fn, double budget);
+// `before`, when given, runs untimed ahead of every timed call (e.g. flushing the caches).
+double best_seconds(const std::function<void()>& fn, double budget, const std::function<void()>& before = {});
+
+// A [rows, cols] f32 or bf16 tensor of deterministic, roughly normal values: the sum of four
+// uniforms scaled to variance 1 (Irwin-Hall; |x| < 3.47, never subnormal). The same seed gives
+// the same values in either dtype (bf16: rounded to nearest even).
+Tensor normal_tensor(int64_t rows, int64_t cols, DType dtype, uint32_t seed);
+
+// Allocates tensors of these byte sizes and writes one byte per 4 KiB page of each, split over
+// `threads` threads: what a fresh output costs before an operation writes it (page faults, zeroing).
+void alloc_and_touch(const std::vector<size_t>& sizes, int threads);
 
 // memcpy of `bytes` split over `threads` threads in contiguous ranges, as the kernels split.
 void parallel_memcpy(void* dst, const void* src, size_t bytes, int threads);
@@ -30,6 +44,14 @@ unsigned long long parallel_read(const void* src, size_t bytes, int threads);
 // Nominal clock in GHz from the CPU's time-stamp counter (0 where there is none). Elements per
 // cycle are reported against this clock; turbo clocks make the true per-cycle figure lower.
 double tsc_ghz();
+
+// The float32 FMA peak of `threads` threads, from independent chains of vector FMAs: AVX-512 or
+// AVX2 where the CPU has them (fp8kit's own cpuid check), else plain multiply-adds (portable).
+struct FmaPeak {
+    double gflops;    // 2 flops per lane of each FMA
+    const char* isa;  // "avx512", "avx2" or "portable"
+};
+FmaPeak fma_peak(int threads, double budget);
 
 // One result row: ordered key/value pairs, values already formatted (numbers unquoted).
 class Row {
@@ -49,5 +71,6 @@ void print_rows(std::ostream& os, const std::vector<Row>& rows, bool json);
 
 int run_convert(const Options& opt, std::ostream& os);
 int run_quantize(const Options& opt, std::ostream& os);
+int run_gemm(const Options& opt, std::ostream& os);
 
 }  // namespace fp8kit::bench

@@ -1,0 +1,364 @@
+// bench/bench_gemm.cpp: fp8kit's scaled FP8 GEMM side by side with OpenBLAS and oneDNN, in one
+// process, on the same inputs and the same threads, against the machine's float32 FMA peak and
+// read bandwidth measured in the same run. Every result is checked against float64 dot products
+// of the f32 inputs (rel_err), so a benchmark that computes the wrong thing shows it.
+//
+// D[M, N] = A[M, K] . W[N, K]^T (W a Linear weight, [out, in]), f32 output, on
+//   square shapes  M = N = K in {512, 1024, 2048, 4096},
+//   LLM shapes     M in {1, 16, 128, 2048} x (N, K) in {(4096, 4096), (11008, 4096), (4096, 11008)}.
+// Weights are prepared once per (N, K) outside the timing, as inference reuses them:
+//   openblas.sgemm     cblas_sgemm(RowMajor, NoTrans, Trans) on the f32 weights as they are
+//   openblas.sgemv     cblas_sgemv for M = 1
+//   onednn.f32         oneDNN matmul, weights reordered into the layout it picks (format any)
+//   onednn.bf16        the same with A and W converted to bf16 beforehand, f32 output
+//   fp8kit.e4m3        A quantized beforehand (tensorwise e4m3fn), W a PackedWeight (tensorwise)
+//   fp8kit.e4m3.rowwise, fp8kit.e4m3.block    the rowwise and block recipes (A 1x128, W 128x128
+//                      scale blocks), square shapes only
+//   fp8kit.fused.f32, fp8kit.fused.bf16       A given in f32 or bf16 and quantized inside gemm()
+//                      (tensorwise): what a Linear layer's forward pays
+// Columns: gflops = 2*M*N*K / seconds; vs_openblas = gflops / OpenBLAS's on the same shape;
+// weight_bytes = N*K * 4 (f32), 2 (bf16) or 1 (fp8). bound / of_bound: for M <= 16 a GEMM reads
+// each weight once and does little else, so it is bound by memory: the caches are flushed (a read
+// of 1 GiB) before every timed call, as in a model too large for them, and of_bound =
+// weight_bytes / seconds / read bandwidth. For larger M, of_bound = gflops / float32 FMA peak;
+// AMX bf16 tiles, which fp8kit and oneDNN bf16 use where the CPU has them, can pass 1.
+// alloc_share (fp8kit rows): gemm() returns a fresh output where the peers write into buffers
+// given once; the share of the call's time that allocating it and touching each 4 KiB page
+// takes (large outputs come from the kernel anew on every call).
+//
+// Threads: fp8kit::num_threads() for all three (OpenBLAS's OpenMP build and oneDNN's OpenMP
+// runtime follow the same OpenMP setting). Inputs: deterministic, roughly N(0, 1), A and W from
+// different seeds. A peer the build did not find (bench/CMakeLists.txt) is reported as skipped.
+// --quick: 512 square and M = 1, 16 with (4096, 4096), short budgets (~10 s on 2 idle cores).
+// Run by `bench_gemm [--json] [--quick]` and `fp8kit bench gemm`. Results: docs/PERF.md.
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <ostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common.hpp"
+#include "fp8kit/gemm.hpp"
+#include "fp8kit/recipe.hpp"
+#include "fp8kit/runtime.hpp"
+
+#if defined(FP8KIT_BENCH_OPENBLAS)
+#include <cblas.h>
+#endif
+#if defined(FP8KIT_BENCH_DNNL)
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
+
+namespace fp8kit::bench {
+
+namespace {
+
+// Read before each memory-bound call, and the read-bandwidth measure: larger than the last-level
+// cache (480 MiB of L3 on the machine of docs/PERF.md), so both read from memory.
+constexpr size_t flush_bytes = size_t(1) << 30;
+constexpr int64_t memory_bound_m = 16;              // M <= this: bound by reading the weights
+constexpr int error_samples = 64;
+constexpr uint32_t a_seed = 1, w_seed = 2;
+
+// One weight [N, K] and the M it is multiplied with.
+struct WeightCase {
+    int64_t n, k;
+    std::vector<int64_t> ms;
+    bool square;  // M = N = K: also the rowwise and block recipes
+};
+
+std::vector<WeightCase> weight_cases(bool quick) {
+    if (quick) return {{512, 512, {512}, true}, {4096, 4096, {1, 16}, false}};
+    std::vector<WeightCase> c;
+    for (int64_t s : {512, 1024, 2048, 4096}) c.push_back({s, s, {s}, true});
+    const std::pair<int64_t, int64_t> llm[] = {{4096, 4096}, {11008, 4096}, {4096, 11008}};
+    for (const auto& nk : llm) c.push_back({nk.first, nk.second, {1, 16, 128, 2048}, false});
+    return c;
+}
+
+// One entry of D and its float64 value from the f32 inputs.
+struct Sample {
+    int64_t i, j;
+    double ref;
+};
+
+std::vector<Sample> reference_samples(const Tensor& a, const Tensor& w) {
+    const int64_t m = a.size(0), n = w.size(0), k = a.size(1);
+    const float* ap = a.data<float>();
+    const float* wp = w.data<float>();
+    std::vector<Sample> s;
+    uint32_t r = 777;
+    auto next = [&r](int64_t bound) {
+        r = r * 1664525u + 1013904223u;
+        return int64_t((r >> 8) % uint32_t(bound));
+    };
+    for (int t = 0; t < error_samples; ++t) {
+        const int64_t i = next(m), j = next(n);
+        double acc = 0.0;
+        for (int64_t q = 0; q < k; ++q) acc += double(ap[i * k + q]) * double(wp[j * k + q]);
+        s.push_back({i, j, acc});
+    }
+    return s;
+}
+
+// Relative RMS error of D [., n] on the samples.
+double rel_err(const float* d, int64_t n, const std::vector<Sample>& samples) {
+    double err = 0.0, ref = 0.0;
+    for (const Sample& s : samples) {
+        const double diff = double(d[s.i * n + s.j]) - s.ref;
+        err += diff * diff;
+        ref += s.ref * s.ref;
+    }
+    return std::sqrt(err / ref);
+}
+
+// The inputs of one GEMM shape: A in f32 (and bf16, the same values rounded), W in f32.
+struct Problem {
+    int64_t m, n, k;
+    Tensor a, a_bf16;
+    const Tensor& w;
+    std::vector<Sample> samples;
+};
+
+class GemmBench {
+public:
+    explicit GemmBench(const Options& opt)
+        : budget_(opt.quick ? 0.05 : 0.25), threads_(num_threads()), flush_(flush_bytes, std::byte{1}) {
+#if defined(FP8KIT_BENCH_OPENBLAS)
+        openblas_set_num_threads(threads_);
+#endif
+        fma_ = fma_peak(threads_, budget_);
+        const double s = best_seconds([&] { sink_ += parallel_read(flush_.data(), flush_bytes, threads_); }, budget_);
+        read_gbps_ = double(flush_bytes) / s * 1e-9;
+        machine_.push_back(Row()
+                               .add("bench", "gemm")
+                               .add("impl", "fma_peak")
+                               .add("threads", (long long)threads_)
+                               .add("isa", fma_.isa)
+                               .add("gflops", fma_.gflops, 4));
+        machine_.push_back(Row()
+                               .add("bench", "gemm")
+                               .add("impl", "read_bw")
+                               .add("threads", (long long)threads_)
+                               .add("bytes", (long long)flush_bytes)
+                               .add("seconds", s, 4)
+                               .add("gbps", read_gbps_, 4));
+#if !defined(FP8KIT_BENCH_OPENBLAS)
+        skip("openblas", "not found when the benchmark was configured (pkg-config openblas)");
+#endif
+#if !defined(FP8KIT_BENCH_DNNL)
+        skip("onednn", "not found when the benchmark was configured (oneapi/dnnl/dnnl.hpp, libdnnl)");
+#endif
+    }
+
+    void run(const WeightCase& wc) {
+        const Tensor w = normal_tensor(wc.n, wc.k, DType::f32, w_seed);
+        // fp8kit's weights, quantized and packed once for every M.
+        std::vector<Packed> packed;
+        packed.push_back({"fp8kit.e4m3", Recipe::tensorwise(), quantize(w, Recipe::tensorwise().options(Role::weight))});
+        if (wc.square) {
+            packed.push_back({"fp8kit.e4m3.rowwise", Recipe::rowwise(), quantize(w, Recipe::rowwise().options(Role::weight))});
+            packed.push_back({"fp8kit.e4m3.block", Recipe::block(), quantize(w, Recipe::block().options(Role::weight))});
+        }
+        for (int64_t m : wc.ms) {
+            Problem p{m, wc.n, wc.k, normal_tensor(m, wc.k, DType::f32, a_seed),
+                      normal_tensor(m, wc.k, DType::bf16, a_seed), w, {}};
+            p.samples = reference_samples(p.a, w);
+            openblas_gflops_ = 0.0;
+            run_openblas(p);
+            run_onednn(p);
+            run_fp8kit(p, packed);
+        }
+    }
+
+    void print(std::ostream& os, bool json) const {
+        if (json) {
+            print_rows(os, machine_, true);
+            print_rows(os, rows_, true);
+            print_rows(os, skipped_, true);
+            return;
+        }
+        os << "fp8kit bench gemm: D[M,N] = A[M,K] . W[N,K]^T, f32 output, " << threads_
+           << " threads for every implementation.\n"
+           << "float32 FMA peak: " << fma_.gflops << " GFLOP/s (" << fma_.isa << "); read bandwidth: " << read_gbps_
+           << " GB/s (" << (flush_bytes >> 20) << " MiB).\n"
+           << "gflops = 2*M*N*K / seconds; vs_openblas = gflops / OpenBLAS's; weight_bytes: 4 (f32), 2 (bf16), 1 (fp8)\n"
+           << "per weight. M <= 16: caches flushed before each call, of_bound = weight_bytes / seconds / read\n"
+           << "bandwidth; larger M: of_bound = gflops / f32 FMA peak (AMX bf16 tiles can pass 1). rel_err: relative\n"
+           << "RMS error against float64 on 64 entries. alloc_share: share of an fp8kit call spent getting its\n"
+           << "fresh output.\n\n";
+        print_rows(os, rows_, false);
+        for (const Row& r : skipped_) {
+            os << "skipped: ";
+            for (const auto& [k, v] : r.cells()) {
+                if (k != "bench") os << k << " " << v << "  ";
+            }
+            os << "\n";
+        }
+    }
+
+private:
+    // A weight quantized with a recipe's weight options and packed once.
+    struct Packed {
+        const char* impl;
+        Recipe recipe;
+        PackedWeight w;
+    };
+
+    double budget_;
+    int threads_;
+    std::vector<std::byte> flush_;  // read before memory-bound calls; also the read-bandwidth buffer
+    unsigned long long sink_ = 0;
+    FmaPeak fma_{};
+    double read_gbps_ = 0.0;
+    double openblas_gflops_ = 0.0;  // of the current shape; 0: not measured
+    std::vector<Row> machine_, rows_, skipped_;
+#if defined(FP8KIT_BENCH_DNNL)
+    dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
+    dnnl::stream stream_{engine_};
+#endif
+
+    void skip(const std::string& impl, const std::string& why, const Problem* p = nullptr) {
+        Row r;
+        r.add("bench", "gemm").add("impl", impl);
+        if (p != nullptr) r.add("m", (long long)p->m).add("n", (long long)p->n).add("k", (long long)p->k);
+        skipped_.push_back(r.add("skipped", why));
+    }
+
+    // Times `call` on p, checks `result()` (D, [m, n] f32), records the row and returns GFLOP/s.
+    // alloc_seconds > 0: what getting a fresh output costs (its share of the call is reported).
+    double measure(const Problem& p, const std::string& impl, const std::string& kernel, int bytes_per_weight,
+                   const std::function<void()>& call, const std::function<const float*()>& result,
+                   double alloc_seconds = 0.0) {
+        const bool memory_bound = p.m <= memory_bound_m;
+        const double s = memory_bound
+                             ? best_seconds(call, budget_,
+                                            [&] { sink_ += parallel_read(flush_.data(), flush_bytes, threads_); })
+                             : best_seconds(call, budget_);
+        const double gflops = 2.0 * double(p.m) * double(p.n) * double(p.k) / s * 1e-9;
+        const double weight_bytes = double(p.n) * double(p.k) * bytes_per_weight;
+        Row row;
+        row.add("bench", "gemm")
+            .add("impl", impl)
+            .add("m", (long long)p.m)
+            .add("n", (long long)p.n)
+            .add("k", (long long)p.k)
+            .add("threads", (long long)threads_)
+            .add("kernel", kernel)
+            .add("seconds", s, 4)
+            .add("gflops", gflops, 4);
+        if (openblas_gflops_ > 0.0) row.add("vs_openblas", gflops / openblas_gflops_, 3);
+        row.add("weight_bytes", (long long)weight_bytes);
+        if (memory_bound) {
+            row.add("bound", "read_bw").add("of_bound", weight_bytes / s * 1e-9 / read_gbps_, 3);
+        } else {
+            row.add("bound", "fma_f32").add("of_bound", gflops / fma_.gflops, 3);
+        }
+        row.add("rel_err", rel_err(result(), p.n, p.samples), 2);
+        if (alloc_seconds > 0.0) row.add("alloc_share", alloc_seconds / s, 3);
+        rows_.push_back(row);
+        return gflops;
+    }
+
+    // OpenBLAS: sgemm, or sgemv for M = 1 (what a BLAS user calls for one row), writing into a
+    // buffer given once. Sets the ratio base of this shape.
+    void run_openblas(const Problem& p) {
+#if defined(FP8KIT_BENCH_OPENBLAS)
+        const auto m = blasint(p.m), n = blasint(p.n), k = blasint(p.k);
+        const float* a = p.a.data<float>();
+        const float* w = p.w.data<float>();
+        std::vector<float> d(size_t(p.m * p.n));
+        const auto out = [&d] { return d.data(); };
+        const std::string core = openblas_get_corename();
+        if (p.m == 1) {
+            openblas_gflops_ = measure(
+                p, "openblas.sgemv", core, 4,
+                [&] { cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, 1.0f, w, k, a, 1, 0.0f, d.data(), 1); }, out);
+        } else {
+            openblas_gflops_ = measure(
+                p, "openblas.sgemm", core, 4,
+                [&] { cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a, k, w, k, 0.0f, d.data(), n); },
+                out);
+        }
+#else
+        (void)p;
+#endif
+    }
+
+    // oneDNN matmul: src [M, K] x weights [K, N] (W^T: W [N, K] row-major is [K, N] in format
+    // "ba"), weights reordered once into the layout the primitive picks; f32, and bf16 inputs
+    // (converted once, outside the timing) with f32 output.
+    void run_onednn(const Problem& p) {
+#if defined(FP8KIT_BENCH_DNNL)
+        using dnnl::memory;
+        using tag = memory::format_tag;
+        using dt = memory::data_type;
+        const memory::dims src_dims{p.m, p.k}, wei_dims{p.k, p.n}, dst_dims{p.m, p.n};
+        for (const bool bf16_inputs : {false, true}) {
+            const dt in = bf16_inputs ? dt::bf16 : dt::f32;
+            try {
+                const dnnl::matmul::desc desc(memory::desc(src_dims, in, tag::ab), memory::desc(wei_dims, in, tag::any),
+                                              memory::desc(dst_dims, dt::f32, tag::ab));
+                const dnnl::matmul::primitive_desc pd(desc, engine_);
+                const dnnl::matmul prim(pd);
+                // The inputs in the primitive's types: f32 as given, or bf16 (A: the same values
+                // fp8kit's fused bf16 row reads; W: rounded here).
+                memory src(pd.src_desc(), engine_, bf16_inputs ? p.a_bf16.raw_data() : p.a.raw_data());
+                memory user_w(memory::desc(wei_dims, dt::f32, tag::ba), engine_, p.w.raw_data());
+                memory wei(pd.weights_desc(), engine_);
+                if (bf16_inputs) {
+                    memory w16(memory::desc(wei_dims, dt::bf16, tag::ba), engine_);
+                    dnnl::reorder(user_w, w16).execute(stream_, user_w, w16);
+                    dnnl::reorder(w16, wei).execute(stream_, w16, wei);
+                } else {
+                    dnnl::reorder(user_w, wei).execute(stream_, user_w, wei);
+                }
+                memory dst(pd.dst_desc(), engine_);
+                stream_.wait();
+                measure(p, bf16_inputs ? "onednn.bf16" : "onednn.f32", pd.impl_info_str(), bf16_inputs ? 2 : 4,
+                        [&] {
+                            prim.execute(stream_, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}});
+                            stream_.wait();
+                        },
+                        [&] { return static_cast<const float*>(dst.get_data_handle()); });
+            } catch (const dnnl::error& e) {
+                skip(bf16_inputs ? "onednn.bf16" : "onednn.f32", std::string("oneDNN: ") + e.what(), &p);
+            }
+        }
+#else
+        (void)p;
+#endif
+    }
+
+    // fp8kit: A quantized beforehand with each packed recipe's input options, and the fused cast
+    // from f32 and bf16 with the first (tensorwise) recipe. gemm() returns a fresh output.
+    void run_fp8kit(const Problem& p, const std::vector<Packed>& packed) {
+        const std::string kernel = "isa=" + std::string(to_string(active_isa()));
+        const size_t out_bytes = size_t(p.m * p.n) * sizeof(float);
+        const double alloc = best_seconds([&] { alloc_and_touch({out_bytes}, threads_); }, budget_ / 4);
+        auto record = [&](const std::string& impl, const std::function<Tensor()>& call) {
+            Tensor d;
+            measure(p, impl, kernel, 1, [&] { d = call(); }, [&] { return d.data<float>(); }, alloc);
+        };
+        for (const Packed& w : packed) {
+            const QTensor qa = quantize(p.a, w.recipe.options(Role::input));
+            record(w.impl, [&] { return gemm(qa, w.w); });
+        }
+        const QuantizeOptions fused = packed.front().recipe.options(Role::input);
+        record("fp8kit.fused.f32", [&] { return gemm({p.a, fused}, packed.front().w); });
+        record("fp8kit.fused.bf16", [&] { return gemm({p.a_bf16, fused}, packed.front().w); });
+    }
+};
+
+}  // namespace
+
+int run_gemm(const Options& opt, std::ostream& os) {
+    GemmBench bench(opt);
+    for (const WeightCase& wc : weight_cases(opt.quick)) bench.run(wc);
+    bench.print(os, opt.json);
+    return 0;
+}
+
+}  // namespace fp8kit::bench
