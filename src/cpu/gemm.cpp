@@ -90,7 +90,7 @@ void block_portable(int mi, int nj, const uint16_t* a, int64_t lda, const uint16
 
 void nothing() {}
 
-constexpr GemmKernels portable_kernels{&expand_portable, &block_portable, &promote_loop, &nothing, &nothing};
+constexpr GemmKernels portable_kernels{&expand_portable, &block_portable, &promote_loop, &nothing, &nothing, nullptr};
 
 // ---- packing A ----
 
@@ -186,9 +186,11 @@ struct Task {
     const ExpandTable& table;
 };
 
-void run_task(const Task& t, int64_t r0, int64_t r1, int64_t s0, int64_t s1) {
+// Rows [r0, r0 + rows) x strips [s0, s1) on 16x16 tiles into acc: windows of B widened to bf16
+// once per task and reused by every pair of row tiles.
+void run_tiles(const Task& t, int64_t r0, int64_t rows, int64_t s0, int64_t s1, float* acc_out, int64_t ldacc) {
     const KLayout& kl = t.b.kl;
-    const int64_t ns = s1 - s0, rows = r1 - r0, ldacc = ns * gemm_tile;
+    const int64_t ns = s1 - s0;
     const bool one_group = kl.groups == 1;
     const int64_t cpg = kl.chunks_per_group();
     // A window: whole K groups, up to window_chunks chunks (one group may be longer: then the
@@ -197,7 +199,6 @@ void run_task(const Task& t, int64_t r0, int64_t r1, int64_t s0, int64_t s1) {
     const int64_t wchunks = one_group ? std::min(window_chunks, cpg) : groups_per_window * cpg;
     const int64_t b_strip = wchunks * gemm_chunk_codes;
     Scratch<uint16_t> bexp(ns * b_strip);
-    Scratch<float> acc(rows * ldacc);
     Scratch<float> part(4 * gemm_tile * gemm_tile);
     const int64_t total_chunks = kl.padded / gemm_chunk;
 
@@ -213,7 +214,7 @@ void run_task(const Task& t, int64_t r0, int64_t r1, int64_t s0, int64_t s1) {
             const uint16_t* a = t.apk + (r0 + i) * t.lda + w0 * gemm_chunk;
             for (int64_t s = 0; s < ns; s += 2) {
                 const int nj = ns - s > 1 ? 2 : 1;
-                float* c = acc.get() + i * ldacc + s * gemm_tile;
+                float* c = acc_out + i * ldacc + s * gemm_tile;
                 const uint16_t* b = bexp.get() + s * b_strip;
                 if (one_group) {
                     t.kern.block(mi, nj, a, t.lda, b, b_strip, wc, c, ldacc, w0 > 0);
@@ -231,12 +232,25 @@ void run_task(const Task& t, int64_t r0, int64_t r1, int64_t s0, int64_t s1) {
         }
     }
     t.kern.end();
+}
+
+void run_task(const Task& t, int64_t r0, int64_t r1, int64_t s0, int64_t s1) {
+    const KLayout& kl = t.b.kl;
+    const int64_t ns = s1 - s0, rows = r1 - r0, ldacc = ns * gemm_tile;
+    const bool one_group = kl.groups == 1;
+    Scratch<float> acc(rows * ldacc);
+    const int64_t m_rows = std::min(rows, t.job.m - r0);  // rows of A here (the rest is padding)
+    if (t.kern.small != nullptr && m_rows <= small_m_max) {
+        t.kern.small(m_rows, t.apk + r0 * t.lda, t.lda, t.b, s0, s1, t.sa + r0 * kl.groups, t.table, acc.get(), ldacc);
+    } else {
+        run_tiles(t, r0, rows, s0, s1, acc.get(), ldacc);
+    }
 
     // Epilogue: scales (one group), alpha, C, bias, activation, the output type.
     const GemmJob& job = t.job;
     const int64_t j0 = s0 * gemm_tile, cols = std::min(job.n, s1 * gemm_tile) - j0;
     const float* sb = t.b.scales.data() + j0;
-    for (int64_t i = 0; i < std::min(rows, job.m - r0); ++i) {
+    for (int64_t i = 0; i < m_rows; ++i) {
         float* v = acc.get() + i * ldacc;
         const int64_t gi = r0 + i;
         if (one_group) {

@@ -73,7 +73,17 @@ struct GemmKernels {
                     const float* sb, float* acc, int64_t ldacc, bool first);
     void (*begin)();  // per thread, before block (tile configuration)
     void (*end)();
+    // Small M (null where the kernel set has none): rows <= small_m_max rows of packed A times
+    // strips [s0, s1) of b over all of K, FP8 codes widened in registers as they are read (B
+    // streamed once, no widened copy). Leaves in acc[r * ldacc + col] what the block/promote
+    // loop would: the raw sum with one K group, else the groups' partial sums times sa * sb.
+    void (*small)(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,
+                  const float* sa, const ExpandTable& t, float* acc, int64_t ldacc);
 };
+// Where the small-M kernel takes over: each row costs it two VDPBF16PS per 64 codes on top of
+// the widening, so past 2 rows the tiles win even with their widened copy of B (measured with
+// bench_gemm on a Xeon with AMX: M = 3 and 4 ran 20% and 60% slower than on the tiles).
+constexpr int64_t small_m_max = 2;
 
 namespace {  // compiled into each kernel TU with that TU's ISA flags (internal linkage, no ODR mixing)
 

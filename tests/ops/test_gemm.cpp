@@ -338,8 +338,9 @@ struct Mnk {
 };
 
 // 1s, primes, K not a multiple of 32 or 128, N across several 128-column panels, M across several
-// 32-row blocks, and K past the cpu kernel's 1024-wide window of B.
-const Mnk grid_shapes[] = {{1, 1, 1},       {1, 17, 5},      {3, 7, 130},     {16, 33, 257}, {17, 64, 128},
+// 32-row blocks, and K past the cpu kernel's 1024-wide window of B. M = 1 and 2 run the cpu
+// backend's small-M kernel where it has one, M = 3 and up its tiles.
+const Mnk grid_shapes[] = {{1, 1, 1},       {1, 17, 5},      {2, 45, 260},    {3, 7, 130},   {16, 33, 257}, {17, 64, 128},
                            {31, 130, 300},  {64, 48, 512},   {130, 257, 129}, {37, 140, 1100}};
 
 const std::pair<Format, Format> format_pairs[] = {
