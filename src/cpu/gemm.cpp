@@ -240,7 +240,9 @@ void run_task(const Task& t, int64_t r0, int64_t r1, int64_t s0, int64_t s1) {
     const bool one_group = kl.groups == 1;
     Scratch<float> acc(rows * ldacc);
     const int64_t m_rows = std::min(rows, t.job.m - r0);  // rows of A here (the rest is padding)
-    if (t.kern.small != nullptr && m_rows <= small_m_max) {
+    // Chosen by the whole M, not this task's rows: which kernel runs (and so how D rounds) must
+    // not depend on how the rows were split between threads.
+    if (t.kern.small != nullptr && t.job.m <= small_m_max) {
         t.kern.small(m_rows, t.apk + r0 * t.lda, t.lda, t.b, s0, s1, t.sa + r0 * kl.groups, t.table, acc.get(), ldacc);
     } else {
         run_tiles(t, r0, rows, s0, s1, acc.get(), ldacc);
@@ -330,7 +332,9 @@ void gemm(GemmJob& job) {
     // tile do not all fall into the same L1 set.
     const int64_t lda = kl.padded % 256 == 0 ? kl.padded + gemm_chunk : kl.padded;
     Scratch<uint16_t> apk(mp * lda);
-    std::vector<float> sa(size_t(job.m * kl.groups));
+    // Scales for every packed row: the tiles promote whole 16-row tiles, padding rows included
+    // (their codes are zero, so are their scales).
+    std::vector<float> sa(size_t(mp * kl.groups), 0.0f);
     pack_a(job, kl, kern, apk.get(), lda, sa.data());
 
     // Tasks: panels of strips x row ranges; rows split only when panels alone leave threads idle.
