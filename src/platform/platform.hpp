@@ -1,0 +1,58 @@
+// src/platform/platform.hpp: the one place where fp8kit talks to the operating system - read-only
+// memory mapping of files and replace-on-write of outputs. One implementation per platform
+// (src/platform/posix.cpp, and a Windows one); no other file includes an OS header.
+// Checked by tests/unit/test_platform.cpp (natively, and cross-built where the build allows).
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace fp8kit::platform {
+
+// A whole file mapped read-only (zero copy). An empty file maps to data() == nullptr, size() 0.
+// fp8kit::Error naming the path and the OS's reason when it cannot be opened or mapped.
+class MappedFile {
+public:
+    MappedFile() = default;
+    explicit MappedFile(const std::string& path);
+    MappedFile(MappedFile&& other) noexcept;
+    MappedFile& operator=(MappedFile&& other) noexcept;
+    MappedFile(const MappedFile&) = delete;
+    MappedFile& operator=(const MappedFile&) = delete;
+    ~MappedFile();
+
+    const std::byte* data() const noexcept { return data_; }
+    size_t size() const noexcept { return size_; }
+    const std::string& path() const noexcept { return path_; }
+
+private:
+    void release() noexcept;
+    const std::byte* data_ = nullptr;
+    size_t size_ = 0;
+    std::string path_;
+};
+
+// Replace-on-write: bytes go to a temporary file beside `path` (same directory, so the final rename
+// is atomic); commit() flushes them to stable storage and renames the temporary over `path`. Until
+// commit() returns, `path` is untouched (absent or its old content); a ReplacingFile destroyed
+// without commit() - an exception, a failed write - removes its temporary. Every failure is an
+// fp8kit::Error naming the path and the OS's reason.
+class ReplacingFile {
+public:
+    explicit ReplacingFile(const std::string& path);
+    ReplacingFile(const ReplacingFile&) = delete;
+    ReplacingFile& operator=(const ReplacingFile&) = delete;
+    ~ReplacingFile();
+
+    void write(const void* data, size_t size);
+    void commit();
+    const std::string& path() const noexcept { return path_; }
+    const std::string& temp_path() const noexcept { return temp_; }
+
+private:
+    std::string path_, temp_;
+    void* handle_ = nullptr;  // the platform's open file (a FILE* on POSIX)
+    bool committed_ = false;
+};
+
+}  // namespace fp8kit::platform

@@ -1,0 +1,123 @@
+// src/platform/posix.cpp: platform.hpp on POSIX systems (Linux, macOS): mmap, and a temporary file
+// made with O_EXCL, fsync'ed and renamed over the destination. Checked by
+// tests/unit/test_platform.cpp.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <utility>
+
+#include "fp8kit/error.hpp"
+#include "platform/platform.hpp"
+
+namespace fp8kit::platform {
+
+namespace {
+
+[[noreturn]] void fail(const std::string& what, const std::string& path, int err) {
+    throw Error(what + " '" + path + "': " + std::strerror(err));
+}
+
+}  // namespace
+
+MappedFile::MappedFile(const std::string& path) : path_(path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) fail("cannot open", path, errno);
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+        const int err = errno;
+        ::close(fd);
+        fail("cannot stat", path, err);
+    }
+    if (!S_ISREG(st.st_mode)) {
+        ::close(fd);
+        throw Error("not a regular file: '" + path + "'");
+    }
+    size_ = size_t(st.st_size);
+    if (size_ > 0) {
+        void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) {
+            const int err = errno;
+            ::close(fd);
+            fail("cannot map", path, err);
+        }
+        data_ = static_cast<const std::byte*>(p);
+    }
+    ::close(fd);  // the mapping keeps the file
+}
+
+MappedFile::MappedFile(MappedFile&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)), path_(std::move(other.path_)) {}
+
+MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
+    if (this != &other) {
+        release();
+        data_ = std::exchange(other.data_, nullptr);
+        size_ = std::exchange(other.size_, 0);
+        path_ = std::move(other.path_);
+    }
+    return *this;
+}
+
+MappedFile::~MappedFile() { release(); }
+
+void MappedFile::release() noexcept {
+    if (data_ != nullptr) ::munmap(const_cast<std::byte*>(data_), size_);
+    data_ = nullptr;
+    size_ = 0;
+}
+
+ReplacingFile::ReplacingFile(const std::string& path) : path_(path) {
+    // O_EXCL with a name unique to this process and call: never another writer's temporary, and
+    // mode 0666 less the umask, as any new output file gets.
+    static std::atomic<unsigned> counter{0};
+    int fd = -1;
+    for (int attempt = 0; fd < 0; ++attempt) {
+        temp_ = path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+        fd = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd < 0 && (errno != EEXIST || attempt > 100)) fail("cannot create a temporary file beside", path, errno);
+    }
+    FILE* f = ::fdopen(fd, "wb");
+    if (f == nullptr) {
+        const int err = errno;
+        ::close(fd);
+        ::unlink(temp_.c_str());
+        fail("cannot open", temp_, err);
+    }
+    handle_ = f;
+}
+
+ReplacingFile::~ReplacingFile() {
+    if (handle_ != nullptr) std::fclose(static_cast<FILE*>(handle_));
+    if (!committed_) ::unlink(temp_.c_str());
+}
+
+void ReplacingFile::write(const void* data, size_t size) {
+    if (committed_) throw Error("write to '" + path_ + "' after commit");
+    if (size > 0 && std::fwrite(data, 1, size, static_cast<FILE*>(handle_)) != size) fail("cannot write", temp_, errno);
+}
+
+void ReplacingFile::commit() {
+    if (committed_) throw Error("'" + path_ + "' committed twice");
+    FILE* f = static_cast<FILE*>(std::exchange(handle_, nullptr));
+    if (std::fflush(f) != 0) {
+        const int err = errno;
+        std::fclose(f);
+        fail("cannot write", temp_, err);
+    }
+    if (::fsync(::fileno(f)) != 0) {
+        const int err = errno;
+        std::fclose(f);
+        fail("cannot flush", temp_, err);
+    }
+    if (std::fclose(f) != 0) fail("cannot close", temp_, errno);
+    if (std::rename(temp_.c_str(), path_.c_str()) != 0) fail("cannot rename '" + temp_ + "' to", path_, errno);
+    committed_ = true;
+}
+
+}  // namespace fp8kit::platform

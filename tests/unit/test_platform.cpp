@@ -1,0 +1,119 @@
+// tests/unit/test_platform.cpp: the platform layer (src/platform/platform.hpp) - mapped files read
+// back what was written, and replace-on-write leaves the destination whole or untouched.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "fp8kit/error.hpp"
+#include "platform/platform.hpp"
+
+namespace fp8kit::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A fresh folder per test under the system temporary folder, removed afterwards.
+struct TempDir {
+    fs::path dir;
+    TempDir() {
+        dir = fs::temp_directory_path() /
+              ("fp8kit_platform_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+        fs::remove_all(dir);
+        fs::create_directories(dir);
+    }
+    ~TempDir() { fs::remove_all(dir); }
+    std::string file(const char* name) const { return (dir / name).string(); }
+};
+
+std::string read_all(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_all(const std::string& path, const std::string& bytes) {
+    std::ofstream out(path, std::ios::binary);
+    out.write(bytes.data(), std::streamsize(bytes.size()));
+}
+
+size_t entries(const fs::path& dir) { return size_t(std::distance(fs::directory_iterator(dir), fs::directory_iterator())); }
+
+TEST(Platform, MappedFileSeesTheBytes) {
+    TempDir t;
+    std::string bytes(100000, '\0');
+    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = char(i * 131 % 251);
+    write_all(t.file("a.bin"), bytes);
+    platform::MappedFile m(t.file("a.bin"));
+    ASSERT_EQ(m.size(), bytes.size());
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(m.data()), m.size()), bytes);
+    platform::MappedFile moved = std::move(m);
+    EXPECT_EQ(moved.size(), bytes.size());
+    EXPECT_EQ(m.data(), nullptr);  // NOLINT: moved-from is empty by contract
+}
+
+TEST(Platform, EmptyAndMissingFiles) {
+    TempDir t;
+    write_all(t.file("empty"), "");
+    platform::MappedFile m(t.file("empty"));
+    EXPECT_EQ(m.size(), 0u);
+    EXPECT_EQ(m.data(), nullptr);
+    try {
+        platform::MappedFile missing(t.file("nope"));
+        FAIL() << "no error for a missing file";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("nope"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(platform::MappedFile dir(t.dir.string()), Error);
+}
+
+TEST(Platform, ReplacingFileCommitsWhole) {
+    TempDir t;
+    const std::string out = t.file("out.bin");
+    write_all(out, "old content");
+    {
+        platform::ReplacingFile f(out);
+        f.write("new ", 4);
+        EXPECT_EQ(read_all(out), "old content");  // untouched until commit
+        f.write("content!", 8);
+        f.commit();
+        EXPECT_THROW(f.write("x", 1), Error);
+    }
+    EXPECT_EQ(read_all(out), "new content!");
+    EXPECT_EQ(entries(t.dir), 1u);  // no temporary left
+}
+
+TEST(Platform, ReplacingFileWithoutCommitLeavesNothing) {
+    TempDir t;
+    const std::string out = t.file("out.bin");
+    write_all(out, "keep me");
+    try {
+        platform::ReplacingFile f(out);
+        f.write("partial", 7);
+        throw std::runtime_error("writer failed half way");
+    } catch (const std::runtime_error&) {
+    }
+    EXPECT_EQ(read_all(out), "keep me");
+    EXPECT_EQ(entries(t.dir), 1u);
+    {
+        platform::ReplacingFile f(t.file("fresh.bin"));
+        f.write("abc", 3);
+    }
+    EXPECT_FALSE(fs::exists(t.file("fresh.bin")));
+    EXPECT_EQ(entries(t.dir), 1u);
+}
+
+TEST(Platform, ReplacingFileInAMissingFolderNamesIt) {
+    TempDir t;
+    try {
+        platform::ReplacingFile f(t.file("no_such_dir/out.bin"));
+        FAIL() << "no error";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("no_such_dir"), std::string::npos) << e.what();
+    }
+}
+
+}  // namespace
+}  // namespace fp8kit::test
