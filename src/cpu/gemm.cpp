@@ -88,9 +88,8 @@ void block_portable(int mi, int nj, const uint16_t* a, int64_t lda, const uint16
     }
 }
 
-void nothing() {}
-
-constexpr GemmKernels portable_kernels{&expand_portable, &block_portable, &promote_loop, &nothing, &nothing, nullptr};
+constexpr GemmKernels portable_kernels{&expand_portable, &block_portable, &promote_loop, &no_tile_state, &no_tile_state,
+                                       nullptr, 0};
 
 // ---- packing A ----
 
@@ -242,7 +241,7 @@ void run_task(const Task& t, int64_t r0, int64_t r1, int64_t s0, int64_t s1) {
     const int64_t m_rows = std::min(rows, t.job.m - r0);  // rows of A here (the rest is padding)
     // Chosen by the whole M, not this task's rows: which kernel runs (and so how D rounds) must
     // not depend on how the rows were split between threads.
-    if (t.kern.small != nullptr && t.job.m <= small_m_max) {
+    if (t.kern.small != nullptr && t.job.m <= t.kern.small_m_max) {
         t.kern.small(m_rows, t.apk + r0 * t.lda, t.lda, t.b, s0, s1, t.sa + r0 * kl.groups, t.table, acc.get(), ldacc);
     } else {
         run_tiles(t, r0, rows, s0, s1, acc.get(), ldacc);
@@ -274,6 +273,7 @@ const ExpandTable& expand_table(Format f) {
         ExpandTable t[4];
         Tables() {
             for (int f = 0; f < 4; ++f) {
+                t[f].format = Format(f);
                 for (int c = 0; c < 256; ++c) {
                     const uint16_t bits = bf16(decode(uint8_t(c), Format(f))).bits;
                     t[f].bf16[c] = bits;
@@ -290,10 +290,15 @@ const ExpandTable& expand_table(Format f) {
 #if !defined(FP8KIT_AMX_KERNELS)
 const GemmKernels* amx_gemm_kernels() { return nullptr; }
 #endif
+#if !defined(FP8KIT_X86_KERNELS)
+const GemmKernels* avx2_gemm_kernels() { return nullptr; }
+#endif
 
 const GemmKernels& gemm_kernels() {
-    const GemmKernels* amx = active_isa() == Isa::avx512 ? amx_gemm_kernels() : nullptr;
-    return amx != nullptr ? *amx : portable_kernels;
+    const Isa isa = active_isa();
+    const GemmKernels* amx = isa == Isa::avx512 ? amx_gemm_kernels() : nullptr;
+    const GemmKernels* avx2 = isa != Isa::portable ? avx2_gemm_kernels() : nullptr;
+    return amx != nullptr ? *amx : avx2 != nullptr ? *avx2 : portable_kernels;
 }
 
 std::shared_ptr<const void> pack_weight(const GemmOperand& b, int64_t kgroup, size_t* bytes) {

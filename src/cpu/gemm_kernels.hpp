@@ -51,6 +51,7 @@ struct PackedB {
 // FP8 code -> bf16 bits for one format, whole and split into low / high bytes (for byte-table
 // lookups).
 struct ExpandTable {
+    Format format;
     uint16_t bf16[256];
     alignas(64) uint8_t lo[256];
     alignas(64) uint8_t hi[256];
@@ -79,11 +80,10 @@ struct GemmKernels {
     // loop would: the raw sum with one K group, else the groups' partial sums times sa * sb.
     void (*small)(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,
                   const float* sa, const ExpandTable& t, float* acc, int64_t ldacc);
+    // The largest M the small kernel takes (chosen by the whole M, never by a task's rows, so
+    // which kernel rounds D does not depend on the thread split).
+    int64_t small_m_max;
 };
-// Where the small-M kernel takes over: each row costs it two VDPBF16PS per 64 codes on top of
-// the widening, so past 2 rows the tiles win even with their widened copy of B (measured with
-// bench_gemm on a Xeon with AMX: M = 3 and 4 ran 20% and 60% slower than on the tiles).
-constexpr int64_t small_m_max = 2;
 
 namespace {  // compiled into each kernel TU with that TU's ISA flags (internal linkage, no ODR mixing)
 
@@ -102,9 +102,15 @@ inline void promote_loop(const float* part, int64_t rows, int64_t cols, const fl
     }
 }
 
+// begin / end for kernels that keep no per-thread state.
+inline void no_tile_state() {}
+
 }  // namespace
 
-const GemmKernels& gemm_kernels();  // AMX when the active ISA is avx512 and AMX is usable
-const GemmKernels* amx_gemm_kernels();  // null where AMX cannot run (CPU, OS or build)
+// AMX where the active ISA is avx512 and AMX is usable, else AVX2 on the avx2 and avx512 paths,
+// else the portable kernels.
+const GemmKernels& gemm_kernels();
+const GemmKernels* amx_gemm_kernels();   // null where AMX cannot run (CPU, OS or build)
+const GemmKernels* avx2_gemm_kernels();  // null where the build has no x86 kernels
 
 }  // namespace fp8kit::cpu

@@ -1,5 +1,6 @@
 // tests/ops/test_gemm.cpp: the scaled FP8 GEMM (<fp8kit/gemm.hpp>) of every backend - ref, and cpu
-// on every ISA path (AMX tiles on avx512 machines that have them, the portable kernel elsewhere) -
+// on every ISA path (AMX tiles on avx512 machines that have them, AVX2 kernels on avx2 and on
+// avx512 without AMX, the portable kernel) -
 // against float64 arithmetic written here: each operand is dequantized by decoding its codes with
 // the scalar decode() (pinned by the golden tables) times the scale_inv of the element's group,
 // found from the Scaling definitions of scaling.hpp, and D = act(alpha A.B^T + beta C + bias) is
@@ -338,13 +339,16 @@ struct Mnk {
 };
 
 // 1s, primes, K not a multiple of 32 or 128, N across several 128-column panels, M across several
-// 32-row blocks, and K past the cpu kernel's 1024-wide window of B. M = 1 and 2 run the cpu
-// backend's small-M kernel where it has one, M = 3 and up its tiles.
-const Mnk grid_shapes[] = {{1, 1, 1},       {1, 17, 5},      {2, 45, 260},    {3, 7, 130},   {16, 33, 257}, {17, 64, 128},
-                           {31, 130, 300},  {64, 48, 512},   {130, 257, 129}, {37, 140, 1100}};
+// 32-row blocks, and K past the cpu kernel's 1024-wide window of B. M = 1..4 run the cpu backend's
+// small-M kernel where it has one (AMX: up to 2, AVX2: up to 4, in pairs of rows and a single
+// one), M = 5 and up its tiles.
+const Mnk grid_shapes[] = {{1, 1, 1},      {1, 17, 5},     {2, 45, 260},    {3, 7, 130},     {4, 50, 384},   {5, 23, 129},
+                           {16, 33, 257},  {17, 64, 128},  {31, 130, 300},  {64, 48, 512},   {130, 257, 129}, {37, 140, 1100}};
 
-const std::pair<Format, Format> format_pairs[] = {
-    {Format::e4m3fn, Format::e4m3fn}, {Format::e4m3fn, Format::e5m2}, {Format::e5m2, Format::e4m3fn}};
+const std::pair<Format, Format> format_pairs[] = {{Format::e4m3fn, Format::e4m3fn},
+                                                   {Format::e4m3fn, Format::e5m2},
+                                                   {Format::e5m2, Format::e4m3fn},
+                                                   {Format::e5m2fnuz, Format::e4m3fnuz}};
 
 constexpr DType out_dtypes[] = {DType::f32, DType::bf16, DType::f16};
 
@@ -560,43 +564,47 @@ TEST(GemmOps, ThreadCountDoesNotChangeD) {
 
 // Codes injected after quantizing (a NaN input would make a tensor scale non-finite): the NaN
 // code of e4m3fn (0x7f) in row i of A makes row i of D NaN and nothing else; in row j of B,
-// column j. Every scaling, every backend and ISA, f32 and bf16 output.
+// column j. Every scaling, every backend and ISA, f32 and bf16 output, M on the tiles and on the
+// small-M kernel.
 TEST(GemmNaN, NanCodePoisonsOnlyItsRowOrColumn) {
-    const int64_t m = 37, n = 45, k = 300, ni = 5, nj = 9;
-    for (const GranCase& g : gran_cases()) {
-        SCOPED_TRACE(g.name);
-        const QTensor qa = quantize(as_tensor(gaussian(m, k, 11), m, k, DType::f32), qopts(g.a, Format::e4m3fn));
-        const QTensor qb = quantize(as_tensor(gaussian(n, k, 12), n, k, DType::f32), qopts(g.b, Format::e4m3fn));
-        QTensor qa_nan = qa, qb_nan = qb;
-        qa_nan.data = qa.data.clone();
-        qb_nan.data = qb.data.clone();
-        qa_nan.data.data<uint8_t>()[ni * k + 77] = 0x7f;
-        qb_nan.data.data<uint8_t>()[nj * k + 200] = 0x7f;
-        for (DType out : {DType::f32, DType::bf16}) {
-            GemmOptions opts;
-            opts.out_dtype = out;
-            for_each_backend([&] {
-                const struct {
-                    const char* what;
-                    const QTensor& a;
-                    const QTensor& b;
-                    int64_t row, col;  // the NaN row / column of D, or -1
-                } cases[] = {{"A", qa_nan, qb, ni, -1}, {"B", qa, qb_nan, -1, nj}, {"A and B", qa_nan, qb_nan, ni, nj}};
-                for (const auto& c : cases) {
-                    const Tensor d = gemm(c.a, c.b, opts);
-                    int bad = 0;
-                    for (int64_t i = 0; i < m; ++i) {
-                        for (int64_t j = 0; j < n; ++j) {
-                            const float v = d.get({i, j});
-                            const bool want_nan = i == c.row || j == c.col;
-                            if (want_nan != std::isnan(v) || (!want_nan && !std::isfinite(v))) {
-                                if (++bad <= 3) ADD_FAILURE() << "NaN in " << c.what << " (" << to_string(out) << "): D[" << i << ", " << j << "] = " << v;
+    const int64_t n = 45, k = 300, nj = 9;
+    for (const int64_t m : {int64_t(37), int64_t(3)}) {
+        const int64_t ni = m / 2;
+        for (const GranCase& g : gran_cases()) {
+            SCOPED_TRACE(g.name + " m=" + std::to_string(m));
+            const QTensor qa = quantize(as_tensor(gaussian(m, k, 11), m, k, DType::f32), qopts(g.a, Format::e4m3fn));
+            const QTensor qb = quantize(as_tensor(gaussian(n, k, 12), n, k, DType::f32), qopts(g.b, Format::e4m3fn));
+            QTensor qa_nan = qa, qb_nan = qb;
+            qa_nan.data = qa.data.clone();
+            qb_nan.data = qb.data.clone();
+            qa_nan.data.data<uint8_t>()[ni * k + 77] = 0x7f;
+            qb_nan.data.data<uint8_t>()[nj * k + 200] = 0x7f;
+            for (DType out : {DType::f32, DType::bf16}) {
+                GemmOptions opts;
+                opts.out_dtype = out;
+                for_each_backend([&] {
+                    const struct {
+                        const char* what;
+                        const QTensor& a;
+                        const QTensor& b;
+                        int64_t row, col;  // the NaN row / column of D, or -1
+                    } cases[] = {{"A", qa_nan, qb, ni, -1}, {"B", qa, qb_nan, -1, nj}, {"A and B", qa_nan, qb_nan, ni, nj}};
+                    for (const auto& c : cases) {
+                        const Tensor d = gemm(c.a, c.b, opts);
+                        int bad = 0;
+                        for (int64_t i = 0; i < m; ++i) {
+                            for (int64_t j = 0; j < n; ++j) {
+                                const float v = d.get({i, j});
+                                const bool want_nan = i == c.row || j == c.col;
+                                if (want_nan != std::isnan(v) || (!want_nan && !std::isfinite(v))) {
+                                    if (++bad <= 3) ADD_FAILURE() << "NaN in " << c.what << " (" << to_string(out) << "): D[" << i << ", " << j << "] = " << v;
+                                }
                             }
                         }
+                        EXPECT_EQ(bad, 0) << "NaN in " << c.what;
                     }
-                    EXPECT_EQ(bad, 0) << "NaN in " << c.what;
-                }
-            });
+                });
+            }
         }
     }
 }
@@ -604,25 +612,27 @@ TEST(GemmNaN, NanCodePoisonsOnlyItsRowOrColumn) {
 // IEEE: Inf (e5m2 code 0x7c) times 0 is NaN. B row j has +Inf at k; A has 0 at (i, k) and +1.0
 // (code 0x38) at every other (i', k): D[i, j] is NaN, D[i', j] is +Inf, everything else finite.
 TEST(GemmNaN, InfTimesZeroIsNan) {
-    const int64_t m = 40, n = 20, k = 200, ci = 3, cj = 7, ck = 150;
-    for (const Scaling s : {Scaling::row(), Scaling::mx32(), Scaling::tensor()}) {
-        SCOPED_TRACE(to_string(s));
-        QTensor qa = quantize(as_tensor(gaussian(m, k, 21), m, k, DType::f32), qopts(s, Format::e4m3fn));
-        QTensor qb = quantize(as_tensor(gaussian(n, k, 22), n, k, DType::f32), qopts(s, Format::e5m2));
-        for (int64_t i = 0; i < m; ++i) qa.data.data<uint8_t>()[i * k + ck] = i == ci ? 0x00 : 0x38;
-        qb.data.data<uint8_t>()[cj * k + ck] = 0x7c;
-        for_each_backend([&] {
-            const Tensor d = gemm(qa, qb);
-            int bad = 0;
-            for (int64_t i = 0; i < m; ++i) {
-                for (int64_t j = 0; j < n; ++j) {
-                    const float v = d.get({i, j});
-                    const bool ok = j != cj ? std::isfinite(v) : i == ci ? std::isnan(v) : v == INFINITY;
-                    if (!ok && ++bad <= 3) ADD_FAILURE() << "D[" << i << ", " << j << "] = " << v;
+    const int64_t n = 20, k = 200, ci = 3, cj = 7, ck = 150;
+    for (const int64_t m : {int64_t(40), int64_t(4)}) {  // tiles, small-M kernel
+        for (const Scaling s : {Scaling::row(), Scaling::mx32(), Scaling::tensor()}) {
+            SCOPED_TRACE(to_string(s) + " m=" + std::to_string(m));
+            QTensor qa = quantize(as_tensor(gaussian(m, k, 21), m, k, DType::f32), qopts(s, Format::e4m3fn));
+            QTensor qb = quantize(as_tensor(gaussian(n, k, 22), n, k, DType::f32), qopts(s, Format::e5m2));
+            for (int64_t i = 0; i < m; ++i) qa.data.data<uint8_t>()[i * k + ck] = i == ci ? 0x00 : 0x38;
+            qb.data.data<uint8_t>()[cj * k + ck] = 0x7c;
+            for_each_backend([&] {
+                const Tensor d = gemm(qa, qb);
+                int bad = 0;
+                for (int64_t i = 0; i < m; ++i) {
+                    for (int64_t j = 0; j < n; ++j) {
+                        const float v = d.get({i, j});
+                        const bool ok = j != cj ? std::isfinite(v) : i == ci ? std::isnan(v) : v == INFINITY;
+                        if (!ok && ++bad <= 3) ADD_FAILURE() << "D[" << i << ", " << j << "] = " << v;
+                    }
                 }
-            }
-            EXPECT_EQ(bad, 0);
-        });
+                EXPECT_EQ(bad, 0);
+            });
+        }
     }
 }
 

@@ -1,0 +1,236 @@
+// src/cpu/gemm_avx2.cpp: the GEMM kernels on AVX2 + FMA - every x86-64 CPU since 2013 (Haswell,
+// Zen) and AVX-512 CPUs without AMX. Built with -mavx2 -mfma; chosen at run time on the avx2 and
+// avx512 paths when AMX cannot run. Checked against the reference backend and float64 by
+// tests/ops/test_gemm.cpp (the avx2 and avx512 ISA paths).
+//
+// Why the same numbers as the tiles: every FP8 value is exact in bf16 and in float32, and a
+// product of two of them is exact in float32, so fma(a, b, acc) = acc + a*b rounded once - the
+// float32 addition of an exact product that TDPBF16PS and the portable kernel perform. The tile
+// kernel adds the two products of each K pair in the same order as they do.
+#include <immintrin.h>
+
+#include <bit>
+#include <cstring>
+#include <vector>
+
+#include "cpu/gemm_kernels.hpp"
+
+namespace fp8kit::cpu {
+
+namespace {
+
+// ---- tiles: bf16 A rows x bf16 B tiles, widened to float32 in registers ----
+// A 32-bit word of a packed row or tile holds one K pair (element 2p in the low half, 2p + 1 in
+// the high half); bf16 is the upper half of a float32, so `word << 16` is element 2p and
+// `word & 0xffff0000` element 2p + 1, exactly, in two integer operations.
+inline __m256 even_half(__m256i w) { return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)); }
+inline __m256 odd_half(__m256i w) { return _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(int(0xffff0000u)))); }
+
+// Rows [0, 4) x one 16-column strip over `chunks` K chunks: 8 accumulators, 4 B vectors and 2 A
+// broadcasts in the 16 ymm registers.
+void micro_4x16(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t chunks, float* c, int64_t ldc,
+                bool accumulate) {
+    __m256 acc[4][2];
+    for (int r = 0; r < 4; ++r) {
+        acc[r][0] = accumulate ? _mm256_loadu_ps(c + r * ldc) : _mm256_setzero_ps();
+        acc[r][1] = accumulate ? _mm256_loadu_ps(c + r * ldc + 8) : _mm256_setzero_ps();
+    }
+    for (int64_t q = 0; q < chunks; ++q) {
+        const uint16_t* bt = b + q * gemm_chunk_codes;
+        const uint16_t* aq = a + q * gemm_chunk;
+        for (int p = 0; p < gemm_chunk / 2; ++p) {
+            const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(bt + p * 2 * gemm_tile));
+            const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(bt + p * 2 * gemm_tile + 16));
+            const __m256 b0e = even_half(w0), b0o = odd_half(w0), b1e = even_half(w1), b1o = odd_half(w1);
+            for (int r = 0; r < 4; ++r) {
+                int32_t pair;
+                std::memcpy(&pair, aq + r * lda + 2 * p, 4);
+                const __m256i x = _mm256_set1_epi32(pair);
+                const __m256 ae = even_half(x), ao = odd_half(x);
+                acc[r][0] = _mm256_fmadd_ps(ae, b0e, acc[r][0]);
+                acc[r][0] = _mm256_fmadd_ps(ao, b0o, acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(ae, b1e, acc[r][1]);
+                acc[r][1] = _mm256_fmadd_ps(ao, b1o, acc[r][1]);
+            }
+        }
+    }
+    for (int r = 0; r < 4; ++r) {
+        _mm256_storeu_ps(c + r * ldc, acc[r][0]);
+        _mm256_storeu_ps(c + r * ldc + 8, acc[r][1]);
+    }
+}
+
+void block_avx2(int mi, int nj, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t b_strip, int64_t chunks,
+                float* c, int64_t ldc, bool accumulate) {
+    for (int j = 0; j < nj; ++j) {
+        for (int64_t r = 0; r < mi * gemm_tile; r += 4) {
+            micro_4x16(a + r * lda, lda, b + j * b_strip, chunks, c + r * ldc + j * gemm_tile, ldc, accumulate);
+        }
+    }
+}
+
+// ---- FP8 codes to float32 in registers, for every GEMM format ----
+// A code's exponent and mantissa bits, shifted to the top of float32's exponent field, read as a
+// float32 that is the value times 2^(bias - 127): multiplying by 2^(127 - bias) is exact, and
+// gives subnormal codes right too (their float32 is subnormal with the same mantissa). The codes
+// that are not numbers (NaN; e5m2's Inf) are rare: a vector with one is fixed from the table.
+template <Format F>
+struct Decode {
+    static constexpr bool five = F == Format::e5m2 || F == Format::e5m2fnuz;
+    static constexpr int shift = five ? 21 : 20;  // 23 - mantissa bits
+    static constexpr int bias = F == Format::e4m3fn ? 7 : F == Format::e4m3fnuz ? 8 : F == Format::e5m2 ? 15 : 16;
+
+    // Eight codes (one per 32-bit lane) to float32.
+    static __m256 eight(__m256i x, const ExpandTable& t) {
+        const __m256i em = _mm256_and_si256(x, _mm256_set1_epi32(0x7f));
+        const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x80)), 24);
+        const __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_or_si256(_mm256_slli_epi32(em, shift), sign)),
+                                       _mm256_set1_ps(std::bit_cast<float>(uint32_t(254 - bias) << 23)));
+        __m256i special;
+        if constexpr (F == Format::e4m3fn) {
+            special = _mm256_cmpeq_epi32(em, _mm256_set1_epi32(0x7f));
+        } else if constexpr (F == Format::e5m2) {
+            special = _mm256_cmpgt_epi32(em, _mm256_set1_epi32(0x7b));
+        } else {
+            special = _mm256_cmpeq_epi32(x, _mm256_set1_epi32(0x80));
+        }
+        if (_mm256_testz_si256(special, special)) return v;
+        alignas(32) int32_t codes[8];
+        alignas(32) float out[8];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(codes), x);
+        _mm256_store_ps(out, v);
+        for (int i = 0; i < 8; ++i) out[i] = std::bit_cast<float>(uint32_t(t.bf16[codes[i]]) << 16);
+        return _mm256_load_ps(out);
+    }
+};
+
+// ---- small M: B's codes widened in registers, streamed once ----
+// A 32-byte row of a packed chunk holds one K pair p for the strip's 16 columns (byte 32 p + 2 c
+// + e); eight of its bytes are columns 4v..4v+3, each (B[c, 2p], B[c, 2p + 1]). They are multiplied
+// by A's pair (A[r, 2p], A[r, 2p + 1]) broadcast as two float32 and kept in separate lanes; the two
+// lanes of a column are added when the K group ends.
+template <Format F, int R>
+void small_rows(const float* af, int64_t ldaf, const PackedB& b, int64_t s0, int64_t s1, const float* sa,
+                const ExpandTable& t, float* acc, int64_t ldacc) {
+    const KLayout& kl = b.kl;
+    const int64_t cpg = kl.chunks_per_group();
+    const bool one_group = kl.groups == 1;
+    for (int64_t s = s0; s < s1; ++s) {
+        const uint8_t* codes = b.strip(s);
+        __m256 total[R][2];
+        for (int r = 0; r < R; ++r) total[r][0] = total[r][1] = _mm256_setzero_ps();  // (set by group 0; for the compiler)
+        for (int64_t g = 0; g < kl.groups; ++g) {
+            __m256 lanes[R][4];
+            for (int r = 0; r < R; ++r) {
+                for (int v = 0; v < 4; ++v) lanes[r][v] = _mm256_setzero_ps();
+            }
+            for (int64_t q = g * cpg; q < (g + 1) * cpg; ++q) {
+                const uint8_t* chunk = codes + q * gemm_chunk_codes;
+                _mm_prefetch(reinterpret_cast<const char*>(chunk + 8 * gemm_chunk_codes), _MM_HINT_T0);
+                _mm_prefetch(reinterpret_cast<const char*>(chunk + 8 * gemm_chunk_codes + 256), _MM_HINT_T0);
+                for (int p = 0; p < gemm_chunk / 2; ++p) {
+                    __m256 pair[R];
+                    for (int r = 0; r < R; ++r) {
+                        double two;  // A[r, 2p], A[r, 2p + 1] as one 64-bit broadcast
+                        std::memcpy(&two, af + r * ldaf + q * gemm_chunk + 2 * p, 8);
+                        pair[r] = _mm256_castpd_ps(_mm256_set1_pd(two));
+                    }
+                    for (int v = 0; v < 4; ++v) {
+                        int64_t eight;
+                        std::memcpy(&eight, chunk + p * 2 * gemm_tile + 8 * v, 8);
+                        const __m256 w = Decode<F>::eight(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(eight)), t);
+                        for (int r = 0; r < R; ++r) lanes[r][v] = _mm256_fmadd_ps(pair[r], w, lanes[r][v]);
+                    }
+                }
+            }
+            // Columns: hadd pairs lanes (2c, 2c + 1) within 128-bit halves, giving columns
+            // 0 1 4 5 | 2 3 6 7 of the two vectors; the 64-bit permute puts them in order.
+            const __m256 sb0 = _mm256_loadu_ps(b.scales.data() + g * b.strips * gemm_tile + s * gemm_tile);
+            const __m256 sb1 = _mm256_loadu_ps(b.scales.data() + g * b.strips * gemm_tile + s * gemm_tile + 8);
+            for (int r = 0; r < R; ++r) {
+                const __m256 part[2] = {
+                    _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_hadd_ps(lanes[r][0], lanes[r][1])), 0xd8)),
+                    _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_hadd_ps(lanes[r][2], lanes[r][3])), 0xd8))};
+                if (one_group) {
+                    total[r][0] = part[0];  // scaled in the epilogue
+                    total[r][1] = part[1];
+                    continue;
+                }
+                // partial * (sa * sb), then added: promote_loop's operations, in its order.
+                const __m256 s_a = _mm256_set1_ps(sa[r * kl.groups + g]);
+                const __m256 p0 = _mm256_mul_ps(part[0], _mm256_mul_ps(s_a, sb0));
+                const __m256 p1 = _mm256_mul_ps(part[1], _mm256_mul_ps(s_a, sb1));
+                total[r][0] = g == 0 ? p0 : _mm256_add_ps(total[r][0], p0);
+                total[r][1] = g == 0 ? p1 : _mm256_add_ps(total[r][1], p1);
+            }
+        }
+        for (int r = 0; r < R; ++r) {
+            _mm256_storeu_ps(acc + r * ldacc + (s - s0) * gemm_tile, total[r][0]);
+            _mm256_storeu_ps(acc + r * ldacc + (s - s0) * gemm_tile + 8, total[r][1]);
+        }
+    }
+}
+
+template <Format F>
+void small_format(int64_t rows, const float* af, int64_t ldaf, const PackedB& b, int64_t s0, int64_t s1,
+                  const float* sa, const ExpandTable& t, float* acc, int64_t ldacc) {
+    // Two rows at a time: 8 lane accumulators, 2 A pairs and the decode's temporaries fit the 16
+    // registers.
+    int64_t r = 0;
+    for (; r + 2 <= rows; r += 2) {
+        small_rows<F, 2>(af + r * ldaf, ldaf, b, s0, s1, sa + r * b.kl.groups, t, acc + r * ldacc, ldacc);
+    }
+    if (r < rows) small_rows<F, 1>(af + r * ldaf, ldaf, b, s0, s1, sa + r * b.kl.groups, t, acc + r * ldacc, ldacc);
+}
+
+void small_avx2(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,
+                const float* sa, const ExpandTable& t, float* acc, int64_t ldacc) {
+    // A's few rows widened to float32 once per call, so a pair is one 64-bit broadcast.
+    const int64_t ldaf = b.kl.padded;
+    std::vector<float> af(size_t(rows * ldaf));
+    for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t k = 0; k < ldaf; ++k) af[size_t(r * ldaf + k)] = std::bit_cast<float>(uint32_t(a[r * lda + k]) << 16);
+    }
+    switch (b.format) {
+        case Format::e4m3fn: return small_format<Format::e4m3fn>(rows, af.data(), ldaf, b, s0, s1, sa, t, acc, ldacc);
+        case Format::e5m2: return small_format<Format::e5m2>(rows, af.data(), ldaf, b, s0, s1, sa, t, acc, ldacc);
+        case Format::e4m3fnuz: return small_format<Format::e4m3fnuz>(rows, af.data(), ldaf, b, s0, s1, sa, t, acc, ldacc);
+        default: return small_format<Format::e5m2fnuz>(rows, af.data(), ldaf, b, s0, s1, sa, t, acc, ldacc);
+    }
+}
+
+// Codes to bf16 bits, 16 at a time: decoded to float32 (exact in bf16, so the low half is zero),
+// the high halves packed to 16 bits (packus works within 128-bit halves; the permute restores
+// the order).
+template <Format F>
+void expand_format(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t* out) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i));
+        const __m256i lo = _mm256_srli_epi32(_mm256_castps_si256(Decode<F>::eight(_mm256_cvtepu8_epi32(c), t)), 16);
+        const __m256i hi = _mm256_srli_epi32(
+            _mm256_castps_si256(Decode<F>::eight(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(c, c)), t)), 16);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xd8));
+    }
+    for (; i < n; ++i) out[i] = t.bf16[codes[i]];
+}
+
+void expand_avx2(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t* out) {
+    switch (t.format) {
+        case Format::e4m3fn: return expand_format<Format::e4m3fn>(codes, n, t, out);
+        case Format::e5m2: return expand_format<Format::e5m2>(codes, n, t, out);
+        case Format::e4m3fnuz: return expand_format<Format::e4m3fnuz>(codes, n, t, out);
+        default: return expand_format<Format::e5m2fnuz>(codes, n, t, out);
+    }
+}
+
+// Where the small-M kernel stops paying: its decode is shared by the rows of a call, but each row
+// adds 4 FMAs per 8 codes on top, and past 4 rows the tiles' one widened copy of B is cheaper
+// (bench_gemm, M = 1..16, on a 2-core Zen 3).
+constexpr GemmKernels avx2_kernels{&expand_avx2, &block_avx2, &promote_loop, &no_tile_state, &no_tile_state, &small_avx2, 4};
+
+}  // namespace
+
+const GemmKernels* avx2_gemm_kernels() { return &avx2_kernels; }
+
+}  // namespace fp8kit::cpu
