@@ -10,6 +10,7 @@
 #include <immintrin.h>
 
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -75,32 +76,60 @@ void block_avx2(int mi, int nj, const uint16_t* a, int64_t lda, const uint16_t* 
 // gives subnormal codes right too (their float32 is subnormal with the same mantissa). The codes
 // that are not numbers (NaN; e5m2's Inf) are rare: a vector with one is fixed from the table.
 template <Format F>
-struct Decode {
-    static constexpr bool five = F == Format::e5m2 || F == Format::e5m2fnuz;
-    static constexpr int shift = five ? 21 : 20;  // 23 - mantissa bits
-    static constexpr int bias = F == Format::e4m3fn ? 7 : F == Format::e4m3fnuz ? 8 : F == Format::e5m2 ? 15 : 16;
+__m256 decode8_f32(__m256i x, const ExpandTable& t) {
+    constexpr bool five = F == Format::e5m2 || F == Format::e5m2fnuz;
+    constexpr int shift = five ? 21 : 20;  // 23 - mantissa bits
+    constexpr int bias = F == Format::e4m3fn ? 7 : F == Format::e4m3fnuz ? 8 : F == Format::e5m2 ? 15 : 16;
+    const __m256i em = _mm256_and_si256(x, _mm256_set1_epi32(0x7f));
+    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x80)), 24);
+    const __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_or_si256(_mm256_slli_epi32(em, shift), sign)),
+                                   _mm256_set1_ps(std::bit_cast<float>(uint32_t(254 - bias) << 23)));
+    __m256i special;
+    if constexpr (F == Format::e4m3fn) {
+        special = _mm256_cmpeq_epi32(em, _mm256_set1_epi32(0x7f));
+    } else if constexpr (F == Format::e5m2) {
+        special = _mm256_cmpgt_epi32(em, _mm256_set1_epi32(0x7b));
+    } else {
+        special = _mm256_cmpeq_epi32(x, _mm256_set1_epi32(0x80));
+    }
+    if (_mm256_testz_si256(special, special)) return v;
+    alignas(32) int32_t codes[8];
+    alignas(32) float out[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(codes), x);
+    _mm256_store_ps(out, v);
+    for (int i = 0; i < 8; ++i) out[i] = std::bit_cast<float>(uint32_t(t.bf16[codes[i]]) << 16);
+    return _mm256_load_ps(out);
+}
 
-    // Eight codes (one per 32-bit lane) to float32.
-    static __m256 eight(__m256i x, const ExpandTable& t) {
-        const __m256i em = _mm256_and_si256(x, _mm256_set1_epi32(0x7f));
-        const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x80)), 24);
-        const __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_or_si256(_mm256_slli_epi32(em, shift), sign)),
-                                       _mm256_set1_ps(std::bit_cast<float>(uint32_t(254 - bias) << 23)));
-        __m256i special;
-        if constexpr (F == Format::e4m3fn) {
-            special = _mm256_cmpeq_epi32(em, _mm256_set1_epi32(0x7f));
-        } else if constexpr (F == Format::e5m2) {
-            special = _mm256_cmpgt_epi32(em, _mm256_set1_epi32(0x7b));
+// Sixteen codes to float32 times 2^-unit_log2 (lo: codes 0-7, hi: 8-15). e5m2 and e4m3fn go
+// through f16, which holds both exactly, with F16C's conversion: e5m2 is the upper byte of an
+// f16 (Inf and NaN included), so one shift; e4m3fn's exponent and mantissa shifted into f16's
+// read as the value times 2^-8 (bias 15 against 7; subnormal codes become f16 normals or
+// subnormals with the same mantissa, so exact), and the NaN code is fixed from the table. The
+// 2^-8 is exact and is taken back on the A side (unit_log2), so no multiply per code.
+template <Format F>
+struct Decode {
+    static constexpr int unit_log2 = F == Format::e4m3fn ? 8 : 0;
+
+    static void sixteen(const uint8_t* codes, const ExpandTable& t, __m256& lo, __m256& hi) {
+        const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes));
+        if constexpr (F == Format::e5m2 || F == Format::e4m3fn) {
+            const __m256i x = _mm256_cvtepu8_epi16(c);
+            __m256i h;
+            if constexpr (F == Format::e5m2) {
+                h = _mm256_slli_epi16(x, 8);
+            } else {
+                const __m256i em = _mm256_and_si256(_mm256_slli_epi16(x, 7), _mm256_set1_epi16(0x3f80));
+                h = _mm256_or_si256(em, _mm256_and_si256(_mm256_slli_epi16(x, 8), _mm256_set1_epi16(int16_t(0x8000))));
+                const __m256i nan = _mm256_cmpeq_epi16(em, _mm256_set1_epi16(0x3f80));
+                if (!_mm256_testz_si256(nan, nan)) h = _mm256_or_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x7e00)));
+            }
+            lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+            hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
         } else {
-            special = _mm256_cmpeq_epi32(x, _mm256_set1_epi32(0x80));
+            lo = decode8_f32<F>(_mm256_cvtepu8_epi32(c), t);
+            hi = decode8_f32<F>(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(c, c)), t);
         }
-        if (_mm256_testz_si256(special, special)) return v;
-        alignas(32) int32_t codes[8];
-        alignas(32) float out[8];
-        _mm256_store_si256(reinterpret_cast<__m256i*>(codes), x);
-        _mm256_store_ps(out, v);
-        for (int i = 0; i < 8; ++i) out[i] = std::bit_cast<float>(uint32_t(t.bf16[codes[i]]) << 16);
-        return _mm256_load_ps(out);
     }
 };
 
@@ -109,6 +138,12 @@ struct Decode {
 // + e); eight of its bytes are columns 4v..4v+3, each (B[c, 2p], B[c, 2p + 1]). They are multiplied
 // by A's pair (A[r, 2p], A[r, 2p + 1]) broadcast as two float32 and kept in separate lanes; the two
 // lanes of a column are added when the K group ends.
+// Lanes (2c, 2c + 1) of x (columns 0-3) and y (columns 4-7) added: hadd pairs them within
+// 128-bit halves, giving columns 0 1 4 5 | 2 3 6 7; the 64-bit permute puts them in order.
+__m256 column_sums(__m256 x, __m256 y) {
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_hadd_ps(x, y)), 0xd8));
+}
+
 template <Format F, int R>
 void small_rows(const float* af, int64_t ldaf, const PackedB& b, int64_t s0, int64_t s1, const float* sa,
                 const ExpandTable& t, float* acc, int64_t ldacc) {
@@ -135,22 +170,18 @@ void small_rows(const float* af, int64_t ldaf, const PackedB& b, int64_t s0, int
                         std::memcpy(&two, af + r * ldaf + q * gemm_chunk + 2 * p, 8);
                         pair[r] = _mm256_castpd_ps(_mm256_set1_pd(two));
                     }
+                    __m256 w[4];
+                    Decode<F>::sixteen(chunk + p * 2 * gemm_tile, t, w[0], w[1]);
+                    Decode<F>::sixteen(chunk + p * 2 * gemm_tile + 16, t, w[2], w[3]);
                     for (int v = 0; v < 4; ++v) {
-                        int64_t eight;
-                        std::memcpy(&eight, chunk + p * 2 * gemm_tile + 8 * v, 8);
-                        const __m256 w = Decode<F>::eight(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(eight)), t);
-                        for (int r = 0; r < R; ++r) lanes[r][v] = _mm256_fmadd_ps(pair[r], w, lanes[r][v]);
+                        for (int r = 0; r < R; ++r) lanes[r][v] = _mm256_fmadd_ps(pair[r], w[v], lanes[r][v]);
                     }
                 }
             }
-            // Columns: hadd pairs lanes (2c, 2c + 1) within 128-bit halves, giving columns
-            // 0 1 4 5 | 2 3 6 7 of the two vectors; the 64-bit permute puts them in order.
-            const __m256 sb0 = _mm256_loadu_ps(b.scales.data() + g * b.strips * gemm_tile + s * gemm_tile);
+                        const __m256 sb0 = _mm256_loadu_ps(b.scales.data() + g * b.strips * gemm_tile + s * gemm_tile);
             const __m256 sb1 = _mm256_loadu_ps(b.scales.data() + g * b.strips * gemm_tile + s * gemm_tile + 8);
             for (int r = 0; r < R; ++r) {
-                const __m256 part[2] = {
-                    _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_hadd_ps(lanes[r][0], lanes[r][1])), 0xd8)),
-                    _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_hadd_ps(lanes[r][2], lanes[r][3])), 0xd8))};
+                const __m256 part[2] = {column_sums(lanes[r][0], lanes[r][1]), column_sums(lanes[r][2], lanes[r][3])};
                 if (one_group) {
                     total[r][0] = part[0];  // scaled in the epilogue
                     total[r][1] = part[1];
@@ -172,8 +203,17 @@ void small_rows(const float* af, int64_t ldaf, const PackedB& b, int64_t s0, int
 }
 
 template <Format F>
-void small_format(int64_t rows, const float* af, int64_t ldaf, const PackedB& b, int64_t s0, int64_t s1,
+void small_format(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,
                   const float* sa, const ExpandTable& t, float* acc, int64_t ldacc) {
+    // A's few rows widened to float32 once per call, times 2^unit_log2 (exact), so a pair is one
+    // 64-bit broadcast.
+    const int64_t ldaf = b.kl.padded;
+    const float unit = std::ldexp(1.0f, Decode<F>::unit_log2);
+    std::vector<float> afv(size_t(rows * ldaf));
+    for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t k = 0; k < ldaf; ++k) afv[size_t(r * ldaf + k)] = std::bit_cast<float>(uint32_t(a[r * lda + k]) << 16) * unit;
+    }
+    const float* af = afv.data();
     // Two rows at a time: 8 lane accumulators, 2 A pairs and the decode's temporaries fit the 16
     // registers.
     int64_t r = 0;
@@ -185,17 +225,11 @@ void small_format(int64_t rows, const float* af, int64_t ldaf, const PackedB& b,
 
 void small_avx2(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,
                 const float* sa, const ExpandTable& t, float* acc, int64_t ldacc) {
-    // A's few rows widened to float32 once per call, so a pair is one 64-bit broadcast.
-    const int64_t ldaf = b.kl.padded;
-    std::vector<float> af(size_t(rows * ldaf));
-    for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t k = 0; k < ldaf; ++k) af[size_t(r * ldaf + k)] = std::bit_cast<float>(uint32_t(a[r * lda + k]) << 16);
-    }
     switch (b.format) {
-        case Format::e4m3fn: return small_format<Format::e4m3fn>(rows, af.data(), ldaf, b, s0, s1, sa, t, acc, ldacc);
-        case Format::e5m2: return small_format<Format::e5m2>(rows, af.data(), ldaf, b, s0, s1, sa, t, acc, ldacc);
-        case Format::e4m3fnuz: return small_format<Format::e4m3fnuz>(rows, af.data(), ldaf, b, s0, s1, sa, t, acc, ldacc);
-        default: return small_format<Format::e5m2fnuz>(rows, af.data(), ldaf, b, s0, s1, sa, t, acc, ldacc);
+        case Format::e4m3fn: return small_format<Format::e4m3fn>(rows, a, lda, b, s0, s1, sa, t, acc, ldacc);
+        case Format::e5m2: return small_format<Format::e5m2>(rows, a, lda, b, s0, s1, sa, t, acc, ldacc);
+        case Format::e4m3fnuz: return small_format<Format::e4m3fnuz>(rows, a, lda, b, s0, s1, sa, t, acc, ldacc);
+        default: return small_format<Format::e5m2fnuz>(rows, a, lda, b, s0, s1, sa, t, acc, ldacc);
     }
 }
 
@@ -204,13 +238,14 @@ void small_avx2(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, 
 // the order).
 template <Format F>
 void expand_format(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t* out) {
+    const __m256 unit = _mm256_set1_ps(std::ldexp(1.0f, Decode<F>::unit_log2));
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i));
-        const __m256i lo = _mm256_srli_epi32(_mm256_castps_si256(Decode<F>::eight(_mm256_cvtepu8_epi32(c), t)), 16);
-        const __m256i hi = _mm256_srli_epi32(
-            _mm256_castps_si256(Decode<F>::eight(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(c, c)), t)), 16);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xd8));
+        __m256 lo, hi;
+        Decode<F>::sixteen(codes + i, t, lo, hi);
+        const __m256i l = _mm256_srli_epi32(_mm256_castps_si256(_mm256_mul_ps(lo, unit)), 16);
+        const __m256i h = _mm256_srli_epi32(_mm256_castps_si256(_mm256_mul_ps(hi, unit)), 16);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_permute4x64_epi64(_mm256_packus_epi32(l, h), 0xd8));
     }
     for (; i < n; ++i) out[i] = t.bf16[codes[i]];
 }
