@@ -260,8 +260,9 @@ void expand_avx2(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t
 }
 
 // Where the small-M kernel stops paying: its decode is shared by the rows of a call, but each row
-// adds 4 FMAs per 8 codes on top, and past 4 rows the tiles' one widened copy of B is cheaper
-// (bench_gemm, M = 1..16, on a 2-core Zen 3).
+// adds 4 FMAs per 8 codes on top, while the tiles decode B once into a widened copy and then run at
+// FMA speed. 4 is an estimate of where the two meet, not a measured crossover: bench_gemm's M = 1
+// (small kernel) and M = 16 (tiles) rows bracket it (docs/PERF.md).
 constexpr GemmKernels avx2_kernels{&expand_avx2, &block_avx2, &promote_loop, &no_tile_state, &no_tile_state, &small_avx2, 4};
 
 }  // namespace
