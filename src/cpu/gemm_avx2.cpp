@@ -20,16 +20,17 @@ namespace fp8kit::cpu {
 
 namespace {
 
-// ---- tiles: bf16 A rows x bf16 B tiles, widened to float32 in registers ----
-// A 32-bit word of a packed row or tile holds one K pair (element 2p in the low half, 2p + 1 in
-// the high half); bf16 is the upper half of a float32, so `word << 16` is element 2p and
+// ---- tiles: A rows widened to float32 once per block, bf16 B tiles widened in registers ----
+// A 32-bit word of a packed tile holds one K pair (element 2p in the low half, 2p + 1 in the
+// high half); bf16 is the upper half of a float32, so `word << 16` is element 2p and
 // `word & 0xffff0000` element 2p + 1, exactly, in two integer operations.
 inline __m256 even_half(__m256i w) { return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)); }
 inline __m256 odd_half(__m256i w) { return _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(int(0xffff0000u)))); }
 
-// Rows [0, 4) x one 16-column strip over `chunks` K chunks: 8 accumulators, 4 B vectors and 2 A
-// broadcasts in the 16 ymm registers.
-void micro_4x16(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t chunks, float* c, int64_t ldc,
+// Rows [0, 4) x one 16-column strip over `chunks` K chunks: 8 accumulators, 4 widened B vectors
+// and one A broadcast in the 16 ymm registers. A is float32 (af, row stride ldaf), so its
+// broadcasts are loads and the integer work per 16 FMAs is B's 4 operations.
+void micro_4x16(const float* af, int64_t ldaf, const uint16_t* b, int64_t chunks, float* c, int64_t ldc,
                 bool accumulate) {
     __m256 acc[4][2];
     for (int r = 0; r < 4; ++r) {
@@ -38,19 +39,17 @@ void micro_4x16(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t chunk
     }
     for (int64_t q = 0; q < chunks; ++q) {
         const uint16_t* bt = b + q * gemm_chunk_codes;
-        const uint16_t* aq = a + q * gemm_chunk;
+        const float* aq = af + q * gemm_chunk;
         for (int p = 0; p < gemm_chunk / 2; ++p) {
             const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(bt + p * 2 * gemm_tile));
             const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(bt + p * 2 * gemm_tile + 16));
             const __m256 b0e = even_half(w0), b0o = odd_half(w0), b1e = even_half(w1), b1o = odd_half(w1);
             for (int r = 0; r < 4; ++r) {
-                int32_t pair;
-                std::memcpy(&pair, aq + r * lda + 2 * p, 4);
-                const __m256i x = _mm256_set1_epi32(pair);
-                const __m256 ae = even_half(x), ao = odd_half(x);
+                const __m256 ae = _mm256_broadcast_ss(aq + r * ldaf + 2 * p);
                 acc[r][0] = _mm256_fmadd_ps(ae, b0e, acc[r][0]);
-                acc[r][0] = _mm256_fmadd_ps(ao, b0o, acc[r][0]);
                 acc[r][1] = _mm256_fmadd_ps(ae, b1e, acc[r][1]);
+                const __m256 ao = _mm256_broadcast_ss(aq + r * ldaf + 2 * p + 1);
+                acc[r][0] = _mm256_fmadd_ps(ao, b0o, acc[r][0]);
                 acc[r][1] = _mm256_fmadd_ps(ao, b1o, acc[r][1]);
             }
         }
@@ -61,11 +60,24 @@ void micro_4x16(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t chunk
     }
 }
 
+// The block's A rows (mi x 16 rows of chunks x 32 bf16) are widened to float32 once, in a
+// per-thread buffer (at most 32 x 1024 floats, 128 KiB: L2), and serve every strip of the block;
+// each accumulator still adds a K pair's two products in order, as the tiles do.
 void block_avx2(int mi, int nj, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t b_strip, int64_t chunks,
                 float* c, int64_t ldc, bool accumulate) {
+    const int64_t rows = mi * gemm_tile, ldaf = chunks * gemm_chunk;
+    thread_local std::vector<float> afv;
+    if (afv.size() < size_t(rows * ldaf)) afv.resize(size_t(rows * ldaf));
+    float* af = afv.data();
+    for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t k = 0; k < ldaf; k += 8) {
+            const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + r * lda + k));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(af + r * ldaf + k), _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+        }
+    }
     for (int j = 0; j < nj; ++j) {
-        for (int64_t r = 0; r < mi * gemm_tile; r += 4) {
-            micro_4x16(a + r * lda, lda, b + j * b_strip, chunks, c + r * ldc + j * gemm_tile, ldc, accumulate);
+        for (int64_t r = 0; r < rows; r += 4) {
+            micro_4x16(af + r * ldaf, ldaf, b + j * b_strip, chunks, c + r * ldc + j * gemm_tile, ldc, accumulate);
         }
     }
 }
@@ -178,7 +190,7 @@ void small_rows(const float* af, int64_t ldaf, const PackedB& b, int64_t s0, int
                     }
                 }
             }
-                        const __m256 sb0 = _mm256_loadu_ps(b.scales.data() + g * b.strips * gemm_tile + s * gemm_tile);
+            const __m256 sb0 = _mm256_loadu_ps(b.scales.data() + g * b.strips * gemm_tile + s * gemm_tile);
             const __m256 sb1 = _mm256_loadu_ps(b.scales.data() + g * b.strips * gemm_tile + s * gemm_tile + 8);
             for (int r = 0; r < R; ++r) {
                 const __m256 part[2] = {column_sums(lanes[r][0], lanes[r][1]), column_sums(lanes[r][2], lanes[r][3])};
