@@ -303,11 +303,12 @@ const GemmKernels& gemm_kernels() {
 
 std::shared_ptr<const void> pack_weight(const GemmOperand& b, int64_t kgroup, size_t* bytes) {
     auto p = std::make_shared<PackedB>(PackedB{b.rows, (b.rows + gemm_tile - 1) / gemm_tile, KLayout(b.k, kgroup),
-                                               b.format, {}, {}});
+                                               b.format, {}, {}, {}});
     PackedB& pb = *p;
     const KLayout& kl = pb.kl;
     pb.codes.assign(size_t(pb.strips * kl.padded * gemm_tile), 0);
     pb.scales.assign(size_t(kl.groups * pb.strips * gemm_tile), 0.0f);
+    pb.strip_has_nan.assign(size_t(pb.strips), 0);
     parallel_tasks(pb.strips, size_t(b.rows * b.k), [&](int64_t s, int) {
         uint8_t* out = pb.codes.data() + s * kl.padded * gemm_tile;
         for (int64_t c = 0; c < gemm_tile; ++c) {
@@ -319,7 +320,9 @@ std::shared_ptr<const void> pack_weight(const GemmOperand& b, int64_t kgroup, si
                 for (int64_t e = 0; e < (b.k > 0 ? kl.len(g) : 0); ++e) {
                     const int64_t kp = g * kl.group_padded + e;  // packed K position
                     const int64_t chunk = kp / gemm_chunk, in = kp % gemm_chunk;
-                    out[chunk * gemm_chunk_codes + (in / 2) * 2 * gemm_tile + c * 2 + in % 2] = row[g * kl.group + e];
+                    const uint8_t code = row[g * kl.group + e];
+                    out[chunk * gemm_chunk_codes + (in / 2) * 2 * gemm_tile + c * 2 + in % 2] = code;
+                    if (is_nan(code, b.format)) pb.strip_has_nan[size_t(s)] = 1;
                 }
             }
         }

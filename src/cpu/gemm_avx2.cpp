@@ -86,8 +86,9 @@ void block_avx2(int mi, int nj, const uint16_t* a, int64_t lda, const uint16_t* 
 // A code's exponent and mantissa bits, shifted to the top of float32's exponent field, read as a
 // float32 that is the value times 2^(bias - 127): multiplying by 2^(127 - bias) is exact, and
 // gives subnormal codes right too (their float32 is subnormal with the same mantissa). The codes
-// that are not numbers (NaN; e5m2's Inf) are rare: a vector with one is fixed from the table.
-template <Format F>
+// that are not numbers (NaN; e5m2's Inf) are rare: a vector with one is fixed from the table,
+// unless the caller knows there is none (Specials false).
+template <Format F, bool Specials>
 __m256 decode8_f32(__m256i x, const ExpandTable& t) {
     constexpr bool five = F == Format::e5m2 || F == Format::e5m2fnuz;
     constexpr int shift = five ? 21 : 20;  // 23 - mantissa bits
@@ -96,6 +97,7 @@ __m256 decode8_f32(__m256i x, const ExpandTable& t) {
     const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x80)), 24);
     const __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_or_si256(_mm256_slli_epi32(em, shift), sign)),
                                    _mm256_set1_ps(std::bit_cast<float>(uint32_t(254 - bias) << 23)));
+    if constexpr (!Specials) return v;
     __m256i special;
     if constexpr (F == Format::e4m3fn) {
         special = _mm256_cmpeq_epi32(em, _mm256_set1_epi32(0x7f));
@@ -115,32 +117,37 @@ __m256 decode8_f32(__m256i x, const ExpandTable& t) {
 
 // Sixteen codes to float32 times 2^-unit_log2 (lo: codes 0-7, hi: 8-15). e5m2 and e4m3fn go
 // through f16, which holds both exactly, with F16C's conversion: e5m2 is the upper byte of an
-// f16 (Inf and NaN included), so one shift; e4m3fn's exponent and mantissa shifted into f16's
+// f16 (Inf and NaN included), so one shift. e4m3fn's exponent and mantissa shifted into f16's
 // read as the value times 2^-8 (bias 15 against 7; subnormal codes become f16 normals or
-// subnormals with the same mantissa, so exact), and the NaN code is fixed from the table. The
-// 2^-8 is exact and is taken back on the A side (unit_log2), so no multiply per code.
+// subnormals with the same mantissa, so exact): the code sign-extended to 16 bits and shifted
+// left by 7 has the sign in bits 15 and 14 and exponent and mantissa in bits 13-7, and one and
+// clears bit 14 and the rest. Its NaN code (exponent and mantissa all ones, 480 x 2^-8 in f16)
+// gets f16's NaN bits when Specials (a strip of PackedB with a NaN code; the others skip the
+// check). The 2^-8 is exact and is taken back on the A side (unit_log2), so no multiply per code.
 template <Format F>
 struct Decode {
     static constexpr int unit_log2 = F == Format::e4m3fn ? 8 : 0;
 
+    template <bool Specials>
     static void sixteen(const uint8_t* codes, const ExpandTable& t, __m256& lo, __m256& hi) {
         const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes));
         if constexpr (F == Format::e5m2 || F == Format::e4m3fn) {
-            const __m256i x = _mm256_cvtepu8_epi16(c);
             __m256i h;
             if constexpr (F == Format::e5m2) {
-                h = _mm256_slli_epi16(x, 8);
+                h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(c), 8);
             } else {
-                const __m256i em = _mm256_and_si256(_mm256_slli_epi16(x, 7), _mm256_set1_epi16(0x3f80));
-                h = _mm256_or_si256(em, _mm256_and_si256(_mm256_slli_epi16(x, 8), _mm256_set1_epi16(int16_t(0x8000))));
-                const __m256i nan = _mm256_cmpeq_epi16(em, _mm256_set1_epi16(0x3f80));
-                if (!_mm256_testz_si256(nan, nan)) h = _mm256_or_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x7e00)));
+                h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(c), 7), _mm256_set1_epi16(int16_t(0xbf80)));
+                if constexpr (Specials) {
+                    const __m256i nan = _mm256_cmpeq_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x3f80)),
+                                                           _mm256_set1_epi16(0x3f80));
+                    h = _mm256_or_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x7e00)));
+                }
             }
             lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
             hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
         } else {
-            lo = decode8_f32<F>(_mm256_cvtepu8_epi32(c), t);
-            hi = decode8_f32<F>(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(c, c)), t);
+            lo = decode8_f32<F, Specials>(_mm256_cvtepu8_epi32(c), t);
+            hi = decode8_f32<F, Specials>(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(c, c)), t);
         }
     }
 };
@@ -156,60 +163,75 @@ __m256 column_sums(__m256 x, __m256 y) {
     return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_hadd_ps(x, y)), 0xd8));
 }
 
-template <Format F, int R>
-void small_rows(const float* af, int64_t ldaf, const PackedB& b, int64_t s0, int64_t s1, const float* sa,
-                const ExpandTable& t, float* acc, int64_t ldacc) {
+// Strip s of B times R rows of A (af, float32) into out[r * ldacc + col].
+template <Format F, int R, bool Specials>
+void small_strip(const float* af, int64_t ldaf, const PackedB& b, int64_t s, const float* sa, const ExpandTable& t,
+                 float* out, int64_t ldacc) {
     const KLayout& kl = b.kl;
     const int64_t cpg = kl.chunks_per_group();
     const bool one_group = kl.groups == 1;
-    for (int64_t s = s0; s < s1; ++s) {
-        const uint8_t* codes = b.strip(s);
-        __m256 total[R][2];
-        for (int r = 0; r < R; ++r) total[r][0] = total[r][1] = _mm256_setzero_ps();  // (set by group 0; for the compiler)
-        for (int64_t g = 0; g < kl.groups; ++g) {
-            __m256 lanes[R][4];
-            for (int r = 0; r < R; ++r) {
-                for (int v = 0; v < 4; ++v) lanes[r][v] = _mm256_setzero_ps();
+    const uint8_t* codes = b.strip(s);
+    __m256 total[R][2];
+    for (int r = 0; r < R; ++r) total[r][0] = total[r][1] = _mm256_setzero_ps();  // (set by group 0; for the compiler)
+    for (int64_t g = 0; g < kl.groups; ++g) {
+        __m256 lanes[R][4];
+        for (int r = 0; r < R; ++r) {
+            for (int v = 0; v < 4; ++v) lanes[r][v] = _mm256_setzero_ps();
+        }
+        for (int64_t q = g * cpg; q < (g + 1) * cpg; ++q) {
+            const uint8_t* chunk = codes + q * gemm_chunk_codes;
+            // Every line of the chunk 8 ahead (4 KiB): the hardware prefetcher alone, or one
+            // line in four, left M = 1 at 2/3 of its in-cache speed out of cache.
+            for (int line = 0; line < gemm_chunk_codes / 64; ++line) {
+                _mm_prefetch(reinterpret_cast<const char*>(chunk + 8 * gemm_chunk_codes + line * 64), _MM_HINT_T0);
             }
-            for (int64_t q = g * cpg; q < (g + 1) * cpg; ++q) {
-                const uint8_t* chunk = codes + q * gemm_chunk_codes;
-                _mm_prefetch(reinterpret_cast<const char*>(chunk + 8 * gemm_chunk_codes), _MM_HINT_T0);
-                _mm_prefetch(reinterpret_cast<const char*>(chunk + 8 * gemm_chunk_codes + 256), _MM_HINT_T0);
-                for (int p = 0; p < gemm_chunk / 2; ++p) {
-                    __m256 pair[R];
-                    for (int r = 0; r < R; ++r) {
-                        double two;  // A[r, 2p], A[r, 2p + 1] as one 64-bit broadcast
-                        std::memcpy(&two, af + r * ldaf + q * gemm_chunk + 2 * p, 8);
-                        pair[r] = _mm256_castpd_ps(_mm256_set1_pd(two));
-                    }
-                    __m256 w[4];
-                    Decode<F>::sixteen(chunk + p * 2 * gemm_tile, t, w[0], w[1]);
-                    Decode<F>::sixteen(chunk + p * 2 * gemm_tile + 16, t, w[2], w[3]);
-                    for (int v = 0; v < 4; ++v) {
-                        for (int r = 0; r < R; ++r) lanes[r][v] = _mm256_fmadd_ps(pair[r], w[v], lanes[r][v]);
-                    }
+            for (int p = 0; p < gemm_chunk / 2; ++p) {
+                __m256 pair[R];
+                for (int r = 0; r < R; ++r) {
+                    double two;  // A[r, 2p], A[r, 2p + 1] as one 64-bit broadcast
+                    std::memcpy(&two, af + r * ldaf + q * gemm_chunk + 2 * p, 8);
+                    pair[r] = _mm256_castpd_ps(_mm256_set1_pd(two));
                 }
-            }
-            const __m256 sb0 = _mm256_loadu_ps(b.scales.data() + g * b.strips * gemm_tile + s * gemm_tile);
-            const __m256 sb1 = _mm256_loadu_ps(b.scales.data() + g * b.strips * gemm_tile + s * gemm_tile + 8);
-            for (int r = 0; r < R; ++r) {
-                const __m256 part[2] = {column_sums(lanes[r][0], lanes[r][1]), column_sums(lanes[r][2], lanes[r][3])};
-                if (one_group) {
-                    total[r][0] = part[0];  // scaled in the epilogue
-                    total[r][1] = part[1];
-                    continue;
+                __m256 w[4];
+                Decode<F>::template sixteen<Specials>(chunk + p * 2 * gemm_tile, t, w[0], w[1]);
+                Decode<F>::template sixteen<Specials>(chunk + p * 2 * gemm_tile + 16, t, w[2], w[3]);
+                for (int v = 0; v < 4; ++v) {
+                    for (int r = 0; r < R; ++r) lanes[r][v] = _mm256_fmadd_ps(pair[r], w[v], lanes[r][v]);
                 }
-                // partial * (sa * sb), then added: promote_loop's operations, in its order.
-                const __m256 s_a = _mm256_set1_ps(sa[r * kl.groups + g]);
-                const __m256 p0 = _mm256_mul_ps(part[0], _mm256_mul_ps(s_a, sb0));
-                const __m256 p1 = _mm256_mul_ps(part[1], _mm256_mul_ps(s_a, sb1));
-                total[r][0] = g == 0 ? p0 : _mm256_add_ps(total[r][0], p0);
-                total[r][1] = g == 0 ? p1 : _mm256_add_ps(total[r][1], p1);
             }
         }
+        const __m256 sb0 = _mm256_loadu_ps(b.scales.data() + g * b.strips * gemm_tile + s * gemm_tile);
+        const __m256 sb1 = _mm256_loadu_ps(b.scales.data() + g * b.strips * gemm_tile + s * gemm_tile + 8);
         for (int r = 0; r < R; ++r) {
-            _mm256_storeu_ps(acc + r * ldacc + (s - s0) * gemm_tile, total[r][0]);
-            _mm256_storeu_ps(acc + r * ldacc + (s - s0) * gemm_tile + 8, total[r][1]);
+            const __m256 part[2] = {column_sums(lanes[r][0], lanes[r][1]), column_sums(lanes[r][2], lanes[r][3])};
+            if (one_group) {
+                total[r][0] = part[0];  // scaled in the epilogue
+                total[r][1] = part[1];
+                continue;
+            }
+            // partial * (sa * sb), then added: promote_loop's operations, in its order.
+            const __m256 s_a = _mm256_set1_ps(sa[r * kl.groups + g]);
+            const __m256 p0 = _mm256_mul_ps(part[0], _mm256_mul_ps(s_a, sb0));
+            const __m256 p1 = _mm256_mul_ps(part[1], _mm256_mul_ps(s_a, sb1));
+            total[r][0] = g == 0 ? p0 : _mm256_add_ps(total[r][0], p0);
+            total[r][1] = g == 0 ? p1 : _mm256_add_ps(total[r][1], p1);
+        }
+    }
+    for (int r = 0; r < R; ++r) {
+        _mm256_storeu_ps(out + r * ldacc, total[r][0]);
+        _mm256_storeu_ps(out + r * ldacc + 8, total[r][1]);
+    }
+}
+
+template <Format F, int R>
+void small_rows(const float* af, int64_t ldaf, const PackedB& b, int64_t s0, int64_t s1, const float* sa,
+                const ExpandTable& t, float* acc, int64_t ldacc) {
+    for (int64_t s = s0; s < s1; ++s) {
+        float* out = acc + (s - s0) * gemm_tile;
+        if (b.strip_has_nan[size_t(s)]) {
+            small_strip<F, R, true>(af, ldaf, b, s, sa, t, out, ldacc);
+        } else {
+            small_strip<F, R, false>(af, ldaf, b, s, sa, t, out, ldacc);
         }
     }
 }
@@ -254,7 +276,7 @@ void expand_format(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
         __m256 lo, hi;
-        Decode<F>::sixteen(codes + i, t, lo, hi);
+        Decode<F>::template sixteen<true>(codes + i, t, lo, hi);
         const __m256i l = _mm256_srli_epi32(_mm256_castps_si256(_mm256_mul_ps(lo, unit)), 16);
         const __m256i h = _mm256_srli_epi32(_mm256_castps_si256(_mm256_mul_ps(hi, unit)), 16);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_permute4x64_epi64(_mm256_packus_epi32(l, h), 0xd8));

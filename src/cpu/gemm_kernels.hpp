@@ -45,6 +45,9 @@ struct PackedB {
     Format format;
     std::vector<uint8_t> codes;  // [strips][kl.padded / 32][512]
     std::vector<float> scales;   // [kl.groups][strips * 16]: sb(j, g), group-major
+    // [strips]: 1 where a code of the strip is NaN. Weights rarely hold one, and the small-M
+    // kernels skip the NaN fix-up of their in-register decode on strips that have none.
+    std::vector<uint8_t> strip_has_nan;
     const uint8_t* strip(int64_t s) const { return codes.data() + s * kl.padded * gemm_tile; }
 };
 

@@ -562,48 +562,55 @@ TEST(GemmOps, ThreadCountDoesNotChangeD) {
 
 // ---- NaN and Inf ----
 
-// Codes injected after quantizing (a NaN input would make a tensor scale non-finite): the NaN
-// code of e4m3fn (0x7f) in row i of A makes row i of D NaN and nothing else; in row j of B,
-// column j. Every scaling, every backend and ISA, f32 and bf16 output, M on the tiles and on the
-// small-M kernel.
+// Codes injected after quantizing (a NaN input would make a tensor scale non-finite): a NaN
+// code (e4m3fn's 0x7f in A and 0xff in B; e4m3fnuz's 0x80) in row i of A makes row i of D NaN and
+// nothing else; in row j of B, column j. Every scaling, every backend and ISA, f32 and bf16
+// output, M on the tiles and on the small-M kernel (which decodes B's strips with and without a
+// NaN code differently).
 TEST(GemmNaN, NanCodePoisonsOnlyItsRowOrColumn) {
     const int64_t n = 45, k = 300, nj = 9;
-    for (const int64_t m : {int64_t(37), int64_t(3)}) {
-        const int64_t ni = m / 2;
-        for (const GranCase& g : gran_cases()) {
-            SCOPED_TRACE(g.name + " m=" + std::to_string(m));
-            const QTensor qa = quantize(as_tensor(gaussian(m, k, 11), m, k, DType::f32), qopts(g.a, Format::e4m3fn));
-            const QTensor qb = quantize(as_tensor(gaussian(n, k, 12), n, k, DType::f32), qopts(g.b, Format::e4m3fn));
-            QTensor qa_nan = qa, qb_nan = qb;
-            qa_nan.data = qa.data.clone();
-            qb_nan.data = qb.data.clone();
-            qa_nan.data.data<uint8_t>()[ni * k + 77] = 0x7f;
-            qb_nan.data.data<uint8_t>()[nj * k + 200] = 0x7f;
-            for (DType out : {DType::f32, DType::bf16}) {
-                GemmOptions opts;
-                opts.out_dtype = out;
-                for_each_backend([&] {
-                    const struct {
-                        const char* what;
-                        const QTensor& a;
-                        const QTensor& b;
-                        int64_t row, col;  // the NaN row / column of D, or -1
-                    } cases[] = {{"A", qa_nan, qb, ni, -1}, {"B", qa, qb_nan, -1, nj}, {"A and B", qa_nan, qb_nan, ni, nj}};
-                    for (const auto& c : cases) {
-                        const Tensor d = gemm(c.a, c.b, opts);
-                        int bad = 0;
-                        for (int64_t i = 0; i < m; ++i) {
-                            for (int64_t j = 0; j < n; ++j) {
-                                const float v = d.get({i, j});
-                                const bool want_nan = i == c.row || j == c.col;
-                                if (want_nan != std::isnan(v) || (!want_nan && !std::isfinite(v))) {
-                                    if (++bad <= 3) ADD_FAILURE() << "NaN in " << c.what << " (" << to_string(out) << "): D[" << i << ", " << j << "] = " << v;
+    const struct {
+        Format format;
+        uint8_t nan_a, nan_b;
+    } formats[] = {{Format::e4m3fn, 0x7f, 0xff}, {Format::e4m3fnuz, 0x80, 0x80}};
+    for (const auto& f : formats) {
+        for (const int64_t m : {int64_t(37), int64_t(3)}) {
+            const int64_t ni = m / 2;
+            for (const GranCase& g : gran_cases()) {
+                SCOPED_TRACE(g.name + " m=" + std::to_string(m) + " " + std::string(to_string(f.format)));
+                const QTensor qa = quantize(as_tensor(gaussian(m, k, 11), m, k, DType::f32), qopts(g.a, f.format));
+                const QTensor qb = quantize(as_tensor(gaussian(n, k, 12), n, k, DType::f32), qopts(g.b, f.format));
+                QTensor qa_nan = qa, qb_nan = qb;
+                qa_nan.data = qa.data.clone();
+                qb_nan.data = qb.data.clone();
+                qa_nan.data.data<uint8_t>()[ni * k + 77] = f.nan_a;
+                qb_nan.data.data<uint8_t>()[nj * k + 200] = f.nan_b;
+                for (DType out : {DType::f32, DType::bf16}) {
+                    GemmOptions opts;
+                    opts.out_dtype = out;
+                    for_each_backend([&] {
+                        const struct {
+                            const char* what;
+                            const QTensor& a;
+                            const QTensor& b;
+                            int64_t row, col;  // the NaN row / column of D, or -1
+                        } cases[] = {{"A", qa_nan, qb, ni, -1}, {"B", qa, qb_nan, -1, nj}, {"A and B", qa_nan, qb_nan, ni, nj}};
+                        for (const auto& c : cases) {
+                            const Tensor d = gemm(c.a, c.b, opts);
+                            int bad = 0;
+                            for (int64_t i = 0; i < m; ++i) {
+                                for (int64_t j = 0; j < n; ++j) {
+                                    const float v = d.get({i, j});
+                                    const bool want_nan = i == c.row || j == c.col;
+                                    if (want_nan != std::isnan(v) || (!want_nan && !std::isfinite(v))) {
+                                        if (++bad <= 3) ADD_FAILURE() << "NaN in " << c.what << " (" << to_string(out) << "): D[" << i << ", " << j << "] = " << v;
+                                    }
                                 }
                             }
+                            EXPECT_EQ(bad, 0) << "NaN in " << c.what;
                         }
-                        EXPECT_EQ(bad, 0) << "NaN in " << c.what;
-                    }
-                });
+                    });
+                }
             }
         }
     }
