@@ -10,12 +10,8 @@
 #include <bit>
 #include <cstring>
 
-#if defined(__linux__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
-
 #include "cpu/gemm_kernels.hpp"
+#include "platform/platform.hpp"
 
 namespace fp8kit::cpu {
 
@@ -190,20 +186,15 @@ void block_dispatch(int mi, int nj, const uint16_t* a, int64_t lda, const uint16
 }
 
 // cpuid leaf 7: EDX 22 AMX-BF16, 24 AMX-TILE; ECX 1 AVX512-VBMI. XCR0 17-18: tile config and
-// data state enabled by the OS. Linux additionally hands tile data out per process on request
-// (arch_prctl ARCH_REQ_XCOMP_PERM, feature 18); elsewhere AMX is not used.
+// data state enabled by the OS. The OS may further hand tile data out per process on request
+// (Linux: arch_prctl ARCH_REQ_XCOMP_PERM), which the platform layer asks for.
 bool amx_usable() {
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
     if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
     if (!((edx >> 22) & 1u) || !((edx >> 24) & 1u) || !((ecx >> 1) & 1u)) return false;
     const unsigned long long xcr0 = _xgetbv(0);
     if ((xcr0 & 0x60000ull) != 0x60000ull) return false;
-#if defined(__linux__)
-    constexpr long arch_req_xcomp_perm = 0x1023, xfeature_xtiledata = 18;
-    return syscall(SYS_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0;
-#else
-    return false;
-#endif
+    return platform::request_amx_tile_data();
 }
 
 // cpuid leaf 7 subleaf 1: EAX 5 AVX512-BF16 (VDPBF16PS), for the small-M kernel.

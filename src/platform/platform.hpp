@@ -1,7 +1,9 @@
 // src/platform/platform.hpp: the one place where fp8kit talks to the operating system - read-only
-// memory mapping of files and replace-on-write of outputs. One implementation per platform
-// (src/platform/posix.cpp, and a Windows one); no other file includes an OS header.
-// Checked by tests/unit/test_platform.cpp (natively, and cross-built where the build allows).
+// memory mapping of files, replace-on-write of outputs, and the OS's part of using Intel AMX. One
+// implementation per platform (src/platform/posix.cpp, src/platform/windows.cpp); no other file
+// includes an OS header or tests which OS it is built for (tests/platform_confinement.cmake checks).
+// Checked by tests/unit/test_platform.cpp, natively and in the windows-cross (Wine) and
+// arm64-cross (qemu-user) builds.
 #pragma once
 
 #include <cstddef>
@@ -54,5 +56,11 @@ private:
     void* handle_ = nullptr;  // the platform's open file (a FILE* on POSIX)
     bool committed_ = false;
 };
+
+// Asks the OS to let this process use the AMX tile data registers; true when it may. Call only
+// when cpuid reports AMX and XCR0 has the tile state. Linux hands the state out per process
+// (arch_prctl ARCH_REQ_XCOMP_PERM); where fp8kit does not know how the OS grants it, false, and
+// the GEMM uses its other kernels.
+bool request_amx_tile_data() noexcept;
 
 }  // namespace fp8kit::platform

@@ -1,10 +1,14 @@
-// src/platform/posix.cpp: platform.hpp on POSIX systems (Linux, macOS): mmap, and a temporary file
-// made with O_EXCL, fsync'ed and renamed over the destination. Checked by
-// tests/unit/test_platform.cpp.
+// src/platform/posix.cpp: platform.hpp on POSIX systems (Linux, macOS): mmap, a temporary file
+// made with O_EXCL, fsync'ed and renamed over the destination, and Linux's AMX permission request.
+// Checked by tests/unit/test_platform.cpp; the AMX request by tests/ops/test_gemm.cpp on an AMX
+// machine.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#endif
 
 #include <atomic>
 #include <cerrno>
@@ -118,6 +122,15 @@ void ReplacingFile::commit() {
     if (std::fclose(f) != 0) fail("cannot close", temp_, errno);
     if (std::rename(temp_.c_str(), path_.c_str()) != 0) fail("cannot rename '" + temp_ + "' to", path_, errno);
     committed_ = true;
+}
+
+bool request_amx_tile_data() noexcept {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    constexpr long arch_req_xcomp_perm = 0x1023, xfeature_xtiledata = 18;
+    return ::syscall(SYS_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0;
+#else
+    return false;  // macOS has no AMX; other systems: not known how they grant the state
+#endif
 }
 
 }  // namespace fp8kit::platform
