@@ -1,0 +1,154 @@
+// src/platform/windows.cpp: platform.hpp on Windows: CreateFileMapping/MapViewOfFile, and a
+// temporary file created with CREATE_NEW, flushed with FlushFileBuffers and moved over the
+// destination with MoveFileExW(MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH). Narrow paths
+// are read in the ANSI code page, as fopen and std::ifstream read them (UTF-8 where the program's
+// manifest sets it). Checked by tests/unit/test_platform.cpp, cross-built by the windows-cross
+// preset (MinGW-w64) and run under Wine.
+#define WIN32_LEAN_AND_MEAN
+#define NOMINMAX
+#include <windows.h>
+
+#include <atomic>
+#include <string>
+#include <utility>
+
+#include "fp8kit/error.hpp"
+#include "platform/platform.hpp"
+
+namespace fp8kit::platform {
+
+namespace {
+
+std::string reason(DWORD err) {
+    char* buf = nullptr;
+    const DWORD n = FormatMessageA(FORMAT_MESSAGE_ALLOCATE_BUFFER | FORMAT_MESSAGE_FROM_SYSTEM | FORMAT_MESSAGE_IGNORE_INSERTS,
+                                   nullptr, err, 0, reinterpret_cast<char*>(&buf), 0, nullptr);
+    std::string s = n > 0 ? std::string(buf, n) : "Windows error " + std::to_string(err);
+    LocalFree(buf);
+    while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ' || s.back() == '.')) s.pop_back();
+    return s;
+}
+
+[[noreturn]] void fail(const std::string& what, const std::string& path, DWORD err) {
+    throw Error(what + " '" + path + "': " + reason(err));
+}
+
+std::wstring wide(const std::string& path) {
+    if (path.empty()) return {};
+    const int n = MultiByteToWideChar(CP_ACP, 0, path.data(), int(path.size()), nullptr, 0);
+    if (n <= 0) fail("cannot convert the path", path, GetLastError());
+    std::wstring w(size_t(n), L'\0');
+    MultiByteToWideChar(CP_ACP, 0, path.data(), int(path.size()), w.data(), n);
+    return w;
+}
+
+}  // namespace
+
+MappedFile::MappedFile(const std::string& path) : path_(path) {
+    const std::wstring name = wide(path);
+    const DWORD attributes = GetFileAttributesW(name.c_str());
+    if (attributes != INVALID_FILE_ATTRIBUTES && (attributes & FILE_ATTRIBUTE_DIRECTORY) != 0) {
+        throw Error("not a regular file: '" + path + "'");
+    }
+    HANDLE file = CreateFileW(name.c_str(), GENERIC_READ, FILE_SHARE_READ | FILE_SHARE_DELETE, nullptr, OPEN_EXISTING,
+                              FILE_ATTRIBUTE_NORMAL, nullptr);
+    if (file == INVALID_HANDLE_VALUE) fail("cannot open", path, GetLastError());
+    if (GetFileType(file) != FILE_TYPE_DISK) {  // a console, pipe or device
+        CloseHandle(file);
+        throw Error("not a regular file: '" + path + "'");
+    }
+    LARGE_INTEGER size{};
+    if (!GetFileSizeEx(file, &size)) {
+        const DWORD err = GetLastError();
+        CloseHandle(file);
+        fail("cannot stat", path, err);
+    }
+    size_ = size_t(size.QuadPart);
+    if (size_ > 0) {  // CreateFileMapping refuses an empty file
+        HANDLE mapping = CreateFileMappingW(file, nullptr, PAGE_READONLY, 0, 0, nullptr);
+        void* p = mapping != nullptr ? MapViewOfFile(mapping, FILE_MAP_READ, 0, 0, 0) : nullptr;
+        const DWORD err = GetLastError();
+        if (mapping != nullptr) CloseHandle(mapping);  // the view keeps the mapping and the file
+        if (p == nullptr) {
+            CloseHandle(file);
+            size_ = 0;
+            fail("cannot map", path, err);
+        }
+        data_ = static_cast<const std::byte*>(p);
+    }
+    CloseHandle(file);
+}
+
+MappedFile::MappedFile(MappedFile&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)), path_(std::move(other.path_)) {}
+
+MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
+    if (this != &other) {
+        release();
+        data_ = std::exchange(other.data_, nullptr);
+        size_ = std::exchange(other.size_, 0);
+        path_ = std::move(other.path_);
+    }
+    return *this;
+}
+
+MappedFile::~MappedFile() { release(); }
+
+void MappedFile::release() noexcept {
+    if (data_ != nullptr) UnmapViewOfFile(data_);
+    data_ = nullptr;
+    size_ = 0;
+}
+
+ReplacingFile::ReplacingFile(const std::string& path) : path_(path) {
+    // CREATE_NEW with a name unique to this process and call: never another writer's temporary.
+    static std::atomic<unsigned> counter{0};
+    HANDLE h = INVALID_HANDLE_VALUE;
+    for (int attempt = 0; h == INVALID_HANDLE_VALUE; ++attempt) {
+        temp_ = path + ".tmp-" + std::to_string(GetCurrentProcessId()) + "-" + std::to_string(counter++);
+        h = CreateFileW(wide(temp_).c_str(), GENERIC_WRITE, 0, nullptr, CREATE_NEW, FILE_ATTRIBUTE_NORMAL, nullptr);
+        if (h == INVALID_HANDLE_VALUE) {
+            const DWORD err = GetLastError();
+            if (err != ERROR_FILE_EXISTS || attempt > 100) fail("cannot create a temporary file beside", path, err);
+        }
+    }
+    handle_ = h;
+}
+
+ReplacingFile::~ReplacingFile() {
+    if (handle_ != nullptr) CloseHandle(handle_);
+    if (!committed_) DeleteFileW(wide(temp_).c_str());
+}
+
+void ReplacingFile::write(const void* data, size_t size) {
+    if (committed_) throw Error("write to '" + path_ + "' after commit");
+    const char* p = static_cast<const char*>(data);
+    while (size > 0) {  // WriteFile takes a 32-bit count
+        const DWORD chunk = size < (DWORD(1) << 30) ? DWORD(size) : DWORD(1) << 30;
+        DWORD written = 0;
+        if (!WriteFile(handle_, p, chunk, &written, nullptr) || written != chunk) fail("cannot write", temp_, GetLastError());
+        p += chunk;
+        size -= chunk;
+    }
+}
+
+void ReplacingFile::commit() {
+    if (committed_) throw Error("'" + path_ + "' committed twice");
+    HANDLE h = std::exchange(handle_, nullptr);
+    if (!FlushFileBuffers(h)) {
+        const DWORD err = GetLastError();
+        CloseHandle(h);
+        fail("cannot flush", temp_, err);
+    }
+    if (!CloseHandle(h)) fail("cannot close", temp_, GetLastError());
+    if (!MoveFileExW(wide(temp_).c_str(), wide(path_).c_str(), MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH)) {
+        fail("cannot rename '" + temp_ + "' to", path_, GetLastError());
+    }
+    committed_ = true;
+}
+
+// fp8kit has not been run with AMX on Windows, and under Wine on Linux the tiles would need
+// Linux's per-process request, which Wine does not make: AMX is not used here.
+bool request_amx_tile_data() noexcept { return false; }
+
+}  // namespace fp8kit::platform
