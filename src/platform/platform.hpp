@@ -60,7 +60,8 @@ private:
 // Asks the OS to let this process use the AMX tile data registers; true when it may. Call only
 // when cpuid reports AMX and XCR0 has the tile state. Linux hands the state out per process
 // (arch_prctl ARCH_REQ_XCOMP_PERM); where fp8kit does not know how the OS grants it, false, and
-// the GEMM uses its other kernels.
+// the GEMM uses its other kernels. POSIX only: the AMX kernels, its one user, are not built for
+// Windows (CMakeLists.txt says why).
 bool request_amx_tile_data() noexcept;
 
 }  // namespace fp8kit::platform

@@ -2,7 +2,8 @@
 // temporary file created with CREATE_NEW, flushed with FlushFileBuffers and moved over the
 // destination with MoveFileExW(MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH). Narrow paths
 // are read in the ANSI code page, as fopen and std::ifstream read them (UTF-8 where the program's
-// manifest sets it). Checked by tests/unit/test_platform.cpp, cross-built by the windows-cross
+// manifest sets it). No request_amx_tile_data(): the AMX kernels are not built for Windows
+// (CMakeLists.txt). Checked by tests/unit/test_platform.cpp, cross-built by the windows-cross
 // preset (MinGW-w64) and run under Wine.
 #define WIN32_LEAN_AND_MEAN
 #define NOMINMAX
@@ -146,9 +147,5 @@ void ReplacingFile::commit() {
     }
     committed_ = true;
 }
-
-// fp8kit has not been run with AMX on Windows, and under Wine on Linux the tiles would need
-// Linux's per-process request, which Wine does not make: AMX is not used here.
-bool request_amx_tile_data() noexcept { return false; }
 
 }  // namespace fp8kit::platform
