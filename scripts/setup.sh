@@ -12,6 +12,9 @@ cd "$(dirname "$0")/.."
 # build - on libgomp, as g++ builds fp8kit, so peers and fp8kit share one thread team instead of
 # two spinning against each other (found through pkg-config) - and oneDNN.
 packages="cmake ninja-build g++ clang libomp-dev libgtest-dev libcli11-dev pkg-config python3 python3-venv libopenblas-openmp-dev libdnnl-dev"
+# Cross builds (presets windows-cross, arm64-cross): MinGW-w64 g++ with POSIX threads (it has
+# OpenMP) and Wine to run its programs; aarch64 g++ and qemu-user to run its programs.
+packages="$packages g++-mingw-w64-x86-64-posix wine wine64 g++-aarch64-linux-gnu qemu-user"
 
 missing=""
 for p in $packages; do
