@@ -5,13 +5,14 @@
 set -eu
 cd "$(dirname "$0")/.."
 
-# Build: compilers (g++ and clang++ with its OpenMP runtime), CMake + Ninja, GoogleTest, CLI11.
+# Build: compilers (g++ and clang++ with its OpenMP runtime), CMake + Ninja, GoogleTest, CLI11,
+# nlohmann-json (safetensors headers).
 # Tests: python3 + venv for the oracles (ml_dtypes, numpy from PyPI), pkg-config for the
 # install test.
 # Benchmarks only (bench_gemm's peers; the library never links them): OpenBLAS in its OpenMP
 # build - on libgomp, as g++ builds fp8kit, so peers and fp8kit share one thread team instead of
 # two spinning against each other (found through pkg-config) - and oneDNN.
-packages="cmake ninja-build g++ clang libomp-dev libgtest-dev libcli11-dev pkg-config python3 python3-venv libopenblas-openmp-dev libdnnl-dev"
+packages="cmake ninja-build g++ clang libomp-dev libgtest-dev libcli11-dev nlohmann-json3-dev pkg-config python3 python3-venv libopenblas-openmp-dev libdnnl-dev"
 
 missing=""
 for p in $packages; do
