@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 # Build: compilers (g++ and clang++ with its OpenMP runtime), CMake + Ninja, GoogleTest, CLI11,
 # nlohmann-json (safetensors headers).
-# Tests: python3 + venv for the oracles (ml_dtypes, numpy from PyPI), pkg-config for the
+# Tests: python3 + venv for the oracles (ml_dtypes, numpy, safetensors from PyPI), pkg-config for the
 # install test.
 # Benchmarks only (bench_gemm's peers; the library never links them): OpenBLAS in its OpenMP
 # build - on libgomp, as g++ builds fp8kit, so peers and fp8kit share one thread team instead of
@@ -34,7 +34,7 @@ if [ ! -x "$venv/bin/python3" ]; then
     echo "setup: creating $venv"
     python3 -m venv "$venv"
 fi
-if ! "$venv/bin/python3" -c "import ml_dtypes, numpy" 2>/dev/null; then
+if ! "$venv/bin/python3" -c "import ml_dtypes, numpy, safetensors" 2>/dev/null; then
     echo "setup: installing Python test oracles: $(tr '\n' ' ' < tests/requirements.txt)"
     "$venv/bin/python3" -m pip install -q --disable-pip-version-check -r tests/requirements.txt
 else
