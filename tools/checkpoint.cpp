@@ -1,6 +1,6 @@
 // tools/checkpoint.cpp: checkpoints (a file or a directory of shards), FP8 weight layouts, SQNR,
 // the policy file and whole-or-nothing outputs for the checkpoint subcommands (checkpoint.hpp).
-// Checked by tests/e2e/test_checkpoint.sh and tests/e2e/test_checkpoint_torch.py.
+// Checked by tests/e2e/test_checkpoint.sh and tests/e2e/check_checkpoint.py.
 #include "checkpoint.hpp"
 
 #include <algorithm>
@@ -208,14 +208,15 @@ Tensor values_f32(const Checkpoint& c, const std::string& name) {
     return to_f32(c.tensor(name));
 }
 
-ErrorStats compare(const Tensor& ref, const Tensor& x) {
-    if (ref.shape() != x.shape()) throw Error("shapes differ: " + to_string(ref.shape()) + " and " + to_string(x.shape()));
-    const float* a = ref.contiguous().data<float>();
-    const float* b = x.contiguous().data<float>();
+bool is_float_weight(DType d) noexcept { return d == DType::f32 || d == DType::bf16 || d == DType::f16; }
+
+namespace {
+template <class R>
+ErrorStats compare_values(const R* ref, const float* x, int64_t n) {
     double signal = 0, noise = 0, max_abs = 0;
-    for (int64_t i = 0; i < ref.numel(); ++i) {
-        const double d = double(a[i]) - double(b[i]);
-        signal += double(a[i]) * double(a[i]);
+    for (int64_t i = 0; i < n; ++i) {
+        const double d = double(ref[i]) - double(x[i]);
+        signal += double(ref[i]) * double(ref[i]);
         noise += d * d;
         max_abs = std::max(max_abs, std::fabs(d));
         if (std::isnan(d)) max_abs = d;
@@ -223,6 +224,15 @@ ErrorStats compare(const Tensor& ref, const Tensor& x) {
     const double sqnr = noise == 0 ? INFINITY : 10 * std::log10(signal / noise);
     return {std::isnan(noise) ? NAN : sqnr, max_abs};
 }
+}  // namespace
+
+ErrorStats compare(const Tensor& ref, const Tensor& x) {
+    if (ref.shape() != x.shape()) throw Error("shapes differ: " + to_string(ref.shape()) + " and " + to_string(x.shape()));
+    const Tensor a = ref.contiguous(), b = x.contiguous();
+    return compare_values(a.data<float>(), b.data<float>(), a.numel());
+}
+
+ErrorStats compare(const double* ref, const float* x, int64_t n) { return compare_values(ref, x, n); }
 
 // ---- policy ----
 
@@ -258,7 +268,7 @@ const PolicyLayer* Policy::find(const std::string& weight, const Shape& shape) c
 
 Policy read_policy(const std::string& path) {
     const Json j = parse_json_file(path);
-    const auto bad = [&](const std::string& what) { return Error(path + ": " + what + " (see docs/POLICY.md)"); };
+    const auto bad = [&](const std::string& what) { return Error(path + ": " + what + " (see docs/CHECKPOINTS.md)"); };
     if (!j.is_object() || j.value("format", "") != "fp8kit-policy" || !j.contains("layers") || !j["layers"].is_array()) {
         throw bad("not an fp8kit policy: expected {\"format\": \"fp8kit-policy\", \"version\": 1, \"layers\": [...]}");
     }

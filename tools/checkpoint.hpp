@@ -2,7 +2,8 @@
 // advise) share - a checkpoint that is one safetensors file or a directory of shards, the FP8
 // layouts in which quantized weights are stored, SQNR, the conversion policy file, and writing a
 // whole output (a file or a directory) that appears complete or not at all.
-// Checked by tests/e2e/test_checkpoint.sh (and test_checkpoint_torch.py, against PyTorch).
+// Checked by tests/e2e/test_checkpoint.sh (and tests/e2e/check_checkpoint.py, against PyTorch).
+// docs/CHECKPOINTS.md describes the layouts and the policy file for users.
 //
 // Layouts (for a weight `W` [out, in]; the scale tensor is the dequantization multiplier):
 //   tensor   W FP8, W_scale f32 [1]                      (vLLM / compressed-tensors per-tensor)
@@ -65,6 +66,12 @@ struct StoredWeight {
 std::optional<StoredWeight> stored_weight(const Checkpoint& c, const std::string& name);
 bool is_scale_name(const Checkpoint& c, const std::string& name);  // W_scale / W_scale_inv of an FP8 W
 
+// Names of weights that stay in high precision by default - embeddings, norms and the output head
+// (as vLLM, torchao and compressed-tensors recipes leave them) - as a regular expression.
+inline constexpr const char* default_skip_regex = "embed|norm|lm_head|wte|wpe";
+// f32, bf16 or f16: the weight dtypes quantize and advise work on.
+bool is_float_weight(DType d) noexcept;
+
 // Float32 values of any floating tensor, or of an FP8 weight dequantized through its scale.
 Tensor to_f32(const Tensor& t);
 Tensor values_f32(const Checkpoint& c, const std::string& name);
@@ -74,8 +81,9 @@ struct ErrorStats {
     double sqnr_db, max_abs;
 };
 ErrorStats compare(const Tensor& ref_f32, const Tensor& x_f32);
+ErrorStats compare(const double* ref, const float* x, int64_t n);  // the same over raw values
 
-// The conversion policy (docs/POLICY.md): per layer, FP8 or not, and with which recipe.
+// The conversion policy (docs/CHECKPOINTS.md): per layer, FP8 or not, and with which recipe.
 struct PolicyLayer {
     std::string name;                 // weight name or its module prefix; empty: match by shape
     std::vector<int64_t> weight_shape;  // [out, in]; empty: match by name

@@ -1,7 +1,7 @@
 // tools/dequantize.cpp: `fp8kit dequantize IN OUT --dtype bf16|f32` - every FP8 weight with a scale
 // (any layout of tools/checkpoint.hpp) back to high precision, decode(code) * scale (fp8kit::dequantize),
 // its scale tensor dropped, other tensors copied; quantization_config removed. OUT appears whole or
-// not at all. Checked by tests/e2e/test_checkpoint.sh and tests/e2e/test_checkpoint_torch.py.
+// not at all. Checked by tests/e2e/test_checkpoint.sh and tests/e2e/check_checkpoint.py.
 #include <memory>
 
 #include "checkpoint.hpp"

@@ -3,7 +3,7 @@
 // directory of shards) to FP8 in the community layouts of tools/checkpoint.hpp, with
 // quantization_config in the metadata (and config.json). IN is only read; OUT appears whole or
 // not at all. Checked by tests/e2e/test_checkpoint.sh (SQNR through dequantize/verify, layouts,
-// IN unchanged, no OUT after a failure) and tests/e2e/test_checkpoint_torch.py (PyTorch reads it).
+// IN unchanged, no OUT after a failure) and tests/e2e/check_checkpoint.py (PyTorch reads it).
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -20,10 +20,6 @@ namespace fp8kit::tools {
 
 namespace {
 
-// Embeddings, norms and the output head stay in high precision (as vLLM, torchao and
-// compressed-tensors recipes leave them).
-constexpr const char* default_skip = "embed|norm|lm_head|wte|wpe";
-
 struct QuantizeArgs {
     std::string in, out, scheme = "block128", format = "e4m3fn", policy;
     std::vector<std::string> skip;
@@ -36,15 +32,13 @@ struct Row {
     double sqnr;
 };
 
-bool floating(DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16; }
-
 void run_quantize(const QuantizeArgs& a) {
     const Format format = parse_format(a.format);
     if (format != Format::e4m3fn && format != Format::e5m2) {
         throw Error("--format " + a.format + ": expected e4m3fn or e5m2");
     }
     const Scheme default_scheme = parse_scheme(a.scheme);
-    std::vector<std::string> patterns{default_skip};
+    std::vector<std::string> patterns{default_skip_regex};
     patterns.insert(patterns.end(), a.skip.begin(), a.skip.end());
     std::vector<std::regex> skip;
     for (const std::string& r : patterns) {
@@ -63,7 +57,7 @@ void run_quantize(const QuantizeArgs& a) {
     bool any_block = false;
     for (const std::string& name : in.names()) {
         const SafetensorsEntry& e = in.shard(in.shard_of(name)).entry(name);
-        if (e.shape.size() != 2 || !floating(e.dtype) || is_scale_name(in, name)) continue;
+        if (e.shape.size() != 2 || !is_float_weight(e.dtype) || is_scale_name(in, name)) continue;
         bool skipped = false;
         for (const std::regex& r : skip) skipped = skipped || std::regex_search(name, r);
         std::optional<Scheme> scheme = default_scheme;
@@ -142,7 +136,7 @@ void add_quantize_command(CLI::App& app) {
         ->capture_default_str();
     c->add_option("--format", a->format, "e4m3fn or e5m2")->capture_default_str();
     c->add_option("--skip", a->skip, "regular expressions of tensor names to keep in high precision (besides embeddings, norms, lm_head)");
-    c->add_option("--policy", a->policy, "per-layer policy JSON (docs/POLICY.md), e.g. from fp8kit advise");
+    c->add_option("--policy", a->policy, "per-layer policy JSON (docs/CHECKPOINTS.md), e.g. from fp8kit advise");
     c->callback([a] {
         if (a->in == a->out) throw Error("OUT is the same path as IN; IN is never modified");
         run_quantize(*a);
