@@ -12,5 +12,6 @@ void add_quantize_command(CLI::App& app);
 void add_inspect_command(CLI::App& app);
 void add_dequantize_command(CLI::App& app);
 void add_verify_command(CLI::App& app);
+void add_advise_command(CLI::App& app);
 
 }  // namespace fp8kit::tools

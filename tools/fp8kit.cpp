@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
     fp8kit::tools::add_inspect_command(app);
     fp8kit::tools::add_dequantize_command(app);
     fp8kit::tools::add_verify_command(app);
+    fp8kit::tools::add_advise_command(app);
     try {
         app.parse(argc, argv);
     } catch (const CLI::Success& e) {

@@ -4,7 +4,9 @@
 # quantize -> PyTorch checks the community layout and the SQNR of its own float64 dequantization
 # (tests/e2e/check_checkpoint.py, >= 25 dB) -> dequantize -> verify --min-sqnr 25; a directory of
 # shards with its index, config.json and other files; IN never modified; failed runs exit 2 with
-# one line and leave no OUT (nor temporaries). Exit 77 (skipped) without the Python oracles.
+# one line and leave no OUT (nor temporaries); advise writes a policy (its decisions pinned by
+# --min-speedup 0 / 1e9, never by timings) that quantize --policy applies, checked tensor by tensor.
+# Exit 77 (skipped) without the Python oracles.
 set -u
 fp8kit=$1
 python=$2
@@ -74,6 +76,66 @@ check "OUT = IN is refused" "[ $rc -eq 2 ]"
 check "a bad --skip regex: exit 2" "[ $rc -eq 2 ] && grep -q 'not a regular expression' e && [ ! -e bad.safetensors ]"
 "$fp8kit" quantize m.safetensors s.safetensors --scheme tensor --skip 'up_proj' >/dev/null 2>&1
 check "--skip keeps matching weights in high precision" "'$fp8kit' inspect s.safetensors | grep -Eq '^model.layers.0.mlp.up_proj.weight +F32 '"
+# advise -> policy -> quantize --policy. The FP8/f32 decision is made deterministic by the speed bar
+# (--min-speedup 0: every layer passes it, 1e9: none does); the SQNR part is real (>= 25 dB).
+"$fp8kit" advise --shapes 4x200x96,3x96x200 --min-speedup 0 --budget 0.01 --out pshape.json >adv.out 2>&1; rc=$?
+check "advise --shapes exits 0 and prints one row per shape" "[ $rc -eq 0 ] && grep -Eq '^4x200x96 .* yes\$' adv.out && grep -Eq '^3x96x200 .* yes\$' adv.out"
+check "advise --shapes policy: two shape layers, fp8 with recipe block, sqnr >= 25 dB in the reason" "'$python' -c \"
+import json, re
+p = json.load(open('pshape.json'))
+assert p['format'] == 'fp8kit-policy' and p['version'] == 1, p
+l = p['layers']
+assert [x['weight_shape'] for x in l] == [[200, 96], [96, 200]], l
+for x in l:
+    assert x['fp8'] is True and x['recipe'] == 'block' and 'name' not in x, x
+    assert float(re.search(r'sqnr ([0-9.]+) dB', x['reason']).group(1)) >= 25, x
+\""
+"$fp8kit" quantize m.safetensors pq.safetensors --scheme tensor --policy pshape.json >/dev/null 2>&1; rc=$?
+"$fp8kit" inspect pq.safetensors >pq.out 2>&1
+check "quantize --policy (shapes): [200,96] and [96,200] block128, [96,96] the --scheme default" "[ $rc -eq 0 ] &&
+    grep -Eq '^model.layers.1.mlp.up_proj.weight_scale_inv +F32 +\[2, 1\]' pq.out &&
+    grep -Eq '^model.layers.1.mlp.down_proj.weight_scale_inv +F32 +\[1, 2\]' pq.out &&
+    grep -Eq '^model.layers.0.self_attn.q_proj.weight_scale +F32 +\[1\]' pq.out && grep -Eq '^lm_head.weight +F32 ' pq.out"
+"$fp8kit" advise --model m.safetensors --tokens 5 --recipe mxfp8 --min-speedup 0 --budget 0.01 --out pmodel.json >/dev/null 2>&1; rc=$?
+check "advise --model: one named layer per weight quantize converts (not embed, norm, lm_head), fp8 mxfp8" "[ $rc -eq 0 ] && '$python' -c \"
+import json
+l = json.load(open('pmodel.json'))['layers']
+names = sorted(x['name'] for x in l)
+want = sorted(f'model.layers.{i}.{w}.weight' for i in range(2) for w in ('self_attn.q_proj', 'self_attn.o_proj', 'mlp.up_proj', 'mlp.down_proj'))
+assert names == want, names
+assert all(x['fp8'] is True and x['recipe'] == 'mxfp8' for x in l), l
+\""
+"$fp8kit" quantize m.safetensors pm.safetensors --scheme tensor --policy pmodel.json >/dev/null 2>&1; rc=$?
+check "quantize --policy (names): every layer mx32 with e8m0 scales, torch checks the layout" "[ $rc -eq 0 ] &&
+    '$fp8kit' inspect pm.safetensors | grep -Eq '^model.layers.0.self_attn.o_proj.weight_scale +F8_E8M0 +\[96, 3\]' &&
+    '$python' '$src/tests/e2e/check_checkpoint.py' m.safetensors pm.safetensors mx32"
+"$fp8kit" advise --model md --tokens 2 --min-speedup 1e9 --budget 0.01 --input-dtype bf16 --out pnone.json >/dev/null 2>&1; rc=$?
+check "advise --model (a shard directory) with an unreachable speed bar: every layer fp8 false, recipe null" "[ $rc -eq 0 ] && '$python' -c \"
+import json
+l = json.load(open('pnone.json'))['layers']
+assert len(l) == 8 and all(x['fp8'] is False and x['recipe'] is None and x['reason'].startswith('not faster') for x in l), l
+\""
+"$fp8kit" quantize md pnd --policy pnone.json >/dev/null 2>&1; rc=$?
+check "quantize --policy all-no: no FP8 tensor written" "[ $rc -eq 0 ] && '$fp8kit' inspect pnd | grep -q '^detected quantization: none'"
+# A hand-written policy: a module prefix, a name saying no ahead of a shape entry saying yes.
+printf '%s\n' '{"format": "fp8kit-policy", "version": 1, "layers": [' \
+    '  {"name": "model.layers.0.mlp", "fp8": true, "recipe": "rowwise"},' \
+    '  {"name": "model.layers.1.mlp.up_proj.weight", "fp8": false},' \
+    '  {"weight_shape": [200, 96], "fp8": true, "recipe": "tensorwise"}]}' >ph.json
+"$fp8kit" quantize m.safetensors ph.safetensors --scheme block128 --policy ph.json >/dev/null 2>&1; rc=$?
+"$fp8kit" inspect ph.safetensors >ph.out 2>&1
+check "hand-written policy: prefix -> channel, named no -> kept, the rest block128" "[ $rc -eq 0 ] &&
+    grep -Eq '^model.layers.0.mlp.up_proj.weight_scale +F32 +\[200, 1\]' ph.out &&
+    grep -Eq '^model.layers.0.mlp.down_proj.weight_scale +F32 +\[96, 1\]' ph.out &&
+    grep -Eq '^model.layers.1.mlp.up_proj.weight +F32 ' ph.out && ! grep -q 'layers.1.mlp.up_proj.weight_scale' ph.out &&
+    grep -Eq '^model.layers.1.self_attn.q_proj.weight_scale_inv +F32 +\[1, 1\]' ph.out"
+printf '{"format": "fp8kit-policy", "version": 1, "layers": [{"name": "x", "fp8": true}]}' >pbad.json
+"$fp8kit" quantize m.safetensors pb.safetensors --policy pbad.json >/dev/null 2>e; rc=$?
+check "a policy layer fp8 without a recipe: exit 2 naming the file, no OUT" "[ $rc -eq 2 ] && grep -q 'pbad.json' e && grep -q 'names no recipe' e && [ ! -e pb.safetensors ]"
+"$fp8kit" advise --shapes 4x200 --out pa.json >/dev/null 2>e; rc=$?
+check "advise --shapes not MxNxK: exit 2 naming it, no policy" "[ $rc -eq 2 ] && grep -q \"'4x200' is not MxNxK\" e && [ ! -e pa.json ]"
+"$fp8kit" advise --shapes 4x8x8 --model m.safetensors --out pa.json >/dev/null 2>e; rc=$?
+check "advise with both --shapes and --model: exit 2" "[ $rc -eq 2 ] && grep -q 'exactly one of' e && [ ! -e pa.json ]"
 check "IN files unchanged, byte for byte" "sha256sum m.safetensors md/* | cmp -s - in.sum"
 
 echo "$(( n - fails )) passed, $fails failed"
