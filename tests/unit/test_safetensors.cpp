@@ -175,6 +175,19 @@ TEST_F(Safetensors, HandWrittenFileReadsBack) {
     EXPECT_EQ(c.get({}), 1.0f);
 }
 
+// The spec orders the data by offsets, not by the header: a header listing the later bytes first
+// is valid (as the reference implementation reads it), names stay in header order.
+TEST_F(Safetensors, HeaderOrderNeedNotBeDataOrder) {
+    const std::string p = write_file("order.safetensors",
+                                     R"({"b":{"dtype":"U8","shape":[3],"data_offsets":[2,5]},)"
+                                     R"("a":{"dtype":"BF16","shape":[1],"data_offsets":[0,2]}})",
+                                     {0x80, 0x3f, 7, 8, 9});  // bf16 1.0, then u8 7 8 9
+    const SafetensorsFile f(p);
+    EXPECT_EQ(f.names(), (std::vector<std::string>{"b", "a"}));
+    EXPECT_EQ(f.tensor("a").get({0}), 1.0f);
+    EXPECT_EQ(f.tensor("b").at<uint8_t>({2}), 9);
+}
+
 TEST_F(Safetensors, TensorsOutliveTheFileObject) {
     const std::string p = path("life.safetensors");
     save_safetensors(p, {{"x", Tensor::from(std::vector<float>{3, 4}, {2})}});
