@@ -14,7 +14,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
-#include <regex>
+#include <charconv>
 #include <sstream>
 #include <vector>
 
@@ -50,11 +50,20 @@ std::vector<Layer> parse_shapes(const std::string& text) {
     std::vector<Layer> layers;
     std::stringstream ss(text);
     std::string item;
-    const std::regex form(R"((\d{1,9})x(\d{1,9})x(\d{1,9}))");
     while (std::getline(ss, item, ',')) {
-        std::smatch m;
-        if (!std::regex_match(item, m, form)) throw Error("--shapes: '" + item + "' is not MxNxK (e.g. 16x4096x4096)");
-        const int64_t v[3] = {std::stoll(m[1]), std::stoll(m[2]), std::stoll(m[3])};
+        // M x N x K: three decimal numbers of at most 9 digits, nothing else.
+        int64_t v[3] = {0, 0, 0};
+        const char* p = item.data();
+        const char* end = item.data() + item.size();
+        bool ok = true;
+        for (int i = 0; i < 3 && ok; ++i) {
+            const char* start = p;
+            const auto r = std::from_chars(p, end, v[i]);
+            ok = r.ec == std::errc() && r.ptr - start <= 9;
+            p = r.ptr;
+            if (ok && i < 2) ok = p != end && *p++ == 'x';
+        }
+        if (!ok || p != end) throw Error("--shapes: '" + item + "' is not MxNxK (e.g. 16x4096x4096)");
         if (v[0] < 1 || v[1] < 1 || v[2] < 1 || v[0] * v[1] > (int64_t(1) << 31) || v[1] * v[2] > (int64_t(1) << 31) ||
             v[0] * v[2] > (int64_t(1) << 31)) {
             throw Error("--shapes: '" + item + "' needs dimensions >= 1 and M*N, N*K, M*K <= 2^31");
@@ -68,11 +77,11 @@ std::vector<Layer> parse_shapes(const std::string& text) {
 // The 2-D floating weights quantize would convert by default (the same skip rule).
 std::vector<Layer> model_layers(const std::string& path, int64_t tokens) {
     const Checkpoint c(path);
-    const std::regex skip(default_skip_regex);
+    const SkipRule skip;
     std::vector<Layer> layers;
     for (const std::string& name : c.names()) {
         const SafetensorsEntry& e = c.shard(c.shard_of(name)).entry(name);
-        if (e.shape.size() != 2 || !is_float_weight(e.dtype) || std::regex_search(name, skip)) continue;
+        if (e.shape.size() != 2 || !is_float_weight(e.dtype) || skip.skips(name)) continue;
         layers.push_back({name, tokens, e.shape[0], e.shape[1], to_f32(c.tensor(name)).contiguous()});
     }
     if (layers.empty()) throw Error(path + ": no 2-D floating weights to advise on");

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -69,6 +70,17 @@ bool is_scale_name(const Checkpoint& c, const std::string& name);  // W_scale / 
 // Names of weights that stay in high precision by default - embeddings, norms and the output head
 // (as vLLM, torchao and compressed-tensors recipes leave them) - as a regular expression.
 inline constexpr const char* default_skip_regex = "embed|norm|lm_head|wte|wpe";
+// The default rule plus `extra` regular expressions (ECMAScript, searched anywhere in the name);
+// fp8kit::Error naming a pattern that does not parse.
+class SkipRule {
+public:
+    explicit SkipRule(const std::vector<std::string>& extra = {});
+    bool skips(const std::string& name) const;
+
+private:
+    struct Impl;
+    std::shared_ptr<const Impl> impl_;
+};
 // f32, bf16 or f16: the weight dtypes quantize and advise work on.
 bool is_float_weight(DType d) noexcept;
 

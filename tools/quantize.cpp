@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
-#include <regex>
 
 #include <nlohmann/json.hpp>
 
@@ -38,16 +37,7 @@ void run_quantize(const QuantizeArgs& a) {
         throw Error("--format " + a.format + ": expected e4m3fn or e5m2");
     }
     const Scheme default_scheme = parse_scheme(a.scheme);
-    std::vector<std::string> patterns{default_skip_regex};
-    patterns.insert(patterns.end(), a.skip.begin(), a.skip.end());
-    std::vector<std::regex> skip;
-    for (const std::string& r : patterns) {
-        try {
-            skip.emplace_back(r);
-        } catch (const std::regex_error& e) {
-            throw Error("--skip '" + r + "' is not a regular expression (" + e.what() + ")");
-        }
-    }
+    const SkipRule skip(a.skip);
     const std::optional<Policy> policy = a.policy.empty() ? std::nullopt : std::optional<Policy>(read_policy(a.policy));
     const Checkpoint in(a.in);
 
@@ -58,8 +48,7 @@ void run_quantize(const QuantizeArgs& a) {
     for (const std::string& name : in.names()) {
         const SafetensorsEntry& e = in.shard(in.shard_of(name)).entry(name);
         if (e.shape.size() != 2 || !is_float_weight(e.dtype) || is_scale_name(in, name)) continue;
-        bool skipped = false;
-        for (const std::regex& r : skip) skipped = skipped || std::regex_search(name, r);
+        const bool skipped = skip.skips(name);
         std::optional<Scheme> scheme = default_scheme;
         if (policy) {
             if (const PolicyLayer* l = policy->find(name, e.shape)) scheme = l->fp8 ? l->scheme : std::nullopt;
