@@ -279,7 +279,7 @@ private:
         } else {
             openblas_gflops_ = measure(
                 p, "openblas.sgemm", core, 4,
-                [&] { cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a, k, w, k, 0.0f, d.data(), n); },
+                [&] { openblas_sgemm(a, w, d.data(), m, n, k, threads_); },
                 out);
         }
 #else

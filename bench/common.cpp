@@ -2,6 +2,10 @@
 // the benchmarks (the FMA peak is in fma_peak.cpp, with its per-ISA code).
 #include "common.hpp"
 
+#if defined(FP8KIT_BENCH_OPENBLAS)
+#include <cblas.h>
+#endif
+
 #include <omp.h>
 
 #include <algorithm>
@@ -181,6 +185,18 @@ void print_rows(std::ostream& os, const std::vector<Row>& rows, bool json) {
     line([&](size_t c) { return keys[c]; });
     line([&](size_t c) { return std::string(width[c], '-'); });
     for (const Row& r : rows) line([&](size_t c) { return text(r, keys[c]); });
+}
+
+bool openblas_sgemm(const float* a, const float* w, float* d, int64_t m, int64_t n, int64_t k, int threads) {
+#if defined(FP8KIT_BENCH_OPENBLAS)
+    openblas_set_num_threads(threads);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blasint(m), blasint(n), blasint(k), 1.0f, a, blasint(k), w,
+                blasint(k), 0.0f, d, blasint(n));
+    return true;
+#else
+    (void)a, (void)w, (void)d, (void)m, (void)n, (void)k, (void)threads;
+    return false;
+#endif
 }
 
 }  // namespace fp8kit::bench

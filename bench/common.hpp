@@ -53,6 +53,10 @@ struct FmaPeak {
 };
 FmaPeak fma_peak(int threads, double budget);
 
+// D[m, n] = A[m, k] . W[n, k]^T in float32 by OpenBLAS's cblas_sgemm on `threads` threads: the
+// high-precision baseline of `fp8kit advise`. False, doing nothing, in a build without OpenBLAS.
+bool openblas_sgemm(const float* a, const float* w, float* d, int64_t m, int64_t n, int64_t k, int threads);
+
 // One result row: ordered key/value pairs, values already formatted (numbers unquoted).
 class Row {
 public:

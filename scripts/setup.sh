@@ -5,13 +5,14 @@
 set -eu
 cd "$(dirname "$0")/.."
 
-# Build: compilers (g++ and clang++ with its OpenMP runtime), CMake + Ninja, GoogleTest, CLI11.
-# Tests: python3 + venv for the oracles (ml_dtypes, numpy from PyPI), pkg-config for the
+# Build: compilers (g++ and clang++ with its OpenMP runtime), CMake + Ninja, GoogleTest, CLI11,
+# nlohmann-json (safetensors headers).
+# Tests: python3 + venv for the oracles (ml_dtypes, numpy, safetensors from PyPI), pkg-config for the
 # install test.
 # Benchmarks only (bench_gemm's peers; the library never links them): OpenBLAS in its OpenMP
 # build - on libgomp, as g++ builds fp8kit, so peers and fp8kit share one thread team instead of
 # two spinning against each other (found through pkg-config) - and oneDNN.
-packages="cmake ninja-build g++ clang libomp-dev libgtest-dev libcli11-dev pkg-config python3 python3-venv libopenblas-openmp-dev libdnnl-dev"
+packages="cmake ninja-build g++ clang libomp-dev libgtest-dev libcli11-dev nlohmann-json3-dev pkg-config python3 python3-venv libopenblas-openmp-dev libdnnl-dev"
 # Cross builds (presets windows-cross, arm64-cross): MinGW-w64 g++ with POSIX threads (it has
 # OpenMP) and Wine to run its programs; aarch64 g++ and qemu-user to run its programs.
 packages="$packages g++-mingw-w64-x86-64-posix wine wine64 g++-aarch64-linux-gnu qemu-user"
@@ -36,7 +37,7 @@ if [ ! -x "$venv/bin/python3" ]; then
     echo "setup: creating $venv"
     python3 -m venv "$venv"
 fi
-if ! "$venv/bin/python3" -c "import ml_dtypes, numpy" 2>/dev/null; then
+if ! "$venv/bin/python3" -c "import ml_dtypes, numpy, safetensors" 2>/dev/null; then
     echo "setup: installing Python test oracles: $(tr '\n' ' ' < tests/requirements.txt)"
     "$venv/bin/python3" -m pip install -q --disable-pip-version-check -r tests/requirements.txt
 else

@@ -8,5 +8,10 @@ namespace fp8kit::tools {
 
 void add_formats_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
+void add_quantize_command(CLI::App& app);
+void add_inspect_command(CLI::App& app);
+void add_dequantize_command(CLI::App& app);
+void add_verify_command(CLI::App& app);
+void add_advise_command(CLI::App& app);
 
 }  // namespace fp8kit::tools

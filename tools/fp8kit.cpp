@@ -14,6 +14,11 @@ int main(int argc, char** argv) {
     app.require_subcommand(1);
     fp8kit::tools::add_formats_command(app);
     fp8kit::tools::add_bench_command(app);
+    fp8kit::tools::add_quantize_command(app);
+    fp8kit::tools::add_inspect_command(app);
+    fp8kit::tools::add_dequantize_command(app);
+    fp8kit::tools::add_verify_command(app);
+    fp8kit::tools::add_advise_command(app);
     try {
         app.parse(argc, argv);
     } catch (const CLI::Success& e) {

@@ -12,6 +12,7 @@
 #include "fp8kit/quantize.hpp"
 #include "fp8kit/recipe.hpp"
 #include "fp8kit/runtime.hpp"
+#include "fp8kit/safetensors.hpp"
 #include "fp8kit/scaling.hpp"
 #include "fp8kit/tensor.hpp"
 #include "fp8kit/version.hpp"

@@ -43,6 +43,10 @@ public:
     static Tensor from(const std::vector<T>& values, Shape shape) {
         return from(std::span<const T>(values), std::move(shape));
     }
+    // A contiguous CPU view of memory that `owner` keeps alive (a mapped file, say): no copy, the
+    // storage shares ownership of `owner`. `data` must be aligned to the element size (fp8kit::Error
+    // otherwise). Memory that is read-only stays so: such a tensor is for reading (and copying).
+    static Tensor view_of(std::shared_ptr<const void> owner, const void* data, Shape shape, DType dtype);
 
     bool defined() const noexcept { return storage_ != nullptr; }
     DType dtype() const noexcept { return dtype_; }
@@ -57,7 +61,7 @@ public:
     int64_t storage_offset() const noexcept { return offset_; }  // elements
     bool shares_storage_with(const Tensor& other) const noexcept { return storage_ == other.storage_; }
 
-    // First element. data<T>() checks that T holds the dtype (uint8_t for u8 and FP8 codes) and
+    // First element. data<T>() checks that T holds the dtype (uint8_t for u8, bool and FP8 codes) and
     // that the tensor lives in host memory.
     void* raw_data() const noexcept;
     template <class T>
@@ -74,8 +78,8 @@ public:
     Tensor contiguous() const;  // itself if already contiguous
     Tensor clone() const;
 
-    // One element as float (FP8 codes decoded, i32 converted), and set from float (FP8: encoded
-    // round-to-nearest, saturating; u8/i32: must be an integer in range).
+    // One element as float (FP8 codes decoded, integers and f64 converted), and set from float
+    // (FP8: encoded round-to-nearest, saturating; integers and bool: must be an integer in range).
     float get(std::initializer_list<int64_t> index) const;
     void set(std::initializer_list<int64_t> index, float value) const;
     template <class T>

@@ -14,7 +14,8 @@ namespace fp8kit {
 // ---- DType ----
 
 namespace {
-constexpr std::string_view plain_names[] = {"f32", "bf16", "f16", "u8", "i32"};
+constexpr std::string_view plain_names[] = {"f32", "bf16", "f16", "u8",  "i32", "f64", "i8",
+                                             "i16", "i64",  "u16", "u32", "u64", "bool"};
 }
 
 std::string_view to_string(DType d) noexcept {
@@ -29,6 +30,7 @@ std::optional<DType> try_parse_dtype(std::string_view name) noexcept {
     if (name == "float32") return DType::f32;
     if (name == "bfloat16") return DType::bf16;
     if (name == "float16") return DType::f16;
+    if (name == "float64") return DType::f64;
     if (auto f = try_parse_format(name)) return dtype_of(*f);
     return std::nullopt;
 }
@@ -36,7 +38,7 @@ std::optional<DType> try_parse_dtype(std::string_view name) noexcept {
 DType parse_dtype(std::string_view name) {
     if (auto d = try_parse_dtype(name)) return *d;
     throw Error("unknown dtype '" + std::string(name) +
-                "', expected f32, bf16, f16, u8, i32 or an FP8 format (e4m3fn, e5m2, e4m3fnuz, e5m2fnuz, e8m0fnu)");
+                "', expected f32, bf16, f16, f64, i8, i16, i32, i64, u8, u16, u32, u64, bool or an FP8 format (e4m3fn, e5m2, e4m3fnuz, e5m2fnuz, e8m0fnu)");
 }
 
 Format format_of(DType d) {
@@ -115,7 +117,14 @@ Tensor Tensor::from(std::span<const T> values, Shape shape) {
     constexpr DType d = std::is_same_v<T, float> ? DType::f32
                         : std::is_same_v<T, bf16> ? DType::bf16
                         : std::is_same_v<T, f16> ? DType::f16
-                        : std::is_same_v<T, int32_t> ? DType::i32 : DType::u8;
+                        : std::is_same_v<T, double> ? DType::f64
+                        : std::is_same_v<T, int8_t> ? DType::i8
+                        : std::is_same_v<T, int16_t> ? DType::i16
+                        : std::is_same_v<T, int32_t> ? DType::i32
+                        : std::is_same_v<T, int64_t> ? DType::i64
+                        : std::is_same_v<T, uint16_t> ? DType::u16
+                        : std::is_same_v<T, uint32_t> ? DType::u32
+                        : std::is_same_v<T, uint64_t> ? DType::u64 : DType::u8;
     Tensor t = empty(std::move(shape), d);
     if (!values.empty()) std::memcpy(t.raw_data(), values.data(), values.size_bytes());
     return t;
@@ -125,6 +134,28 @@ template Tensor Tensor::from(std::span<const bf16>, Shape);
 template Tensor Tensor::from(std::span<const f16>, Shape);
 template Tensor Tensor::from(std::span<const uint8_t>, Shape);
 template Tensor Tensor::from(std::span<const int32_t>, Shape);
+template Tensor Tensor::from(std::span<const double>, Shape);
+template Tensor Tensor::from(std::span<const int8_t>, Shape);
+template Tensor Tensor::from(std::span<const int16_t>, Shape);
+template Tensor Tensor::from(std::span<const int64_t>, Shape);
+template Tensor Tensor::from(std::span<const uint16_t>, Shape);
+template Tensor Tensor::from(std::span<const uint32_t>, Shape);
+template Tensor Tensor::from(std::span<const uint64_t>, Shape);
+
+Tensor Tensor::view_of(std::shared_ptr<const void> owner, const void* data, Shape shape, DType dtype) {
+    check_shape(shape, "view_of");
+    if (reinterpret_cast<uintptr_t>(data) % dtype_size(dtype) != 0) {
+        throw Error("fp8kit::Tensor::view_of: data is not aligned to its " + std::to_string(dtype_size(dtype)) +
+                    "-byte elements (" + std::string(to_string(dtype)) + ")");
+    }
+    Tensor t;
+    // The aliasing constructor: t's storage points at data and owns a share of owner.
+    t.storage_ = std::shared_ptr<std::byte>(std::move(owner), static_cast<std::byte*>(const_cast<void*>(data)));
+    t.strides_ = row_major_strides(shape);
+    t.shape_ = std::move(shape);
+    t.dtype_ = dtype;
+    return t;
+}
 
 int64_t Tensor::size(int64_t d) const {
     const int64_t n = dim();
@@ -250,7 +281,14 @@ float Tensor::get(std::initializer_list<int64_t> index) const {
         case DType::bf16: return float(data<bf16>()[off]);
         case DType::f16: return float(data<f16>()[off]);
         case DType::i32: return float(data<int32_t>()[off]);
-        case DType::u8: return float(data<uint8_t>()[off]);
+        case DType::u8: case DType::boolean: return float(data<uint8_t>()[off]);
+        case DType::f64: return float(data<double>()[off]);
+        case DType::i8: return float(data<int8_t>()[off]);
+        case DType::i16: return float(data<int16_t>()[off]);
+        case DType::i64: return float(data<int64_t>()[off]);
+        case DType::u16: return float(data<uint16_t>()[off]);
+        case DType::u32: return float(data<uint32_t>()[off]);
+        case DType::u64: return float(data<uint64_t>()[off]);
         default: return decode(data<uint8_t>()[off], format_of(dtype_));
     }
 }
@@ -268,6 +306,15 @@ void Tensor::set(std::initializer_list<int64_t> index, float value) const {
         case DType::f16: data<f16>()[off] = f16(value); break;
         case DType::i32: integer(-2147483648.0, 2147483647.0); data<int32_t>()[off] = int32_t(value); break;
         case DType::u8: integer(0, 255); data<uint8_t>()[off] = uint8_t(value); break;
+        case DType::boolean: integer(0, 1); data<uint8_t>()[off] = uint8_t(value); break;
+        case DType::f64: data<double>()[off] = double(value); break;
+        case DType::i8: integer(-128, 127); data<int8_t>()[off] = int8_t(value); break;
+        case DType::i16: integer(-32768, 32767); data<int16_t>()[off] = int16_t(value); break;
+        // 2^63 and 2^64 are floats; the largest floats below them are in range.
+        case DType::i64: integer(-0x1p63, 0x1p63 - 0x1p39); data<int64_t>()[off] = int64_t(value); break;
+        case DType::u16: integer(0, 65535); data<uint16_t>()[off] = uint16_t(value); break;
+        case DType::u32: integer(0, 4294967295.0); data<uint32_t>()[off] = uint32_t(value); break;
+        case DType::u64: integer(0, 0x1p64 - 0x1p40); data<uint64_t>()[off] = uint64_t(value); break;
         default: data<uint8_t>()[off] = encode(value, format_of(dtype_)); break;
     }
 }

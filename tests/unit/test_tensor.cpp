@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -30,7 +31,9 @@ Tensor iota2(int64_t rows, int64_t cols) {
 }
 
 const DType all_dtypes[] = {DType::e4m3fn, DType::e5m2, DType::e4m3fnuz, DType::e5m2fnuz, DType::e8m0fnu,
-                            DType::f32,    DType::bf16, DType::f16,      DType::u8,       DType::i32};
+                            DType::f32,    DType::bf16, DType::f16,      DType::u8,       DType::i32,
+                            DType::f64,    DType::i8,   DType::i16,      DType::i64,      DType::u16,
+                            DType::u32,    DType::u64,  DType::boolean};
 
 TEST(Tensor, EmptyHasShapeRowMajorStridesSizeAndAlignment) {
     for (DType d : all_dtypes) {
@@ -48,7 +51,10 @@ TEST(Tensor, EmptyHasShapeRowMajorStridesSizeAndAlignment) {
         EXPECT_EQ(t.size(-3), 2);
         EXPECT_TRUE(t.is_contiguous());
         EXPECT_EQ(t.storage_offset(), 0);
-        const size_t elem = (d == DType::f32 || d == DType::i32) ? 4 : (d == DType::bf16 || d == DType::f16) ? 2 : 1;
+        const size_t elem = (d == DType::f64 || d == DType::i64 || d == DType::u64)   ? 8
+                            : (d == DType::f32 || d == DType::i32 || d == DType::u32) ? 4
+                            : (d == DType::bf16 || d == DType::f16 || d == DType::i16 || d == DType::u16) ? 2
+                                                                                                          : 1;
         EXPECT_EQ(t.nbytes(), 30 * elem);
         EXPECT_TRUE(aligned64(t.raw_data()));
     }
@@ -58,6 +64,14 @@ TEST(Tensor, EmptyHasShapeRowMajorStridesSizeAndAlignment) {
     EXPECT_EQ(dtype_size(DType::bf16), sizeof(bf16));
     EXPECT_EQ(dtype_size(DType::f16), sizeof(f16));
     EXPECT_EQ(dtype_size(DType::e4m3fn), 1u);
+    EXPECT_EQ(dtype_size(DType::f64), sizeof(double));
+    EXPECT_EQ(dtype_size(DType::i8), sizeof(int8_t));
+    EXPECT_EQ(dtype_size(DType::i16), sizeof(int16_t));
+    EXPECT_EQ(dtype_size(DType::i64), sizeof(int64_t));
+    EXPECT_EQ(dtype_size(DType::u16), sizeof(uint16_t));
+    EXPECT_EQ(dtype_size(DType::u32), sizeof(uint32_t));
+    EXPECT_EQ(dtype_size(DType::u64), sizeof(uint64_t));
+    EXPECT_EQ(dtype_size(DType::boolean), sizeof(bool));
     // Many allocations of odd sizes: every data pointer is 64-byte aligned.
     for (int64_t n = 1; n < 200; n += 7) {
         EXPECT_TRUE(aligned64(Tensor::empty({n}, DType::u8).raw_data())) << n;
@@ -124,7 +138,9 @@ TEST(DTypeNames, ToStringAndParseRoundTrip) {
     const std::pair<DType, const char*> names[] = {
         {DType::e4m3fn, "e4m3fn"}, {DType::e5m2, "e5m2"}, {DType::e4m3fnuz, "e4m3fnuz"},
         {DType::e5m2fnuz, "e5m2fnuz"}, {DType::e8m0fnu, "e8m0fnu"}, {DType::f32, "f32"},
-        {DType::bf16, "bf16"}, {DType::f16, "f16"}, {DType::u8, "u8"}, {DType::i32, "i32"}};
+        {DType::bf16, "bf16"}, {DType::f16, "f16"}, {DType::u8, "u8"}, {DType::i32, "i32"},
+        {DType::f64, "f64"}, {DType::i8, "i8"}, {DType::i16, "i16"}, {DType::i64, "i64"},
+        {DType::u16, "u16"}, {DType::u32, "u32"}, {DType::u64, "u64"}, {DType::boolean, "bool"}};
     for (const auto& [d, name] : names) {
         EXPECT_EQ(to_string(d), name);
         EXPECT_EQ(parse_dtype(name), d);
@@ -133,10 +149,11 @@ TEST(DTypeNames, ToStringAndParseRoundTrip) {
     EXPECT_EQ(parse_dtype("float32"), DType::f32);
     EXPECT_EQ(parse_dtype("bfloat16"), DType::bf16);
     EXPECT_EQ(parse_dtype("float16"), DType::f16);
+    EXPECT_EQ(parse_dtype("float64"), DType::f64);
     EXPECT_EQ(parse_dtype("e4m3"), DType::e4m3fn);
-    EXPECT_FALSE(try_parse_dtype("f64").has_value());
+    EXPECT_FALSE(try_parse_dtype("f128").has_value());
     EXPECT_FALSE(try_parse_dtype("").has_value());
-    expect_error([] { (void)parse_dtype("f64"); }, "'f64'");
+    expect_error([] { (void)parse_dtype("f128"); }, "'f128'");
     expect_error([] { (void)parse_dtype("F32"); }, "'F32'");
     // FP8 dtypes and formats convert by a cast.
     EXPECT_EQ(format_of(DType::e5m2fnuz), Format::e5m2fnuz);
@@ -434,6 +451,51 @@ TEST(TensorElements, BadIndicesThrowNamingTheProblem) {
     // Out of range in a view is judged by the view's shape, not the storage's.
     const Tensor v = x.slice(1, 1, 3);
     expect_error([&] { (void)v.get({0, 2}); }, "out of range");
+}
+
+// The appended element types: from() picks the dtype of the C++ type, get/set convert exactly and
+// refuse values outside the type (bounds: the C++ limits, as float).
+TEST(Tensor, WiderIntegerAndF64ElementsFromGetSet) {
+    EXPECT_EQ(Tensor::from(std::vector<double>{1.5}, {1}).dtype(), DType::f64);
+    EXPECT_EQ(Tensor::from(std::vector<int8_t>{-3}, {1}).get({0}), -3.0f);
+    EXPECT_EQ(Tensor::from(std::vector<int16_t>{-300}, {1}).get({0}), -300.0f);
+    EXPECT_EQ(Tensor::from(std::vector<int64_t>{int64_t(1) << 40}, {1}).get({0}), 0x1p40f);
+    EXPECT_EQ(Tensor::from(std::vector<uint16_t>{65535}, {1}).get({0}), 65535.0f);
+    EXPECT_EQ(Tensor::from(std::vector<uint32_t>{4000000000u}, {1}).get({0}), 4.0e9f);
+    EXPECT_EQ(Tensor::from(std::vector<uint64_t>{uint64_t(1) << 63}, {1}).dtype(), DType::u64);
+    const Tensor b = Tensor::zeros({2}, DType::boolean);
+    b.set({1}, 1.0f);
+    EXPECT_EQ(b.data<uint8_t>()[1], 1);
+    expect_error([&] { b.set({0}, 2.0f); }, "not a bool value");
+    const Tensor i8 = Tensor::zeros({1}, DType::i8);
+    expect_error([&] { i8.set({0}, 128.0f); }, "not a i8 value");
+    i8.set({0}, -128.0f);
+    EXPECT_EQ(i8.data<int8_t>()[0], -128);
+    const Tensor u64 = Tensor::zeros({1}, DType::u64);
+    expect_error([&] { u64.set({0}, 0x1p64f); }, "not a u64 value");
+    u64.set({0}, 0x1p63f);
+    EXPECT_EQ(u64.data<uint64_t>()[0], uint64_t(1) << 63);
+    const Tensor i64 = Tensor::zeros({1}, DType::i64);
+    expect_error([&] { i64.set({0}, 0x1p63f); }, "not a i64 value");
+    i64.set({0}, -0x1p63f);
+    EXPECT_EQ(i64.data<int64_t>()[0], INT64_MIN);
+    expect_error([&] { (void)Tensor::zeros({1}, DType::u16).data<int16_t>(); }, "u16");
+}
+
+// view_of shares the owner (kept alive by the tensor) and refuses misaligned data.
+TEST(Tensor, ViewOfExternalMemoryKeepsItsOwnerAlive) {
+    auto owner = std::make_shared<std::vector<float>>(std::vector<float>{1, 2, 3, 4, 5, 6});
+    std::weak_ptr<std::vector<float>> watch = owner;
+    const float* p = owner->data();
+    Tensor t = Tensor::view_of(std::move(owner), p + 1, {2, 2}, DType::f32);
+    EXPECT_FALSE(watch.expired());
+    EXPECT_EQ(t.data<float>(), p + 1);
+    EXPECT_EQ(t.get({1, 1}), 5.0f);
+    EXPECT_TRUE(t.is_contiguous());
+    const auto bytes = std::make_shared<std::vector<std::byte>>(16);
+    expect_error([&] { (void)Tensor::view_of(bytes, bytes->data() + 1, {2}, DType::i32); }, "not aligned");
+    t = Tensor();
+    EXPECT_TRUE(watch.expired());
 }
 
 }  // namespace

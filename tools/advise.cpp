@@ -1,0 +1,185 @@
+// tools/advise.cpp: `fp8kit advise (--shapes MxNxK,... | --model FILE) --out POLICY [--tokens M]
+// [--recipe R] [--input-dtype f32|bf16] [--min-speedup X] [--budget S]` - per linear layer (M tokens,
+// N outputs, K inputs), on this machine: the FP8 GEMM with the cast of A fused in (fp8kit::gemm
+// on f32 or bf16 A and the recipe, the weight quantized and packed once, outside the timing) timed
+// against the float32 baseline the GEMM benchmark uses, OpenBLAS's cblas_sgemm on the same thread
+// count (bench::openblas_sgemm); the FP8 result's SQNR on sample activations - N(0,1) A
+// (bench::normal_tensor), with N(0,1) weights for --shapes or the model's own weights - against
+// the float64 product of the unquantized inputs; and the policy (docs/CHECKPOINTS.md): per layer
+// fp8 yes/no, the recipe and why, which `fp8kit quantize --policy` reads. A layer runs in FP8 when
+// it is at least --min-speedup times as fast and its SQNR meets the NUMERICS.md GEMM floor (25 dB).
+// Timings are the best of repeated runs (bench::best_seconds, about --budget seconds each).
+// Checked by tests/e2e/test_checkpoint.sh (the policy's format and decisions with --min-speedup
+// 0 and 1e9, quantize honouring it) - never its timings.
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <charconv>
+#include <sstream>
+#include <vector>
+
+#include "checkpoint.hpp"
+#include "commands.hpp"
+#include "common.hpp"
+#include "fp8kit/error.hpp"
+#include "fp8kit/gemm.hpp"
+#include "fp8kit/recipe.hpp"
+#include "fp8kit/runtime.hpp"
+
+namespace fp8kit::tools {
+
+namespace {
+
+struct AdviseArgs {
+    std::string shapes, model, recipe = "block", input_dtype = "f32", out;
+    int64_t tokens = 256;
+    double budget = 0.2;       // seconds of timing per measurement
+    double min_speedup = 1.0;  // FP8 must be at least this much faster than f32
+};
+
+constexpr double sqnr_floor = 25.0;  // docs/NUMERICS.md: FP8 GEMM vs the float64 product
+constexpr int64_t sample_rows = 8;   // rows of D compared with the float64 product
+
+struct Layer {
+    std::string name;  // empty for --shapes
+    int64_t m, n, k;
+    Tensor weight;  // [n, k] f32
+};
+
+std::vector<Layer> parse_shapes(const std::string& text) {
+    std::vector<Layer> layers;
+    std::stringstream ss(text);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        // M x N x K: three decimal numbers of at most 9 digits, nothing else.
+        int64_t v[3] = {0, 0, 0};
+        const char* p = item.data();
+        const char* end = item.data() + item.size();
+        bool ok = true;
+        for (int i = 0; i < 3 && ok; ++i) {
+            const char* start = p;
+            const auto r = std::from_chars(p, end, v[i]);
+            ok = r.ec == std::errc() && r.ptr - start <= 9;
+            p = r.ptr;
+            if (ok && i < 2) ok = p != end && *p++ == 'x';
+        }
+        if (!ok || p != end) throw Error("--shapes: '" + item + "' is not MxNxK (e.g. 16x4096x4096)");
+        if (v[0] < 1 || v[1] < 1 || v[2] < 1 || v[0] * v[1] > (int64_t(1) << 31) || v[1] * v[2] > (int64_t(1) << 31) ||
+            v[0] * v[2] > (int64_t(1) << 31)) {
+            throw Error("--shapes: '" + item + "' needs dimensions >= 1 and M*N, N*K, M*K <= 2^31");
+        }
+        layers.push_back({"", v[0], v[1], v[2], bench::normal_tensor(v[1], v[2], DType::f32, uint32_t(layers.size() + 1))});
+    }
+    if (layers.empty()) throw Error("--shapes: no shapes given");
+    return layers;
+}
+
+// The 2-D floating weights quantize would convert by default (the same skip rule).
+std::vector<Layer> model_layers(const std::string& path, int64_t tokens) {
+    const Checkpoint c(path);
+    const SkipRule skip;
+    std::vector<Layer> layers;
+    for (const std::string& name : c.names()) {
+        const SafetensorsEntry& e = c.shard(c.shard_of(name)).entry(name);
+        if (e.shape.size() != 2 || !is_float_weight(e.dtype) || skip.skips(name)) continue;
+        layers.push_back({name, tokens, e.shape[0], e.shape[1], to_f32(c.tensor(name)).contiguous()});
+    }
+    if (layers.empty()) throw Error(path + ": no 2-D floating weights to advise on");
+    return layers;
+}
+
+// SQNR of D's first rows against the float64 product of the values of A and W (both f32 here).
+double gemm_sqnr(const Tensor& a, const Tensor& w, const Tensor& d) {
+    const int64_t rows = std::min(sample_rows, a.size(0)), n = w.size(0), k = w.size(1);
+    const float* pa = a.data<float>();
+    const float* pw = w.data<float>();
+    std::vector<double> ref(size_t(rows * n));
+    for (int64_t i = 0; i < rows; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+            double s = 0;
+            for (int64_t p = 0; p < k; ++p) s += double(pa[i * k + p]) * double(pw[j * k + p]);
+            ref[size_t(i * n + j)] = s;
+        }
+    }
+    return compare(ref.data(), d.data<float>(), rows * n).sqnr_db;
+}
+
+void run_advise(const AdviseArgs& a) {
+    if (a.shapes.empty() == a.model.empty()) throw Error("advise needs exactly one of --shapes and --model");
+    if (a.tokens < 1) throw Error("--tokens " + std::to_string(a.tokens) + ": expected >= 1");
+    if (!(a.budget > 0)) throw Error("--budget " + std::to_string(a.budget) + ": expected seconds > 0");
+    const Recipe recipe = parse_recipe(a.recipe);
+    if (recipe.kind == RecipeKind::delayed) throw Error("--recipe delayed needs training state; use tensorwise, rowwise, block or mxfp8");
+    const Scheme scheme = scheme_of_recipe(a.recipe);
+    if (a.input_dtype != "f32" && a.input_dtype != "bf16") throw Error("--input-dtype " + a.input_dtype + ": expected f32 or bf16");
+    const DType input_dtype = a.input_dtype == "f32" ? DType::f32 : DType::bf16;
+    const std::vector<Layer> layers = a.model.empty() ? parse_shapes(a.shapes) : model_layers(a.model, a.tokens);
+    const int threads = num_threads();
+    {
+        float probe = 0;
+        const float one = 1;
+        if (!bench::openblas_sgemm(&one, &one, &probe, 1, 1, 1, threads)) {
+            throw Error("advise times FP8 against OpenBLAS sgemm, and this build has no OpenBLAS (scripts/setup.sh installs it)");
+        }
+    }
+    std::printf("baseline: OpenBLAS cblas_sgemm, float32, %d thread(s); FP8: fp8kit::gemm, recipe %s, %s A cast fused, "
+                "W quantized and packed once; SQNR vs the float64 product on %lld rows of N(0,1) activations\n",
+                threads, a.recipe.c_str(), a.input_dtype.c_str(), static_cast<long long>(sample_rows));
+    std::printf("%-40s %-18s %11s %11s %8s %9s  %s\n", "layer", "MxNxK", "f32 ms", "fp8 ms", "speedup", "SQNR dB", "fp8");
+    Policy policy;
+    for (size_t i = 0; i < layers.size(); ++i) {
+        const Layer& l = layers[i];
+        // A as given to the FP8 GEMM (f32 or bf16) and its exact values in f32 for the baseline.
+        const Tensor x = bench::normal_tensor(l.m, l.k, input_dtype, uint32_t(1000 + i));
+        const Tensor x32 = to_f32(x);
+        Tensor d32 = Tensor::empty({l.m, l.n}, DType::f32);
+        const double t32 = bench::best_seconds(
+            [&] { bench::openblas_sgemm(x32.data<float>(), l.weight.data<float>(), d32.data<float>(), l.m, l.n, l.k, threads); },
+            a.budget);
+        const PackedWeight w(quantize(l.weight, recipe.options(Role::weight)));
+        const QuantizeOptions qa = recipe.options(Role::input);
+        Tensor d8;
+        const double t8 = bench::best_seconds([&] { d8 = gemm({x, qa}, w); }, a.budget);
+        const double sqnr = gemm_sqnr(x32, l.weight, d8);
+        const double speedup = t32 / t8;
+        PolicyLayer pl;
+        if (l.name.empty()) {
+            pl.weight_shape = {l.n, l.k};
+        } else {
+            pl.name = l.name;
+        }
+        pl.fp8 = speedup >= a.min_speedup && sqnr >= sqnr_floor;
+        if (pl.fp8) pl.scheme = scheme;
+        char reason[200];
+        std::snprintf(reason, sizeof reason, "%s: fp8 %.2fx f32 speed at M=%lld (need %.2fx), sqnr %.1f dB (floor %.0f)",
+                      pl.fp8 ? "faster and accurate" : (sqnr < sqnr_floor ? "not accurate enough" : "not faster"), speedup,
+                      static_cast<long long>(l.m), a.min_speedup, sqnr, sqnr_floor);
+        pl.reason = reason;
+        const std::string dims = std::to_string(l.m) + "x" + std::to_string(l.n) + "x" + std::to_string(l.k);
+        std::printf("%-40s %-18s %11.3f %11.3f %8.2f %9.2f  %s\n", (l.name.empty() ? dims : l.name).substr(0, 40).c_str(),
+                    dims.c_str(), t32 * 1e3, t8 * 1e3, speedup, sqnr, pl.fp8 ? "yes" : "no");
+        policy.layers.push_back(std::move(pl));
+    }
+    Output out(a.out, false);
+    out.write_text(a.out, policy_json(policy));
+    out.commit();
+    std::printf("policy written to %s (fp8kit quantize IN OUT --policy %s)\n", a.out.c_str(), a.out.c_str());
+}
+
+}  // namespace
+
+void add_advise_command(CLI::App& app) {
+    auto a = std::make_shared<AdviseArgs>();
+    CLI::App* c = app.add_subcommand("advise", "time FP8 against f32 per linear layer on this machine and write a policy");
+    c->add_option("--shapes", a->shapes, "linear layers as MxNxK (tokens x outputs x inputs), comma-separated");
+    c->add_option("--model", a->model, "a safetensors checkpoint (file or shard directory): each 2-D weight [N, K], M = --tokens");
+    c->add_option("--out", a->out, "where to write the policy JSON")->required();
+    c->add_option("--tokens", a->tokens, "M for --model")->capture_default_str();
+    c->add_option("--recipe", a->recipe, "tensorwise, rowwise, block or mxfp8")->capture_default_str();
+    c->add_option("--input-dtype", a->input_dtype, "activations given to the FP8 GEMM: f32 or bf16")->capture_default_str();
+    c->add_option("--min-speedup", a->min_speedup, "FP8 only where at least this much faster than f32")->capture_default_str();
+    c->add_option("--budget", a->budget, "seconds of timing per measurement")->capture_default_str();
+    c->callback([a] { run_advise(*a); });
+}
+
+}  // namespace fp8kit::tools
