@@ -8,5 +8,7 @@ namespace fp8kit::tools {
 
 void add_formats_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
+void add_train_command(CLI::App& app);
+void add_generate_command(CLI::App& app);
 
 }  // namespace fp8kit::tools

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "fp8kit/nn.hpp"
+#include "nn/ops.hpp"
 
 namespace fp8kit::nn {
 
@@ -33,7 +34,7 @@ void AdamW::step(float lr) {
         float* v = v_[i].data();
         const float wd = p.value.dim() >= 2 ? opts_.weight_decay : 0.0f;
         const int64_t n = p.value.numel();
-#pragma omp parallel for schedule(static) if (n > 65536)
+#pragma omp parallel for schedule(static) if (n > ops::parallel_min_work)
         for (int64_t j = 0; j < n; ++j) {
             m[j] = opts_.beta1 * m[j] + (1.0f - opts_.beta1) * g[j];
             v[j] = opts_.beta2 * v[j] + (1.0f - opts_.beta2) * g[j] * g[j];

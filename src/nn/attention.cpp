@@ -16,7 +16,7 @@ template <class T>
 void attention_forward(T* out, T* att, const T* qkv, int64_t b, int64_t t, int64_t c, int64_t nh) {
     const int64_t hs = c / nh;  // head size
     const double scale = 1.0 / std::sqrt(double(hs));
-#pragma omp parallel for schedule(static) collapse(2)
+#pragma omp parallel for schedule(static) collapse(2) if (b * t * t * c > 16 * parallel_min_work)
     for (int64_t bb = 0; bb < b; ++bb)
         for (int64_t h = 0; h < nh; ++h)
             for (int64_t t1 = 0; t1 < t; ++t1) {
@@ -48,7 +48,7 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, int6
     const int64_t hs = c / nh;
     const double scale = 1.0 / std::sqrt(double(hs));
     // Each (batch, head) writes only its own slices of dq, dk, dv: no two iterations share an output.
-#pragma omp parallel for schedule(static) collapse(2)
+#pragma omp parallel for schedule(static) collapse(2) if (b * t * t * c > 16 * parallel_min_work)
     for (int64_t bb = 0; bb < b; ++bb)
         for (int64_t h = 0; h < nh; ++h) {
             for (int64_t t1 = 0; t1 < t; ++t1)

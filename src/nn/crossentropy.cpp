@@ -11,7 +11,7 @@ namespace ops {
 
 template <class T>
 void crossentropy_forward(T* losses, T* probs, const T* logits, const int32_t* targets, int64_t rows, int64_t v) {
-#pragma omp parallel for schedule(static) if (rows * v > 65536)
+#pragma omp parallel for schedule(static) if (rows * v > parallel_min_work)
     for (int64_t r = 0; r < rows; ++r) {
         const T* z = logits + r * v;  // [V]
         double maxv = double(z[0]);
@@ -26,7 +26,7 @@ void crossentropy_forward(T* losses, T* probs, const T* logits, const int32_t* t
 
 template <class T>
 void crossentropy_backward(T* dlogits, const T* probs, const int32_t* targets, T dloss, int64_t rows, int64_t v) {
-#pragma omp parallel for schedule(static) if (rows * v > 65536)
+#pragma omp parallel for schedule(static) if (rows * v > parallel_min_work)
     for (int64_t r = 0; r < rows; ++r)
         for (int64_t i = 0; i < v; ++i)
             dlogits[r * v + i] = (probs[r * v + i] - (i == targets[r] ? T(1) : T(0))) * dloss;

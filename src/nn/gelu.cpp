@@ -13,7 +13,7 @@ namespace ops {
 template <class T>
 void gelu_forward(T* out, const T* inp, int64_t n) {
     const T s = T(std::sqrt(2.0 / std::numbers::pi));
-#pragma omp parallel for schedule(static) if (n > 65536)
+#pragma omp parallel for schedule(static) if (n > parallel_min_work)
     for (int64_t i = 0; i < n; ++i) {
         const T x = inp[i];
         out[i] = T(0.5) * x * (T(1) + std::tanh(s * (x + T(0.044715) * x * x * x)));
@@ -23,7 +23,7 @@ void gelu_forward(T* out, const T* inp, int64_t n) {
 template <class T>
 void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) {
     const T s = T(std::sqrt(2.0 / std::numbers::pi));
-#pragma omp parallel for schedule(static) if (n > 65536)
+#pragma omp parallel for schedule(static) if (n > parallel_min_work)
     for (int64_t i = 0; i < n; ++i) {
         const T x = inp[i];
         const T th = std::tanh(s * (x + T(0.044715) * x * x * x));

@@ -15,7 +15,7 @@ constexpr double norm_eps = 1e-5;
 
 template <class T>
 void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias, int64_t rows, int64_t c) {
-#pragma omp parallel for schedule(static) if (rows * c > 65536)
+#pragma omp parallel for schedule(static) if (rows * c > parallel_min_work)
     for (int64_t r = 0; r < rows; ++r) {
         const T* x = inp + r * c;  // [C]
         double s = 0.0;
@@ -34,7 +34,7 @@ template <class T>
 void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, const T* mean,
                         const T* rstd, int64_t rows, int64_t c) {
     // dx = rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = dout * weight
-#pragma omp parallel for schedule(static) if (rows * c > 65536)
+#pragma omp parallel for schedule(static) if (rows * c > parallel_min_work)
     for (int64_t r = 0; r < rows; ++r) {
         const T* x = inp + r * c;
         const T* g = dout + r * c;
@@ -63,7 +63,7 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
 
 template <class T>
 void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* weight, int64_t rows, int64_t c) {
-#pragma omp parallel for schedule(static) if (rows * c > 65536)
+#pragma omp parallel for schedule(static) if (rows * c > parallel_min_work)
     for (int64_t r = 0; r < rows; ++r) {
         const T* x = inp + r * c;
         double ss = 0.0;
@@ -78,7 +78,7 @@ template <class T>
 void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, const T* rstd, int64_t rows,
                       int64_t c) {
     // dx_i = rstd * w_i g_i - rstd^3 x_i / C * sum_j w_j g_j x_j
-#pragma omp parallel for schedule(static) if (rows * c > 65536)
+#pragma omp parallel for schedule(static) if (rows * c > parallel_min_work)
     for (int64_t r = 0; r < rows; ++r) {
         const T* x = inp + r * c;
         const T* g = dout + r * c;

@@ -34,7 +34,7 @@ void matmul_kernel(T* c, const T* a, Trans ta, const T* b, Trans tb, int64_t m, 
     // right edge so the kernel always runs full tiles and stores only the valid columns.
     const int64_t panels = (n + tile_cols - 1) / tile_cols;
     std::vector<T> bp(size_t(panels * k * tile_cols), T(0));
-#pragma omp parallel for schedule(static) if (k * n > 65536)
+#pragma omp parallel for schedule(static) if (k * n > 4 * parallel_min_work)
     for (int64_t p = 0; p < panels; ++p) {
         const int64_t cols = std::min(tile_cols, n - p * tile_cols);
         T* dst = bp.data() + p * k * tile_cols;
@@ -46,7 +46,7 @@ void matmul_kernel(T* c, const T* a, Trans ta, const T* b, Trans tb, int64_t m, 
     }
     const int64_t row_tiles = (m + tile_rows - 1) / tile_rows;
     const int64_t tasks = row_tiles * panels;
-#pragma omp parallel for schedule(static) if (m * n * k > 262144)
+#pragma omp parallel for schedule(static) if (m * n * k > 32 * parallel_min_work)
     for (int64_t task = 0; task < tasks; ++task) {
         const int64_t i0 = (task / panels) * tile_rows, p = task % panels;
         const T* panel = bp.data() + p * k * tile_cols;
