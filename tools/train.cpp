@@ -18,6 +18,7 @@
 #include "common.hpp"
 #include "fp8kit/nn.hpp"
 #include "fp8kit/runtime.hpp"
+#include "platform/platform.hpp"
 
 namespace fp8kit::tools {
 namespace {
@@ -28,6 +29,13 @@ struct TrainArgs {
     int threads = 0;
     uint64_t seed = 1;
 };
+
+// Replaces `path` with `text` (temporary + fsync + rename: never a half-written file).
+void write_file(const std::string& path, const std::string& text) {
+    platform::ReplacingFile f(path);
+    f.write(text.data(), text.size());
+    f.commit();
+}
 
 std::string read_text(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
@@ -83,7 +91,7 @@ void write_svg(const std::string& path, const std::vector<nn::TrainResult>& runs
           << t + 20 * double(i) + 14 << "\">" << runs[i].recipe << "</text>\n";
     }
     o << "</svg>\n";
-    std::ofstream(path) << o.str();
+    write_file(path, o.str());
 }
 
 std::string mib(size_t bytes) {
@@ -148,7 +156,7 @@ void run_train(const TrainArgs& a) {
     std::cout << "\nfinal loss: held-out (last 10% of the text), nats per byte. weights: float32 parameters + grads + AdamW"
                  " state; activations: what forward keeps for backward.\n";
     // Curves
-    std::ofstream csv(a.out + "/losses.csv");
+    std::ostringstream csv;
     csv << "step";
     for (const auto& r : runs) csv << "," << r.recipe;
     csv << "\n";
@@ -157,6 +165,7 @@ void run_train(const TrainArgs& a) {
         for (const auto& r : runs) csv << "," << r.losses[size_t(s)];
         csv << "\n";
     }
+    write_file(a.out + "/losses.csv", csv.str());
     write_svg(a.out + "/losses.svg", runs);
     std::cout << "wrote " << a.out << "/losses.csv, " << a.out << "/losses.svg and " << a.out << "/model_<recipe>.fp8kit\n";
 }
@@ -167,7 +176,7 @@ void add_train_command(CLI::App& app) {
     CLI::App* cmd = app.add_subcommand("train", "train the small GPT with every recipe (f32, bf16, FP8) and compare");
     auto a = std::make_shared<TrainArgs>();
     cmd->add_option("--data", a->data, "text file to train on (default: the built-in corpus)");
-    cmd->add_option("--steps", a->steps, "training steps per recipe (default 300)");
+    cmd->add_option("--steps", a->steps, "training steps per recipe (default 200)");
     cmd->add_option("--recipe", a->recipe, "all, or a comma list of f32, bf16, tensorwise, rowwise, block, delayed, mxfp8");
     cmd->add_option("--threads", a->threads, "threads (default: all cores)");
     cmd->add_option("--seed", a->seed, "initialisation and data order");

@@ -8,15 +8,15 @@
 //   u32 metadata count, then per entry: u32 key length, key bytes, u32 value length, value bytes
 //   u32 tensor count, then per tensor: u32 name length, name bytes, u32 rank, i64 dims[rank],
 //   float32 values (row-major, product of dims of them)
-// Written to a temporary file and renamed, so a failure never leaves a half-written model.
+// Written through platform::ReplacingFile (temporary + fsync + rename): a failure never leaves a
+// half-written model.
 // Checked by tests/nn/test_train.cpp (save, load, identical logits) and the CLI e2e test.
 #include <bit>
-#include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <map>
 
 #include "fp8kit/nn.hpp"
+#include "platform/platform.hpp"
 
 namespace fp8kit::nn {
 namespace {
@@ -27,45 +27,34 @@ constexpr char magic[9] = "FP8KNN01";
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
 template <class T>
-void put(std::ofstream& out, const T& v) {
-    out.write(reinterpret_cast<const char*>(&v), sizeof v);
+void put(std::string& out, const T& v) {
+    out.append(reinterpret_cast<const char*>(&v), sizeof v);
 }
-void put_string(std::ofstream& out, const std::string& s) {
+void put_string(std::string& out, const std::string& s) {
     put(out, uint32_t(s.size()));
-    out.write(s.data(), std::streamsize(s.size()));
+    out.append(s);
 }
 
 void write_tensors(const std::string& path, const NamedTensors& tensors, const std::map<std::string, std::string>& metadata) {
-    const std::string tmp = path + ".tmp";
-    {
-        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-        if (!out) throw Error("fp8kit::nn::save_model: cannot write '" + tmp + "'");
-        out.write(magic, 8);
-        put(out, uint32_t(metadata.size()));
-        for (const auto& [k, v] : metadata) {
-            put_string(out, k);
-            put_string(out, v);
-        }
-        put(out, uint32_t(tensors.size()));
-        for (const auto& [name, t] : tensors) {
-            const Tensor c = t.contiguous();
-            put_string(out, name);
-            put(out, uint32_t(c.dim()));
-            for (int64_t d : c.shape()) put(out, d);
-            out.write(reinterpret_cast<const char*>(c.data<float>()), std::streamsize(c.nbytes()));
-        }
-        out.flush();
-        if (!out) {
-            std::filesystem::remove(tmp);
-            throw Error("fp8kit::nn::save_model: writing '" + tmp + "' failed");
-        }
+    std::string head(magic, 8);
+    put(head, uint32_t(metadata.size()));
+    for (const auto& [k, v] : metadata) {
+        put_string(head, k);
+        put_string(head, v);
     }
-    std::error_code ec;
-    std::filesystem::rename(tmp, path, ec);
-    if (ec) {
-        std::filesystem::remove(tmp);
-        throw Error("fp8kit::nn::save_model: cannot rename to '" + path + "': " + ec.message());
+    put(head, uint32_t(tensors.size()));
+    platform::ReplacingFile out(path);  // nothing at `path` changes unless commit() is reached
+    out.write(head.data(), head.size());
+    for (const auto& [name, t] : tensors) {
+        const Tensor c = t.contiguous();
+        std::string h;
+        put_string(h, name);
+        put(h, uint32_t(c.dim()));
+        for (int64_t d : c.shape()) put(h, d);
+        out.write(h.data(), h.size());
+        out.write(c.data<float>(), c.nbytes());
     }
+    out.commit();
 }
 
 struct Reader {
