@@ -3,6 +3,10 @@
 // enable_layerwise_casting (weights stored in FP8, upcast per layer; Diffusers'
 // enable_layerwise_casting, with the same default skip patterns). Checked on a model with odd
 // shapes in tests/nn/test_convert.cpp (report, skip rules, bytes).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <limits>
 #include <regex>
 #include <sstream>
 
@@ -10,14 +14,64 @@
 
 namespace fp8kit::nn {
 
+namespace {
+
+// Seconds for the best of 3 forward + backward passes of `layer` on x (dy = ones).
+double time_linear(Linear& layer, const Tensor& x, const Tensor& dy) {
+    double best = 1e30;
+    for (int rep = 0; rep < 3; ++rep) {
+        const auto t0 = std::chrono::steady_clock::now();
+        layer.forward(x);
+        layer.backward(dy);
+        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return best;
+}
+
+// The break-even of this machine, measured: square Linear layers (d x d, 256 rows, the GPT's
+// batch x context) forward + backward in float32 (src/nn's GEMM) and as a tensorwise
+// Float8Linear (three FP8 GEMMs and their casts through fp8kit::gemm), d = 64 ... 1024; the
+// threshold is the smallest d from which FP8 is faster at every larger d measured. torchao fixes
+// its thresholds (K <= 4096, N <= 1024 skipped) from H100 measurements; on a CPU the balance is
+// different (the FP8 GEMM is bf16 arithmetic on widened codes, the float32 GEMM is plain FMA),
+// so it is measured here rather than copied.
+AutoFilterThresholds measure_thresholds() {
+    const int64_t rows = 256;
+    std::vector<int64_t> dims{64, 128, 256, 512, 1024};
+    std::vector<std::pair<double, double>> times;  // f32, fp8 per d
+    for (int64_t d : dims) {
+        Linear f32(d, d, false);
+        float* w = f32.weight().value.data<float>();
+        for (int64_t i = 0; i < d * d; ++i) w[i] = float((i * 7919) % 201 - 100) * 1e-3f;
+        Float8Linear fp8(f32, Float8LinearOptions{});
+        std::vector<float> xv(size_t(rows * d));
+        for (size_t i = 0; i < xv.size(); ++i) xv[i] = float(int64_t(i * 104729) % 199 - 99) * 1e-2f;
+        const Tensor x = Tensor::from(xv, {rows, d});
+        const Tensor dy = Tensor::from(std::vector<float>(size_t(rows * d), 1e-3f), {rows, d});
+        times.emplace_back(time_linear(f32, x, dy), time_linear(fp8, x, dy));
+    }
+    size_t from = dims.size();
+    while (from > 0 && times[from - 1].second < times[from - 1].first) --from;
+    std::ostringstream why;
+    why << "measured on this machine (d x d Linear, " << rows << " rows, forward + backward, best of 3; f32 / fp8 ms):";
+    for (size_t i = 0; i < dims.size(); ++i) {
+        char buf[64];
+        std::snprintf(buf, sizeof buf, " %lld: %.2f / %.2f", (long long)dims[i], times[i].first * 1e3, times[i].second * 1e3);
+        why << buf;
+    }
+    if (from == dims.size()) {
+        why << "; FP8 was not faster at any size up to " << dims.back() << ", so nothing is converted";
+        return {std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::max(), why.str()};
+    }
+    why << "; FP8 is faster from " << dims[from] << " on";
+    return {dims[from], dims[from], why.str()};
+}
+
+}  // namespace
+
 AutoFilterThresholds auto_filter_thresholds() {
-    // docs/PERF.md, "FP8 Linear break-even": on the project's 2-core AVX2 machine the FP8 GEMM
-    // (three GEMMs plus their casts) is slower than the float32 GEMM of src/nn for every layer
-    // narrower than this, measured with `fp8kit bench linear` (tokens = 512).
-    return {1024, 1024,
-            "FP8 pays only from in >= 1024 and out >= 1024 on this machine (docs/PERF.md, 'FP8 Linear break-even': "
-            "below that the casts and the FP8 GEMM cost more than the float32 GEMM; torchao's own rule of thumb on "
-            "H100 is similar: dims < ~4096 or outputs < 1024 do not pay)"};
+    static const AutoFilterThresholds t = measure_thresholds();  // once per process
+    return t;
 }
 
 LinearFilter default_filter() {
@@ -38,7 +92,7 @@ LinearFilter auto_filter() {
         if (l.in_features() < t.min_in || l.out_features() < t.min_out) {
             why = "in " + std::to_string(l.in_features()) + " x out " + std::to_string(l.out_features()) +
                   ": below the FP8 break-even (in >= " + std::to_string(t.min_in) + ", out >= " +
-                  std::to_string(t.min_out) + ")";
+                  std::to_string(t.min_out) + ", " + t.reason + ")";
             return false;
         }
         return true;
