@@ -321,7 +321,7 @@ std::string_view builtin_corpus();  // a few tens of KB of public-domain English
 
 struct TrainConfig {
     GPTConfig model;
-    int64_t batch = 8, steps = 200;
+    int64_t batch = 8, steps = 150;
     float lr = 3e-3f;          // peak; linear warmup over the first 10% of steps, cosine to lr / 10
     uint64_t seed = 1;         // initialisation and data order (the same for every recipe)
     int64_t eval_batches = 4;  // held-out loss: the last 10% of the text, fixed windows

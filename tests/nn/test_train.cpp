@@ -23,8 +23,9 @@ TrainConfig tiny(int64_t steps) {
 }
 
 TEST(Train, SameSeedSameLossesBitForBit) {
-    const TrainConfig c = tiny(12);
-    for (const char* recipe : {"f32", "delayed", "block"}) {
+    // f32, and delayed scaling (its amax history is state carried from step to step).
+    const TrainConfig c = tiny(8);
+    for (const char* recipe : {"f32", "delayed"}) {
         SCOPED_TRACE(recipe);
         const TrainResult a = train_gpt(builtin_corpus(), c, recipe), b = train_gpt(builtin_corpus(), c, recipe);
         ASSERT_EQ(a.losses.size(), b.losses.size());
