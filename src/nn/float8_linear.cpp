@@ -31,6 +31,14 @@ Float8Linear::Float8Linear(const Linear& src, Float8LinearOptions opts) : Linear
 QTensor Float8Linear::quantize_operand(const Tensor& t, Role role, bool transpose) {
     if (opts_.recipe.kind == RecipeKind::delayed) {
         DelayedScaling& d = role == Role::input ? *delayed_x_ : role == Role::weight ? *delayed_w_ : *delayed_dy_;
+        // Before its first step a DelayedScaling has no history and scale 1 (TransformerEngine's
+        // initial state): gradients of ~1e-5 would then flush to zero in e5m2, and Adam turns
+        // what survives into full-size steps. As torchao's Float8Linear does, the first use
+        // records this tensor's amax and derives the scale from it (a throwaway cast, then step()).
+        if (d.amax_history()[0] == 0.0f && d.scale() == 1.0f) {
+            d.quantize(t);
+            d.step();
+        }
         return d.quantize(t, transpose);
     }
     QuantizeOptions o = opts_.recipe.options(role);
