@@ -8,6 +8,8 @@ namespace fp8kit::tools {
 
 void add_formats_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
+void add_train_command(CLI::App& app);
+void add_generate_command(CLI::App& app);
 void add_quantize_command(CLI::App& app);
 void add_inspect_command(CLI::App& app);
 void add_dequantize_command(CLI::App& app);

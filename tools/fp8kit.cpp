@@ -14,6 +14,8 @@ int main(int argc, char** argv) {
     app.require_subcommand(1);
     fp8kit::tools::add_formats_command(app);
     fp8kit::tools::add_bench_command(app);
+    fp8kit::tools::add_train_command(app);
+    fp8kit::tools::add_generate_command(app);
     fp8kit::tools::add_quantize_command(app);
     fp8kit::tools::add_inspect_command(app);
     fp8kit::tools::add_dequantize_command(app);

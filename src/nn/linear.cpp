@@ -1,0 +1,121 @@
+// src/nn/linear.cpp: linear_forward / linear_backward (on ops::matmul) and the Linear module
+// (float32, or bf16-emulated GEMM inputs; or an FP8-stored weight used directly by fp8kit::gemm
+// under layerwise casting). Checked against central finite differences in float64
+// (tests/nn/test_ops.cpp) and PyTorch (tests/nn/test_torch_gpt.cpp).
+#include <cmath>
+#include <vector>
+
+#include "fp8kit/nn.hpp"
+#include "nn/ops.hpp"
+
+namespace fp8kit::nn {
+namespace ops {
+
+template <class T>
+void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t rows, int64_t in, int64_t oc) {
+    // out[N, OC] = inp[N, IC] . weight[OC, IC]^T
+    matmul(out, inp, Trans::no, weight, Trans::yes, rows, oc, in, false);
+    if (!bias) return;
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t o = 0; o < oc; ++o) out[r * oc + o] += bias[o];
+}
+
+template <class T>
+void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int64_t rows,
+                     int64_t in, int64_t oc) {
+    // dinp[N, IC] = dout[N, OC] . weight[OC, IC]
+    if (dinp) matmul(dinp, dout, Trans::no, weight, Trans::no, rows, in, oc, false);
+    // dweight[OC, IC] += dout^T[OC, N] . inp[N, IC]
+    matmul(dweight, dout, Trans::yes, inp, Trans::no, oc, in, rows, true);
+    if (!dbias) return;
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t o = 0; o < oc; ++o) dbias[o] += dout[r * oc + o];
+}
+
+template void linear_forward(float*, const float*, const float*, const float*, int64_t, int64_t, int64_t);
+template void linear_forward(double*, const double*, const double*, const double*, int64_t, int64_t, int64_t);
+template void linear_backward(float*, float*, float*, const float*, const float*, const float*, int64_t, int64_t, int64_t);
+template void linear_backward(double*, double*, double*, const double*, const double*, const double*, int64_t, int64_t,
+                              int64_t);
+
+}  // namespace ops
+
+namespace {
+
+// bf16 emulation: a copy with every element rounded to bf16 (nearest even) and back, exactly
+// what a bf16 GEMM input holds; the GEMM then accumulates in float32.
+Tensor round_bf16(const Tensor& t) {
+    Tensor r = Tensor::empty(t.shape(), DType::f32);
+    const float* s = t.data<float>();
+    float* d = r.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) d[i] = float(bf16(s[i]));
+    return r;
+}
+
+}  // namespace
+
+Linear::Linear(int64_t in_features, int64_t out_features, bool bias) : in_(in_features), out_(out_features) {
+    if (in_features < 1 || out_features < 1)
+        throw Error("fp8kit::nn::Linear: features must be >= 1, got in " + std::to_string(in_features) + ", out " +
+                    std::to_string(out_features));
+    weight_ = add_parameter("weight", {out_features, in_features});
+    if (bias) bias_ = add_parameter("bias", {out_features});
+}
+
+Linear::Linear(const Linear& src)
+    : Module(src), precision(src.precision), in_(src.in_), out_(src.out_), weight_(src.weight_), bias_(src.bias_) {}
+
+// Checks x [..., in] (f32, contiguous) and returns it as [N, in].
+static Tensor as_rows(const Tensor& x, int64_t in, const char* who) {
+    if (x.dtype() != DType::f32 || x.dim() < 1 || x.size(-1) != in)
+        throw Error(std::string(who) + ": x is " + std::string(to_string(x.dtype())) + " " + to_string(x.shape()) +
+                    ", expected f32 [..., " + std::to_string(in) + "]");
+    return x.contiguous().reshape({-1, in});
+}
+
+Tensor Linear::forward(const Tensor& x) {
+    const Tensor x2 = as_rows(x, in_, "fp8kit::nn::Linear::forward");
+    Shape yshape = x.shape();
+    yshape.back() = out_;
+    const Parameter& w = *weight_;
+    if (w.stored && computes_natively_in_fp8(kind())) {
+        // Layerwise casting, native: the FP8 weight goes to the GEMM as is; x is cast inside it
+        // with the same format and tensor scaling.
+        QuantizeOptions qo;
+        qo.format = w.stored->format;
+        GemmOptions go;
+        if (bias_) go.bias = bias_->compute_value();
+        x_ = Tensor();
+        return gemm({x2, qo}, PackedWeight(*w.stored), go).reshape(yshape);
+    }
+    const Tensor wv = w.compute_value();  // upcast, for this call only, when stored in FP8
+    const Tensor xc = precision == MatmulPrecision::bf16 ? round_bf16(x2) : x2;
+    const Tensor wc = precision == MatmulPrecision::bf16 ? round_bf16(wv) : wv;
+    x_ = w.stored ? Tensor() : xc;  // FP8-stored weights: inference only
+    Tensor y = Tensor::empty({x2.size(0), out_}, DType::f32);
+    const Tensor b = bias_ ? bias_->compute_value() : Tensor();
+    ops::linear_forward(y.data<float>(), xc.data<float>(), wc.data<float>(), b.defined() ? b.data<float>() : nullptr,
+                        x2.size(0), in_, out_);
+    return y.reshape(yshape);
+}
+
+Tensor Linear::backward(const Tensor& dy) {
+    if (!x_.defined()) throw Error("fp8kit::nn::Linear::backward: no forward to go back through (or weights stored in FP8)");
+    const Tensor d2 = as_rows(dy, out_, "fp8kit::nn::Linear::backward");
+    if (d2.size(0) != x_.size(0))
+        throw Error("fp8kit::nn::Linear::backward: dy has " + std::to_string(d2.size(0)) + " rows, forward had " +
+                    std::to_string(x_.size(0)));
+    const Tensor dc = precision == MatmulPrecision::bf16 ? round_bf16(d2) : d2;
+    const Tensor wc = precision == MatmulPrecision::bf16 ? round_bf16(weight_->value) : weight_->value;
+    Tensor dx = Tensor::empty({d2.size(0), in_}, DType::f32);
+    ops::linear_backward(dx.data<float>(), weight_->grad.data<float>(), bias_ ? bias_->grad.data<float>() : nullptr,
+                         dc.data<float>(), x_.data<float>(), wc.data<float>(), d2.size(0), in_, out_);
+    x_ = Tensor();
+    Shape xs = dy.shape();
+    xs.back() = in_;
+    return dx.reshape(xs);
+}
+
+size_t Linear::saved_bytes() const { return x_.defined() ? x_.nbytes() : 0; }
+
+}  // namespace fp8kit::nn
