@@ -17,16 +17,12 @@
 #include <nlohmann/json.hpp>
 
 #include "fp8kit/safetensors.hpp"
+#include "oracle.hpp"
 
 namespace fp8kit::test {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string read_file(const fs::path& p) {
-    std::ifstream in(p, std::ios::binary);
-    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
 
 class SafetensorsPython : public ::testing::Test {
 protected:
@@ -38,21 +34,13 @@ protected:
 
     // Runs the oracle; returns false (and sets skip_) when it reports torch/safetensors missing.
     bool oracle(const std::string& mode) {
-        if (!fs::exists(FP8KIT_PYTHON)) {
-            skip_ = std::string("no Python at ") + FP8KIT_PYTHON + " (scripts/setup.sh creates the venv)";
+        const OracleRun run = run_oracle(FP8KIT_PYTHON, FP8KIT_SAFETENSORS_ORACLE, {mode, dir_.string()});
+        if (run.outcome == OracleRun::Outcome::skipped) {
+            skip_ = run.message;
             return false;
         }
-        const fs::path err = dir_ / "stderr";
-        const std::string cmd = std::string("'") + FP8KIT_PYTHON + "' '" + FP8KIT_SAFETENSORS_ORACLE + "' " + mode + " '" +
-                                dir_.string() + "' 2>'" + err.string() + "'";
-        const int status = std::system(cmd.c_str());
-        const int code = status == -1 ? -1 : WEXITSTATUS(status);
-        if (code == 77) {
-            skip_ = read_file(err);
-            return false;
-        }
-        EXPECT_EQ(code, 0) << "oracle " << mode << " failed:\n" << read_file(err);
-        return code == 0;
+        EXPECT_EQ(run.outcome, OracleRun::Outcome::passed) << "oracle " << mode << " failed:\n" << run.message;
+        return run.outcome == OracleRun::Outcome::passed;
     }
     nlohmann::json manifest() const { return nlohmann::json::parse(read_file(dir_ / "manifest.json")); }
 

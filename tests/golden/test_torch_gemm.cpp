@@ -19,8 +19,6 @@
 // Shapes include M = 1 and sizes that are multiples of no tile: torch's CPU _scaled_mm takes any
 // shape (its CUDA kernels want multiples of 16). e5m2 x e5m2 is left out: fp8kit refuses it.
 // Skipped (GTEST_SKIP, with the reason) when the venv's Python or its torch is missing.
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
@@ -36,6 +34,7 @@
 #include <vector>
 
 #include "fp8kit/fp8kit.hpp"
+#include "oracle.hpp"
 #include "support.hpp"
 
 using namespace fp8kit;
@@ -114,27 +113,10 @@ uint8_t format_code(Format f) {
     throw Error("the torch oracle takes e4m3fn and e5m2 only");
 }
 
-std::string read_file(const std::filesystem::path& p) {
-    std::ifstream in(p, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-std::string shell_quote(const std::string& s) {
-    std::string r = "'";
-    for (char ch : s) r += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-    return r + "'";
-}
-
 // Writes the request (see the oracle's docstring), runs the oracle once for all cases, reads the
 // response. Any failure other than "torch missing" is a test failure (ADD_FAILURE) with stderr.
 TorchResult run_torch(const std::vector<Case>& cases, const std::vector<Quantized>& inputs, const std::string& tag) {
     TorchResult r;
-    const std::filesystem::path python = FP8KIT_PYTHON;
-    if (!std::filesystem::exists(python)) {
-        r.skipped = true;
-        r.message = "no Python at " + python.string() + " (FP8KIT_PYTHON): scripts/setup.sh creates the venv";
-        return r;
-    }
     std::string req = "FP8KTMM1";
     put(req, uint32_t(cases.size()));
     for (size_t c = 0; c < cases.size(); ++c) {
@@ -153,28 +135,20 @@ TorchResult run_torch(const std::vector<Case>& cases, const std::vector<Quantize
         req.append(reinterpret_cast<const char*>(q.qa.scale_inv.data<float>()), 4 * size_t(q.qa.scale_inv.numel()));
         req.append(reinterpret_cast<const char*>(q.qb.scale_inv.data<float>()), 4 * size_t(q.qb.scale_inv.numel()));
     }
-    const std::string stem = testing::TempDir() + "fp8kit_torch_" + std::to_string(getpid()) + "_" + tag;
-    const std::filesystem::path req_path = stem + ".req", resp_path = stem + ".resp", err_path = stem + ".err";
+    const std::string stem = test::unique_temp_stem("torch_" + tag);
+    const std::filesystem::path req_path = stem + ".req", resp_path = stem + ".resp";
     std::ofstream(req_path, std::ios::binary).write(req.data(), std::streamsize(req.size()));
-    const std::string cmd = shell_quote(python.string()) + " " + shell_quote(FP8KIT_TORCH_ORACLE) + " " +
-                            shell_quote(req_path.string()) + " " + shell_quote(resp_path.string()) + " 2>" +
-                            shell_quote(err_path.string());
-    const int status = std::system(cmd.c_str());
-    r.message = read_file(err_path);
-    const std::string resp = read_file(resp_path);
+    const test::OracleRun run = test::run_oracle(FP8KIT_PYTHON, FP8KIT_TORCH_ORACLE, {req_path.string(), resp_path.string()});
+    const std::string resp = test::read_file(resp_path);
     std::filesystem::remove(req_path);
     std::filesystem::remove(resp_path);
-    std::filesystem::remove(err_path);
-    if (status == -1 || !WIFEXITED(status)) {
-        ADD_FAILURE() << "could not run the oracle: " << cmd;
-        return r;
-    }
-    if (WEXITSTATUS(status) == 77) {
+    r.message = run.message;
+    if (run.outcome == test::OracleRun::Outcome::skipped) {
         r.skipped = true;
         return r;
     }
-    if (WEXITSTATUS(status) != 0) {
-        ADD_FAILURE() << "the oracle exited with " << WEXITSTATUS(status) << ":\n" << r.message;
+    if (run.outcome == test::OracleRun::Outcome::failed) {
+        ADD_FAILURE() << run.message;
         return r;
     }
     size_t want = 8;

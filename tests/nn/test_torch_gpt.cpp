@@ -6,8 +6,6 @@
 // largest entry: both sides sum up to a few hundred float32 products, in different orders).
 // Skipped (GTEST_SKIP, with the reason) when the venv's Python or its torch is missing.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <bit>
 #include <cmath>
@@ -18,6 +16,7 @@
 #include <string>
 
 #include "fp8kit/nn.hpp"
+#include "oracle.hpp"
 
 namespace fp8kit::nn {
 namespace {
@@ -27,11 +26,6 @@ static_assert(std::endian::native == std::endian::little, "the oracle's files ar
 template <class T>
 void put(std::string& s, const T& v) {
     s.append(reinterpret_cast<const char*>(&v), sizeof v);
-}
-
-std::string read_all(const std::filesystem::path& p) {
-    std::ifstream in(p, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 // max |a - b| / max |b| over n floats
@@ -45,8 +39,6 @@ double relative_error(const float* a, const float* b, int64_t n) {
 }
 
 TEST(TorchGPT, LogitsLossAndEveryGradientMatchPyTorch) {
-    const std::filesystem::path python = FP8KIT_PYTHON;
-    if (!std::filesystem::exists(python)) GTEST_SKIP() << "no Python at " << python << " (scripts/setup.sh creates it)";
     const GPTConfig cfg{2, 32, 4, 8, 256};
     const int64_t b = 2, t = 8;
     GPT model(cfg, 11);
@@ -73,19 +65,14 @@ TEST(TorchGPT, LogitsLossAndEveryGradientMatchPyTorch) {
         for (int64_t d : p->value.shape()) put(req, d);
         req.append(reinterpret_cast<const char*>(p->value.data<float>()), p->value.nbytes());
     }
-    const std::string stem = testing::TempDir() + "fp8kit_torch_gpt_" + std::to_string(getpid());
-    const std::filesystem::path req_path = stem + ".req", resp_path = stem + ".resp", err_path = stem + ".err";
+    const std::string stem = test::unique_temp_stem("torch_gpt");
+    const std::filesystem::path req_path = stem + ".req", resp_path = stem + ".resp";
     std::ofstream(req_path, std::ios::binary).write(req.data(), std::streamsize(req.size()));
-    std::ostringstream cmd_line;
-    cmd_line << '\'' << python.string() << "' '" << FP8KIT_TORCH_GPT_ORACLE << "' '" << req_path.string() << "' '"
-             << resp_path.string() << "' 2>'" << err_path.string() << '\'';
-    const std::string cmd = cmd_line.str();
-    const int status = std::system(cmd.c_str());
-    const std::string err = read_all(err_path), resp = read_all(resp_path);
-    for (const auto& f : {req_path, resp_path, err_path}) std::filesystem::remove(f);
-    ASSERT_TRUE(status != -1 && WIFEXITED(status)) << "could not run " << cmd;
-    if (WEXITSTATUS(status) == 77) GTEST_SKIP() << "PyTorch oracle unavailable: " << err;
-    ASSERT_EQ(WEXITSTATUS(status), 0) << err;
+    const test::OracleRun run = test::run_oracle(FP8KIT_PYTHON, FP8KIT_TORCH_GPT_ORACLE, {req_path.string(), resp_path.string()});
+    const std::string resp = test::read_file(resp_path);
+    for (const auto& f : {req_path, resp_path}) std::filesystem::remove(f);
+    if (run.outcome == test::OracleRun::Outcome::skipped) GTEST_SKIP() << "PyTorch oracle unavailable: " << run.message;
+    ASSERT_EQ(run.outcome, test::OracleRun::Outcome::passed) << run.message;
 
     const Tensor tok = Tensor::from(tokens, {b, t}), tgt = Tensor::from(targets, {b, t});
     model.zero_grad();
