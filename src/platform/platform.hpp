@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <string>
+#include <utility>
 
 namespace fp8kit::platform {
 
@@ -17,18 +18,27 @@ class MappedFile {
 public:
     MappedFile() = default;
     explicit MappedFile(const std::string& path);
-    MappedFile(MappedFile&& other) noexcept;
-    MappedFile& operator=(MappedFile&& other) noexcept;
+    MappedFile(MappedFile&& other) noexcept
+        : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)), path_(std::move(other.path_)) {}
+    MappedFile& operator=(MappedFile&& other) noexcept {
+        if (this != &other) {
+            release();
+            data_ = std::exchange(other.data_, nullptr);
+            size_ = std::exchange(other.size_, 0);
+            path_ = std::move(other.path_);
+        }
+        return *this;
+    }
     MappedFile(const MappedFile&) = delete;
     MappedFile& operator=(const MappedFile&) = delete;
-    ~MappedFile();
+    ~MappedFile() { release(); }
 
     const std::byte* data() const noexcept { return data_; }
     size_t size() const noexcept { return size_; }
     const std::string& path() const noexcept { return path_; }
 
 private:
-    void release() noexcept;
+    void release() noexcept;  // unmaps (the one OS-specific part of moving and destroying)
     const std::byte* data_ = nullptr;
     size_t size_ = 0;
     std::string path_;

@@ -55,21 +55,6 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     ::close(fd);  // the mapping keeps the file
 }
 
-MappedFile::MappedFile(MappedFile&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)), path_(std::move(other.path_)) {}
-
-MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
-    if (this != &other) {
-        release();
-        data_ = std::exchange(other.data_, nullptr);
-        size_ = std::exchange(other.size_, 0);
-        path_ = std::move(other.path_);
-    }
-    return *this;
-}
-
-MappedFile::~MappedFile() { release(); }
-
 void MappedFile::release() noexcept {
     if (data_ != nullptr) ::munmap(const_cast<std::byte*>(data_), size_);
     data_ = nullptr;

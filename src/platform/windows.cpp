@@ -80,21 +80,6 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     CloseHandle(file);
 }
 
-MappedFile::MappedFile(MappedFile&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)), path_(std::move(other.path_)) {}
-
-MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
-    if (this != &other) {
-        release();
-        data_ = std::exchange(other.data_, nullptr);
-        size_ = std::exchange(other.size_, 0);
-        path_ = std::move(other.path_);
-    }
-    return *this;
-}
-
-MappedFile::~MappedFile() { release(); }
-
 void MappedFile::release() noexcept {
     if (data_ != nullptr) UnmapViewOfFile(data_);
     data_ = nullptr;
