@@ -136,7 +136,7 @@ void run_train(const TrainArgs& a) {
         };
         runs.push_back(nn::train_gpt(text, c, recipe, progress));
         std::fprintf(stderr, " (%.1f s)\n", runs.back().seconds);
-        nn::save_model(*runs.back().model, a.out + "/model_" + recipe + ".fp8kit");
+        nn::save_model(*runs.back().model, a.out + "/model_" + recipe + ".safetensors");
     }
     // The table
     const nn::TrainResult* f32 = nullptr;
@@ -171,7 +171,7 @@ void run_train(const TrainArgs& a) {
     }
     write_file(a.out + "/losses.csv", csv.str());
     write_svg(a.out + "/losses.svg", runs);
-    std::cout << "wrote " << a.out << "/losses.csv, " << a.out << "/losses.svg and " << a.out << "/model_<recipe>.fp8kit\n";
+    std::cout << "wrote " << a.out << "/losses.csv, " << a.out << "/losses.svg and " << a.out << "/model_<recipe>.safetensors\n";
 }
 
 }  // namespace
@@ -197,7 +197,7 @@ void add_generate_command(CLI::App& app) {
     auto prompt = std::make_shared<std::string>();
     auto tokens = std::make_shared<int64_t>(200);
     auto seed = std::make_shared<uint64_t>(1);
-    cmd->add_option("--model", *model, "model file (fp8kit-train/model_<recipe>.fp8kit)")->required();
+    cmd->add_option("--model", *model, "model file (fp8kit-train/model_<recipe>.safetensors)")->required();
     cmd->add_option("--prompt", *prompt, "text to continue");
     cmd->add_option("--tokens", *tokens, "bytes to generate (default 200)");
     cmd->add_option("--seed", *seed, "sampling seed");

@@ -1,138 +1,49 @@
-// src/nn/checkpoint.cpp: saving and loading a GPT. Interim file format, until the project's
-// safetensors reader/writer (include/fp8kit/safetensors.hpp, branch io) lands; then
-// write_tensors / read_tensors switch to save_safetensors / SafetensorsFile with the same
-// arguments, and nothing else changes.
-//
-// Interim format "FP8KNN01" (little-endian):
-//   8 bytes magic "FP8KNN01"
-//   u32 metadata count, then per entry: u32 key length, key bytes, u32 value length, value bytes
-//   u32 tensor count, then per tensor: u32 name length, name bytes, u32 rank, i64 dims[rank],
-//   float32 values (row-major, product of dims of them)
-// Written through platform::ReplacingFile (temporary + fsync + rename): a failure never leaves a
-// half-written model.
-// Checked by tests/nn/test_train.cpp (save, load, identical logits) and the CLI e2e test.
-#include <bit>
-#include <fstream>
+// src/nn/checkpoint.cpp: saving and loading a GPT as a safetensors file (fp8kit/safetensors.hpp):
+// one float32 tensor per parameter under its qualified name ("blocks.0.attn.qkv.weight"), and
+// the GPTConfig in __metadata__ (GPTConfig::to_metadata: "fp8kit.model": "gpt", "gpt.layers" ...).
+// save_safetensors writes through a temporary file renamed over the path: a failure never leaves
+// a half-written model.
+// load_model refuses, with an fp8kit::Error naming the file and the problem: metadata missing or
+// invalid, a parameter's tensor missing, of the wrong shape or dtype, a tensor the model has no
+// parameter for.
+// Checked by tests/nn/test_checkpoint.cpp (bit-exact round trip, each malformed file) and the
+// CLI e2e test (train, then generate from the saved file).
 #include <map>
+#include <set>
 
 #include "fp8kit/nn.hpp"
-#include "platform/platform.hpp"
+#include "fp8kit/safetensors.hpp"
 
 namespace fp8kit::nn {
-namespace {
-
-static_assert(std::endian::native == std::endian::little, "the interim checkpoint format is little-endian");
-constexpr char magic[9] = "FP8KNN01";
-
-using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
-
-template <class T>
-void put(std::string& out, const T& v) {
-    out.append(reinterpret_cast<const char*>(&v), sizeof v);
-}
-void put_string(std::string& out, const std::string& s) {
-    put(out, uint32_t(s.size()));
-    out.append(s);
-}
-
-void write_tensors(const std::string& path, const NamedTensors& tensors, const std::map<std::string, std::string>& metadata) {
-    std::string head(magic, 8);
-    put(head, uint32_t(metadata.size()));
-    for (const auto& [k, v] : metadata) {
-        put_string(head, k);
-        put_string(head, v);
-    }
-    put(head, uint32_t(tensors.size()));
-    platform::ReplacingFile out(path);  // nothing at `path` changes unless commit() is reached
-    out.write(head.data(), head.size());
-    for (const auto& [name, t] : tensors) {
-        const Tensor c = t.contiguous();
-        std::string h;
-        put_string(h, name);
-        put(h, uint32_t(c.dim()));
-        for (int64_t d : c.shape()) put(h, d);
-        out.write(h.data(), h.size());
-        out.write(c.data<float>(), c.nbytes());
-    }
-    out.commit();
-}
-
-struct Reader {
-    std::ifstream in;
-    std::string path;
-    template <class T>
-    T get() {
-        T v{};
-        in.read(reinterpret_cast<char*>(&v), sizeof v);
-        if (!in) throw Error("fp8kit::nn::load_model: '" + path + "' is truncated");
-        return v;
-    }
-    std::string get_string() {
-        const uint32_t n = get<uint32_t>();
-        if (n > (1u << 20)) throw Error("fp8kit::nn::load_model: '" + path + "' is corrupt (a string of " + std::to_string(n) + " bytes)");
-        std::string s(n, '\0');
-        in.read(s.data(), n);
-        if (!in) throw Error("fp8kit::nn::load_model: '" + path + "' is truncated");
-        return s;
-    }
-};
-
-NamedTensors read_tensors(const std::string& path, std::map<std::string, std::string>& metadata) {
-    Reader r{std::ifstream(path, std::ios::binary), path};
-    if (!r.in) throw Error("fp8kit::nn::load_model: cannot open '" + path + "'");
-    char m[8] = {};
-    r.in.read(m, 8);
-    if (!r.in || std::string(m, 8) != magic) throw Error("fp8kit::nn::load_model: '" + path + "' is not an fp8kit model (no FP8KNN01 header)");
-    const uint32_t nmeta = r.get<uint32_t>();
-    for (uint32_t i = 0; i < nmeta; ++i) {
-        std::string k = r.get_string();
-        metadata[k] = r.get_string();
-    }
-    NamedTensors out;
-    const uint32_t count = r.get<uint32_t>();
-    for (uint32_t i = 0; i < count; ++i) {
-        std::string name = r.get_string();
-        const uint32_t rank = r.get<uint32_t>();
-        if (rank > 8) throw Error("fp8kit::nn::load_model: '" + path + "': tensor '" + name + "' has rank " + std::to_string(rank));
-        Shape s;
-        int64_t n = 1;
-        for (uint32_t d = 0; d < rank; ++d) {
-            s.push_back(r.get<int64_t>());
-            if (s.back() < 0 || s.back() > (int64_t(1) << 32)) throw Error("fp8kit::nn::load_model: '" + path + "': bad dimension in '" + name + "'");
-            n *= s.back();
-        }
-        if (n > (int64_t(1) << 32)) throw Error("fp8kit::nn::load_model: '" + path + "': tensor '" + name + "' too large");
-        Tensor t = Tensor::empty(s, DType::f32);
-        r.in.read(reinterpret_cast<char*>(t.data<float>()), std::streamsize(t.nbytes()));
-        if (!r.in) throw Error("fp8kit::nn::load_model: '" + path + "' is truncated");
-        out.emplace_back(std::move(name), std::move(t));
-    }
-    return out;
-}
-
-}  // namespace
 
 void save_model(const GPT& model, const std::string& path) {
-    NamedTensors tensors;
+    std::vector<std::pair<std::string, Tensor>> tensors;
     for (const auto& [name, p] : model.named_parameters()) tensors.emplace_back(name, p->compute_value());
-    write_tensors(path, tensors, model.config().to_metadata());
+    save_safetensors(path, tensors, model.config().to_metadata());
 }
 
 std::unique_ptr<GPT> load_model(const std::string& path) {
-    std::map<std::string, std::string> metadata;
-    const NamedTensors tensors = read_tensors(path, metadata);
-    auto model = std::make_unique<GPT>(GPTConfig::from_metadata(metadata), 0);
-    std::map<std::string, Tensor> by_name(tensors.begin(), tensors.end());
-    for (auto& [name, p] : model->named_parameters()) {
-        const auto it = by_name.find(name);
-        if (it == by_name.end()) throw Error("fp8kit::nn::load_model: '" + path + "' has no tensor '" + name + "'");
-        if (it->second.shape() != p->value.shape())
-            throw Error("fp8kit::nn::load_model: '" + path + "': '" + name + "' is " + to_string(it->second.shape()) +
-                        ", the model expects " + to_string(p->value.shape()));
-        p->value = it->second;
-        by_name.erase(it);
+    const SafetensorsFile file(path);  // opening errors name the file
+    const std::string where = "fp8kit::nn::load_model: '" + path + "'";
+    GPTConfig config;
+    try {
+        config = GPTConfig::from_metadata(file.metadata());
+    } catch (const Error& e) {
+        throw Error(where + ": " + e.what());
     }
-    if (!by_name.empty()) throw Error("fp8kit::nn::load_model: '" + path + "' has an unexpected tensor '" + by_name.begin()->first + "'");
+    auto model = std::make_unique<GPT>(config, 0);
+    std::set<std::string> unused(file.names().begin(), file.names().end());
+    for (auto& [name, p] : model->named_parameters()) {
+        if (!file.contains(name)) throw Error(where + " has no tensor '" + name + "'");
+        const SafetensorsEntry& e = file.entry(name);
+        if (e.dtype != DType::f32)
+            throw Error(where + ": '" + name + "' is " + std::string(safetensors_dtype_name(e.dtype)) + ", expected F32");
+        if (e.shape != p->value.shape())
+            throw Error(where + ": '" + name + "' is " + to_string(e.shape) + ", the model expects " + to_string(p->value.shape()));
+        p->value = file.tensor(name).clone();  // the file's tensors are read-only views of the mapping
+        unused.erase(name);
+    }
+    if (!unused.empty()) throw Error(where + " has an unexpected tensor '" + *unused.begin() + "'");
     return model;
 }
 

@@ -41,8 +41,8 @@ check "bench quantize --quick --json: JSON lines of bench quantize" "[ $rc -eq 0
 # fp8kit train on a one-layer model for a few steps (the output format and the files; the
 # numerics are tests/nn's), then generate from the saved model.
 "$fp8kit" train --steps 4 --layers 1 --width 32 --batch 2 --recipe f32,tensorwise --out "$out/train" >"$out/t" 2>"$out/e"; rc=$?
-check "train: table with f32 and tensorwise, CSV, SVG and models written" "[ $rc -eq 0 ] && grep -Eq '^tensorwise +\|? *[0-9.]+' '$out/t' && [ \$(wc -l <'$out/train/losses.csv') -eq 5 ] && grep -q '<svg' '$out/train/losses.svg' && [ -s '$out/train/model_tensorwise.fp8kit' ]"
-"$fp8kit" generate --model "$out/train/model_f32.fp8kit" --prompt "The " --tokens 10 >"$out/g" 2>"$out/e"; rc=$?
+check "train: table with f32 and tensorwise, CSV, SVG and models written" "[ $rc -eq 0 ] && grep -Eq '^tensorwise +\|? *[0-9.]+' '$out/t' && [ \$(wc -l <'$out/train/losses.csv') -eq 5 ] && grep -q '<svg' '$out/train/losses.svg' && [ -s '$out/train/model_tensorwise.safetensors' ]"
+"$fp8kit" generate --model "$out/train/model_f32.safetensors" --prompt "The " --tokens 10 >"$out/g" 2>"$out/e"; rc=$?
 check "generate: the prompt and 10 more bytes" "[ $rc -eq 0 ] && grep -q '^The ' '$out/g'"
 "$fp8kit" train --recipe fp4 --steps 1 --out "$out/train" >"$out/o" 2>"$out/e"; rc=$?
 check "train --recipe fp4: exit 2 naming the recipe" "[ $rc -eq 2 ] && grep -q \"unknown recipe 'fp4'\" '$out/e'"

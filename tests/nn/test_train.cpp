@@ -36,7 +36,7 @@ TEST(Train, SameSeedSameLossesBitForBit) {
 
 TEST(Train, SavedModelLoadsWithTheSameLogits) {
     const TrainResult r = train_gpt(builtin_corpus(), tiny(3), "tensorwise");
-    const std::string path = (std::filesystem::temp_directory_path() / "fp8kit_test_train_model.fp8kit").string();
+    const std::string path = (std::filesystem::temp_directory_path() / "fp8kit_test_train_model.safetensors").string();
     save_model(*r.model, path);
     const auto m = load_model(path);
     std::filesystem::remove(path);
@@ -69,7 +69,7 @@ TEST(Train, BadInputNamesWhatIsWrong) {
     TrainConfig c = tiny(1);
     c.model.heads = 3;
     EXPECT_NE(message([&] { train_gpt(builtin_corpus(), c, "f32"); }).find("not a multiple of heads 3"), std::string::npos);
-    EXPECT_NE(message([] { load_model("/nonexistent/model.fp8kit"); }).find("cannot open"), std::string::npos);
+    EXPECT_NE(message([] { load_model("/nonexistent/model.safetensors"); }).find("cannot open"), std::string::npos);
 }
 
 }  // namespace
