@@ -1,15 +1,9 @@
 // tools/checkpoint.hpp: what the checkpoint subcommands (quantize, inspect, dequantize, verify,
-// advise) share - a checkpoint that is one safetensors file or a directory of shards, the FP8
-// layouts in which quantized weights are stored, SQNR, the conversion policy file, and writing a
-// whole output (a file or a directory) that appears complete or not at all.
+// advise) share beyond the library's fp8kit/checkpoint.hpp (FP8 layouts, stored weights, the
+// policy file) - a checkpoint that is one safetensors file or a directory of shards, SQNR, and
+// writing a whole output (a file or a directory) that appears complete or not at all.
 // Checked by tests/e2e/test_checkpoint.sh (and tests/e2e/check_checkpoint.py, against PyTorch).
 // docs/CHECKPOINTS.md describes the layouts and the policy file for users.
-//
-// Layouts (for a weight `W` [out, in]; the scale tensor is the dequantization multiplier):
-//   tensor   W FP8, W_scale f32 [1]                      (vLLM / compressed-tensors per-tensor)
-//   channel  W FP8, W_scale f32 [out, 1]                 (compressed-tensors per-channel)
-//   block128 W FP8, W_scale_inv f32 [ceil(out/128), ceil(in/128)]   (DeepSeek-V3)
-//   mx32     W FP8, W_scale e8m0 [out, ceil(in/32)]      (OCP MX: one exponent per 1x32)
 #pragma once
 
 #include <map>
@@ -19,33 +13,26 @@
 #include <utility>
 #include <vector>
 
+#include "fp8kit/checkpoint.hpp"
 #include "fp8kit/quantize.hpp"
 #include "fp8kit/safetensors.hpp"
 
 namespace fp8kit::tools {
 
-using fp8kit::to_string;  // not hidden by the overload below
-enum class Scheme { tensor, channel, block128, mx32 };
-std::string_view to_string(Scheme s) noexcept;
-Scheme parse_scheme(std::string_view text);  // fp8kit::Error naming the value
-Scaling scaling_of(Scheme s);
-std::string scale_name(const std::string& weight, Scheme s);  // W_scale or W_scale_inv
-
 // One safetensors file, or a directory: shards listed by model.safetensors.index.json's weight_map,
-// else every *.safetensors file in it.
-class Checkpoint {
+// else every *.safetensors file in it. A TensorLookup, for fp8kit::stored_weight and is_scale_name.
+class Checkpoint final : public TensorLookup {
 public:
     explicit Checkpoint(const std::string& path);
     bool is_directory() const noexcept { return directory_; }
-    const std::string& path() const noexcept { return path_; }
+    const std::string& path() const noexcept override { return path_; }
     const std::vector<std::string>& shard_files() const noexcept { return shard_files_; }  // names in the directory
     const SafetensorsFile& shard(size_t i) const { return shards_[i]; }
     size_t shard_of(const std::string& tensor) const;  // fp8kit::Error if absent
     const std::vector<std::string>& names() const noexcept { return names_; }  // shard order, then file order
-    bool contains(const std::string& tensor) const noexcept { return shard_index_.count(tensor) != 0; }
-    Tensor tensor(const std::string& name) const { return shards_[shard_of(name)].tensor(name); }
-    const std::map<std::string, std::string>& metadata() const { return shards_.front().metadata(); }
-    std::optional<std::vector<int64_t>> weight_block_size() const;  // from quantization_config, if any
+    bool contains(const std::string& tensor) const noexcept override { return shard_index_.count(tensor) != 0; }
+    Tensor tensor(const std::string& name) const override { return shards_[shard_of(name)].tensor(name); }
+    const std::map<std::string, std::string>& metadata() const override { return shards_.front().metadata(); }
 
 private:
     std::string path_;
@@ -55,17 +42,6 @@ private:
     std::map<std::string, size_t> shard_index_;
     std::vector<std::string> names_;
 };
-
-// An FP8 weight in one of the layouts above: its data, scale and scheme. std::nullopt for a tensor
-// that is not FP8 or is itself a scale; fp8kit::Error for an FP8 weight whose scale has a shape
-// no layout explains.
-struct StoredWeight {
-    Scheme scheme;
-    std::string scale;  // the scale tensor's name
-    QTensor q;
-};
-std::optional<StoredWeight> stored_weight(const Checkpoint& c, const std::string& name);
-bool is_scale_name(const Checkpoint& c, const std::string& name);  // W_scale / W_scale_inv of an FP8 W
 
 // Names of weights that stay in high precision by default - embeddings, norms and the output head
 // (as vLLM, torchao and compressed-tensors recipes leave them) - as a regular expression.
@@ -94,22 +70,6 @@ struct ErrorStats {
 };
 ErrorStats compare(const Tensor& ref_f32, const Tensor& x_f32);
 ErrorStats compare(const double* ref, const float* x, int64_t n);  // the same over raw values
-
-// The conversion policy (docs/CHECKPOINTS.md): per layer, FP8 or not, and with which recipe.
-struct PolicyLayer {
-    std::string name;                 // weight name or its module prefix; empty: match by shape
-    std::vector<int64_t> weight_shape;  // [out, in]; empty: match by name
-    bool fp8 = true;
-    std::optional<Scheme> scheme;
-    std::string reason;
-};
-struct Policy {
-    std::vector<PolicyLayer> layers;
-    const PolicyLayer* find(const std::string& weight, const Shape& shape) const;  // name first, then shape
-};
-Policy read_policy(const std::string& path);
-std::string policy_json(const Policy& p);
-Scheme scheme_of_recipe(std::string_view recipe);  // tensorwise, rowwise, block, mxfp8
 
 // Text of a small file (config.json, an index); fp8kit::Error naming it.
 std::string read_text(const std::string& path);

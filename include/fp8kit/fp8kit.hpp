@@ -2,6 +2,7 @@
 #pragma once
 
 #include "fp8kit/backend.hpp"
+#include "fp8kit/checkpoint.hpp"
 #include "fp8kit/config.hpp"
 #include "fp8kit/convert.hpp"
 #include "fp8kit/dtype.hpp"
