@@ -60,6 +60,7 @@ public:
     bool contains(const std::string& name) const noexcept override { return file_.contains(name); }
     Tensor tensor(const std::string& name) const override { return file_.tensor(name); }
     const std::map<std::string, std::string>& metadata() const override { return file_.metadata(); }
+    const SafetensorsFile& file() const noexcept { return file_; }
 
 private:
     SafetensorsFile file_;

@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "fp8kit/checkpoint.hpp"
 #include "fp8kit/gemm.hpp"
 #include "fp8kit/recipe.hpp"
 #include "fp8kit/tensor.hpp"
@@ -32,9 +33,10 @@ namespace fp8kit::nn {
 // ---- modules ----
 
 struct Parameter {
-    Tensor value;  // f32; undefined while the weight is stored in FP8 (layerwise casting)
+    Tensor value;  // f32; undefined while the weight is stored in FP8
     Tensor grad;   // f32, same shape; undefined while stored in FP8
-    // Layerwise casting: the FP8 copy (tensor scaling) that replaces value.
+    // The FP8 copy that replaces value: layerwise casting (tensor scaling), or an FP8 weight
+    // loaded from a checkpoint (any layout of fp8kit/checkpoint.hpp).
     std::optional<QTensor> stored;
     // The float32 value to compute with: value, or the FP8 copy dequantized (a temporary).
     Tensor compute_value() const;
@@ -307,6 +309,10 @@ struct LayerwiseCastingReport {
 // Whether a module kind can compute with an FP8 weight directly on the active backend (Linear:
 // fp8kit::gemm takes the FP8 weight), so it skips the upcast.
 bool computes_natively_in_fp8(std::string_view kind);
+// How x is quantized when a Linear computes with an FP8-stored weight directly: e4m3fn, with
+// scale groups along K that nest with the weight's (tensor with tensor, row with row, 1 x c with
+// r x c blocks, mx32 with mx32); std::nullopt for column scaling (the weight is then upcast).
+std::optional<QuantizeOptions> input_quantization(const QTensor& weight);
 // Stores the weights of every module not skipped in FP8; the model becomes inference-only
 // (backward through a cast module throws fp8kit::Error).
 LayerwiseCastingReport enable_layerwise_casting(Module& model, const LayerwiseCastingOptions& opts = {});
@@ -349,7 +355,14 @@ std::string generate(GPT& model, const std::string& prompt, int64_t tokens, uint
 
 // ---- checkpoints ----
 
+// A safetensors file: every parameter as float32 under its qualified name, the GPTConfig in the
+// metadata (GPTConfig::to_metadata).
 void save_model(const GPT& model, const std::string& path);
+// Loads what save_model writes, or that file quantized by `fp8kit quantize` (any scheme): a
+// Linear weight stored in FP8 becomes its Parameter::stored (the model is then inference-only,
+// as with layerwise casting; Linear::forward computes with it directly, input_quantization),
+// another FP8 tensor is dequantized. fp8kit::Error naming the file and the problem for missing
+// or invalid metadata, a missing tensor, a wrong shape or dtype, an unexpected tensor.
 std::unique_ptr<GPT> load_model(const std::string& path);
 
 }  // namespace fp8kit::nn

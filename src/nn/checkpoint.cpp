@@ -3,14 +3,20 @@
 // the GPTConfig in __metadata__ (GPTConfig::to_metadata: "fp8kit.model": "gpt", "gpt.layers" ...).
 // save_safetensors writes through a temporary file renamed over the path: a failure never leaves
 // a half-written model.
-// load_model refuses, with an fp8kit::Error naming the file and the problem: metadata missing or
-// invalid, a parameter's tensor missing, of the wrong shape or dtype, a tensor the model has no
+// load_model also reads that file after `fp8kit quantize` (every layout of fp8kit/checkpoint.hpp):
+// a Linear weight in FP8 is kept so (Parameter::stored: Linear::forward computes with it
+// directly), any other FP8 tensor is dequantized. It refuses, with an fp8kit::Error naming the
+// file and the problem: metadata missing or invalid, a parameter's tensor missing, of the wrong
+// shape or dtype (FP8 without a scale, or a scale no layout explains), a tensor the model has no
 // parameter for.
-// Checked by tests/nn/test_checkpoint.cpp (bit-exact round trip, each malformed file) and the
-// CLI e2e test (train, then generate from the saved file).
+// Checked by tests/nn/test_checkpoint.cpp (bit-exact round trip, each malformed file, every FP8
+// layout of a trained model within 20 dB of its float32 logits) and the CLI e2e tests (train,
+// then generate from the saved file and from its quantized copy).
 #include <map>
+#include <optional>
 #include <set>
 
+#include "fp8kit/checkpoint.hpp"
 #include "fp8kit/nn.hpp"
 #include "fp8kit/safetensors.hpp"
 
@@ -23,25 +29,47 @@ void save_model(const GPT& model, const std::string& path) {
 }
 
 std::unique_ptr<GPT> load_model(const std::string& path) {
-    const SafetensorsFile file(path);  // opening errors name the file
+    const SafetensorsLookup file{SafetensorsFile(path)};  // opening errors name the file
+    const SafetensorsFile& st = file.file();
     const std::string where = "fp8kit::nn::load_model: '" + path + "'";
     GPTConfig config;
     try {
-        config = GPTConfig::from_metadata(file.metadata());
+        config = GPTConfig::from_metadata(st.metadata());
     } catch (const Error& e) {
         throw Error(where + ": " + e.what());
     }
     auto model = std::make_unique<GPT>(config, 0);
-    std::set<std::string> unused(file.names().begin(), file.names().end());
+    // Which parameters are Linear weights: those keep an FP8 copy and compute with it.
+    std::set<const Parameter*> linear_weights;
+    for (const auto& [name, m] : model->named_modules())
+        if (const auto* l = dynamic_cast<const Linear*>(m)) linear_weights.insert(&l->weight());
+    std::set<std::string> unused(st.names().begin(), st.names().end());
     for (auto& [name, p] : model->named_parameters()) {
-        if (!file.contains(name)) throw Error(where + " has no tensor '" + name + "'");
-        const SafetensorsEntry& e = file.entry(name);
-        if (e.dtype != DType::f32)
-            throw Error(where + ": '" + name + "' is " + std::string(safetensors_dtype_name(e.dtype)) + ", expected F32");
+        if (!st.contains(name)) throw Error(where + " has no tensor '" + name + "'");
+        const SafetensorsEntry& e = st.entry(name);
         if (e.shape != p->value.shape())
             throw Error(where + ": '" + name + "' is " + to_string(e.shape) + ", the model expects " + to_string(p->value.shape()));
-        p->value = file.tensor(name).clone();  // the file's tensors are read-only views of the mapping
+        std::optional<StoredWeight> fp8;
+        try {
+            fp8 = stored_weight(file, name);  // an FP8 weight with its scale, as fp8kit quantize writes it
+        } catch (const Error& err) {
+            throw Error("fp8kit::nn::load_model: " + std::string(err.what()));
+        }
+        if (fp8 && linear_weights.count(p.get())) {
+            // Kept in FP8 (a view of the mapping; only read): inference-only, as layerwise casting.
+            p->stored = fp8->q;
+            p->value = Tensor();
+            p->grad = Tensor();
+        } else if (fp8) {
+            p->value = dequantize(fp8->q, DType::f32);
+        } else if (e.dtype != DType::f32) {
+            throw Error(where + ": '" + name + "' is " + std::string(safetensors_dtype_name(e.dtype)) +
+                        (is_fp8(e.dtype) ? " without a scale tensor (" + name + "_scale or _scale_inv)" : ", expected F32"));
+        } else {
+            p->value = st.tensor(name).clone();  // the file's tensors are read-only views of the mapping
+        }
         unused.erase(name);
+        if (fp8) unused.erase(fp8->scale);
     }
     if (!unused.empty()) throw Error(where + " has an unexpected tensor '" + *unused.begin() + "'");
     return model;

@@ -1,8 +1,9 @@
 // src/nn/linear.cpp: linear_forward / linear_backward (on ops::matmul) and the Linear module
-// (float32, or bf16-emulated GEMM inputs; or an FP8-stored weight used directly by fp8kit::gemm
-// under layerwise casting). Checked against central finite differences in float64
+// (float32, or bf16-emulated GEMM inputs; or an FP8-stored weight - layerwise casting, an FP8
+// checkpoint - used directly by fp8kit::gemm with x quantized to match, input_quantization). Checked against central finite differences in float64
 // (tests/nn/test_ops.cpp) and PyTorch (tests/nn/test_torch_gpt.cpp).
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include "fp8kit/nn.hpp"
@@ -54,6 +55,27 @@ Tensor round_bf16(const Tensor& t) {
 
 }  // namespace
 
+std::optional<QuantizeOptions> input_quantization(const QTensor& weight) {
+    // fp8kit::gemm scales each partial sum over a K group by the two operands' scales, so x needs
+    // scale groups along K that nest with the weight's: tensor with tensor; one scale per row of
+    // x with one per output channel (torchao rowwise); 1 x c groups with r x c weight blocks
+    // (DeepSeek-V3: 1x128 activations, 128x128 weights); 1x32 e8m0 with 1x32 (MX). A column-
+    // scaled weight has a scale per element of K, which no partial sum can carry: none.
+    // x is e4m3fn, the forward format of every recipe: it keeps a mantissa bit more than e5m2,
+    // and an e5m2 weight with an e5m2 input would be two 5-bit-exponent operands, which the GEMM
+    // refuses (as cuBLASLt does).
+    QuantizeOptions q;
+    q.format = Format::e4m3fn;
+    switch (weight.scaling.granularity) {
+        case Granularity::tensor: q.scaling = Scaling::tensor(); break;
+        case Granularity::row: q.scaling = Scaling::row(); break;
+        case Granularity::block: q.scaling = Scaling::block(1, weight.scaling.block_cols); break;
+        case Granularity::mx32: q.scaling = Scaling::mx32(); break;
+        case Granularity::column: return std::nullopt;
+    }
+    return q;
+}
+
 Linear::Linear(int64_t in_features, int64_t out_features, bool bias) : in_(in_features), out_(out_features) {
     if (in_features < 1 || out_features < 1)
         throw Error("fp8kit::nn::Linear: features must be >= 1, got in " + std::to_string(in_features) + ", out " +
@@ -79,14 +101,14 @@ Tensor Linear::forward(const Tensor& x) {
     yshape.back() = out_;
     const Parameter& w = *weight_;
     if (w.stored && computes_natively_in_fp8(kind())) {
-        // Layerwise casting, native: the FP8 weight goes to the GEMM as is; x is cast inside it
-        // with the same format and tensor scaling.
-        QuantizeOptions qo;
-        qo.format = w.stored->format;
-        GemmOptions go;
-        if (bias_) go.bias = bias_->compute_value();
-        x_ = Tensor();
-        return gemm({x2, qo}, PackedWeight(*w.stored), go).reshape(yshape);
+        if (const auto qo = input_quantization(*w.stored)) {
+            // An FP8-stored weight (layerwise casting, an FP8 checkpoint) goes to the GEMM as is;
+            // x is cast inside it with the matching scaling.
+            GemmOptions go;
+            if (bias_) go.bias = bias_->compute_value();
+            x_ = Tensor();
+            return gemm({x2, *qo}, PackedWeight(*w.stored), go).reshape(yshape);
+        }
     }
     const Tensor wv = w.compute_value();  // upcast, for this call only, when stored in FP8
     const Tensor xc = precision == MatmulPrecision::bf16 ? round_bf16(x2) : x2;

@@ -44,8 +44,14 @@ check "bench quantize --quick --json: JSON lines of bench quantize" "[ $rc -eq 0
 check "train: table with f32 and tensorwise, CSV, SVG and models written" "[ $rc -eq 0 ] && grep -Eq '^tensorwise +\|? *[0-9.]+' '$out/t' && [ \$(wc -l <'$out/train/losses.csv') -eq 5 ] && grep -q '<svg' '$out/train/losses.svg' && [ -s '$out/train/model_tensorwise.safetensors' ]"
 "$fp8kit" generate --model "$out/train/model_f32.safetensors" --prompt "The " --tokens 10 >"$out/g" 2>"$out/e"; rc=$?
 check "generate: the prompt and 10 more bytes" "[ $rc -eq 0 ] && grep -q '^The ' '$out/g'"
+# The saved model is a checkpoint like any other: quantized to FP8 (mx32), generate runs on it.
+"$fp8kit" quantize "$out/train/model_f32.safetensors" "$out/train/model_f32_mx32.safetensors" --scheme mx32 >"$out/o" 2>"$out/e" &&
+"$fp8kit" generate --model "$out/train/model_f32_mx32.safetensors" --prompt "The " --tokens 10 >"$out/g" 2>"$out/e"; rc=$?
+check "quantize the trained model (mx32), generate from the FP8 file" "[ $rc -eq 0 ] && grep -q '^The ' '$out/g' && grep -q 'blocks.0.attn.qkv.weight *mx32' '$out/o'"
+"$fp8kit" generate --model "$out/train/losses.csv" >"$out/g" 2>"$out/e"; rc=$?
+check "generate from a file that is not a model: exit 2 naming it" "[ $rc -eq 2 ] && grep -q 'losses.csv' '$out/e'"
 "$fp8kit" train --recipe fp4 --steps 1 --out "$out/train" >"$out/o" 2>"$out/e"; rc=$?
 check "train --recipe fp4: exit 2 naming the recipe" "[ $rc -eq 2 ] && grep -q \"unknown recipe 'fp4'\" '$out/e'"
 
-echo "$(( 17 - fails )) passed, $fails failed"
+echo "$(( 19 - fails )) passed, $fails failed"
 [ $fails -eq 0 ]

@@ -2,13 +2,21 @@
 // A saved model reloads with bit-identical logits and every parameter under its qualified name as
 // float32; each kind of bad file is refused with an fp8kit::Error naming the file and the
 // problem (missing or invalid metadata, a missing tensor, a wrong shape or dtype, an extra tensor).
+// FP8 checkpoints: a model trained by train_gpt, saved, quantized by the real `fp8kit quantize`
+// command with each scheme and loaded back gives logits within 20 dB SQNR of the float32 model's,
+// with its Linear weights really held in FP8, and each FP8 Linear computes exactly what
+// fp8kit::gemm should from the FP8 weight and the matching input cast (float64 reference).
 #include <gtest/gtest.h>
 
 #include <bit>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <random>
 #include <filesystem>
 #include <functional>
 
+#include "fp8kit/checkpoint.hpp"
 #include "fp8kit/nn.hpp"
 #include "fp8kit/safetensors.hpp"
 
@@ -143,6 +151,140 @@ TEST(Checkpoint, BadFilesNameTheFileAndTheProblem) {
     const std::string missing = temp_file("does_not_exist.safetensors");
     EXPECT_NE(message([&] { load_model(missing); }).find("cannot open '" + missing + "'"), std::string::npos);
 }
+
+TEST(Checkpoint, InputQuantizationMatchesTheWeightsScaleGroupsAlongK) {
+    QTensor w;
+    w.scaling = Scaling::tensor();
+    EXPECT_EQ(input_quantization(w)->scaling.granularity, Granularity::tensor);
+    w.scaling = Scaling::row();
+    EXPECT_EQ(input_quantization(w)->scaling.granularity, Granularity::row);
+    w.scaling = Scaling::block(64, 32);
+    const auto b = input_quantization(w);
+    EXPECT_EQ(b->scaling.granularity, Granularity::block);
+    EXPECT_EQ(b->scaling.block_rows, 1);
+    EXPECT_EQ(b->scaling.block_cols, 32);
+    w.scaling = Scaling::mx32();
+    EXPECT_EQ(input_quantization(w)->scaling.granularity, Granularity::mx32);
+    w.format = Format::e5m2;  // the input stays e4m3fn (two e5m2 operands are refused by the GEMM)
+    EXPECT_EQ(input_quantization(w)->format, Format::e4m3fn);
+    w.scaling = Scaling::column();
+    EXPECT_FALSE(input_quantization(w).has_value());
+}
+
+#ifdef FP8KIT_CLI
+// 20 log10(||ref|| / ||ref - x||) in double.
+double sqnr_db(const Tensor& ref, const Tensor& x) {
+    double s = 0, e = 0;
+    for (int64_t i = 0; i < ref.numel(); ++i) {
+        const double a = ref.data<float>()[i], d = a - double(x.data<float>()[i]);
+        s += a * a;
+        e += d * d;
+    }
+    return 10 * std::log10(s / e);
+}
+
+// y = l.forward(x) with an FP8-stored weight against the float64 product of what the GEMM is
+// handed: x cast with input_quantization (dequantized), the FP8 weight dequantized, plus the bias;
+// within float32 accumulation: |y - ref| <= 2 K 2^-24 sum_k |a_k b_k| + 1e-6. Taking the upcast path
+// instead (x unquantized) would miss by x's e4m3 rounding, far outside this bound.
+void expect_native_fp8_product(Linear& l, std::mt19937_64& g) {
+    const QTensor& w = *l.weight().stored;
+    const int64_t n = 5, k = l.in_features(), o = l.out_features();
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    std::vector<float> xv(size_t(n * k));
+    for (float& v : xv) v = d(g);
+    const Tensor x = Tensor::from(xv, {n, k});
+    const Tensor y = l.forward(x);
+    const Tensor xq = dequantize(quantize(x, *input_quantization(w)), DType::f32);
+    const Tensor wd = dequantize(w, DType::f32);
+    const Tensor bias = l.bias()->compute_value();
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < o; ++j) {
+            double ref = bias.data<float>()[j], mag = 0;
+            for (int64_t t = 0; t < k; ++t) {
+                const double p = double(xq.data<float>()[i * k + t]) * double(wd.data<float>()[j * k + t]);
+                ref += p;
+                mag += std::fabs(p);
+            }
+            const double got = y.data<float>()[i * o + j];
+            if (std::fabs(got - ref) > 2.0 * double(k) * 0x1p-24 * mag + 1e-6) ++bad;
+        }
+    EXPECT_EQ(bad, 0) << "of " << n * o << " outputs off the float64 product of the FP8 operands";
+}
+
+TEST(Checkpoint, TrainedModelQuantizedByTheCommandKeepsLogitsWithin20dB) {
+    TrainConfig c;
+    c.model = GPTConfig{2, 128, 4, 32, 256};
+    c.batch = 8;
+    c.steps = 30;
+    c.seed = 5;
+    const TrainResult r = train_gpt(builtin_corpus(), c, "f32");
+    GPT& f32 = *r.model;
+    const std::string trained = temp_file("trained.safetensors");
+    save_model(f32, trained);
+    // Two windows of held-out text (the end of the corpus) as tokens, and the float32 logits.
+    const std::string_view text = builtin_corpus();
+    std::vector<int32_t> ids;
+    for (size_t i = text.size() - 2 * 32; i < text.size(); ++i) ids.push_back(int32_t(uint8_t(text[i])));
+    const Tensor tokens = Tensor::from(ids, {2, 32});
+    const Tensor ref = f32.forward(tokens);
+    // The logits are dominated by the float32 path embeddings -> lm_head (doubling every block
+    // weight still leaves them at about 25 dB), so the blocks' share is checked as well: logits
+    // minus those of the model with every block Linear weight zeroed, for which a 10% weight
+    // error already costs about 20 dB.
+    const auto no_blocks = load_model(trained);
+    for (const auto& [name, m] : no_blocks->named_modules())
+        if (auto* l = dynamic_cast<Linear*>(m); l && name.rfind("blocks.", 0) == 0) l->weight().value = Tensor::zeros(l->weight().value.shape(), DType::f32);
+    const Tensor base = no_blocks->forward(tokens);
+    const auto share = [&](const Tensor& logits) {
+        Tensor d = Tensor::empty(logits.shape(), DType::f32);
+        for (int64_t i = 0; i < d.numel(); ++i) d.data<float>()[i] = logits.data<float>()[i] - base.data<float>()[i];
+        return d;
+    };
+    const Tensor ref_share = share(ref);
+    std::mt19937_64 g(9);
+    for (const char* scheme : {"tensor", "channel", "block128", "mx32"}) {
+        SCOPED_TRACE(scheme);
+        const std::string out = temp_file(std::string("q_") + scheme + ".safetensors"), log = out + ".log";
+        const std::string cmd = std::string("\"") + FP8KIT_CLI + "\" quantize \"" + trained + "\" \"" + out + "\" --scheme " + scheme +
+                                " >\"" + log + "\" 2>&1";
+        ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+        const auto q = load_model(out);
+        fs::remove(out);
+        fs::remove(log);
+        // The block Linear weights are FP8 with the scheme's scaling; what quantize skips
+        // (embeddings, norms, lm_head) and the biases stay float32.
+        const Granularity want = scaling_of(parse_scheme(scheme)).granularity;
+        int fp8_weights = 0;
+        for (const auto& [name, m] : q->named_modules()) {
+            auto* l = dynamic_cast<Linear*>(m);
+            if (!l) continue;
+            const bool block = name.rfind("blocks.", 0) == 0;
+            EXPECT_EQ(l->weight().stored.has_value(), block) << name;
+            if (!block) continue;
+            ++fp8_weights;
+            EXPECT_FALSE(l->weight().value.defined()) << name;
+            EXPECT_EQ(l->weight().stored->data.dtype(), DType::e4m3fn) << name;
+            EXPECT_EQ(l->weight().stored->scaling.granularity, want) << name;
+            EXPECT_TRUE(l->bias()->value.defined() && !l->bias()->stored) << name;
+            if (name == "blocks.1.mlp.fc2") expect_native_fp8_product(*l, g);
+        }
+        EXPECT_EQ(fp8_weights, 8);
+        // 4 (qkv, proj, fc1, fc2) x 2 layers of 128 x (3 + 1 + 4 + 4) x 128 weights: 3 bytes
+        // fewer per element of those than float32 (scales aside).
+        EXPECT_LT(q->weight_bytes(), f32.weight_bytes() - size_t(2 * 12 * 128 * 128 * 3) + 32768);
+        const Tensor logits = q->forward(tokens);
+        ASSERT_EQ(logits.shape(), ref.shape());
+        const double db = sqnr_db(ref, logits), share_db = sqnr_db(ref_share, share(logits));
+        EXPECT_GE(db, 20.0);
+        EXPECT_GE(share_db, 20.0);
+        std::printf("[ %s ] SQNR against the float32 model: logits %.1f dB, the blocks' share of them %.1f dB\n", scheme, db, share_db);
+        EXPECT_EQ(generate(*q, "The ", 8, 1).size(), 8u);  // sampling works on the FP8 model
+    }
+    fs::remove(trained);
+}
+#endif
 
 }  // namespace
 }  // namespace fp8kit::nn
