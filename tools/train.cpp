@@ -2,7 +2,8 @@
 // corpus (or --data FILE) once per recipe (f32, bf16, FP8 tensorwise, rowwise, block, delayed)
 // from the same initialisation and data order, with a progress bar on stderr; prints the table
 // (held-out loss, gap to f32, tokens/s, memory), writes loss curves (CSV + SVG plot) and each
-// trained model to --out. `fp8kit generate` samples from a saved model.
+// trained model to --out; --policy applies a policy file (fp8kit advise) to the FP8 recipes.
+// `fp8kit generate` samples from a saved model (float32, or quantized by fp8kit quantize).
 // Checked by tests/e2e/test_cli.sh (the table, files, generate, a bad recipe).
 #include <algorithm>
 #include <cmath>
@@ -16,6 +17,7 @@
 
 #include "commands.hpp"
 #include "common.hpp"
+#include "fp8kit/checkpoint.hpp"
 #include "fp8kit/nn.hpp"
 #include "fp8kit/runtime.hpp"
 #include "platform/platform.hpp"
@@ -24,7 +26,7 @@ namespace fp8kit::tools {
 namespace {
 
 struct TrainArgs {
-    std::string data, recipe = "all", out = "fp8kit-train";
+    std::string data, recipe = "all", out = "fp8kit-train", policy;
     int64_t steps = 0, layers = 0, width = 0, batch = 0;
     // One thread by default: the default model's GEMMs are small (512 x 128 x 128), and on a
     // 2-core machine that is also busy with other work every parallel region waits for a
@@ -113,6 +115,7 @@ void run_train(const TrainArgs& a) {
     if (a.layers) c.model.layers = a.layers;
     if (a.width) c.model.width = a.width;
     if (a.batch) c.batch = a.batch;
+    if (!a.policy.empty()) c.policy = read_policy(a.policy);
     c.validate();
     std::vector<std::string> recipes;
     if (a.recipe == "all") {
@@ -188,11 +191,12 @@ void add_train_command(CLI::App& app) {
     cmd->add_option("--layers", a->layers, "model layers (default 4)");
     cmd->add_option("--width", a->width, "model width (default 128)");
     cmd->add_option("--batch", a->batch, "sequences per step (default 8)");
+    cmd->add_option("--policy", a->policy, "policy file (fp8kit advise): per layer FP8 or not and the recipe, for the FP8 recipes");
     cmd->callback([a] { run_train(*a); });
 }
 
 void add_generate_command(CLI::App& app) {
-    CLI::App* cmd = app.add_subcommand("generate", "sample text from a model saved by fp8kit train");
+    CLI::App* cmd = app.add_subcommand("generate", "sample text from a model saved by fp8kit train (float32, or FP8 after fp8kit quantize)");
     auto model = std::make_shared<std::string>();
     auto prompt = std::make_shared<std::string>();
     auto tokens = std::make_shared<int64_t>(200);

@@ -35,8 +35,8 @@ namespace fp8kit::nn {
 struct Parameter {
     Tensor value;  // f32; undefined while the weight is stored in FP8
     Tensor grad;   // f32, same shape; undefined while stored in FP8
-    // The FP8 copy that replaces value: layerwise casting (tensor scaling), or an FP8 weight
-    // loaded from a checkpoint (any layout of fp8kit/checkpoint.hpp).
+    // The FP8 copy that replaces value: layerwise casting (tensor scaling, or the policy's
+    // recipe), or an FP8 weight loaded from a checkpoint (any layout of fp8kit/checkpoint.hpp).
     std::optional<QTensor> stored;
     // The float32 value to compute with: value, or the FP8 copy dequantized (a temporary).
     Tensor compute_value() const;
@@ -290,7 +290,21 @@ struct ConversionReport {
     std::vector<std::pair<std::string, std::string>> skipped;  // name, why
     std::string text() const;
 };
+// Every Linear the filter passes becomes a Float8Linear with opts.
 ConversionReport convert_to_float8_training(Module& model, const LinearFilter& filter, const Float8LinearOptions& opts);
+
+// A per-layer plan: the options to convert this Linear with, or std::nullopt to skip it
+// (why_not says why). Layers can then differ in recipe, as a policy file's do.
+using LinearPlan =
+    std::function<std::optional<Float8LinearOptions>(const Linear&, const std::string& qualified_name, std::string& why_not)>;
+ConversionReport convert_to_float8_training(Module& model, const LinearPlan& plan);
+// The plan of a policy file (fp8kit/checkpoint.hpp; written by `fp8kit advise`). A Linear's entry
+// is Policy::find("<name>.weight", [out, in]): fp8 false skips it with "policy: <reason>"; fp8
+// true converts it with the entry's recipe (the other options from `defaults`), whatever its
+// shape - the policy measured it. Linears without an entry go to `unmatched` (skipped if it
+// refuses) with `defaults`.
+LinearPlan policy_plan(const Policy& policy, const Float8LinearOptions& defaults = {},
+                       const LinearFilter& unmatched = default_filter());
 
 // ---- layerwise casting (FP8 storage, upcast per layer) ----
 
@@ -299,6 +313,12 @@ struct LayerwiseCastingOptions {
     bool scaled = true;  // a per-tensor scale (fp8_max / amax); false: stored unscaled (scale 1)
     std::vector<std::string> skip_patterns = {"pos_embed", "patch_embed", "norm", "^proj_in$", "^proj_out$"};
     std::vector<std::string> skip_classes;  // module kinds, e.g. "Embedding"
+    // A policy file (fp8kit/checkpoint.hpp), for modules the skip rules leave: the entry of a
+    // module's "<name>.weight" and its shape (Policy::find) skips it when fp8 is false (with the
+    // policy's reason) and stores its weight with the recipe's layout when true (tensorwise:
+    // tensor, rowwise: a scale per row, block: 128x128, mxfp8: 1x32 e8m0; other parameters tensor
+    // scaling); modules without an entry are cast as without a policy. Needs scaled storage.
+    std::optional<Policy> policy;
 };
 struct LayerwiseCastingReport {
     std::vector<std::string> cast, native;  // upcast per forward / computed in FP8 directly
@@ -331,6 +351,9 @@ struct TrainConfig {
     float lr = 3e-3f;          // peak; linear warmup over the first 10% of steps, cosine to lr / 10
     uint64_t seed = 1;         // initialisation and data order (the same for every recipe)
     int64_t eval_batches = 4;  // held-out loss: the last 10% of the text, fixed windows
+    // FP8 recipes: a policy file's per-layer decisions (policy_plan); layers without an entry
+    // get the run's recipe and the usual filter.
+    std::optional<Policy> policy;
     void validate() const;
 };
 

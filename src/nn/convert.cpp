@@ -1,12 +1,14 @@
 // src/nn/convert.cpp: model conversion policies - convert_to_float8_training (swap Linear for
 // Float8Linear where a filter allows; torchao's convert_to_float8_training) and
 // enable_layerwise_casting (weights stored in FP8, upcast per layer; Diffusers'
-// enable_layerwise_casting, with the same default skip patterns). Checked on a model with odd
-// shapes in tests/nn/test_convert.cpp (report, skip rules, bytes).
+// enable_layerwise_casting, with the same default skip patterns), each also driven by a policy
+// file (fp8kit/checkpoint.hpp: per layer FP8 or not, and the recipe). Checked on a model with odd
+// shapes in tests/nn/test_convert.cpp (report, skip rules, policies, bytes).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <regex>
 #include <sstream>
 
@@ -110,6 +112,13 @@ std::string ConversionReport::text() const {
 
 ConversionReport convert_to_float8_training(Module& model, const LinearFilter& filter, const Float8LinearOptions& opts) {
     opts.validate();
+    return convert_to_float8_training(model, [&](const Linear& l, const std::string& name, std::string& why) {
+        return !filter || filter(l, name, why) ? std::optional<Float8LinearOptions>(opts) : std::nullopt;
+    });
+}
+
+ConversionReport convert_to_float8_training(Module& model, const LinearPlan& plan) {
+    if (!plan) throw Error("fp8kit::nn::convert_to_float8_training: no plan");
     ConversionReport report;
     std::vector<std::pair<std::string, Linear*>> linears;
     for (auto& [name, m] : model.named_modules()) {
@@ -120,15 +129,41 @@ ConversionReport convert_to_float8_training(Module& model, const LinearFilter& f
         std::string why;
         if (name.empty()) throw Error("fp8kit::nn::convert_to_float8_training: the model itself is a Linear; wrap it in a module");
         if (l->weight().stored) {
-            report.skipped.emplace_back(name, "weight stored in FP8 by layerwise casting (inference only)");
-        } else if (!filter || filter(*l, name, why)) {
-            model.replace(name, std::make_shared<Float8Linear>(*l, opts));
+            report.skipped.emplace_back(name, "weight stored in FP8 (layerwise casting or an FP8 checkpoint; inference only)");
+        } else if (const std::optional<Float8LinearOptions> opts = plan(*l, name, why)) {
+            opts->validate();
+            model.replace(name, std::make_shared<Float8Linear>(*l, *opts));
             report.converted.push_back(name);
         } else {
             report.skipped.emplace_back(name, why.empty() ? "refused by the filter" : why);
         }
     }
     return report;
+}
+
+namespace {
+// The policy's entry for a module's weight (Policy::find on "<module>.weight" and its shape).
+const PolicyLayer* policy_entry(const Policy& policy, const std::string& module, const Shape& weight_shape) {
+    return policy.find(module.empty() ? "weight" : module + ".weight", weight_shape);
+}
+std::string policy_reason(const PolicyLayer& e) { return "policy: " + (e.reason.empty() ? std::string("fp8 false") : e.reason); }
+}  // namespace
+
+LinearPlan policy_plan(const Policy& policy, const Float8LinearOptions& defaults, const LinearFilter& unmatched) {
+    return [policy, defaults, unmatched](const Linear& l, const std::string& name, std::string& why) -> std::optional<Float8LinearOptions> {
+        const PolicyLayer* e = policy_entry(policy, name, {l.out_features(), l.in_features()});
+        if (!e) {
+            if (unmatched && !unmatched(l, name, why)) return std::nullopt;
+            return defaults;
+        }
+        if (!e->fp8) {
+            why = policy_reason(*e);
+            return std::nullopt;
+        }
+        Float8LinearOptions o = defaults;
+        o.recipe = parse_recipe(recipe_of(*e->scheme));  // read_policy requires a recipe when fp8
+        return o;
+    };
 }
 
 bool computes_natively_in_fp8(std::string_view kind) {
@@ -152,6 +187,8 @@ LayerwiseCastingReport enable_layerwise_casting(Module& model, const LayerwiseCa
         opts.storage != Format::e5m2fnuz)
         throw Error("fp8kit::nn::enable_layerwise_casting: storage must be an FP8 format (e4m3fn, e5m2, e4m3fnuz, e5m2fnuz), got " +
                     std::string(to_string(opts.storage)));
+    if (opts.policy && !opts.scaled)
+        throw Error("fp8kit::nn::enable_layerwise_casting: a policy's recipes need scaled storage (scaled = true)");
     std::vector<std::pair<std::string, std::regex>> patterns;
     for (const auto& p : opts.skip_patterns) {
         try {
@@ -170,6 +207,17 @@ LayerwiseCastingReport enable_layerwise_casting(Module& model, const LayerwiseCa
             if (c == kind) why = "class " + kind;
         for (const auto& [text, re] : patterns)
             if (why.empty() && std::regex_search(name, re)) why = "pattern '" + text + "'";
+        // The policy's layout for the weight (its recipe's weight scaling), or tensor scaling.
+        std::optional<Scheme> weight_scheme;
+        if (why.empty() && opts.policy) {
+            for (const auto& [pn, p] : m->parameters()) {
+                if (pn != "weight" || !p->value.defined()) continue;
+                if (const PolicyLayer* e = policy_entry(*opts.policy, name, p->value.shape())) {
+                    if (!e->fp8) why = policy_reason(*e);
+                    else weight_scheme = e->scheme;
+                }
+            }
+        }
         if (!why.empty()) {
             report.skipped.emplace_back(name, why);
             continue;
@@ -179,6 +227,7 @@ LayerwiseCastingReport enable_layerwise_casting(Module& model, const LayerwiseCa
             QuantizeOptions q;
             q.format = opts.storage;
             if (!opts.scaled) q.scale = 1.0f;  // unscaled: codes are the values themselves
+            if (pn == "weight" && weight_scheme) q.scaling = scaling_of(*weight_scheme);
             p->stored = quantize(p->value, q);
             p->value = Tensor();
             p->grad = Tensor();

@@ -48,7 +48,7 @@ float learning_rate(const TrainConfig& c, int64_t step) {
     return float(double(c.lr) * (0.1 + 0.9 * 0.5 * (1.0 + std::cos(std::numbers::pi * progress))));
 }
 
-void apply_recipe(GPT& model, const std::string& recipe, TrainResult& r) {
+void apply_recipe(GPT& model, const std::string& recipe, const std::optional<Policy>& policy, TrainResult& r) {
     if (recipe == "f32") return;
     if (recipe == "bf16") {
         for (auto& [name, m] : model.named_modules())
@@ -58,13 +58,17 @@ void apply_recipe(GPT& model, const std::string& recipe, TrainResult& r) {
     Float8LinearOptions o;
     o.recipe = parse_recipe(recipe);  // fp8kit::Error for an unknown name
     const LinearFilter base = default_filter();
-    const ConversionReport rep = convert_to_float8_training(model, [&](const Linear& l, const std::string& name, std::string& why) {
+    const LinearFilter filter = [&](const Linear& l, const std::string& name, std::string& why) {
         if (name == "lm_head") {
             why = "the output layer stays in high precision";
             return false;
         }
         return base(l, name, why);
-    }, o);
+    };
+    // A policy decides for the layers it has entries for (FP8 or not, and the recipe); the
+    // others follow the filter with this run's recipe.
+    const ConversionReport rep = policy ? convert_to_float8_training(model, policy_plan(*policy, o, filter))
+                                        : convert_to_float8_training(model, filter, o);
     r.conversion = rep.text();
 }
 
@@ -85,7 +89,7 @@ TrainResult train_gpt(std::string_view text, const TrainConfig& c, const std::st
     r.recipe = recipe;
     r.model = std::make_unique<GPT>(c.model, c.seed);
     GPT& model = *r.model;
-    apply_recipe(model, recipe, r);
+    apply_recipe(model, recipe, c.policy, r);
     AdamW opt(model.named_parameters(), AdamWOptions{c.lr, 0.9f, 0.95f, 1e-8f, 0.1f});
     std::mt19937_64 data_rng(c.seed ^ 0x9e3779b97f4a7c15ull);  // the data order: the same for every recipe
     Tensor tokens = Tensor::empty({c.batch, t}, DType::i32), targets = Tensor::empty({c.batch, t}, DType::i32);

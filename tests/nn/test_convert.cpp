@@ -2,12 +2,19 @@
 // with odd shapes: which modules are converted / cast / skipped and why, the default, user and
 // auto filters, skip patterns and classes, the capability table, and weight memory counted
 // independently from the shapes. Layerwise-cast outputs are checked against the float32 model.
+// Policy files (as `fp8kit advise` writes them, read from disk): which layers each conversion
+// converts / casts / skips, the policy's reasons, the recipe / stored layout per layer, and the
+// results against float64 products.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <map>
+#include <fstream>
 #include <random>
 
+#include "fp8kit/checkpoint.hpp"
 #include "fp8kit/nn.hpp"
 
 namespace fp8kit::nn {
@@ -215,6 +222,146 @@ TEST(LayerwiseCasting, BadInputNamesWhatIsWrong) {
     }
     o = {};
     o.storage = Format::e8m0fnu;
+    EXPECT_THROW(enable_layerwise_casting(m, o), Error);
+}
+
+// A policy file on disk (what `fp8kit advise --out` writes), read back with read_policy.
+Policy policy_file(const std::string& name, const std::string& layers_json) {
+    const std::string path = (std::filesystem::temp_directory_path() / ("fp8kit_test_policy_" + name + ".json")).string();
+    std::ofstream(path) << R"({"format": "fp8kit-policy", "version": 1, "layers": [)" << layers_json << "]}\n";
+    Policy p = read_policy(path);
+    std::filesystem::remove(path);
+    return p;
+}
+
+// SQNR of y = l.forward(x) against the float64 product of x and the layer's float32 weights
+// (taken before conversion) plus its bias.
+double forward_sqnr_db(Linear& l, const std::vector<float>& w32, const Tensor& x) {
+    const Tensor y = l.forward(x);
+    const int64_t n = x.size(0), k = l.in_features(), o = l.out_features();
+    const Tensor b = l.bias() ? l.bias()->compute_value() : Tensor();
+    double s = 0, e = 0;
+    for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < o; ++j) {
+            double ref = b.defined() ? double(b.data<float>()[j]) : 0.0;
+            for (int64_t t = 0; t < k; ++t) ref += double(x.data<float>()[i * k + t]) * double(w32[size_t(j * k + t)]);
+            const double d = ref - double(y.data<float>()[i * o + j]);
+            s += ref * ref;
+            e += d * d;
+        }
+    return 10 * std::log10(s / e);
+}
+
+Tensor normal_input(int64_t n, int64_t k, uint64_t seed) {
+    std::mt19937_64 g(seed);
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    std::vector<float> v(size_t(n * k));
+    for (float& x : v) x = d(g);
+    return Tensor::from(v, {n, k});
+}
+
+std::vector<float> weights_of(Linear& l) {
+    const Tensor w = l.weight().value;
+    return std::vector<float>(w.data<float>(), w.data<float>() + w.numel());
+}
+
+TEST(Convert, PolicyDecidesPerLayerWithItsRecipeAndReason) {
+    OddModel m;
+    const std::vector<float> fc_w = weights_of(m.linear("blocks.0.fc"));
+    // By name (a module, or its weight), by shape [out, in]; a name entry is a prefix only at a
+    // dot ("proj" is not "proj_in"); names win over shapes.
+    const Policy p = policy_file("convert", R"J(
+        {"name": "proj", "fp8": false, "recipe": null, "reason": "must not match proj_in or proj_out"},
+        {"name": "blocks.0.fc", "fp8": true, "recipe": "rowwise", "reason": "faster: 1.3x"},
+        {"name": "blocks.0.out.weight", "fp8": false, "recipe": null, "reason": "not faster: fp8 0.71x f32 speed"},
+        {"weight_shape": [2048, 48], "fp8": true, "recipe": "block", "reason": "faster: 2.1x"},
+        {"weight_shape": [16, 48], "fp8": false, "recipe": null, "reason": "sqnr 19 dB (floor 25)"},
+        {"weight_shape": [100, 48], "fp8": false, "recipe": null, "reason": "shadowed by the name entry"})J");
+    Float8LinearOptions defaults;
+    defaults.recipe = Recipe::tensorwise();
+    const ConversionReport r = convert_to_float8_training(m, policy_plan(p, defaults));
+    // proj_in has no entry: the default filter passes it (16 -> 48) with the defaults; blocks.0.fc
+    // (100 outputs, which the default filter refuses) is converted because the policy says so.
+    EXPECT_EQ(r.converted, (Names{"proj_in", "blocks.0.fc", "head"}));
+    EXPECT_EQ(names(r.skipped), (Names{"blocks.0.out", "proj_out"}));
+    EXPECT_EQ(why(r.skipped, "blocks.0.out"), "policy: not faster: fp8 0.71x f32 speed");
+    EXPECT_EQ(why(r.skipped, "proj_out"), "policy: sqnr 19 dB (floor 25)");
+    auto recipe = [&](const std::string& name) { return dynamic_cast<Float8Linear&>(m.linear(name)).options().recipe.kind; };
+    EXPECT_EQ(recipe("proj_in"), RecipeKind::tensorwise);
+    EXPECT_EQ(recipe("blocks.0.fc"), RecipeKind::rowwise);
+    EXPECT_EQ(recipe("head"), RecipeKind::block);
+    EXPECT_EQ(m.linear("blocks.0.out").kind(), "Linear");
+    // The odd-shaped layer the policy forced into FP8 computes correctly: rowwise FP8 forward
+    // against the float64 product (NUMERICS.md's FP8 Linear forward floor, 18 dB).
+    EXPECT_GE(forward_sqnr_db(m.linear("blocks.0.fc"), fc_w, normal_input(7, 48, 1)), 18.0);
+    // Unmatched layers follow the `unmatched` filter: refusing everything leaves only the policy's.
+    OddModel m2;
+    const ConversionReport r2 = convert_to_float8_training(
+        m2, policy_plan(p, defaults, [](const Linear&, const std::string&, std::string& w) {
+            w = "no entry";
+            return false;
+        }));
+    EXPECT_EQ(r2.converted, (Names{"blocks.0.fc", "head"}));
+    EXPECT_EQ(why(r2.skipped, "proj_in"), "no entry");
+}
+
+TEST(Convert, TrainingWithAPolicy) {
+    TrainConfig c;
+    c.model = GPTConfig{2, 64, 4, 32, 256};
+    c.batch = 4;
+    c.steps = 2;
+    c.policy = policy_file("train", R"J(
+        {"name": "blocks.0.mlp", "fp8": false, "recipe": null, "reason": "kept in f32"},
+        {"name": "blocks.1.attn.qkv", "fp8": true, "recipe": "block", "reason": "block here"})J");
+    const TrainResult r = train_gpt(builtin_corpus(), c, "rowwise");
+    EXPECT_NE(r.conversion.find("blocks.0.mlp.fc1: policy: kept in f32"), std::string::npos) << r.conversion;
+    EXPECT_NE(r.conversion.find("blocks.0.mlp.fc2: policy: kept in f32"), std::string::npos) << r.conversion;
+    EXPECT_NE(r.conversion.find("lm_head: the output layer stays in high precision"), std::string::npos) << r.conversion;
+    std::map<std::string, std::string> kinds;
+    for (const auto& [name, m] : r.model->named_modules()) {
+        if (const auto* f = dynamic_cast<const Float8Linear*>(m)) kinds[name] = std::string(to_string(f->options().recipe.kind));
+        else if (m->kind() == "Linear") kinds[name] = "f32";
+    }
+    EXPECT_EQ(kinds["blocks.1.attn.qkv"], "block");
+    EXPECT_EQ(kinds["blocks.1.attn.proj"], "rowwise");
+    EXPECT_EQ(kinds["blocks.0.mlp.fc1"], "f32");
+    EXPECT_EQ(kinds["lm_head"], "f32");
+    EXPECT_TRUE(std::isfinite(r.final_loss));
+}
+
+TEST(LayerwiseCasting, PolicySkipsWithItsReasonAndPicksTheStoredLayout) {
+    OddModel m;
+    std::map<std::string, std::vector<float>> w32;
+    for (const char* n : {"proj_in", "blocks.0.fc", "blocks.0.out", "head", "proj_out"}) w32[n] = weights_of(m.linear(n));
+    LayerwiseCastingOptions o;
+    o.skip_patterns = {"pos_embed"};  // the default patterns would skip proj_in / proj_out
+    o.policy = policy_file("layerwise", R"J(
+        {"name": "head", "fp8": true, "recipe": "mxfp8", "reason": "r1"},
+        {"name": "blocks.0.fc.weight", "fp8": true, "recipe": "block", "reason": "r2"},
+        {"weight_shape": [48, 100], "fp8": false, "recipe": null, "reason": "keep: 19 dB"},
+        {"name": "proj_in", "fp8": true, "recipe": "rowwise", "reason": "r3"},
+        {"name": "pos_embed", "fp8": true, "recipe": "rowwise", "reason": "the skip pattern wins"})J");
+    const LayerwiseCastingReport r = enable_layerwise_casting(m, o);
+    EXPECT_EQ(names(r.skipped), (Names{"pos_embed", "blocks.0.out"}));
+    EXPECT_EQ(why(r.skipped, "blocks.0.out"), "policy: keep: 19 dB");
+    EXPECT_EQ(why(r.skipped, "pos_embed"), "pattern 'pos_embed'");
+    EXPECT_EQ(r.native, (Names{"proj_in", "blocks.0.fc", "head", "proj_out"}));
+    auto granularity = [&](const std::string& n) { return m.linear(n).weight().stored->scaling; };
+    EXPECT_EQ(granularity("head").granularity, Granularity::mx32);
+    EXPECT_EQ(granularity("blocks.0.fc").granularity, Granularity::block);
+    EXPECT_EQ(granularity("blocks.0.fc").block_rows, 128);
+    EXPECT_EQ(granularity("proj_in").granularity, Granularity::row);
+    EXPECT_EQ(granularity("proj_out").granularity, Granularity::tensor);  // no entry: as without a policy
+    EXPECT_EQ(m.linear("head").weight().stored->format, Format::e4m3fn);
+    EXPECT_EQ(m.linear("blocks.0.fc").bias()->stored->scaling.granularity, Granularity::tensor);
+    EXPECT_FALSE(m.linear("blocks.0.out").weight().stored.has_value());
+    // Each FP8 layer (weight and input in e4m3, the layout's scales) against the float64 product
+    // of the float32 weights: the FP8 GEMM floor, 25 dB; the skipped one exactly.
+    const Tensor x48 = normal_input(9, 48, 2), x16 = normal_input(9, 16, 3), x100 = normal_input(9, 100, 4);
+    for (const char* n : {"blocks.0.fc", "head", "proj_out"}) EXPECT_GE(forward_sqnr_db(m.linear(n), w32[n], x48), 25.0) << n;
+    EXPECT_GE(forward_sqnr_db(m.linear("proj_in"), w32["proj_in"], x16), 25.0);
+    EXPECT_GE(forward_sqnr_db(m.linear("blocks.0.out"), w32["blocks.0.out"], x100), 100.0);
+    o.scaled = false;
     EXPECT_THROW(enable_layerwise_casting(m, o), Error);
 }
 
