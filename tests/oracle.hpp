@@ -1,7 +1,8 @@
 // tests/oracle.hpp: running a Python oracle (a script in tests/ on the venv's Python: PyTorch,
-// the safetensors package) from a GoogleTest test, for the tests that check fp8kit against code
-// written elsewhere. An oracle exits 0 on success, 77 when what it needs is not installed (the
-// test is then skipped with the oracle's stderr as the reason), anything else on failure.
+// the safetensors package) - or another program, such as the built fp8kit command - from a
+// GoogleTest test, for the tests that check fp8kit against code written elsewhere. An oracle
+// exits 0 on success, 77 when what it needs is not installed (the test is then skipped with the
+// oracle's stderr as the reason), anything else on failure.
 // Built for the build machine only (these tests are left out of cross builds, tests/CMakeLists.txt),
 // so this is the one test file allowed the POSIX <sys/wait.h> (tests/platform_confinement.cmake).
 #pragma once
@@ -33,10 +34,9 @@ struct OracleRun {
     std::string message;  // why skipped or failed: the oracle's stderr, or what kept it from running
 };
 
-// Runs `python script args...` with stderr captured.
-inline OracleRun run_oracle(const std::string& python, const std::string& script, const std::vector<std::string>& args) {
-    if (!std::filesystem::exists(python))
-        return {OracleRun::Outcome::skipped, "no Python at " + python + " (scripts/setup.sh creates the venv)"};
+// Runs `program args...` (each argument one shell word, whatever it holds) with stderr captured:
+// passed on exit 0, skipped on 77, failed otherwise.
+inline OracleRun run_program(const std::string& program, const std::vector<std::string>& args) {
     std::string cmd;
     const auto append_quoted = [&cmd](const std::string& s) {  // one shell word, whatever it holds
         cmd.push_back('\'');
@@ -47,8 +47,7 @@ inline OracleRun run_oracle(const std::string& python, const std::string& script
         cmd.append("' ");
     };
     const std::string err_path = unique_temp_stem("oracle") + ".err";
-    append_quoted(python);
-    append_quoted(script);
+    append_quoted(program);
     for (const std::string& a : args) append_quoted(a);
     cmd.append("2>");
     append_quoted(err_path);
@@ -58,8 +57,18 @@ inline OracleRun run_oracle(const std::string& python, const std::string& script
     if (status == -1 || !WIFEXITED(status)) return {OracleRun::Outcome::failed, "could not run " + cmd};
     if (WEXITSTATUS(status) == 77) return {OracleRun::Outcome::skipped, err};
     if (WEXITSTATUS(status) != 0)
-        return {OracleRun::Outcome::failed, script + " exited with " + std::to_string(WEXITSTATUS(status)) + ":\n" + err};
+        return {OracleRun::Outcome::failed, program + (args.empty() ? "" : " " + args.front()) + " exited with " +
+                                                std::to_string(WEXITSTATUS(status)) + ":\n" + err};
     return {OracleRun::Outcome::passed, err};
+}
+
+// Runs `python script args...` (run_program); skipped when there is no Python.
+inline OracleRun run_oracle(const std::string& python, const std::string& script, const std::vector<std::string>& args) {
+    if (!std::filesystem::exists(python))
+        return {OracleRun::Outcome::skipped, "no Python at " + python + " (scripts/setup.sh creates the venv)"};
+    std::vector<std::string> argv{script};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return run_program(python, argv);
 }
 
 }  // namespace fp8kit::test

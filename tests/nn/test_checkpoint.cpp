@@ -11,14 +11,14 @@
 #include <bit>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <random>
 #include <filesystem>
 #include <functional>
+#include <random>
 
 #include "fp8kit/checkpoint.hpp"
 #include "fp8kit/nn.hpp"
 #include "fp8kit/safetensors.hpp"
+#include "oracle.hpp"
 
 namespace fp8kit::nn {
 namespace {
@@ -27,7 +27,8 @@ namespace fs = std::filesystem;
 
 const GPTConfig small{2, 32, 4, 16, 256};
 
-std::string temp_file(const std::string& name) { return (fs::temp_directory_path() / ("fp8kit_test_ckpt_" + name)).string(); }
+// Unique per process: the same tests may run at once from other build trees.
+std::string temp_file(const std::string& name) { return test::unique_temp_stem("test_ckpt") + "_" + name; }
 
 std::string message(const std::function<void()>& fn) {
     try {
@@ -246,13 +247,11 @@ TEST(Checkpoint, TrainedModelQuantizedByTheCommandKeepsLogitsWithin20dB) {
     std::mt19937_64 g(9);
     for (const char* scheme : {"tensor", "channel", "block128", "mx32"}) {
         SCOPED_TRACE(scheme);
-        const std::string out = temp_file(std::string("q_") + scheme + ".safetensors"), log = out + ".log";
-        const std::string cmd = std::string("\"") + FP8KIT_CLI + "\" quantize \"" + trained + "\" \"" + out + "\" --scheme " + scheme +
-                                " >\"" + log + "\" 2>&1";
-        ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+        const std::string out = temp_file(std::string("q_") + scheme + ".safetensors");
+        const test::OracleRun run = test::run_program(FP8KIT_CLI, {"quantize", trained, out, "--scheme", scheme});
+        ASSERT_EQ(run.outcome, test::OracleRun::Outcome::passed) << run.message;
         const auto q = load_model(out);
         fs::remove(out);
-        fs::remove(log);
         // The block Linear weights are FP8 with the scheme's scaling; what quantize skips
         // (embeddings, norms, lm_head) and the biases stay float32.
         const Granularity want = scaling_of(parse_scheme(scheme)).granularity;

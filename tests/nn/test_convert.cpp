@@ -16,6 +16,7 @@
 
 #include "fp8kit/checkpoint.hpp"
 #include "fp8kit/nn.hpp"
+#include "oracle.hpp"  // unique_temp_stem
 
 namespace fp8kit::nn {
 namespace {
@@ -227,7 +228,7 @@ TEST(LayerwiseCasting, BadInputNamesWhatIsWrong) {
 
 // A policy file on disk (what `fp8kit advise --out` writes), read back with read_policy.
 Policy policy_file(const std::string& name, const std::string& layers_json) {
-    const std::string path = (std::filesystem::temp_directory_path() / ("fp8kit_test_policy_" + name + ".json")).string();
+    const std::string path = test::unique_temp_stem("test_policy_" + name) + ".json";
     std::ofstream(path) << R"({"format": "fp8kit-policy", "version": 1, "layers": [)" << layers_json << "]}\n";
     Policy p = read_policy(path);
     std::filesystem::remove(path);
