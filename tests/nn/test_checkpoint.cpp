@@ -5,12 +5,14 @@
 // FP8 checkpoints: a model trained by train_gpt, saved, quantized by the real `fp8kit quantize`
 // command with each scheme and loaded back gives logits within 20 dB SQNR of the float32 model's,
 // with its Linear weights really held in FP8, and each FP8 Linear computes exactly what
-// fp8kit::gemm should from the FP8 weight and the matching input cast (float64 reference).
+// fp8kit::gemm should from the FP8 weight and the matching input cast (float64 reference); FP8
+// outside a Linear (written by hand) is dequantized, and bad FP8 entries are named.
 #include <gtest/gtest.h>
 
 #include <bit>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <random>
@@ -151,6 +153,50 @@ TEST(Checkpoint, BadFilesNameTheFileAndTheProblem) {
     fs::remove(path);
     const std::string missing = temp_file("does_not_exist.safetensors");
     EXPECT_NE(message([&] { load_model(missing); }).find("cannot open '" + missing + "'"), std::string::npos);
+}
+
+TEST(Checkpoint, FP8OutsideLinearIsDequantizedAndBadFP8IsNamed) {
+    // Written by hand (quantize skips embeddings): tok_embed per row, one Linear per tensor.
+    GPT model(small, 4);
+    auto t = tensors_of(model);
+    QuantizeOptions rows;
+    rows.scaling = Scaling::row();
+    const QTensor emb = quantize(model.named_parameters().front().second->value, rows);  // tok_embed.weight
+    ASSERT_EQ(model.named_parameters().front().first, "tok_embed.weight");
+    const QTensor qkv = quantize(t[4].second, {});
+    ASSERT_EQ(t[4].first, "blocks.0.attn.qkv.weight");
+    auto fp8 = t;
+    fp8[0].second = emb.data;
+    fp8.emplace_back("tok_embed.weight_scale", emb.scale_inv);  // [256, 1]: channel
+    fp8[4].second = qkv.data;
+    fp8.emplace_back("blocks.0.attn.qkv.weight_scale", qkv.scale_inv.reshape({1}));
+    const std::string path = temp_file("fp8.safetensors");
+    save_safetensors(path, fp8, small.to_metadata());
+    const auto loaded = load_model(path);
+    const auto params = loaded->named_parameters();
+    // The Embedding gets the dequantized values, bit for bit; the Linear keeps the FP8 codes.
+    const Parameter& e = *params[0].second;
+    EXPECT_FALSE(e.stored.has_value());
+    const Tensor want = dequantize(emb, DType::f32);
+    ASSERT_TRUE(e.value.defined());
+    for (int64_t i = 0; i < want.numel(); ++i) ASSERT_EQ(e.value.data<float>()[i], want.data<float>()[i]) << i;
+    const Parameter& w = *params[4].second;
+    ASSERT_TRUE(w.stored.has_value());
+    EXPECT_EQ(w.stored->scaling.granularity, Granularity::tensor);
+    EXPECT_EQ(std::memcmp(w.stored->data.raw_data(), qkv.data.raw_data(), size_t(qkv.data.nbytes())), 0);
+    // A scale no layout explains, and FP8 codes without a scale.
+    auto bad = fp8;
+    bad.back().second = Tensor::zeros({3}, DType::f32);
+    save_safetensors(path, bad, small.to_metadata());
+    std::string msg = message([&] { load_model(path); });
+    EXPECT_NE(msg.find(path), std::string::npos) << msg;
+    EXPECT_NE(msg.find("blocks.0.attn.qkv.weight_scale f32 [3] fits no layout"), std::string::npos) << msg;
+    bad.pop_back();
+    save_safetensors(path, bad, small.to_metadata());
+    msg = message([&] { load_model(path); });
+    EXPECT_NE(msg.find(path), std::string::npos) << msg;
+    EXPECT_NE(msg.find("'blocks.0.attn.qkv.weight' is F8_E4M3 without a scale tensor"), std::string::npos) << msg;
+    fs::remove(path);
 }
 
 TEST(Checkpoint, InputQuantizationMatchesTheWeightsScaleGroupsAlongK) {
