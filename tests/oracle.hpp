@@ -13,20 +13,16 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <random>
 #include <string>
 #include <vector>
+
+#include "support.hpp"  // unique_temp_stem
 
 namespace fp8kit::test {
 
 inline std::string read_file(const std::filesystem::path& p) {
     std::ifstream in(p, std::ios::binary);
     return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-// A path prefix in the temporary directory no other test process uses at the same time.
-inline std::string unique_temp_stem(const std::string& tag) {
-    return (std::filesystem::temp_directory_path() / ("fp8kit_" + tag + "_" + std::to_string(std::random_device{}()))).string();
 }
 
 struct OracleRun {

@@ -1,5 +1,6 @@
-// tests/support.hpp: helpers shared by the tests - the golden data folder, running a body on every
-// CPU code path, and comparing FP8 codes with "any NaN equals any NaN".
+// tests/support.hpp: helpers shared by the tests - the golden data folder, unique temporary
+// paths, running a body on every CPU code path, and comparing FP8 codes with "any NaN equals any
+// NaN".
 #pragma once
 
 #include <gtest/gtest.h>
@@ -8,6 +9,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <random>
 #include <string>
 
 #include "fp8kit/backend.hpp"
@@ -20,6 +23,11 @@ namespace fp8kit::test {
 // The golden vectors folder (CMake cache variable FP8KIT_TESTDATA_DIR); tests fail loudly if it is
 // missing rather than skipping.
 inline std::string testdata(const char* file) { return std::string(FP8KIT_TESTDATA_DIR) + "/" + file; }
+
+// A path prefix in the temporary directory no other test process uses at the same time.
+inline std::string unique_temp_stem(const std::string& tag) {
+    return (std::filesystem::temp_directory_path() / ("fp8kit_" + tag + "_" + std::to_string(std::random_device{}()))).string();
+}
 
 inline uint32_t bits(float x) {
     uint32_t b;

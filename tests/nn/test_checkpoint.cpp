@@ -20,7 +20,10 @@
 #include "fp8kit/checkpoint.hpp"
 #include "fp8kit/nn.hpp"
 #include "fp8kit/safetensors.hpp"
-#include "oracle.hpp"
+#include "support.hpp"  // unique_temp_stem
+#ifdef FP8KIT_CLI
+#include "oracle.hpp"  // run_program: build-machine builds only (tests/CMakeLists.txt)
+#endif
 
 namespace fp8kit::nn {
 namespace {

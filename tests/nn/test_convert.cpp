@@ -16,7 +16,7 @@
 
 #include "fp8kit/checkpoint.hpp"
 #include "fp8kit/nn.hpp"
-#include "oracle.hpp"  // unique_temp_stem
+#include "support.hpp"  // unique_temp_stem
 
 namespace fp8kit::nn {
 namespace {
