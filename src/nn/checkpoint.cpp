@@ -8,7 +8,7 @@
 // directly), any other FP8 tensor is dequantized. It refuses, with an fp8kit::Error naming the
 // file and the problem: metadata missing or invalid, a parameter's tensor missing, of the wrong
 // shape or dtype (FP8 without a scale, or a scale no layout explains), a tensor the model has no
-// parameter for.
+// parameter for. The model keeps no view of the file: every tensor is copied out of the mapping.
 // Checked by tests/nn/test_checkpoint.cpp (bit-exact round trip, each malformed file, every FP8
 // layout of a trained model within 20 dB of its float32 logits) and the CLI e2e tests (train,
 // then generate from the saved file and from its quantized copy).
@@ -56,8 +56,12 @@ std::unique_ptr<GPT> load_model(const std::string& path) {
             throw Error("fp8kit::nn::load_model: " + std::string(err.what()));
         }
         if (fp8 && linear_weights.count(p.get())) {
-            // Kept in FP8 (a view of the mapping; only read): inference-only, as layerwise casting.
+            // Kept in FP8: inference-only, as layerwise casting. Copied out of the mapping (one
+            // byte per weight) like every other tensor, so the model does not hold the file open -
+            // Windows refuses to replace a file that is still mapped (saving back to the same path).
             p->stored = fp8->q;
+            p->stored->data = fp8->q.data.clone();
+            p->stored->scale_inv = fp8->q.scale_inv.clone();
             p->value = Tensor();
             p->grad = Tensor();
         } else if (fp8) {

@@ -128,7 +128,13 @@ void ReplacingFile::commit() {
     }
     if (!CloseHandle(h)) fail("cannot close", temp_, GetLastError());
     if (!MoveFileExW(wide(temp_).c_str(), wide(path_).c_str(), MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH)) {
-        fail("cannot rename '" + temp_ + "' to", path_, GetLastError());
+        const DWORD err = GetLastError();
+        // Unlike POSIX rename, Windows will not replace a file that is open or mapped elsewhere;
+        // the usual cause is the program's own reader of the old file, so the message says so.
+        std::string why = reason(err);
+        if (err == ERROR_ACCESS_DENIED || err == ERROR_SHARING_VIOLATION)
+            why += " (Windows cannot replace a file that is open or memory-mapped: a SafetensorsFile, or tensors read from it, may still hold it)";
+        throw Error("cannot rename '" + temp_ + "' to '" + path_ + "': " + why);
     }
     committed_ = true;
 }
