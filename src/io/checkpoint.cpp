@@ -22,20 +22,28 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // ---- FP8 layouts ----
 
-std::string_view to_string(Scheme s) noexcept {
-    switch (s) {
-        case Scheme::tensor: return "tensor";
-        case Scheme::channel: return "channel";
-        case Scheme::block128: return "block128";
-        case Scheme::mx32: return "mx32";
-    }
-    return "?";
+namespace {
+// Each scheme's name (--scheme, quantization_config) and the recipe it stores (policy files).
+struct SchemeNames {
+    Scheme scheme;
+    std::string_view name, recipe;
+};
+constexpr SchemeNames scheme_names[] = {{Scheme::tensor, "tensor", "tensorwise"},
+                                        {Scheme::channel, "channel", "rowwise"},
+                                        {Scheme::block128, "block128", "block"},
+                                        {Scheme::mx32, "mx32", "mxfp8"}};
+const SchemeNames& names_of(Scheme s) noexcept {
+    for (const SchemeNames& n : scheme_names)
+        if (n.scheme == s) return n;
+    return scheme_names[0];  // unreachable: every Scheme has a row
 }
+}  // namespace
+
+std::string_view to_string(Scheme s) noexcept { return names_of(s).name; }
 
 Scheme parse_scheme(std::string_view text) {
-    for (Scheme s : {Scheme::tensor, Scheme::channel, Scheme::block128, Scheme::mx32}) {
-        if (to_string(s) == text) return s;
-    }
+    for (const SchemeNames& n : scheme_names)
+        if (n.name == text) return n.scheme;
     throw Error("unknown scheme '" + std::string(text) + "', expected tensor, channel, block128 or mx32");
 }
 
@@ -53,20 +61,11 @@ std::string scale_name(const std::string& weight, Scheme s) {
     return weight + (s == Scheme::block128 ? "_scale_inv" : "_scale");
 }
 
-std::string_view recipe_of(Scheme s) noexcept {
-    switch (s) {
-        case Scheme::tensor: return "tensorwise";
-        case Scheme::channel: return "rowwise";
-        case Scheme::block128: return "block";
-        case Scheme::mx32: return "mxfp8";
-    }
-    return "?";
-}
+std::string_view recipe_of(Scheme s) noexcept { return names_of(s).recipe; }
 
 Scheme scheme_of_recipe(std::string_view recipe) {
-    for (Scheme s : {Scheme::tensor, Scheme::channel, Scheme::block128, Scheme::mx32}) {
-        if (recipe_of(s) == recipe) return s;
-    }
+    for (const SchemeNames& n : scheme_names)
+        if (n.recipe == recipe) return n.scheme;
     throw Error("policy: unknown recipe '" + std::string(recipe) + "', expected tensorwise, rowwise, block or mxfp8");
 }
 
