@@ -67,7 +67,7 @@ std::string scaling_name(const Case& c) { return to_string(c.scaling) + (c.delay
 QuantizeOptions options(const Case& c) {
     QuantizeOptions o;
     o.scaling = c.scaling;
-    if (c.delayed) o.scale = delayed_scale;
+    if (c.delayed) o.scale = Tensor::full({1}, delayed_scale);
     o.transpose = std::string(c.op) == "cast_transpose";
     return o;
 }

@@ -57,15 +57,11 @@ void for_each_isa(Body&& body) {
     set_isa(saved);
 }
 
-// fn() with backend b active, returning what fn returns; the previous backend is active again
-// afterwards, also when fn throws.
+// fn() with host tensors running on backend b (a BackendOverride on this thread), returning what
+// fn returns; the override ends with fn, also when fn throws.
 template <class Fn>
 auto on_backend(Backend b, Fn&& fn) {
-    struct Restore {
-        Backend saved;
-        ~Restore() { set_backend(saved); }
-    } restore{active_backend()};
-    set_backend(b);
+    const BackendOverride use(b);
     return fn();
 }
 

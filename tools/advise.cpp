@@ -91,8 +91,8 @@ std::vector<Layer> model_layers(const std::string& path, int64_t tokens) {
 // SQNR of D's first rows against the float64 product of the values of A and W (both f32 here).
 double gemm_sqnr(const Tensor& a, const Tensor& w, const Tensor& d) {
     const int64_t rows = std::min(sample_rows, a.size(0)), n = w.size(0), k = w.size(1);
-    const float* pa = a.data<float>();
-    const float* pw = w.data<float>();
+    const float* pa = a.data<const float>();
+    const float* pw = w.data<const float>();
     std::vector<double> ref(size_t(rows * n));
     for (int64_t i = 0; i < rows; ++i) {
         for (int64_t j = 0; j < n; ++j) {
@@ -134,7 +134,7 @@ void run_advise(const AdviseArgs& a) {
         const Tensor x32 = to_f32(x);
         Tensor d32 = Tensor::empty({l.m, l.n}, DType::f32);
         const double t32 = bench::best_seconds(
-            [&] { bench::openblas_sgemm(x32.data<float>(), l.weight.data<float>(), d32.data<float>(), l.m, l.n, l.k, threads); },
+            [&] { bench::openblas_sgemm(x32.data<float>(), l.weight.data<const float>(), d32.data<float>(), l.m, l.n, l.k, threads); },
             a.budget);
         const PackedWeight w(quantize(l.weight, recipe.options(Role::weight)));
         const QuantizeOptions qa = recipe.options(Role::input);

@@ -89,12 +89,12 @@ Tensor to_f32(const Tensor& t) {
     float* o = out.data<float>();
     const int64_t n = c.numel();
     switch (c.dtype()) {
-        case DType::bf16: for (int64_t i = 0; i < n; ++i) o[i] = float(c.data<bf16>()[i]); break;
-        case DType::f16: for (int64_t i = 0; i < n; ++i) o[i] = float(c.data<f16>()[i]); break;
-        case DType::f64: for (int64_t i = 0; i < n; ++i) o[i] = float(c.data<double>()[i]); break;
+        case DType::bf16: for (int64_t i = 0; i < n; ++i) o[i] = float(c.data<const bf16>()[i]); break;
+        case DType::f16: for (int64_t i = 0; i < n; ++i) o[i] = float(c.data<const f16>()[i]); break;
+        case DType::f64: for (int64_t i = 0; i < n; ++i) o[i] = float(c.data<const double>()[i]); break;
         default:
             if (!is_fp8(c.dtype())) throw Error("tensor of dtype " + std::string(to_string(c.dtype())) + " is not floating point");
-            for (int64_t i = 0; i < n; ++i) o[i] = decode(c.data<uint8_t>()[i], format_of(c.dtype()));
+            for (int64_t i = 0; i < n; ++i) o[i] = decode(c.data<const uint8_t>()[i], format_of(c.dtype()));
     }
     return out;
 }
@@ -125,7 +125,7 @@ ErrorStats compare_values(const R* ref, const float* x, int64_t n) {
 ErrorStats compare(const Tensor& ref, const Tensor& x) {
     if (ref.shape() != x.shape()) throw Error("shapes differ: " + to_string(ref.shape()) + " and " + to_string(x.shape()));
     const Tensor a = ref.contiguous(), b = x.contiguous();
-    return compare_values(a.data<float>(), b.data<float>(), a.numel());
+    return compare_values(a.data<const float>(), b.data<const float>(), a.numel());
 }
 
 ErrorStats compare(const double* ref, const float* x, int64_t n) { return compare_values(ref, x, n); }

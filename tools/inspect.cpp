@@ -24,7 +24,7 @@ void run_inspect(const std::string& path) {
         const SafetensorsEntry& e = c.shard(c.shard_of(name)).entry(name);
         std::string quant = "-";
         if (const auto w = stored_weight(c, name)) {
-            quant = std::string(to_string(w->scheme)) + " " + std::string(to_string(w->q.format)) + " (scale " + w->scale + ")";
+            quant = std::string(to_string(w->scheme)) + " " + std::string(to_string(w->q.format())) + " (scale " + w->scale + ")";
             schemes.insert(std::string(to_string(w->scheme)));
         } else if (is_scale_name(c, name)) {
             quant = "scale";

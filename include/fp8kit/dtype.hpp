@@ -40,37 +40,31 @@ std::string_view to_string(DType d) noexcept;
 std::optional<DType> try_parse_dtype(std::string_view name) noexcept;
 DType parse_dtype(std::string_view name);  // fp8kit::Error naming the value
 
-// The C++ type that holds one element: float, bf16, f16, double, the fixed-width integers, and
-// uint8_t for u8, boolean and every FP8 dtype (codes).
-template <class T> inline constexpr bool is_element_type_v = false;
-template <> inline constexpr bool is_element_type_v<float> = true;
-template <> inline constexpr bool is_element_type_v<bf16> = true;
-template <> inline constexpr bool is_element_type_v<f16> = true;
-template <> inline constexpr bool is_element_type_v<uint8_t> = true;
-template <> inline constexpr bool is_element_type_v<int32_t> = true;
-template <> inline constexpr bool is_element_type_v<double> = true;
-template <> inline constexpr bool is_element_type_v<int8_t> = true;
-template <> inline constexpr bool is_element_type_v<int16_t> = true;
-template <> inline constexpr bool is_element_type_v<int64_t> = true;
-template <> inline constexpr bool is_element_type_v<uint16_t> = true;
-template <> inline constexpr bool is_element_type_v<uint32_t> = true;
-template <> inline constexpr bool is_element_type_v<uint64_t> = true;
+// The one type-to-dtype table: element_dtype<T> is the dtype a C++ element type T stands for
+// (float, bf16, f16, double, the fixed-width integers; uint8_t stands for u8). Every other
+// mapping (holds, Tensor::from, data<T>) is derived from it.
+template <class T> struct element_dtype;  // undefined: T is not an element type
+template <> struct element_dtype<float> { static constexpr DType value = DType::f32; };
+template <> struct element_dtype<bf16> { static constexpr DType value = DType::bf16; };
+template <> struct element_dtype<f16> { static constexpr DType value = DType::f16; };
+template <> struct element_dtype<double> { static constexpr DType value = DType::f64; };
+template <> struct element_dtype<uint8_t> { static constexpr DType value = DType::u8; };
+template <> struct element_dtype<int8_t> { static constexpr DType value = DType::i8; };
+template <> struct element_dtype<int16_t> { static constexpr DType value = DType::i16; };
+template <> struct element_dtype<int32_t> { static constexpr DType value = DType::i32; };
+template <> struct element_dtype<int64_t> { static constexpr DType value = DType::i64; };
+template <> struct element_dtype<uint16_t> { static constexpr DType value = DType::u16; };
+template <> struct element_dtype<uint32_t> { static constexpr DType value = DType::u32; };
+template <> struct element_dtype<uint64_t> { static constexpr DType value = DType::u64; };
+template <class T> inline constexpr DType element_dtype_v = element_dtype<std::remove_cv_t<T>>::value;
 
+// Whether T (const or not) can hold the elements of dtype d: its own dtype, and uint8_t also for
+// bool and every FP8 dtype (their elements are codes).
 template <class T>
 constexpr bool holds(DType d) noexcept {
-    if constexpr (std::is_same_v<T, float>) return d == DType::f32;
-    if constexpr (std::is_same_v<T, bf16>) return d == DType::bf16;
-    if constexpr (std::is_same_v<T, f16>) return d == DType::f16;
-    if constexpr (std::is_same_v<T, int32_t>) return d == DType::i32;
-    if constexpr (std::is_same_v<T, double>) return d == DType::f64;
-    if constexpr (std::is_same_v<T, int8_t>) return d == DType::i8;
-    if constexpr (std::is_same_v<T, int16_t>) return d == DType::i16;
-    if constexpr (std::is_same_v<T, int64_t>) return d == DType::i64;
-    if constexpr (std::is_same_v<T, uint16_t>) return d == DType::u16;
-    if constexpr (std::is_same_v<T, uint32_t>) return d == DType::u32;
-    if constexpr (std::is_same_v<T, uint64_t>) return d == DType::u64;
-    if constexpr (std::is_same_v<T, uint8_t>) return d == DType::u8 || d == DType::boolean || is_fp8(d);
-    return false;
+    using U = std::remove_cv_t<T>;
+    if constexpr (std::is_same_v<U, uint8_t>) return d == DType::u8 || d == DType::boolean || is_fp8(d);
+    return d == element_dtype_v<U>;
 }
 
 }  // namespace fp8kit

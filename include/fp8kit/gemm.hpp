@@ -14,7 +14,13 @@
 // A may be given in high precision (f32, bf16, f16) with its QuantizeOptions: the cast then runs
 // inside the GEMM, while A is packed, with exactly the codes and scales quantize() gives - it
 // never writes an FP8 copy of A (tensor current scaling reads A twice: amax, then the packing
-// cast; every other scaling reads it once).
+// cast; every other scaling reads it once). An Inf or NaN in A follows A's non_finite option
+// (quantize.hpp): propagated, D's rows that use it are NaN or Inf; or an fp8kit::Error.
+//
+// The backend is the one of the inputs' device (backend.hpp); D is allocated there, or written
+// into a caller's tensor - which it can accumulate into (beta).
+// Checked by tests/unit/test_gemm.cpp (errors, K groups, accumulation) and tests/ops/test_gemm.cpp
+// (every backend against ref, ref against float64).
 #pragma once
 
 #include <cstdint>
@@ -34,7 +40,7 @@ enum class Activation {
 
 struct GemmOptions {
     float alpha = 1.0f;
-    float beta = 0.0f;                 // multiplies c; nonzero needs c
+    float beta = 0.0f;                 // multiplies c (gemm into out without c: out itself)
     std::optional<Tensor> c;           // [M, N] f32/bf16/f16, any row stride
     std::optional<Tensor> bias;        // [N] f32/bf16/f16
     Activation activation = Activation::none;
@@ -51,7 +57,9 @@ struct GemmA {
     QuantizeOptions quantize;  // for hp
 };
 
-// B packed once for the active backend, for many GEMMs (inference reuses a weight every call).
+namespace detail { struct PackedAccess; }
+
+// B packed once for the backend of its device, for many GEMMs (inference reuses a weight every call).
 // Holds the codes in the backend's blocked layout (FP8, one byte per weight) plus the scales, and
 // shares - never copies - the source QTensor. Implicit from a QTensor: a GEMM handed a plain
 // QTensor packs it for that one call.
@@ -63,9 +71,9 @@ public:
     int64_t k() const noexcept { return k_; }
     Backend backend() const noexcept { return backend_; }
     size_t packed_bytes() const noexcept;  // memory the packed layout takes beyond the source
-    const void* packed() const noexcept { return packed_.get(); }  // backend-private
 
 private:
+    friend struct detail::PackedAccess;  // the backend's layout, for src/core/gemm.cpp
     QTensor source_;
     int64_t n_ = 0, k_ = 0;
     Backend backend_;
@@ -73,8 +81,12 @@ private:
     size_t packed_bytes_ = 0;
 };
 
-// D as out_dtype (f32, bf16, f16), [M, N] contiguous.
+// D as out_dtype (f32, bf16, f16), [M, N] contiguous, on the inputs' device.
 Tensor gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts = {});
+// D written into `out`: a contiguous, writable [M, N] tensor of dtype opts.out_dtype on the inputs'
+// device. Without opts.c, beta scales out itself - accumulation, as a weight gradient summed over
+// micro-batches: out = alpha AB + beta out (+ bias, activation). out must not overlap A or B.
+void gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, const Tensor& out);
 
 // D quantized to FP8 with its own scale: computed in float32 as above, then quantize(D, out),
 // so out.scaling / out.scale (delayed) apply and the result carries D's amax.

@@ -10,7 +10,6 @@
 // Pure e5m2 training (e5m2 forward) is refused: its 2 mantissa bits lose the forward pass.
 #pragma once
 
-#include <span>
 #include <string_view>
 #include <vector>
 
@@ -57,13 +56,17 @@ Recipe parse_recipe(std::string_view name);         // the defaults of that kind
 // Delayed scaling state of one tensor (TransformerEngine's DelayedScaling): quantize() uses the
 // scale derived from earlier steps and records this step's amax; step() - once per training
 // step - derives the next scale from the history and rolls it. A history whose amax is 0, NaN or
-// Inf keeps the previous scale.
+// Inf keeps the previous scale. The history and the scale are tensors on the state's device, and
+// both updates run there: a training step never reads them back to the host.
 class DelayedScaling {
 public:
-    DelayedScaling(const Recipe& recipe, Role role);  // recipe.kind must be delayed
+    // recipe.kind must be delayed; tensors quantized with this state must live on `device`.
+    DelayedScaling(const Recipe& recipe, Role role, Device device = Device::cpu);
 
-    float scale() const noexcept { return scale_; }
-    std::span<const float> amax_history() const noexcept { return history_; }  // [0]: this step
+    const Tensor& scale() const noexcept { return scale_; }               // [1] f32
+    const Tensor& amax_history() const noexcept { return history_; }      // [history_length] f32, [0]: this step
+    // No amax recorded and no step taken yet (the state TransformerEngine starts from: scale 1).
+    bool fresh() const noexcept { return fresh_; }
 
     QTensor quantize(const Tensor& x, bool transpose = false);
     void step();
@@ -71,8 +74,8 @@ public:
 private:
     Recipe recipe_;
     QuantizeOptions options_;
-    std::vector<float> history_;
-    float scale_ = 1.0f;
+    Tensor history_, scale_;
+    bool fresh_ = true;
 };
 
 }  // namespace fp8kit

@@ -1,10 +1,16 @@
-// fp8kit/tensor.hpp: a dense tensor - dtype, shape, row-major strides, device, and storage that
-// views share (64-byte aligned, freed with the last tensor that uses it).
+// fp8kit/tensor.hpp: a dense tensor - dtype, shape, strides, device, and storage that views share:
+// fp8kit's own (64-byte aligned, freed with the last tensor that uses it) or external memory
+// (a mapped file, a numpy array, a DLPack or PyTorch tensor) kept alive by its owner.
 //
 // Strides are in elements. Tensors made by empty()/zeros()/from() are contiguous (row-major);
 // reshape(), slice() and transpose() return views of the same storage without copying, and
 // contiguous() / clone() copy. Element access (get/set, at) is for tests and small programs,
 // not for inner loops: use data<T>() there.
+//
+// Read-only storage (a read-only file mapping, a read-only numpy array): data<const T>() and every
+// operation that only reads work; data<T>() with a non-const T, set() and at() throw fp8kit::Error
+// naming the tensor - writing through such a view would crash the process.
+// Checked by tests/unit/test_tensor.cpp.
 #pragma once
 
 #include <cstddef>
@@ -13,6 +19,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "fp8kit/dtype.hpp"
@@ -36,6 +43,9 @@ public:
     // needs the CUDA backend (fp8kit::Error without it).
     static Tensor empty(Shape shape, DType dtype, Device device = Device::cpu);
     static Tensor zeros(Shape shape, DType dtype, Device device = Device::cpu);
+    // A contiguous CPU tensor with every element `value` (as set() converts it), e.g. a delayed
+    // scale: Tensor::full({1}, 2.5f).
+    static Tensor full(Shape shape, float value, DType dtype = DType::f32);
     // A contiguous CPU copy of `values` (values.size() must equal the shape's element count).
     template <class T>
     static Tensor from(std::span<const T> values, Shape shape);
@@ -43,10 +53,24 @@ public:
     static Tensor from(const std::vector<T>& values, Shape shape) {
         return from(std::span<const T>(values), std::move(shape));
     }
-    // A contiguous CPU view of memory that `owner` keeps alive (a mapped file, say): no copy, the
-    // storage shares ownership of `owner`. `data` must be aligned to the element size (fp8kit::Error
-    // otherwise). Memory that is read-only stays so: such a tensor is for reading (and copying).
-    static Tensor view_of(std::shared_ptr<const void> owner, const void* data, Shape shape, DType dtype);
+    // A contiguous, read-only CPU view of memory that `owner` keeps alive (a mapped file, say): no
+    // copy, the storage shares ownership of `owner`. `data` must be aligned to the element size
+    // (fp8kit::Error otherwise). `name` (a checkpoint's tensor name, say) is what errors call it.
+    static Tensor view_of(std::shared_ptr<const void> owner, const void* data, Shape shape, DType dtype,
+                          std::string name = {});
+    // A view of external memory with any non-negative strides (elements), what numpy, DLPack and
+    // PyTorch hand over: no copy. `owner` is held while any tensor uses the memory; its deleter
+    // (the DLPack deleter, a reference to the array) runs after the last one. Empty strides:
+    // row-major. fp8kit::Error for a negative stride, misaligned data or a shape/stride mismatch.
+    struct External {
+        void* data = nullptr;
+        Shape shape, strides;
+        DType dtype = DType::f32;
+        Device device = Device::cpu;
+        bool read_only = false;
+        std::string name;  // for error messages
+    };
+    static Tensor from_external(std::shared_ptr<const void> owner, External memory);
 
     bool defined() const noexcept { return storage_ != nullptr; }
     DType dtype() const noexcept { return dtype_; }
@@ -60,14 +84,18 @@ public:
     bool is_contiguous() const noexcept;
     int64_t storage_offset() const noexcept { return offset_; }  // elements
     bool shares_storage_with(const Tensor& other) const noexcept { return storage_ == other.storage_; }
+    bool read_only() const noexcept { return read_only_; }
+    const std::string& name() const noexcept;  // "" unless given by view_of / from_external
 
-    // First element. data<T>() checks that T holds the dtype (uint8_t for u8, bool and FP8 codes) and
-    // that the tensor lives in host memory.
-    void* raw_data() const noexcept;
+    // First element. data<T>() checks that T holds the dtype (uint8_t for u8, bool and FP8 codes),
+    // that the tensor lives in host memory, and - for a non-const T - that it is writable.
+    // raw_data() is the writable address (fp8kit::Error if read-only), const_raw_data() any.
+    void* raw_data() const;
+    const void* const_raw_data() const noexcept;
     template <class T>
     T* data() const {
-        check_access(holds<T>(dtype_), sizeof(T));
-        return static_cast<T*>(raw_data());
+        check_access(holds<T>(dtype_), sizeof(T), !std::is_const_v<T>);
+        return static_cast<T*>(const_cast<void*>(const_raw_data()));
     }
 
     // Views (no copy).
@@ -88,7 +116,8 @@ public:
     }
 
 private:
-    void check_access(bool type_ok, size_t elem_size) const;
+    void check_access(bool type_ok, size_t elem_size, bool write) const;
+    void check_writable(const char* fn) const;
     int64_t element_offset(std::initializer_list<int64_t> index) const;  // from data(), checked
 
     std::shared_ptr<std::byte> storage_;
@@ -96,6 +125,8 @@ private:
     Shape shape_, strides_;
     DType dtype_ = DType::f32;
     Device device_ = Device::cpu;
+    bool read_only_ = false;
+    std::shared_ptr<const std::string> name_;  // external memory only
 };
 
 }  // namespace fp8kit

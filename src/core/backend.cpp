@@ -1,7 +1,8 @@
-// src/core/backend.cpp: the backend registry - which backends this build has, which one runs
-// host tensors (FP8KIT_BACKEND, set_backend), and each one's table of operations.
+// src/core/backend.cpp: the backend registry - which backends this build has, which one runs the
+// tensors of a device on this thread (FP8KIT_BACKEND, BackendOverride), each one's table of
+// operations, the per-thread execution context, and the dispatch of an operation by the device
+// of its inputs.
 // Checked by tests/unit/test_backend.cpp.
-#include <atomic>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -15,25 +16,33 @@ namespace {
 
 constexpr Backend host_backends[] = {Backend::ref, Backend::cpu};
 
-constexpr detail::BackendOps ref_ops{&ref::amax, &ref::group_amax, &ref::quantize, &ref::dequantize,
-                                     &ref::pack_weight, &ref::gemm};
-constexpr detail::BackendOps cpu_ops{&cpu::amax, &cpu::group_amax, &cpu::quantize, &cpu::dequantize,
-                                     &cpu::pack_weight, &cpu::gemm};
+constexpr detail::BackendOps ref_ops{&ref::amax,        &ref::group_amax,          &ref::quantize,
+                                     &ref::dequantize,  &ref::pack_weight,         &ref::gemm,
+                                     &detail::host_delayed_init, &detail::host_delayed_record,
+                                     &detail::host_delayed_update};
+constexpr detail::BackendOps cpu_ops{&cpu::amax,        &cpu::group_amax,          &cpu::quantize,
+                                     &cpu::dequantize,  &cpu::pack_weight,         &cpu::gemm,
+                                     &detail::host_delayed_init, &detail::host_delayed_record,
+                                     &detail::host_delayed_update};
 
-std::atomic<Backend> active{Backend::cpu};
-std::once_flag env_read;
-
-void read_environment() {
-    std::call_once(env_read, [] {
+// FP8KIT_BACKEND, read once: the host backend when no override is active.
+Backend environment_host_backend() {
+    static Backend chosen = Backend::cpu;
+    static std::once_flag read;
+    std::call_once(read, [] {
         const char* env = std::getenv("FP8KIT_BACKEND");
         if (env == nullptr || *env == '\0') return;
         const auto b = try_parse_backend(env);
-        if (!b || !backend_available(*b)) {
-            throw Error("FP8KIT_BACKEND=" + std::string(env) + " is not a backend of this build, expected ref or cpu");
+        if (!b || *b == Backend::cuda || !backend_available(*b)) {
+            throw Error("FP8KIT_BACKEND=" + std::string(env) + " is not a host backend of this build, expected ref or cpu");
         }
-        active = *b;
+        chosen = *b;
     });
+    return chosen;
 }
+
+thread_local std::optional<Backend> host_override;
+thread_local ExecContext context;
 
 }  // namespace
 
@@ -53,18 +62,32 @@ bool backend_available(Backend b) noexcept { return b != Backend::cuda; }
 
 std::span<const Backend> available_backends() noexcept { return host_backends; }
 
-Backend active_backend() {
-    read_environment();
-    return active.load();
+Backend backend_for(Device device) {
+    if (device == Device::cuda) {
+        if (!backend_available(Backend::cuda)) {
+            throw Error("fp8kit: a tensor is on device cuda, but this build has no CUDA backend (-DFP8KIT_CUDA=ON)");
+        }
+        return Backend::cuda;
+    }
+    const Backend env = environment_host_backend();  // a bad FP8KIT_BACKEND fails even under an override
+    return host_override.value_or(env);
 }
 
-void set_backend(Backend b) {
-    read_environment();
-    if (!backend_available(b)) {
-        throw Error("fp8kit::set_backend: backend " + std::string(to_string(b)) + " is not available in this build");
+BackendOverride::BackendOverride(Backend b) : saved_(host_override) {
+    if (b == Backend::cuda || !backend_available(b)) {
+        throw Error("fp8kit::BackendOverride: backend " + std::string(to_string(b)) +
+                    " does not run host tensors in this build, expected ref or cpu");
     }
-    active = b;
+    host_override = b;
 }
+
+BackendOverride::~BackendOverride() { host_override = saved_; }
+
+ExecContext current_context() noexcept { return context; }
+
+ContextGuard::ContextGuard(ExecContext ctx) noexcept : saved_(context) { context = ctx; }
+
+ContextGuard::~ContextGuard() { context = saved_; }
 
 const detail::BackendOps& detail::backend_ops(Backend b) {
     switch (b) {
@@ -73,6 +96,23 @@ const detail::BackendOps& detail::backend_ops(Backend b) {
         case Backend::cuda: break;
     }
     throw Error("fp8kit: backend cuda is not available in this build");
+}
+
+detail::Dispatch detail::dispatch(const char* fn, std::initializer_list<Input> inputs) {
+    const Input* first = nullptr;
+    for (const Input& in : inputs) {
+        if (in.tensor == nullptr || !in.tensor->defined()) continue;
+        if (first == nullptr) {
+            first = &in;
+        } else if (in.tensor->device() != first->tensor->device()) {
+            throw Error(std::string("fp8kit::") + fn + ": " + first->name + " is on " +
+                        std::string(to_string(first->tensor->device())) + " but " + in.name + " is on " +
+                        std::string(to_string(in.tensor->device())) + "; move them to one device first");
+        }
+    }
+    const Device device = first != nullptr ? first->tensor->device() : Device::cpu;
+    const Backend b = backend_for(device);
+    return {backend_ops(b), b, device, current_context()};
 }
 
 }  // namespace fp8kit

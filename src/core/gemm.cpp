@@ -1,5 +1,6 @@
 // src/core/gemm.cpp: the public GEMM entry points - argument checks with errors that name the
-// argument, the K group rule, PackedWeight, output allocation - then the active backend's gemm.
+// argument, the K group rule, PackedWeight, output allocation (or the caller's output) - then the
+// gemm of the inputs' device's backend.
 // Checked by tests/unit/test_gemm.cpp (errors, K groups) and tests/ops/test_gemm.cpp (results).
 #include <algorithm>
 #include <cmath>
@@ -43,14 +44,9 @@ GemmOperand operand(const QTensor& q, const char* which) {
     const std::string where = std::string("fp8kit::gemm: ") + which + " ";
     const Tensor& d = q.data;
     if (!d.defined()) throw Error(where + "data is undefined");
-    if (d.device() != Device::cpu) throw Error(where + "is on device cuda; this build runs host tensors only");
     if (d.dim() != 2) throw Error(where + "must be 2-d, got shape " + shape_str(d.shape()));
     if (!is_fp8(d.dtype()) || d.dtype() == DType::e8m0fnu) {
         throw Error(where + "data dtype is " + std::string(to_string(d.dtype())) + ", expected an FP8 data format");
-    }
-    if (format_of(d.dtype()) != q.format) {
-        throw Error(where + "data dtype " + std::string(to_string(d.dtype())) + " does not match its format " +
-                    std::string(to_string(q.format)));
     }
     if (d.strides()[1] != 1 || d.strides()[0] < d.shape()[1]) {
         throw Error(where + "data needs unit column stride and rows at least K apart");
@@ -69,8 +65,8 @@ GemmOperand operand(const QTensor& q, const char* which) {
                                                  shape_str(q.scale_inv.shape())
                                            : std::string("none")));
     }
-    return {d.data<uint8_t>(), rows, k, d.strides()[0], q.format, q.scaling.group_shape(rows, k),
-            q.scale_inv.raw_data(), mx, scales.cols};
+    return {static_cast<const uint8_t*>(d.const_raw_data()), rows, k, d.strides()[0], q.format(),
+            q.scaling.group_shape(rows, k), q.scale_inv.const_raw_data(), mx, scales.cols};
 }
 
 void check_pair(Format a, Format b) {
@@ -80,11 +76,10 @@ void check_pair(Format a, Format b) {
     }
 }
 
-// An optional f32/bf16/f16 host tensor of an exact shape.
+// An f32/bf16/f16 tensor of an exact shape.
 void check_float_tensor(const Tensor& t, const Shape& want, const char* what) {
     const std::string where = std::string("fp8kit::gemm: ") + what + " ";
     if (!t.defined()) throw Error(where + "is undefined");
-    if (t.device() != Device::cpu) throw Error(where + "is on device cuda; this build runs host tensors only");
     if (t.dtype() != DType::f32 && t.dtype() != DType::bf16 && t.dtype() != DType::f16) {
         throw Error(where + "dtype is " + std::string(to_string(t.dtype())) + ", expected f32, bf16 or f16");
     }
@@ -105,31 +100,50 @@ int64_t gemm_k_group(const Scaling& a, const Scaling& b, int64_t k) {
     return lo;
 }
 
-PackedWeight::PackedWeight(const QTensor& b) : source_(b), backend_(active_backend()) {
+struct detail::PackedAccess {
+    static const void* packed(const PackedWeight& w) noexcept { return w.packed_.get(); }
+};
+
+PackedWeight::PackedWeight(const QTensor& b) : source_(b) {
+    const detail::Dispatch d = detail::dispatch("PackedWeight", {{"data", &b.data}, {"scale_inv", &b.scale_inv}});
+    backend_ = d.backend;
     const GemmOperand op = operand(b, "B");
     n_ = op.rows;
     k_ = op.k;
     // Packed for the widest K group B allows; a GEMM whose A needs narrower groups repacks.
     // K = 0: nothing to pack, and no scale to read (scale_inv has no columns).
     const int64_t kgroup = gemm_k_group(b.scaling, b.scaling, k_);
-    if (k_ > 0) packed_ = detail::backend_ops(backend_).pack_weight(op, kgroup, &packed_bytes_);
+    if (k_ > 0) packed_ = d.ops.pack_weight(d.ctx, op, kgroup, &packed_bytes_);
 }
 
 size_t PackedWeight::packed_bytes() const noexcept { return packed_bytes_; }
 
-Tensor gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts) {
+namespace {
+
+// The GEMM into `out` when given (checked against the shape), else into a new tensor.
+Tensor run_gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, const Tensor* given) {
     if (is_fp8(opts.out_dtype) || (opts.out_dtype != DType::f32 && opts.out_dtype != DType::bf16 &&
                                    opts.out_dtype != DType::f16)) {
         throw Error("fp8kit::gemm: out_dtype is " + std::string(to_string(opts.out_dtype)) +
                     ", expected f32, bf16 or f16 (FP8 output: gemm_quantized)");
     }
     const QTensor& qb = b.source();
+    const Tensor* a_tensor = a.fp8 ? &a.fp8->data : a.hp ? &*a.hp : nullptr;
+    const detail::Dispatch d = detail::dispatch(
+        "gemm", {{"A", a_tensor},
+                 {"A's scale_inv", a.fp8 ? &a.fp8->scale_inv : nullptr},
+                 {"A's scale", a.fp8 ? nullptr : &a.quantize.scale},
+                 {"B", &qb.data},
+                 {"B's scale_inv", &qb.scale_inv},
+                 {"C", opts.c ? &*opts.c : nullptr},
+                 {"bias", opts.bias ? &*opts.bias : nullptr},
+                 {"out", given}});
     const GemmOperand ob = operand(qb, "B");
 
     // A: FP8, or high precision with its options (fused cast).
     GemmOperand oa{};
     detail::Matrix x;
-    Tensor a_scales;  // fused: the scales the backend computes for A
+    Tensor a_scales, a_amax;  // fused: the scales and amax the backend computes for A
     detail::QuantizeJob fuse{};
     Scaling a_scaling;
     if (a.fp8) {
@@ -146,9 +160,11 @@ Tensor gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts) {
         (void)k_extent(o.scaling, cols, "A");
         const bool mx = o.scaling.granularity == Granularity::mx32;
         const GroupShape scales = o.scaling.scale_shape(rows, cols);
-        a_scales = Tensor::empty({scales.rows, scales.cols}, mx ? DType::e8m0fnu : DType::f32);
-        fuse = {x.ref, scale_rule(o), mx ? Overflow::saturate : o.overflow, o.scaling.group_shape(rows, cols),
-                o.scaling.group_shape(cols, rows), nullptr, a_scales.raw_data(), nullptr, nullptr, 0.0f};
+        a_scales = Tensor::empty({scales.rows, scales.cols}, mx ? DType::e8m0fnu : DType::f32, d.device);
+        a_amax = Tensor::empty({1}, DType::f32, d.device);
+        fuse = {d.ctx, x.ref, detail::scale_rule(o), mx ? Overflow::saturate : o.overflow,
+                o.scaling.group_shape(rows, cols), o.scaling.group_shape(cols, rows), nullptr, a_scales.raw_data(),
+                nullptr, nullptr, static_cast<float*>(a_amax.raw_data())};
         oa = {nullptr, rows, cols, cols, o.format, fuse.group, fuse.scale_inv, mx, scales.cols};
         a_scaling = o.scaling;
     }
@@ -160,12 +176,28 @@ Tensor gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts) {
     const int64_t m = oa.rows, n = ob.rows, k = oa.k;
     const int64_t kgroup = gemm_k_group(a_scaling, qb.scaling, k);
 
-    detail::GemmJob job{m, n, k, kgroup, oa, ob, a.fp8 ? nullptr : &fuse, nullptr, opts.alpha, opts.beta,
+    detail::GemmJob job{d.ctx, m, n, k, kgroup, oa, ob, a.fp8 ? nullptr : &fuse, nullptr, opts.alpha, opts.beta,
                         detail::MatrixRef{nullptr, DType::f32, 0, 0, 0}, nullptr, DType::f32, opts.activation,
                         nullptr, opts.out_dtype};
     if (!std::isfinite(opts.alpha) || !std::isfinite(opts.beta)) {
         throw Error("fp8kit::gemm: alpha and beta must be finite, got " + std::to_string(opts.alpha) + " and " +
                     std::to_string(opts.beta));
+    }
+    Tensor out;
+    if (given != nullptr) {
+        check_float_tensor(*given, {m, n}, "out");
+        if (given->dtype() != opts.out_dtype) {
+            throw Error("fp8kit::gemm: out is " + std::string(to_string(given->dtype())) + " but out_dtype is " +
+                        std::string(to_string(opts.out_dtype)));
+        }
+        if (!given->is_contiguous()) throw Error("fp8kit::gemm: out must be contiguous");
+        if (given->read_only()) throw Error("fp8kit::gemm: out views read-only memory");
+        for (const Tensor* in : {a_tensor, &qb.data}) {
+            if (in != nullptr && given->shares_storage_with(*in)) throw Error("fp8kit::gemm: out shares memory with A or B");
+        }
+        out = *given;
+    } else {
+        out = Tensor::empty({m, n}, opts.out_dtype, d.device);
     }
     detail::Matrix c;
     if (opts.c) {
@@ -173,17 +205,16 @@ Tensor gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts) {
         c = detail::as_matrix(*opts.c, "gemm");
         job.c = c.ref;
     } else if (opts.beta != 0.0f) {
-        throw Error("fp8kit::gemm: beta is " + std::to_string(opts.beta) + " but no C was given");
+        if (given == nullptr) throw Error("fp8kit::gemm: beta is " + std::to_string(opts.beta) + " but no C was given");
+        job.c = {out.const_raw_data(), out.dtype(), m, n, n};  // accumulate: out = alpha AB + beta out
     }
     Tensor bias;
     if (opts.bias) {
         check_float_tensor(*opts.bias, {n}, "bias");
         bias = opts.bias->contiguous();
-        job.bias = bias.raw_data();
+        job.bias = bias.const_raw_data();
         job.bias_dtype = bias.dtype();
     }
-
-    Tensor out = Tensor::empty({m, n}, opts.out_dtype);
     job.out = out.raw_data();
     if (k == 0) {  // an empty sum: D = beta * C + bias (then the activation); no scale exists to read
         std::vector<float> row(static_cast<size_t>(n));
@@ -196,24 +227,34 @@ Tensor gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts) {
     }
 
     // A PackedWeight made for another backend, or for wider K groups than A allows, is repacked.
-    const detail::BackendOps& ops = detail::backend_ops(active_backend());
     std::shared_ptr<const void> packed;
     size_t bytes = 0;
-    if (b.backend() == active_backend() && gemm_k_group(qb.scaling, qb.scaling, k) == kgroup) {
-        job.b_packed = b.packed();
+    if (b.backend() == d.backend && gemm_k_group(qb.scaling, qb.scaling, k) == kgroup) {
+        job.b_packed = detail::PackedAccess::packed(b);
     } else {
-        packed = ops.pack_weight(ob, kgroup, &bytes);
+        packed = d.ops.pack_weight(d.ctx, ob, kgroup, &bytes);
         job.b_packed = packed.get();
     }
 
     if (m > 0 && n > 0) {
-        ops.gemm(job);
-        if (job.fuse != nullptr && a.quantize.non_finite == NonFinite::error && !std::isfinite(fuse.amax)) {
-            throw Error(std::string("fp8kit::gemm: A contains ") + (std::isnan(fuse.amax) ? "NaN" : "Inf") +
-                        " and its non_finite is error");
+        // NonFinite::error must leave a caller's out untouched: A is checked before the GEMM.
+        if (job.fuse != nullptr && a.quantize.non_finite == NonFinite::error && d.device == Device::cpu) {
+            float a_max = 0.0f;
+            d.ops.amax(d.ctx, x.ref, &a_max);
+            if (!std::isfinite(a_max)) detail::throw_non_finite(x.ref, *a.hp, "fp8kit::gemm: A: ");
         }
+        d.ops.gemm(job);
     }
     return out;
+}
+
+}  // namespace
+
+Tensor gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts) { return run_gemm(a, b, opts, nullptr); }
+
+void gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, const Tensor& out) {
+    if (!out.defined()) throw Error("fp8kit::gemm: out is undefined");
+    (void)run_gemm(a, b, opts, &out);
 }
 
 QTensor gemm_quantized(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, const QuantizeOptions& out) {

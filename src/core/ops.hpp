@@ -1,12 +1,16 @@
 // src/core/ops.hpp: the interface every backend implements (ref, cpu, later cuda), and the jobs
 // the public operations hand to it after checking their arguments (src/core/quantize.cpp).
 //
-// A backend sees validated, resolved jobs: raw pointers, matrix views, group shapes and the
-// ScaleRule - never options to interpret - so each backend implements only the arithmetic.
+// A backend sees validated, resolved jobs: raw pointers (into memory of the job's device), matrix
+// views, group shapes and the ScaleRule - never options to interpret - so each backend implements
+// only the arithmetic. Every job carries the ExecContext it runs in; amax and scales are written
+// to and read from device memory, never returned by value, so a device backend needs no host
+// round trip.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 
@@ -17,6 +21,47 @@
 #include "fp8kit/quantize.hpp"
 
 namespace fp8kit::detail {
+
+// ---- dispatch ----
+
+// The backend an operation runs on, chosen from the device of its inputs (src/core/backend.cpp).
+struct Dispatch;
+struct Input {
+    const char* name;     // the argument, as errors call it ("A", "bias")
+    const Tensor* tensor; // null or undefined: not given
+};
+// fp8kit::Error "fp8kit::<fn>: <a> is on cpu but <b> is on cuda" when inputs disagree. No inputs:
+// the host backend.
+Dispatch dispatch(const char* fn, std::initializer_list<Input> inputs);
+
+// ---- the options resolved into what turns a group's amax into its scale ----
+
+struct ScaleRule {
+    Format format;
+    bool mx;
+    MxRounding mx_rounding;
+    float fp8_max;
+    float amax_epsilon;
+    bool power_of_two;
+    const float* fixed_scale;  // delayed scaling: this scale (one float in device memory) for every group; null: current
+};
+ScaleRule scale_rule(const QuantizeOptions& opts);
+
+struct GroupScale {
+    float scale;      // what x is multiplied by before encoding
+    float scale_inv;  // what is stored (f32 scales)
+    uint8_t e8m0;     // what is stored (mx32)
+};
+// For a host backend (dereferences fixed_scale).
+FP8KIT_HD constexpr GroupScale group_scale(float amax, const ScaleRule& r) noexcept {
+    if (r.mx) {
+        const uint8_t code = mx_scale_code(amax, r.format, r.mx_rounding);
+        return {mx_quantize_multiplier(code), decode(code, Format::e8m0fnu), code};
+    }
+    const float scale = r.fixed_scale != nullptr ? *r.fixed_scale
+                                                 : compute_scale(amax, r.fp8_max, r.amax_epsilon, r.power_of_two);
+    return {scale, 1.0f / scale, 0};
+}
 
 // A matrix of f32 / bf16 / f16 elements; element (i, j) is at data + (i * ld + j) * size.
 struct MatrixRef {
@@ -37,13 +82,18 @@ Matrix as_matrix(const Tensor& x, const char* fn);
 // fp8kit::Error, prefixed by `where`, for options quantize cannot honour.
 void check_quantize_options(const QuantizeOptions& o, const std::string& where);
 
+// NonFinite::error: fp8kit::Error naming `tensor` and the index of x's first NaN or Inf (x is the
+// host matrix of `tensor`).
+[[noreturn]] void throw_non_finite(const MatrixRef& x, const Tensor& tensor, const std::string& where);
+
 // quantize / cast_transpose. Outputs are contiguous and preallocated:
 //   data      [rows, cols] codes          scale_inv   [ceil(rows/group.rows), ceil(cols/group.cols)]
 //   data_t    [cols, rows] codes          scale_inv_t [ceil(cols/group_t.rows), ceil(rows/group_t.cols)]
 // (data_t/scale_inv_t null unless the transposed copy is asked for; group_t is the group of the
 // same Scaling on the [cols, rows] transpose). Scales are float, or e8m0 codes when rule.mx.
-// The backend returns the max |x| of the whole input in amax (NaN if any element is NaN).
+// The backend stores the max |x| of the whole input in *amax (NaN if any element is NaN).
 struct QuantizeJob {
+    ExecContext ctx;
     MatrixRef x;
     ScaleRule rule;
     Overflow overflow;
@@ -52,11 +102,12 @@ struct QuantizeJob {
     void* scale_inv;
     uint8_t* data_t;
     void* scale_inv_t;
-    float amax;
+    float* amax;
 };
 
 // dequantize: out[i, j] = decode(data[i, j]) * scale_inv[i / group.rows, j / group.cols].
 struct DequantizeJob {
+    ExecContext ctx;
     const uint8_t* data;
     Format format;
     int64_t rows, cols;
@@ -91,9 +142,12 @@ struct GemmOperand {
 // K groups are kgroup wide (the last one may be cut); kgroup divides both operands' scale groups
 // along K, so each operand has one scale per (row, K group).
 // Fused cast: a.data is null and `fuse` quantizes A ([m, k], its codes never stored whole): the
-// backend fills fuse->scale_inv (A's scales, the layout of a.scale_inv) and fuse->amax, exactly
+// backend fills fuse->scale_inv (A's scales, the layout of a.scale_inv) and *fuse->amax, exactly
 // as quantize(fuse) would. a then describes A's scales only.
+// out may be c (accumulation: out = alpha AB + beta out): a backend reads c[i, j] before it
+// writes out[i, j], element by element.
 struct GemmJob {
+    ExecContext ctx;
     int64_t m, n, k, kgroup;
     GemmOperand a, b;
     QuantizeJob* fuse;         // null unless A is high precision
@@ -107,18 +161,46 @@ struct GemmJob {
     DType out_dtype;
 };
 
+// DelayedScaling::step: scale = compute_scale(max (or [0]) of history[0, length), fp8_max, ...,
+// previous scale), then the history rolls ([k] -> [k+1], [0] = 0). All pointers: device memory.
+struct DelayedUpdate {
+    float* history;
+    int64_t length;
+    float* scale;
+    float fp8_max, amax_epsilon;
+    bool power_of_two, use_max;
+};
+
 struct BackendOps {
-    float (*amax)(const MatrixRef& x);
+    // max |x| into *out (one float of device memory).
+    void (*amax)(const ExecContext& ctx, const MatrixRef& x, float* out);
     // Per-group max |x| into out [ceil(rows/group.rows), ceil(cols/group.cols)], row-major.
-    void (*group_amax)(const MatrixRef& x, GroupShape group, float* out);
+    void (*group_amax)(const ExecContext& ctx, const MatrixRef& x, GroupShape group, float* out);
     void (*quantize)(QuantizeJob& job);
     void (*dequantize)(const DequantizeJob& job);
     // B in the backend's layout for gemm (null when it reads the operand as is); *bytes = size.
-    std::shared_ptr<const void> (*pack_weight)(const GemmOperand& b, int64_t kgroup, size_t* bytes);
+    std::shared_ptr<const void> (*pack_weight)(const ExecContext& ctx, const GemmOperand& b, int64_t kgroup, size_t* bytes);
     void (*gemm)(GemmJob& job);
+    // Delayed scaling state: history zeroed and scale 1; history[0] = max(history[0], *amax)
+    // (NaN sticks); DelayedUpdate.
+    void (*delayed_init)(const ExecContext& ctx, float* history, int64_t length, float* scale);
+    void (*delayed_record)(const ExecContext& ctx, float* history, const float* amax);
+    void (*delayed_update)(const ExecContext& ctx, const DelayedUpdate& u);
 };
 
+// The host backends' delayed-scaling state updates (one implementation: a few scalars).
+void host_delayed_init(const ExecContext& ctx, float* history, int64_t length, float* scale);
+void host_delayed_record(const ExecContext& ctx, float* history, const float* amax);
+void host_delayed_update(const ExecContext& ctx, const DelayedUpdate& u);
+
 const BackendOps& backend_ops(Backend b);  // fp8kit::Error if not available
+
+struct Dispatch {
+    const BackendOps& ops;
+    Backend backend;
+    Device device;   // where outputs are allocated
+    ExecContext ctx;
+};
 
 // The amax NaN every backend reports, so that amaxes compare bit for bit.
 inline constexpr uint32_t canonical_nan_bits = 0x7fc00000u;
@@ -175,16 +257,38 @@ void gemm_store(const GemmJob& j, int64_t i, int64_t j0, const T* v, int64_t col
 
 }  // namespace fp8kit::detail
 
+namespace fp8kit::detail {
+
+// The non-finite policy for +-Inf inputs (docs/NUMERICS.md): an Inf is never clamped to a finite
+// code, whatever the overflow mode - it gets the code a nonsaturating encode gives (Inf for e5m2,
+// NaN for the others). For a host backend whose fast kernels clamp while they cast: it runs this
+// after the cast when the input's amax is not finite (a rare, cold path). (mx32 too: the block's
+// NaN scale makes it decode to NaN anyway, but the codes stay those of ref.)
+inline void encode_infinities(const QuantizeJob& job) {
+    for (int64_t i = 0; i < job.x.rows; ++i) {
+        for (int64_t j = 0; j < job.x.cols; ++j) {
+            const float v = load_float(job.x.data, job.x.dtype, i * job.x.ld + j);
+            if (!std::isinf(v)) continue;
+            const uint8_t code = encode(v, job.rule.format, Overflow::nonsaturating);
+            job.data[i * job.x.cols + j] = code;
+            if (job.data_t != nullptr) job.data_t[j * job.x.rows + i] = code;
+        }
+    }
+}
+
+}  // namespace fp8kit::detail
+
 // Each backend's implementation of the quantize and gemm families (src/<backend>/quantize.cpp,
 // src/<backend>/gemm.cpp).
 #define FP8KIT_DECLARE_QUANTIZE_OPS(ns)                                                       \
     namespace fp8kit::ns {                                                                    \
-    float amax(const detail::MatrixRef& x);                                                   \
-    void group_amax(const detail::MatrixRef& x, GroupShape group, float* out);                \
+    void amax(const ExecContext& ctx, const detail::MatrixRef& x, float* out);                \
+    void group_amax(const ExecContext& ctx, const detail::MatrixRef& x, GroupShape group,     \
+                    float* out);                                                              \
     void quantize(detail::QuantizeJob& job);                                                  \
     void dequantize(const detail::DequantizeJob& job);                                        \
-    std::shared_ptr<const void> pack_weight(const detail::GemmOperand& b, int64_t kgroup,     \
-                                            size_t* bytes);                                   \
+    std::shared_ptr<const void> pack_weight(const ExecContext& ctx, const detail::GemmOperand& b, \
+                                            int64_t kgroup, size_t* bytes);                   \
     void gemm(detail::GemmJob& job);                                                          \
     }
 FP8KIT_DECLARE_QUANTIZE_OPS(ref)

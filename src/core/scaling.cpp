@@ -5,6 +5,7 @@
 #include <cmath>
 #include <string>
 
+#include "core/ops.hpp"
 #include "fp8kit/error.hpp"
 #include "fp8kit/recipe.hpp"
 #include "fp8kit/scaling.hpp"
@@ -169,11 +170,15 @@ Recipe parse_recipe(std::string_view name) {
 
 // ---- DelayedScaling ----
 
-DelayedScaling::DelayedScaling(const Recipe& recipe, Role role)
-    : recipe_(recipe), options_(recipe.options(role)), history_(size_t(std::max(recipe.history_length, 1)), 0.0f) {
+DelayedScaling::DelayedScaling(const Recipe& recipe, Role role, Device device)
+    : recipe_(recipe), options_(recipe.options(role)) {
     if (recipe.kind != RecipeKind::delayed) {
         throw Error("fp8kit::DelayedScaling: recipe is " + std::string(to_string(recipe.kind)) + ", expected delayed");
     }
+    history_ = Tensor::empty({std::max<int64_t>(recipe.history_length, 1)}, DType::f32, device);
+    scale_ = Tensor::empty({1}, DType::f32, device);
+    const detail::Dispatch d = detail::dispatch("DelayedScaling", {{"history", &history_}});
+    d.ops.delayed_init(d.ctx, static_cast<float*>(history_.raw_data()), history_.numel(), static_cast<float*>(scale_.raw_data()));
 }
 
 QTensor DelayedScaling::quantize(const Tensor& x, bool transpose) {
@@ -181,24 +186,45 @@ QTensor DelayedScaling::quantize(const Tensor& x, bool transpose) {
     o.scale = scale_;
     o.transpose = transpose;
     QTensor q = fp8kit::quantize(x, o);
-    // Several casts in one step (gradient accumulation) keep the largest amax; NaN sticks.
-    const float a = *q.amax;
-    if (std::isnan(a) || a > history_[0]) history_[0] = a;
+    const detail::Dispatch d = detail::dispatch("DelayedScaling::quantize", {{"x", &x}, {"history", &history_}});
+    d.ops.delayed_record(d.ctx, static_cast<float*>(history_.raw_data()), static_cast<const float*>(q.amax.const_raw_data()));
+    fresh_ = false;
     return q;
 }
 
 void DelayedScaling::step() {
-    float a = history_[0];
-    if (recipe_.amax_compute == AmaxCompute::max) {
-        for (float h : history_) {
+    const detail::Dispatch d = detail::dispatch("DelayedScaling::step", {{"history", &history_}});
+    const detail::DelayedUpdate u{static_cast<float*>(history_.raw_data()), history_.numel(),
+                                  static_cast<float*>(scale_.raw_data()),
+                                  std::ldexp(format_info(options_.format).max, -recipe_.margin), options_.amax_epsilon,
+                                  options_.power_of_two, recipe_.amax_compute == AmaxCompute::max};
+    d.ops.delayed_update(d.ctx, u);
+    fresh_ = false;
+}
+
+void detail::host_delayed_init(const ExecContext&, float* history, int64_t length, float* scale) {
+    std::fill(history, history + length, 0.0f);
+    *scale = 1.0f;
+}
+
+void detail::host_delayed_record(const ExecContext&, float* history, const float* amax) {
+    // Several casts in one step (gradient accumulation) keep the largest amax; NaN sticks.
+    const float a = *amax;
+    if (std::isnan(a) || a > history[0]) history[0] = a;
+}
+
+void detail::host_delayed_update(const ExecContext&, const DelayedUpdate& u) {
+    float a = u.history[0];
+    if (u.use_max) {
+        for (int64_t i = 0; i < u.length; ++i) {
+            const float h = u.history[i];
             if (std::isnan(h) || h > a) a = h;
             if (std::isnan(a)) break;
         }
     }
-    const float fp8_max = std::ldexp(format_info(options_.format).max, -recipe_.margin);
-    scale_ = compute_scale(a, fp8_max, options_.amax_epsilon, options_.power_of_two, scale_);
-    std::rotate(history_.rbegin(), history_.rbegin() + 1, history_.rend());  // [k] -> [k+1]
-    history_[0] = 0.0f;
+    *u.scale = compute_scale(a, u.fp8_max, u.amax_epsilon, u.power_of_two, *u.scale);
+    std::rotate(u.history, u.history + u.length - 1, u.history + u.length);  // [k] -> [k+1]
+    u.history[0] = 0.0f;
 }
 
 }  // namespace fp8kit

@@ -106,25 +106,26 @@ Tensor Tensor::zeros(Shape shape, DType dtype, Device device) {
     return t;
 }
 
+Tensor Tensor::full(Shape shape, float value, DType dtype) {
+    Tensor t = empty(std::move(shape), dtype);
+    const int64_t n = t.numel();
+    if (n == 0) return t;
+    const Tensor flat = t.reshape({n});
+    flat.set({0}, value);  // converts (and checks) once, then copies the element's bytes
+    const size_t es = dtype_size(dtype);
+    auto* p = static_cast<std::byte*>(t.raw_data());
+    for (int64_t i = 1; i < n; ++i) std::memcpy(p + i * int64_t(es), p, es);
+    return t;
+}
+
 template <class T>
 Tensor Tensor::from(std::span<const T> values, Shape shape) {
-    static_assert(is_element_type_v<T>);
     check_shape(shape, "from");
     if (int64_t(values.size()) != count(shape)) {
         throw Error("fp8kit::Tensor::from: " + std::to_string(values.size()) + " values for shape " +
                     to_string(shape) + ", expected " + std::to_string(count(shape)));
     }
-    constexpr DType d = std::is_same_v<T, float> ? DType::f32
-                        : std::is_same_v<T, bf16> ? DType::bf16
-                        : std::is_same_v<T, f16> ? DType::f16
-                        : std::is_same_v<T, double> ? DType::f64
-                        : std::is_same_v<T, int8_t> ? DType::i8
-                        : std::is_same_v<T, int16_t> ? DType::i16
-                        : std::is_same_v<T, int32_t> ? DType::i32
-                        : std::is_same_v<T, int64_t> ? DType::i64
-                        : std::is_same_v<T, uint16_t> ? DType::u16
-                        : std::is_same_v<T, uint32_t> ? DType::u32
-                        : std::is_same_v<T, uint64_t> ? DType::u64 : DType::u8;
+    constexpr DType d = element_dtype_v<T>;
     Tensor t = empty(std::move(shape), d);
     if (!values.empty()) std::memcpy(t.raw_data(), values.data(), values.size_bytes());
     return t;
@@ -142,19 +143,43 @@ template Tensor Tensor::from(std::span<const uint16_t>, Shape);
 template Tensor Tensor::from(std::span<const uint32_t>, Shape);
 template Tensor Tensor::from(std::span<const uint64_t>, Shape);
 
-Tensor Tensor::view_of(std::shared_ptr<const void> owner, const void* data, Shape shape, DType dtype) {
-    check_shape(shape, "view_of");
-    if (reinterpret_cast<uintptr_t>(data) % dtype_size(dtype) != 0) {
-        throw Error("fp8kit::Tensor::view_of: data is not aligned to its " + std::to_string(dtype_size(dtype)) +
-                    "-byte elements (" + std::string(to_string(dtype)) + ")");
+Tensor Tensor::view_of(std::shared_ptr<const void> owner, const void* data, Shape shape, DType dtype, std::string name) {
+    return from_external(std::move(owner), {const_cast<void*>(data), std::move(shape), {}, dtype, Device::cpu, true,
+                                            std::move(name)});
+}
+
+Tensor Tensor::from_external(std::shared_ptr<const void> owner, External m) {
+    const std::string where = "fp8kit::Tensor::from_external" + (m.name.empty() ? std::string() : " ('" + m.name + "')") + ": ";
+    check_shape(m.shape, "from_external");
+    if (m.strides.empty()) m.strides = row_major_strides(m.shape);
+    if (m.strides.size() != m.shape.size()) {
+        throw Error(where + "strides " + to_string(m.strides) + " do not match shape " + to_string(m.shape));
+    }
+    for (int64_t s : m.strides) {
+        if (s < 0) throw Error(where + "stride " + std::to_string(s) + " is negative (copy such an array first)");
+    }
+    if (m.data == nullptr && count(m.shape) != 0) throw Error(where + "data is null");
+    if (reinterpret_cast<uintptr_t>(m.data) % dtype_size(m.dtype) != 0) {
+        throw Error(where + "data is not aligned to its " + std::to_string(dtype_size(m.dtype)) + "-byte elements (" +
+                    std::string(to_string(m.dtype)) + ")");
     }
     Tensor t;
-    // The aliasing constructor: t's storage points at data and owns a share of owner.
-    t.storage_ = std::shared_ptr<std::byte>(std::move(owner), static_cast<std::byte*>(const_cast<void*>(data)));
-    t.strides_ = row_major_strides(shape);
-    t.shape_ = std::move(shape);
-    t.dtype_ = dtype;
+    // The aliasing constructor: t's storage points at data and owns a share of owner. An owner
+    // that is empty still needs a control block, so that the tensor is defined().
+    if (!owner) owner = std::make_shared<int>(0);
+    t.storage_ = std::shared_ptr<std::byte>(std::move(owner), static_cast<std::byte*>(m.data));
+    t.strides_ = std::move(m.strides);
+    t.shape_ = std::move(m.shape);
+    t.dtype_ = m.dtype;
+    t.device_ = m.device;
+    t.read_only_ = m.read_only;
+    if (!m.name.empty()) t.name_ = std::make_shared<const std::string>(std::move(m.name));
     return t;
+}
+
+const std::string& Tensor::name() const noexcept {
+    static const std::string none;
+    return name_ ? *name_ : none;
 }
 
 int64_t Tensor::size(int64_t d) const {
@@ -176,17 +201,31 @@ bool Tensor::is_contiguous() const noexcept {
     return true;
 }
 
-void* Tensor::raw_data() const noexcept {
+const void* Tensor::const_raw_data() const noexcept {
     return storage_.get() + offset_ * int64_t(dtype_size(dtype_));
 }
 
-void Tensor::check_access(bool type_ok, size_t elem_size) const {
+void* Tensor::raw_data() const {
+    check_writable("raw_data");
+    return const_cast<void*>(const_raw_data());
+}
+
+void Tensor::check_writable(const char* fn) const {
+    if (read_only_) {
+        throw Error(std::string("fp8kit::Tensor::") + fn + ": tensor " + (name().empty() ? "" : "'" + name() + "' ") +
+                    to_string(shape_) + " " + std::string(to_string(dtype_)) +
+                    " views read-only memory; read it with data<const T>() or write to a clone()");
+    }
+}
+
+void Tensor::check_access(bool type_ok, size_t elem_size, bool write) const {
     if (!defined()) throw Error("fp8kit::Tensor::data: the tensor is undefined");
     if (!type_ok) {
         throw Error("fp8kit::Tensor::data: element type of " + std::to_string(elem_size) +
                     " bytes does not hold dtype " + std::string(to_string(dtype_)));
     }
     if (device_ != Device::cpu) throw Error("fp8kit::Tensor::data: the tensor is on device cuda, not in host memory");
+    if (write) check_writable("data");
 }
 
 Tensor Tensor::reshape(Shape shape) const {
@@ -238,7 +277,7 @@ Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
 Tensor Tensor::clone() const {
     Tensor t = empty(shape_, dtype_, device_);
     const size_t es = dtype_size(dtype_);
-    const auto* src = static_cast<const std::byte*>(raw_data());
+    const auto* src = static_cast<const std::byte*>(const_raw_data());
     auto* dst = static_cast<std::byte*>(t.raw_data());
     // Walk the elements in row-major order, copying runs along the last dimension.
     const int64_t n = numel();
@@ -277,19 +316,19 @@ int64_t Tensor::element_offset(std::initializer_list<int64_t> index) const {
 float Tensor::get(std::initializer_list<int64_t> index) const {
     const int64_t off = element_offset(index);
     switch (dtype_) {
-        case DType::f32: return data<float>()[off];
-        case DType::bf16: return float(data<bf16>()[off]);
-        case DType::f16: return float(data<f16>()[off]);
-        case DType::i32: return float(data<int32_t>()[off]);
-        case DType::u8: case DType::boolean: return float(data<uint8_t>()[off]);
-        case DType::f64: return float(data<double>()[off]);
-        case DType::i8: return float(data<int8_t>()[off]);
-        case DType::i16: return float(data<int16_t>()[off]);
-        case DType::i64: return float(data<int64_t>()[off]);
-        case DType::u16: return float(data<uint16_t>()[off]);
-        case DType::u32: return float(data<uint32_t>()[off]);
-        case DType::u64: return float(data<uint64_t>()[off]);
-        default: return decode(data<uint8_t>()[off], format_of(dtype_));
+        case DType::f32: return data<const float>()[off];
+        case DType::bf16: return float(data<const bf16>()[off]);
+        case DType::f16: return float(data<const f16>()[off]);
+        case DType::i32: return float(data<const int32_t>()[off]);
+        case DType::u8: case DType::boolean: return float(data<const uint8_t>()[off]);
+        case DType::f64: return float(data<const double>()[off]);
+        case DType::i8: return float(data<const int8_t>()[off]);
+        case DType::i16: return float(data<const int16_t>()[off]);
+        case DType::i64: return float(data<const int64_t>()[off]);
+        case DType::u16: return float(data<const uint16_t>()[off]);
+        case DType::u32: return float(data<const uint32_t>()[off]);
+        case DType::u64: return float(data<const uint64_t>()[off]);
+        default: return decode(data<const uint8_t>()[off], format_of(dtype_));
     }
 }
 

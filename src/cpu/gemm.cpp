@@ -25,6 +25,7 @@ namespace fp8kit::cpu {
 namespace {
 
 using detail::GemmJob;
+using detail::GroupScale;
 using detail::GemmOperand;
 
 constexpr int64_t panel_strips = 8;      // 128 columns of B per task
@@ -128,17 +129,16 @@ void pack_a(GemmJob& job, const KLayout& kl, const GemmKernels& kern, uint16_t* 
     detail::QuantizeJob whole = *job.fuse;
     const bool tensor = whole.group.rows >= m && whole.group.cols >= job.k && !whole.rule.mx;
     int64_t rows_per_panel = whole.group.rows * std::max<int64_t>(1, fuse_panel_rows / whole.group.rows);
-    float tensor_scale_inv = 0.0f;
+    float tensor_scale_inv = 0.0f, total_amax = 0.0f, current_scale = 0.0f;
     if (tensor) {
         // Current scaling needs the amax of all of A before any code: one read-only pass, then
         // every panel is cast with that one scale - the scale quantize() would compute.
-        whole.amax = amax(whole.x);
-        if (!whole.rule.fixed) {
-            const GroupScale gs = group_scale(whole.amax, whole.rule);
-            whole.rule.fixed = true;
-            whole.rule.fixed_scale = gs.scale;
+        amax(job.ctx, whole.x, &total_amax);
+        if (whole.rule.fixed_scale == nullptr) {
+            current_scale = group_scale(total_amax, whole.rule).scale;
+            whole.rule.fixed_scale = &current_scale;
         }
-        tensor_scale_inv = 1.0f / whole.rule.fixed_scale;
+        tensor_scale_inv = 1.0f / *whole.rule.fixed_scale;
         static_cast<float*>(job.fuse->scale_inv)[0] = tensor_scale_inv;
         rows_per_panel = fuse_panel_rows;
     }
@@ -161,16 +161,15 @@ void pack_a(GemmJob& job, const KLayout& kl, const GemmKernels& kern, uint16_t* 
         } else {
             sub.scale_inv = static_cast<char*>(whole.scale_inv) + (r0 / whole.group.rows) * job.a.scale_cols * scale_size;
         }
+        sub.amax = &amaxes[size_t(p)];
         quantize(sub);  // nested in this task: runs on this thread
-        amaxes[size_t(p)] = sub.amax;
         for (int64_t i = 0; i < rows; ++i) pack_row(sub.data + i * job.k, kl, table, kern, apk + (r0 + i) * lda);
         a_scales(job.a, kl, r0, r0 + rows, sa);
     });
     if (!tensor) {
-        whole.amax = 0.0f;
-        for (float a : amaxes) whole.amax = nan_max(whole.amax, a);
+        for (float a : amaxes) total_amax = nan_max(total_amax, a);
     }
-    job.fuse->amax = std::isnan(whole.amax) ? std::bit_cast<float>(detail::canonical_nan_bits) : whole.amax;
+    *job.fuse->amax = std::isnan(total_amax) ? std::bit_cast<float>(detail::canonical_nan_bits) : total_amax;
 }
 
 // ---- one task: rows [r0, r1) of A (multiples of 16, r1 may pass m) x strips [s0, s1) of B ----
@@ -301,7 +300,7 @@ const GemmKernels& gemm_kernels() {
     return amx != nullptr ? *amx : avx2 != nullptr ? *avx2 : portable_kernels;
 }
 
-std::shared_ptr<const void> pack_weight(const GemmOperand& b, int64_t kgroup, size_t* bytes) {
+std::shared_ptr<const void> pack_weight(const ExecContext&, const GemmOperand& b, int64_t kgroup, size_t* bytes) {
     auto p = std::make_shared<PackedB>(PackedB{b.rows, (b.rows + gemm_tile - 1) / gemm_tile, KLayout(b.k, kgroup),
                                                b.format, {}, {}, {}});
     PackedB& pb = *p;

@@ -26,7 +26,9 @@ namespace fp8kit::cpu {
 
 namespace {
 
+using detail::GroupScale;
 using detail::MatrixRef;
+using detail::ScaleRule;
 
 float amax_value(uint32_t bits) {
     return detail::f32_from_bits(bits > 0x7f800000u ? detail::canonical_nan_bits : bits);
@@ -246,9 +248,9 @@ void quantize_typed(detail::QuantizeJob& job) {
     std::vector<uint32_t> acc;
     std::vector<float> mult, mult_t;
     if (job.data_t == nullptr) {
-        if (job.rule.fixed) {
+        if (job.rule.fixed_scale != nullptr) {
             static_cast<float*>(job.scale_inv)[0] = group_scale(0.0f, job.rule).scale_inv;
-            encode_rows<T>(x, g, &job.rule.fixed_scale, job, job.data, &total);
+            encode_rows<T>(x, g, job.rule.fixed_scale, job, job.data, &total);
         } else if (g.rows < x.rows || g.cols < x.cols) {
             if (g.rows < x.rows) {
                 total = quantize_tiles<T>(job);
@@ -262,20 +264,20 @@ void quantize_typed(detail::QuantizeJob& job) {
             total = make_scales(acc, job.rule, job.scale_inv, mult);
             encode_rows<T>(x, g, mult.data(), job, job.data, nullptr);
         }
-        job.amax = amax_value(total);
+        *job.amax = amax_value(total);
         return;
     }
     // cast_transpose: the scales of both copies first, then one tiled pass writes both.
     const GroupShape gt = job.group_t;
     const int64_t gr = ceil_div(x.rows, g.rows), gc = ceil_div(x.cols, g.cols);
     const int64_t grt = ceil_div(x.cols, gt.rows), gct = ceil_div(x.rows, gt.cols);
-    if (job.rule.fixed) {
+    if (job.rule.fixed_scale != nullptr) {
         static_cast<float*>(job.scale_inv)[0] = static_cast<float*>(job.scale_inv_t)[0] =
             group_scale(0.0f, job.rule).scale_inv;
-        mult.assign(1, job.rule.fixed_scale);
+        mult.assign(1, *job.rule.fixed_scale);
         mult_t = mult;
         cast_tiles<T>(job, mult.data(), mult_t.data(), &total);
-        job.amax = amax_value(total);
+        *job.amax = amax_value(total);
         return;
     }
     group_amax_bits<T>(x, g, acc);
@@ -295,7 +297,7 @@ void quantize_typed(detail::QuantizeJob& job) {
     }
     make_scales(acc_t, job.rule, job.scale_inv_t, mult_t);
     cast_tiles<T>(job, mult.data(), mult_t.data(), nullptr);
-    job.amax = amax_value(total);
+    *job.amax = amax_value(total);
 }
 
 template <class Out>
@@ -324,13 +326,13 @@ void dequantize_typed(const detail::DequantizeJob& job) {
 
 }  // namespace
 
-float amax(const MatrixRef& x) {
+void amax(const ExecContext&, const MatrixRef& x, float* out) {
     uint32_t bits = 0;
     with_type(x.dtype, [&]<class T>(T) { bits = total_amax_bits<T>(x); });
-    return amax_value(bits);
+    *out = amax_value(bits);
 }
 
-void group_amax(const MatrixRef& x, GroupShape g, float* out) {
+void group_amax(const ExecContext&, const MatrixRef& x, GroupShape g, float* out) {
     std::vector<uint32_t> acc;
     with_type(x.dtype, [&]<class T>(T) { group_amax_bits<T>(x, g, acc); });
     for (size_t k = 0; k < acc.size(); ++k) out[k] = amax_value(acc[k]);
@@ -338,6 +340,7 @@ void group_amax(const MatrixRef& x, GroupShape g, float* out) {
 
 void quantize(detail::QuantizeJob& job) {
     with_type(job.x.dtype, [&]<class T>(T) { quantize_typed<T>(job); });
+    if (!std::isfinite(*job.amax)) detail::encode_infinities(job);  // the kernels clamp Inf under saturate
 }
 
 void dequantize(const detail::DequantizeJob& job) {

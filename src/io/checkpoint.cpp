@@ -89,7 +89,6 @@ std::optional<StoredWeight> stored_weight(const TensorLookup& t, const std::stri
     if (!is_fp8(data.dtype()) || data.dtype() == DType::e8m0fnu || data.dim() == 0) return std::nullopt;
     QTensor q;
     q.data = data;
-    q.format = format_of(data.dtype());
     const int64_t rows = q.rows(), cols = q.cols();
     const std::string where = t.path() + ": FP8 tensor '" + name + "' " + to_string(data.shape());
     Scheme scheme;

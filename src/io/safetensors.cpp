@@ -252,7 +252,7 @@ Tensor SafetensorsFile::tensor(const std::string& name) const {
     const std::byte* p = impl_->file.data() + impl_->header.data_offset + e.begin;
     const size_t bytes = size_t(e.end - e.begin);
     if (bytes != 0 && reinterpret_cast<uintptr_t>(p) % dtype_size(e.dtype) == 0) {
-        return Tensor::view_of(impl_, p, e.shape, e.dtype);
+        return Tensor::view_of(impl_, p, e.shape, e.dtype, path() + ": " + name);
     }
     Tensor t = Tensor::empty(e.shape, e.dtype);
     if (bytes != 0) std::memcpy(t.raw_data(), p, bytes);
@@ -297,7 +297,7 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
     out.write(len, 8);
     out.write(text.data(), text.size());
     for (const Tensor& t : data) {
-        if (t.nbytes() != 0) out.write(t.raw_data(), t.nbytes());
+        if (t.nbytes() != 0) out.write(t.const_raw_data(), t.nbytes());
     }
     out.commit();
 }

@@ -226,7 +226,7 @@ LayerwiseCastingReport enable_layerwise_casting(Module& model, const LayerwiseCa
             if (p->stored) continue;
             QuantizeOptions q;
             q.format = opts.storage;
-            if (!opts.scaled) q.scale = 1.0f;  // unscaled: codes are the values themselves
+            if (!opts.scaled) q.scale = Tensor::full({1}, 1.0f);  // unscaled: codes are the values themselves
             if (pn == "weight" && weight_scheme) q.scaling = scaling_of(*weight_scheme);
             p->stored = quantize(p->value, q);
             p->value = Tensor();

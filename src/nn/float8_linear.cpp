@@ -35,7 +35,7 @@ QTensor Float8Linear::quantize_operand(const Tensor& t, Role role, bool transpos
         // initial state): gradients of ~1e-5 would then flush to zero in e5m2, and Adam turns
         // what survives into full-size steps. As torchao's Float8Linear does, the first use
         // records this tensor's amax and derives the scale from it (a throwaway cast, then step()).
-        if (d.amax_history()[0] == 0.0f && d.scale() == 1.0f) {
+        if (d.fresh()) {
             d.quantize(t);
             d.step();
         }
@@ -101,11 +101,11 @@ Tensor Float8Linear::backward(const Tensor& dy) {
     }
     float* gw = weight_->grad.data<float>();
     if (opts_.fp8_grad_weight) {
-        // dW = q(dY^T) . q(x^T)^T, added to the gradient
+        // dW += q(dY^T) . q(x^T)^T: accumulated by the GEMM into the gradient (beta = 1)
         const QTensor xt = qx_t_ ? *qx_t_ : quantize_operand(x_, Role::input, true).transposed();
-        const Tensor dw = gemm(qdy->transposed(), PackedWeight(xt));
-        const float* p = dw.data<float>();
-        for (int64_t i = 0; i < out_ * in_; ++i) gw[i] += p[i];
+        GemmOptions accumulate;
+        accumulate.beta = 1.0f;
+        gemm(qdy->transposed(), PackedWeight(xt), accumulate, weight_->grad);
     } else {
         ops::matmul(gw, d2.data<float>(), ops::Trans::yes, x_.data<float>(), ops::Trans::no, out_, in_, rows_, true);
     }

@@ -12,7 +12,9 @@ namespace fp8kit::ref {
 
 namespace {
 
+using detail::GroupScale;
 using detail::MatrixRef;
+using detail::ScaleRule;
 
 float element(const MatrixRef& x, int64_t i, int64_t j) {
     const int64_t k = i * x.ld + j;
@@ -59,7 +61,12 @@ float quantize_matrix(const Get& get, int64_t rows, int64_t cols, GroupShape g, 
                 static_cast<float*>(scale_inv)[k] = s.scale_inv;
             }
             for (int64_t i = i0; i < i1; ++i) {
-                for (int64_t j = j0; j < j1; ++j) data[i * cols + j] = encode(get(i, j) * s.scale, rule.format, overflow);
+                for (int64_t j = j0; j < j1; ++j) {
+                    // The non-finite policy: overflow clamps finite values only; an Inf input
+                    // keeps the format's Inf (or NaN) code.
+                    const float x = get(i, j);
+                    data[i * cols + j] = encode(x * s.scale, rule.format, std::isinf(x) ? Overflow::nonsaturating : overflow);
+                }
             }
         }
     }
@@ -68,11 +75,11 @@ float quantize_matrix(const Get& get, int64_t rows, int64_t cols, GroupShape g, 
 
 }  // namespace
 
-float amax(const MatrixRef& x) {
-    return block_amax([&](int64_t i, int64_t j) { return element(x, i, j); }, 0, x.rows, 0, x.cols);
+void amax(const ExecContext&, const MatrixRef& x, float* out) {
+    *out = block_amax([&](int64_t i, int64_t j) { return element(x, i, j); }, 0, x.rows, 0, x.cols);
 }
 
-void group_amax(const MatrixRef& x, GroupShape g, float* out) {
+void group_amax(const ExecContext&, const MatrixRef& x, GroupShape g, float* out) {
     const int64_t gcols = (x.cols + g.cols - 1) / g.cols;
     const auto get = [&](int64_t i, int64_t j) { return element(x, i, j); };
     for (int64_t i0 = 0; i0 < x.rows; i0 += g.rows) {
@@ -86,7 +93,7 @@ void group_amax(const MatrixRef& x, GroupShape g, float* out) {
 void quantize(detail::QuantizeJob& job) {
     const MatrixRef& x = job.x;
     const auto get = [&](int64_t i, int64_t j) { return element(x, i, j); };
-    job.amax = quantize_matrix(get, x.rows, x.cols, job.group, job.rule, job.overflow, job.data, job.scale_inv);
+    *job.amax = quantize_matrix(get, x.rows, x.cols, job.group, job.rule, job.overflow, job.data, job.scale_inv);
     if (job.data_t != nullptr) {
         // The transposed copy is, by definition, the same quantization applied to x^T.
         const auto get_t = [&](int64_t i, int64_t j) { return element(x, j, i); };

@@ -185,7 +185,7 @@ std::vector<int64_t> scaled_codes(const QTensor& q) {
     const uint8_t* codes = q.data.data<uint8_t>();
     std::vector<int64_t> v(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) {
-        const float x = decode(codes[i], q.format);
+        const float x = decode(codes[i], q.format());
         if (!std::isfinite(x)) throw Error("non-finite code in a GEMM input");
         v[size_t(i)] = int64_t(double(x) * 65536.0);
     }
@@ -262,11 +262,10 @@ struct Output {
 
 std::vector<Output> fp8kit_outputs(const Case& cs, const Quantized& q) {
     std::vector<Output> out;
-    const Backend saved = active_backend();
     GemmOptions f32_out, bf16_out;
     bf16_out.out_dtype = DType::bf16;
     for (Backend be : {Backend::ref, Backend::cpu}) {
-        set_backend(be);
+        const BackendOverride use(be);
         auto run = [&](const std::string& name) {
             out.push_back({name, be, false, as_floats(gemm(q.qa, q.qb, f32_out))});
             out.push_back({name + " fused cast", be, false, as_floats(gemm(GemmA(q.a, cs.oa), q.qb, f32_out))});
@@ -278,7 +277,6 @@ std::vector<Output> fp8kit_outputs(const Case& cs, const Quantized& q) {
             test::for_each_isa([&](Isa isa) { run("fp8kit cpu " + std::string(to_string(isa))); });
         }
     }
-    set_backend(saved);
     return out;
 }
 

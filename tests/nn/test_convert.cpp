@@ -353,7 +353,7 @@ TEST(LayerwiseCasting, PolicySkipsWithItsReasonAndPicksTheStoredLayout) {
     EXPECT_EQ(granularity("blocks.0.fc").block_rows, 128);
     EXPECT_EQ(granularity("proj_in").granularity, Granularity::row);
     EXPECT_EQ(granularity("proj_out").granularity, Granularity::tensor);  // no entry: as without a policy
-    EXPECT_EQ(m.linear("head").weight().stored->format, Format::e4m3fn);
+    EXPECT_EQ(m.linear("head").weight().stored->format(), Format::e4m3fn);
     EXPECT_EQ(m.linear("blocks.0.fc").bias()->stored->scaling.granularity, Granularity::tensor);
     EXPECT_FALSE(m.linear("blocks.0.out").weight().stored.has_value());
     // Each FP8 layer (weight and input in e4m3, the layout's scales) against the float64 product

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <functional>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -56,12 +57,9 @@ void expect_grad(const char* what, Vec& x, const Vec& grad, const std::function<
 
 class Ops : public ::testing::Test {
 protected:
-    void SetUp() override {
-        saved_ = active_backend();
-        set_backend(Backend::ref);
-    }
-    void TearDown() override { set_backend(saved_); }
-    Backend saved_{};
+    void SetUp() override { use_.emplace(Backend::ref); }
+    void TearDown() override { use_.reset(); }
+    std::optional<BackendOverride> use_;
 };
 
 TEST_F(Ops, MatmulMatchesTripleLoopForEveryTranspose) {

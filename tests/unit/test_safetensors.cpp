@@ -112,7 +112,7 @@ TEST_F(Safetensors, EveryDTypeRoundTripsBitForBit) {
         EXPECT_EQ(r.dtype(), t.dtype());
         EXPECT_EQ(r.shape(), t.shape());
         ASSERT_EQ(r.nbytes(), t.nbytes());
-        EXPECT_EQ(std::memcmp(r.raw_data(), t.raw_data(), t.nbytes()), 0);
+        EXPECT_EQ(std::memcmp(r.const_raw_data(), t.const_raw_data(), t.nbytes()), 0);
         EXPECT_EQ(f.entry(name).end - f.entry(name).begin, t.nbytes());
     }
     EXPECT_FALSE(f.contains("nope"));
@@ -163,11 +163,11 @@ TEST_F(Safetensors, HandWrittenFileReadsBack) {
     EXPECT_EQ(b.get({0}), 1.0f);
     EXPECT_EQ(b.get({1}), -2.0f);
     // A view: the same memory every time (a copy would differ).
-    EXPECT_EQ(f.tensor("b").raw_data(), b.raw_data());
+    EXPECT_EQ(f.tensor("b").const_raw_data(), b.const_raw_data());
     const Tensor a = f.tensor("a");
     EXPECT_EQ(a.shape(), (Shape{1, 1}));
     EXPECT_EQ(a.at<int32_t>({0, 0}), -5);
-    EXPECT_NE(f.tensor("a").raw_data(), a.raw_data());  // misaligned: a fresh copy each time
+    EXPECT_NE(f.tensor("a").const_raw_data(), a.const_raw_data());  // misaligned: a fresh copy each time
     EXPECT_EQ(f.tensor("e").numel(), 0);
     EXPECT_EQ(f.tensor("e").dtype(), DType::boolean);
     const Tensor c = f.tensor("c");
@@ -185,7 +185,7 @@ TEST_F(Safetensors, HeaderOrderNeedNotBeDataOrder) {
     const SafetensorsFile f(p);
     EXPECT_EQ(f.names(), (std::vector<std::string>{"b", "a"}));
     EXPECT_EQ(f.tensor("a").get({0}), 1.0f);
-    EXPECT_EQ(f.tensor("b").at<uint8_t>({2}), 9);
+    EXPECT_EQ(f.tensor("b").at<const uint8_t>({2}), 9);
 }
 
 TEST_F(Safetensors, TensorsOutliveTheFileObject) {

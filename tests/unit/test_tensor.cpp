@@ -489,7 +489,7 @@ TEST(Tensor, ViewOfExternalMemoryKeepsItsOwnerAlive) {
     const float* p = owner->data();
     Tensor t = Tensor::view_of(std::move(owner), p + 1, {2, 2}, DType::f32);
     EXPECT_FALSE(watch.expired());
-    EXPECT_EQ(t.data<float>(), p + 1);
+    EXPECT_EQ(t.data<const float>(), p + 1);
     EXPECT_EQ(t.get({1, 1}), 5.0f);
     EXPECT_TRUE(t.is_contiguous());
     const auto bytes = std::make_shared<std::vector<std::byte>>(16);
