@@ -1,7 +1,8 @@
 // src/core/layer_args.hpp: argument checks shared by the public layer ops (src/core/<family>.cpp
 // for matmul, layernorm, gelu, attention, crossentropy, embedding, adamw): each names the op, the
 // argument, what it is and what was expected, before any work is done.
-// Checked by the error cases of tests/ops/test_<family>.cpp.
+// Checked by the ErrorsNameTheArgument tests of tests/ops/test_matmul.cpp, test_layernorm.cpp,
+// test_gelu.cpp, test_attention.cpp, test_crossentropy.cpp, test_embedding.cpp and test_adamw.cpp.
 #pragma once
 
 #include <string>
