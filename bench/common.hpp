@@ -76,5 +76,6 @@ void print_rows(std::ostream& os, const std::vector<Row>& rows, bool json);
 int run_convert(const Options& opt, std::ostream& os);
 int run_quantize(const Options& opt, std::ostream& os);
 int run_gemm(const Options& opt, std::ostream& os);
+int run_layers(const Options& opt, std::ostream& os);
 
 }  // namespace fp8kit::bench

@@ -24,6 +24,10 @@ void add_bench_command(CLI::App& app) {
     gemm->add_flag("--json", opt->json, "one JSON object per line");
     gemm->add_flag("--quick", opt->quick, "512 square and M = 1, 16 at 4096 x 4096, short budgets");
     gemm->callback([opt] { bench::run_gemm(*opt, std::cout); });
+    CLI::App* layers = bench->add_subcommand("layers", "the layer ops (matmul, norms, GELU, attention, ...) on the cpu backend, checked against ref");
+    layers->add_flag("--json", opt->json, "one JSON object per line");
+    layers->add_flag("--quick", opt->quick, "the training shapes only, short budgets");
+    layers->callback([opt] { bench::run_layers(*opt, std::cout); });
 }
 
 }  // namespace fp8kit::tools

@@ -11,6 +11,7 @@
 #include "fp8kit/gemm.hpp"
 #include "fp8kit/half.hpp"
 #include "fp8kit/nn.hpp"
+#include "fp8kit/ops.hpp"
 #include "fp8kit/quantize.hpp"
 #include "fp8kit/recipe.hpp"
 #include "fp8kit/runtime.hpp"

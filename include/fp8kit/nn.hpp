@@ -201,7 +201,7 @@ public:
 
 private:
     std::vector<std::pair<std::string, std::shared_ptr<Parameter>>> params_;
-    std::vector<std::vector<float>> m_, v_;
+    std::vector<Tensor> m_, v_;  // first and second moments, one per parameter
     AdamWOptions opts_;
     int64_t t_ = 0;
 };

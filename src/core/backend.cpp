@@ -16,14 +16,19 @@ namespace {
 
 constexpr Backend host_backends[] = {Backend::ref, Backend::cpu};
 
-constexpr detail::BackendOps ref_ops{&ref::amax,        &ref::group_amax,          &ref::quantize,
-                                     &ref::dequantize,  &ref::pack_weight,         &ref::gemm,
-                                     &detail::host_delayed_init, &detail::host_delayed_record,
-                                     &detail::host_delayed_update};
-constexpr detail::BackendOps cpu_ops{&cpu::amax,        &cpu::group_amax,          &cpu::quantize,
-                                     &cpu::dequantize,  &cpu::pack_weight,         &cpu::gemm,
-                                     &detail::host_delayed_init, &detail::host_delayed_record,
-                                     &detail::host_delayed_update};
+#define FP8KIT_BACKEND_OPS(ns)                                                                      \
+    detail::BackendOps {                                                                            \
+        &ns::amax, &ns::group_amax, &ns::quantize, &ns::dequantize, &ns::pack_weight, &ns::gemm,    \
+            &detail::host_delayed_init, &detail::host_delayed_record, &detail::host_delayed_update, \
+            &ns::matmul, &ns::bias_grad, &ns::layernorm_forward, &ns::layernorm_backward,           \
+            &ns::rmsnorm_forward, &ns::rmsnorm_backward, &ns::gelu_forward, &ns::gelu_backward,     \
+            &ns::attention_forward, &ns::attention_backward, &ns::crossentropy_forward,             \
+            &ns::crossentropy_backward, &ns::embedding_forward, &ns::embedding_backward,            \
+            &ns::adamw_update                                                                       \
+    }
+constexpr detail::BackendOps ref_ops = FP8KIT_BACKEND_OPS(ref);
+constexpr detail::BackendOps cpu_ops = FP8KIT_BACKEND_OPS(cpu);
+#undef FP8KIT_BACKEND_OPS
 
 // FP8KIT_BACKEND, read once: the host backend when no override is active.
 Backend environment_host_backend() {

@@ -171,6 +171,120 @@ struct DelayedUpdate {
     bool power_of_two, use_max;
 };
 
+// ---- layer ops (<fp8kit/ops.hpp>; src/core/<family>.cpp checks and builds these) ----
+// Every pointer is to contiguous memory of `dtype` (f32 or f64) unless said otherwise; shapes
+// as in <fp8kit/ops.hpp>. Backends compute, they never check.
+
+// out[m, n] (+)= op(a)[m, k] . op(b)[k, n] (+ bias[n]); a stored [m, k] or [k, m] (ta),
+// b stored [k, n] or [n, k] (tb). a, b: f32 or bf16 when dtype is f32.
+struct MatmulJob {
+    DType dtype;
+    int64_t m, n, k;
+    const void* a;
+    DType a_dtype;
+    bool ta;
+    const void* b;
+    DType b_dtype;
+    bool tb;
+    bool accumulate;
+    const void* bias;  // [n] or null
+    void* out;
+    ExecContext ctx = {};  // last, so the positional initializers of src/core need not name it
+};
+
+// dbias[cols] += sum over rows of dout[rows, cols] (Linear's bias gradient).
+struct BiasGradJob {
+    DType dtype;
+    int64_t rows, cols;
+    const void* dout;
+    void* dbias;
+    ExecContext ctx = {};  // last, so the positional initializers of src/core need not name it
+};
+
+// layernorm / rmsnorm forward (mean, bias null for rmsnorm).
+struct NormJob {
+    DType dtype;
+    int64_t rows, c;
+    double eps;
+    const void *inp, *weight, *bias;
+    void *out, *mean, *rstd;
+    ExecContext ctx = {};  // last, so the positional initializers of src/core need not name it
+};
+
+// layernorm / rmsnorm backward (mean, dbias null for rmsnorm).
+struct NormBackwardJob {
+    DType dtype;
+    int64_t rows, c;
+    const void *dout, *inp, *weight, *mean, *rstd;
+    void *dinp, *dweight, *dbias;
+    ExecContext ctx = {};  // last, so the positional initializers of src/core need not name it
+};
+
+// gelu forward (out = gelu(inp); dout null) and backward (out = gelu'(inp) * dout).
+struct GeluJob {
+    DType dtype;
+    int64_t n;
+    const void *inp, *dout;
+    void* out;
+    ExecContext ctx = {};  // last, so the positional initializers of src/core need not name it
+};
+
+// attention forward (out, att written; dout, dqkv null) and backward (dqkv written from dout,
+// qkv, att). hs = c / nh.
+struct AttentionJob {
+    DType dtype;
+    int64_t b, t, c, nh;
+    const void* qkv;
+    void *out, *att;
+    const void* dout;
+    void* dqkv;
+    ExecContext ctx = {};  // last, so the positional initializers of src/core need not name it
+};
+
+struct CrossEntropyJob {
+    DType dtype;
+    int64_t rows, v;
+    const int32_t* targets;  // [rows], each in [0, v)
+    const void* logits;      // forward
+    void *losses, *probs;    // forward: written; backward: probs read
+    void* dlogits;           // backward
+    double dloss;            // backward
+    ExecContext ctx = {};  // last, so the positional initializers of src/core need not name it
+};
+
+struct EmbeddingJob {
+    DType dtype;
+    int64_t rows, c;
+    const int32_t* ids;  // [rows], each a row of the table
+    const void* table;   // forward
+    void* out;           // forward
+    const void* dout;    // backward
+    void* dtable;        // backward
+    ExecContext ctx = {};  // last, so the positional initializers of src/core need not name it
+};
+
+// One AdamW update of n elements; c1 = 1 - beta1^step, c2 = 1 - beta2^step (float32, computed
+// once by the caller so every backend uses the same ones).
+struct AdamWJob {
+    DType dtype;
+    int64_t n;
+    void *param, *m, *v;
+    const void* grad;
+    float lr, beta1, beta2, eps, weight_decay, c1, c2;
+    ExecContext ctx = {};  // last, so the positional initializers of src/core need not name it
+};
+
+// Calls fn(T{}) with T = double for f64 jobs, float otherwise: each backend writes its layer ops
+// once, as templates.
+template <class Fn>
+void with_float_type(DType dtype, Fn&& fn) {
+    if (dtype == DType::f64) {
+        fn(double{});
+    } else {
+        fn(float{});
+    }
+}
+
 struct BackendOps {
     // max |x| into *out (one float of device memory).
     void (*amax)(const ExecContext& ctx, const MatrixRef& x, float* out);
@@ -186,6 +300,22 @@ struct BackendOps {
     void (*delayed_init)(const ExecContext& ctx, float* history, int64_t length, float* scale);
     void (*delayed_record)(const ExecContext& ctx, float* history, const float* amax);
     void (*delayed_update)(const ExecContext& ctx, const DelayedUpdate& u);
+    // Layer ops (<fp8kit/ops.hpp>).
+    void (*matmul)(const MatmulJob& job);
+    void (*bias_grad)(const BiasGradJob& job);
+    void (*layernorm_forward)(const NormJob& job);
+    void (*layernorm_backward)(const NormBackwardJob& job);
+    void (*rmsnorm_forward)(const NormJob& job);
+    void (*rmsnorm_backward)(const NormBackwardJob& job);
+    void (*gelu_forward)(const GeluJob& job);
+    void (*gelu_backward)(const GeluJob& job);
+    void (*attention_forward)(const AttentionJob& job);
+    void (*attention_backward)(const AttentionJob& job);
+    void (*crossentropy_forward)(const CrossEntropyJob& job);
+    void (*crossentropy_backward)(const CrossEntropyJob& job);
+    void (*embedding_forward)(const EmbeddingJob& job);
+    void (*embedding_backward)(const EmbeddingJob& job);
+    void (*adamw_update)(const AdamWJob& job);
 };
 
 // The host backends' delayed-scaling state updates (one implementation: a few scalars).
@@ -280,6 +410,8 @@ inline void encode_infinities(const QuantizeJob& job) {
 
 // Each backend's implementation of the quantize and gemm families (src/<backend>/quantize.cpp,
 // src/<backend>/gemm.cpp).
+// Each backend's implementation of the op families: quantize, gemm, and the layer ops
+// (src/<backend>/<family>.cpp: matmul, layernorm, gelu, attention, crossentropy, embedding, adamw).
 #define FP8KIT_DECLARE_QUANTIZE_OPS(ns)                                                       \
     namespace fp8kit::ns {                                                                    \
     void amax(const ExecContext& ctx, const detail::MatrixRef& x, float* out);                \
@@ -290,6 +422,21 @@ inline void encode_infinities(const QuantizeJob& job) {
     std::shared_ptr<const void> pack_weight(const ExecContext& ctx, const detail::GemmOperand& b, \
                                             int64_t kgroup, size_t* bytes);                   \
     void gemm(detail::GemmJob& job);                                                          \
+    void matmul(const detail::MatmulJob& job);                                                \
+    void bias_grad(const detail::BiasGradJob& job);                                           \
+    void layernorm_forward(const detail::NormJob& job);                                       \
+    void layernorm_backward(const detail::NormBackwardJob& job);                              \
+    void rmsnorm_forward(const detail::NormJob& job);                                         \
+    void rmsnorm_backward(const detail::NormBackwardJob& job);                                \
+    void gelu_forward(const detail::GeluJob& job);                                            \
+    void gelu_backward(const detail::GeluJob& job);                                           \
+    void attention_forward(const detail::AttentionJob& job);                                  \
+    void attention_backward(const detail::AttentionJob& job);                                 \
+    void crossentropy_forward(const detail::CrossEntropyJob& job);                            \
+    void crossentropy_backward(const detail::CrossEntropyJob& job);                           \
+    void embedding_forward(const detail::EmbeddingJob& job);                                  \
+    void embedding_backward(const detail::EmbeddingJob& job);                                 \
+    void adamw_update(const detail::AdamWJob& job);                                           \
     }
 FP8KIT_DECLARE_QUANTIZE_OPS(ref)
 FP8KIT_DECLARE_QUANTIZE_OPS(cpu)

@@ -90,7 +90,7 @@ void block_portable(int mi, int nj, const uint16_t* a, int64_t lda, const uint16
 }
 
 constexpr GemmKernels portable_kernels{&expand_portable, &block_portable, &promote_loop, &no_tile_state, &no_tile_state,
-                                       nullptr, 0};
+                                       nullptr, 0, &matmul_f32_portable};
 
 // ---- packing A ----
 

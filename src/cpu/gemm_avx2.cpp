@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cpu/gemm_kernels.hpp"
+#include "cpu/matmul_kernel.hpp"
 
 namespace fp8kit::cpu {
 
@@ -297,10 +298,16 @@ void expand_avx2(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t
 // adds 4 FMAs per 8 codes on top, while the tiles decode B once into a widened copy and then run at
 // FMA speed. 4 is an estimate of where the two meet, not a measured crossover: bench_gemm's M = 1
 // (small kernel) and M = 16 (tiles) rows bracket it (docs/PERF.md).
-constexpr GemmKernels avx2_kernels{&expand_avx2, &block_avx2, &promote_loop, &no_tile_state, &no_tile_state, &small_avx2, 4};
+constexpr GemmKernels avx2_kernels{&expand_avx2, &block_avx2, &promote_loop, &no_tile_state, &no_tile_state, &small_avx2, 4,
+                                    &matmul_f32_avx2};
 
 }  // namespace
 
 const GemmKernels* avx2_gemm_kernels() { return &avx2_kernels; }
+
+void matmul_f32_avx2(float* c, const float* a, bool ta, const float* b, bool tb, int64_t m, int64_t n, int64_t k,
+                     bool accumulate) {
+    matmul_kernel(c, a, ta, b, tb, m, n, k, accumulate);
+}
 
 }  // namespace fp8kit::cpu

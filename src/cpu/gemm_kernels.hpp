@@ -86,7 +86,19 @@ struct GemmKernels {
     // The largest M the small kernel takes (chosen by the whole M, never by a task's rows, so
     // which kernel rounds D does not depend on the thread split).
     int64_t small_m_max;
+    // The layer ops' float32 matmul (src/cpu/matmul.cpp): c[m, n] (+)= op(a)[m, k] . op(b)[k, n],
+    // a stored [m, k] or [k, m] (ta), b [k, n] or [n, k] (tb); each element one float32 sum in k
+    // order (src/cpu/matmul_kernel.hpp built with the table's flags).
+    void (*matmul_f32)(float* c, const float* a, bool ta, const float* b, bool tb, int64_t m, int64_t n, int64_t k,
+                       bool accumulate);
 };
+
+// The float32 matmul built with portable flags (src/cpu/matmul.cpp) and with AVX2 + FMA
+// (src/cpu/gemm_avx2.cpp; the AMX tables use it too).
+void matmul_f32_portable(float* c, const float* a, bool ta, const float* b, bool tb, int64_t m, int64_t n, int64_t k,
+                         bool accumulate);
+void matmul_f32_avx2(float* c, const float* a, bool ta, const float* b, bool tb, int64_t m, int64_t n, int64_t k,
+                     bool accumulate);
 
 namespace {  // compiled into each kernel TU with that TU's ISA flags (internal linkage, no ODR mixing)
 
@@ -111,7 +123,8 @@ inline void no_tile_state() {}
 }  // namespace
 
 // AMX where the active ISA is avx512 and AMX is usable, else AVX2 on the avx2 and avx512 paths,
-// else the portable kernels.
+// else the portable kernels. The one ISA dispatch of the cpu backend's GEMM engine: the FP8 GEMM
+// and the float32 matmul of the layer ops both take their kernels from here.
 const GemmKernels& gemm_kernels();
 const GemmKernels* amx_gemm_kernels();   // null where AMX cannot run (CPU, OS or build)
 const GemmKernels* avx2_gemm_kernels();  // null where the build has no x86 kernels

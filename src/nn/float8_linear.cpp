@@ -9,7 +9,7 @@
 // Formats per Recipe::options(Role): e4m3fn x and W, e5m2 dY for tensorwise / delayed ("hybrid").
 // Checked against the float64 layer (SQNR floors of docs/NUMERICS.md) in tests/nn/test_float8_linear.cpp.
 #include "fp8kit/nn.hpp"
-#include "nn/ops.hpp"
+#include "fp8kit/ops.hpp"
 
 namespace fp8kit::nn {
 
@@ -70,8 +70,7 @@ Tensor Float8Linear::forward(const Tensor& x) {
         if (qw.has_transpose()) qw_t_ = qw.transposed();
     } else {
         y = Tensor::empty({x2.size(0), out_}, DType::f32);
-        ops::linear_forward(y.data<float>(), x2.data<float>(), weight_->value.data<float>(),
-                            bias_ ? bias_->value.data<float>() : nullptr, x2.size(0), in_, out_);
+        linear_forward(y, x2, weight_->value, bias_ ? bias_->value : Tensor());
     }
     if (save_fp8 && opts_.fp8_grad_weight && !qx_t_) qx_t_ = quantize_operand(x2, Role::input, true).transposed();
     if (save_fp8 && opts_.fp8_grad_input && !qw_t_) qw_t_ = quantize_operand(weight_->value, Role::weight, true).transposed();
@@ -86,7 +85,6 @@ Tensor Float8Linear::backward(const Tensor& dy) {
         throw Error("fp8kit::nn::Float8Linear::backward: dy is " + to_string(dy.shape()) + ", expected [" +
                     std::to_string(rows_) + " rows, " + std::to_string(out_) + "]");
     const Tensor d2 = dy.contiguous().reshape({rows_, out_});
-    const float* w = weight_->value.data<float>();
     Tensor dx;
     std::optional<QTensor> qdy;
     if (opts_.fp8_grad_input || opts_.fp8_grad_weight)
@@ -97,9 +95,8 @@ Tensor Float8Linear::backward(const Tensor& dy) {
         dx = gemm(*qdy, PackedWeight(wt));
     } else {
         dx = Tensor::empty({rows_, in_}, DType::f32);
-        ops::matmul(dx.data<float>(), d2.data<float>(), ops::Trans::no, w, ops::Trans::no, rows_, in_, out_, false);
+        matmul(dx, d2, weight_->value);
     }
-    float* gw = weight_->grad.data<float>();
     if (opts_.fp8_grad_weight) {
         // dW += q(dY^T) . q(x^T)^T: accumulated by the GEMM into the gradient (beta = 1)
         const QTensor xt = qx_t_ ? *qx_t_ : quantize_operand(x_, Role::input, true).transposed();
@@ -107,14 +104,9 @@ Tensor Float8Linear::backward(const Tensor& dy) {
         accumulate.beta = 1.0f;
         gemm(qdy->transposed(), PackedWeight(xt), accumulate, weight_->grad);
     } else {
-        ops::matmul(gw, d2.data<float>(), ops::Trans::yes, x_.data<float>(), ops::Trans::no, out_, in_, rows_, true);
+        matmul(weight_->grad, d2, x_, {.transpose_a = true, .accumulate = true});
     }
-    if (bias_) {
-        float* gb = bias_->grad.data<float>();
-        const float* g = d2.data<float>();
-        for (int64_t r = 0; r < rows_; ++r)
-            for (int64_t o = 0; o < out_; ++o) gb[o] += g[r * out_ + o];
-    }
+    if (bias_) bias_backward(bias_->grad, d2);
     qx_t_.reset();
     qw_t_.reset();
     x_ = Tensor();

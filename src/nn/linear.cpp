@@ -1,46 +1,16 @@
-// src/nn/linear.cpp: linear_forward / linear_backward (on ops::matmul) and the Linear module
-// (float32, or bf16-emulated GEMM inputs; or an FP8-stored weight - layerwise casting, an FP8
-// checkpoint - used directly by fp8kit::gemm with x quantized to match, input_quantization). Checked against central finite differences in float64
-// (tests/nn/test_ops.cpp) and PyTorch (tests/nn/test_torch_gpt.cpp).
+// src/nn/linear.cpp: the Linear module (float32, or bf16-emulated GEMM inputs, on the public ops
+// linear_forward / linear_backward of <fp8kit/ops.hpp>; or an FP8-stored weight - layerwise
+// casting, an FP8 checkpoint - used directly by fp8kit::gemm with x quantized to match,
+// input_quantization). Checked against PyTorch (tests/nn/test_torch_gpt.cpp); the ops by
+// tests/ops/test_matmul.cpp and tests/ops/test_backward.cpp.
 #include <cmath>
 #include <optional>
 #include <vector>
 
 #include "fp8kit/nn.hpp"
-#include "nn/ops.hpp"
+#include "fp8kit/ops.hpp"
 
 namespace fp8kit::nn {
-namespace ops {
-
-template <class T>
-void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t rows, int64_t in, int64_t oc) {
-    // out[N, OC] = inp[N, IC] . weight[OC, IC]^T
-    matmul(out, inp, Trans::no, weight, Trans::yes, rows, oc, in, false);
-    if (!bias) return;
-    for (int64_t r = 0; r < rows; ++r)
-        for (int64_t o = 0; o < oc; ++o) out[r * oc + o] += bias[o];
-}
-
-template <class T>
-void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int64_t rows,
-                     int64_t in, int64_t oc) {
-    // dinp[N, IC] = dout[N, OC] . weight[OC, IC]
-    if (dinp) matmul(dinp, dout, Trans::no, weight, Trans::no, rows, in, oc, false);
-    // dweight[OC, IC] += dout^T[OC, N] . inp[N, IC]
-    matmul(dweight, dout, Trans::yes, inp, Trans::no, oc, in, rows, true);
-    if (!dbias) return;
-    for (int64_t r = 0; r < rows; ++r)
-        for (int64_t o = 0; o < oc; ++o) dbias[o] += dout[r * oc + o];
-}
-
-template void linear_forward(float*, const float*, const float*, const float*, int64_t, int64_t, int64_t);
-template void linear_forward(double*, const double*, const double*, const double*, int64_t, int64_t, int64_t);
-template void linear_backward(float*, float*, float*, const float*, const float*, const float*, int64_t, int64_t, int64_t);
-template void linear_backward(double*, double*, double*, const double*, const double*, const double*, int64_t, int64_t,
-                              int64_t);
-
-}  // namespace ops
-
 namespace {
 
 // bf16 emulation: a copy with every element rounded to bf16 (nearest even) and back, exactly
@@ -116,8 +86,7 @@ Tensor Linear::forward(const Tensor& x) {
     x_ = w.stored ? Tensor() : xc;  // FP8-stored weights: inference only
     Tensor y = Tensor::empty({x2.size(0), out_}, DType::f32);
     const Tensor b = bias_ ? bias_->compute_value() : Tensor();
-    ops::linear_forward(y.data<float>(), xc.data<float>(), wc.data<float>(), b.defined() ? b.data<float>() : nullptr,
-                        x2.size(0), in_, out_);
+    linear_forward(y, xc, wc, b);
     return y.reshape(yshape);
 }
 
@@ -130,8 +99,7 @@ Tensor Linear::backward(const Tensor& dy) {
     const Tensor dc = precision == MatmulPrecision::bf16 ? round_bf16(d2) : d2;
     const Tensor wc = precision == MatmulPrecision::bf16 ? round_bf16(weight_->value) : weight_->value;
     Tensor dx = Tensor::empty({d2.size(0), in_}, DType::f32);
-    ops::linear_backward(dx.data<float>(), weight_->grad.data<float>(), bias_ ? bias_->grad.data<float>() : nullptr,
-                         dc.data<float>(), x_.data<float>(), wc.data<float>(), d2.size(0), in_, out_);
+    linear_backward(dx, weight_->grad, bias_ ? bias_->grad : Tensor(), dc, x_, wc);
     x_ = Tensor();
     Shape xs = dy.shape();
     xs.back() = in_;
