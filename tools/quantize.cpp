@@ -4,7 +4,7 @@
 // quantization_config a loader parses (in the metadata, and config.json for a directory):
 //   compressed-tensors  quant_method compressed-tensors, format float-quantized, one config group
 //                       per scheme with its modules as targets, `ignore` the kept modules;
-//                       W_scale f32 ([1], [out, 1] or the 128x128 block grid)
+//                       W_scale in the weight's dtype ([1], [out, 1] or the 128x128 block grid)
 //   hf-fp8              transformers' FineGrainedFP8 / DeepSeek-V3: quant_method fp8,
 //                       weight_block_size [128, 128], W_scale_inv, modules_to_not_convert
 //   fp8kit              any scheme and format, quant_method fp8kit (what no other loader reads:
@@ -70,6 +70,22 @@ Json ct_args(const std::string& strategy, bool dynamic) {
     return {{"num_bits", 8}, {"type", "float"}, {"symmetric", true}, {"group_size", nullptr},
               {"strategy", strategy}, {"block_structure", nullptr}, {"dynamic", dynamic}, {"actorder", nullptr},
               {"observer", nullptr}, {"observer_kwargs", Json::object()}};
+}
+
+// compressed-tensors keeps scales in the weight's dtype (a bf16 model has bf16 weight_scale
+// parameters, which transformers loads a f32 scale into, rounding it): so the file holds them so,
+// and every reader - fp8kit, transformers, vLLM - dequantizes with the same numbers. The codes
+// were chosen for the f32 scale; its bf16 rounding (relative error < 2^-8) moves each dequantized
+// value by as much, ~48 dB below the signal, under FP8's own ~31 dB: verify measures the sum.
+Tensor in_weight_dtype(const Tensor& scale_f32, DType weight) {
+    if (weight == DType::f32) return scale_f32;
+    const Tensor c = scale_f32.contiguous();
+    Tensor out = Tensor::empty(c.shape(), weight);
+    for (int64_t i = 0; i < c.numel(); ++i) {
+        if (weight == DType::bf16) out.data<bf16>()[i] = bf16(c.data<float>()[i]);
+        else out.data<f16>()[i] = f16(c.data<float>()[i]);
+    }
+    return out;
 }
 
 std::string quantization_config(Layout layout, Format format, const std::map<std::string, Scheme>& plan,
@@ -215,7 +231,8 @@ void run_quantize(const QuantizeArgs& a) {
                 opts.scaling = scaling_of(scheme);
                 const QTensor q = quantize(t, opts);
                 // The layout's scale shape: [1] per tensor, [out, 1] per channel, the groups otherwise.
-                const Tensor scale = scheme == Scheme::tensor ? q.scale_inv.reshape({1}) : q.scale_inv;
+                Tensor scale = scheme == Scheme::tensor ? q.scale_inv.reshape({1}) : q.scale_inv;
+                if (*layout == Layout::compressed_tensors) scale = in_weight_dtype(scale, t.dtype());
                 out.emplace_back(name, q.data);
                 out.emplace_back(layout_scale_name(name, scheme, *layout), scale);
                 rows.push_back({name, scheme, t.nbytes(), q.data.nbytes() + scale.nbytes(),
