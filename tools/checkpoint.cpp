@@ -36,7 +36,7 @@ Tensor to_f32(const Tensor& t) {
 }
 
 Tensor values_f32(const TensorLookup& c, const std::string& name) {
-    if (auto w = stored_weight(c, name)) return dequantize(w->q, DType::f32);
+    if (auto w = stored_weight(c, name)) return dequantize(w->q, DType::f32).reshape(w->shape);  // 3-D experts too
     return to_f32(c.tensor(name));
 }
 

@@ -193,6 +193,10 @@ def check_3d_experts(tmp, moe_out):
     per_expert = os.path.join(tmp, "moe_deq")  # written by check_read for FP8_DYNAMIC
     if r.returncode != 0 or not os.path.exists(deq):
         return
+    # The FP8 file read through its 3-D scales against its bf16 dequantization: they differ only by
+    # bf16 rounding (relative error <= 2^-9: >= 54 dB); a scale applied along the wrong axis would
+    # be near 0 dB.
+    fp8kit("verify", deq, path, "--min-sqnr", "50")
     d3, d2 = tensors_file(deq), tensors(per_expert)
     bad = []
     for p in ("gate_proj", "up_proj", "down_proj"):
