@@ -140,6 +140,11 @@ check "quantize --json: one JSON object; stderr has no progress bar (not a termi
 import json; j = json.load(open('j.out')); assert j['quantization_config']['quant_method'] == 'compressed-tensors' and len(j['quantized']) == 8, j\" && ! grep -q '\[#' j.err"
 "$fp8kit" inspect j.safetensors --json >i.json; rc=$?
 check "inspect --json: parses, detects channel" "[ $rc -eq 0 ] && '$python' -c \"import json; j = json.load(open('i.json')); assert j['detected'] == ['channel'], j\""
+"$fp8kit" advise --shapes 4x128x128 --min-speedup 0 --budget 0.01 --out pol.json --json >a.json 2>/dev/null; rc=$?
+check "advise --json: one JSON object with the layer's decision" "[ $rc -eq 0 ] && '$python' -c \"
+import json; j = json.load(open('a.json')); assert j['policy'] == 'pol.json' and len(j['layers']) == 1 and j['layers'][0]['fp8'] is True, j\""
+"$fp8kit" advise --shapes 4x128x128 --min-speedup 0 --budget 0.01 --out pol.json >/dev/null 2>e; rc=$?
+check "advise: an existing --out without --force: exit 2" "[ $rc -eq 2 ] && grep -q 'exists already' e"
 "$fp8kit" quantize --help >h 2>&1
 check "quantize --help lists the exit codes and examples" "grep -q '3 bad input' h && grep -q '4 a check failed' h && grep -q 'Examples' h"
 "$fp8kit" quantise m.safetensors x >/dev/null 2>e; rc=$?
