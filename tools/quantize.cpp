@@ -116,10 +116,16 @@ std::string quantization_config(Layout layout, Format format, const std::map<std
                     {"global_compression_ratio", nullptr}, {"sparsity_config", Json::object()}}.dump();
     }
     std::map<std::string, std::string> schemes;
-    for (const auto& [name, scheme] : plan) schemes[module_name(name)] = to_string(scheme);
-    return Json{{"quant_method", "fp8kit"}, {"fmt", format == Format::e4m3fn ? "e4m3" : "e5m2"},
-                {"activation_scheme", "dynamic"}, {"weight_block_size", {128, 128}}, {"schemes", schemes},
-                {"modules_to_not_convert", ignore}}.dump();
+    bool any_block = false;
+    for (const auto& [name, scheme] : plan) {
+        schemes[module_name(name)] = to_string(scheme);
+        any_block = any_block || scheme == Scheme::block128;
+    }
+    Json q = {{"quant_method", "fp8kit"}, {"fmt", format == Format::e4m3fn ? "e4m3" : "e5m2"}, {"activation_scheme", "dynamic"}};
+    if (any_block) q["weight_block_size"] = {128, 128};
+    q["schemes"] = schemes;
+    q["modules_to_not_convert"] = ignore;
+    return q.dump();
 }
 
 void run_quantize(const QuantizeArgs& a) {

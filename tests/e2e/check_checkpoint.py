@@ -12,7 +12,8 @@ directory) with safetensors.torch and checks, for every 2-D floating weight of O
   - quantization_config in the metadata names the layout: compressed-tensors with the scheme as
     its weights' strategy for tensor / channel (fp8kit quantize's default layout for them),
     fp8kit for block128 and mx32 (written with --layout fp8kit: these weights are not whole
-    128x128 blocks), with weight_block_size [128, 128]; lm_head listed by its module name.
+    128x128 blocks), with weight_block_size [128, 128] for block128 only; lm_head listed by its
+    module name.
 Exit 77 (skip) without torch / safetensors; a failure: exit 1 with the reasons.
 """
 import glob
@@ -88,7 +89,7 @@ def main():
         if qc.get("quant_method") != "compressed-tensors" or len(groups) != 1 or groups[0]["weights"]["strategy"] != scheme \
                 or "lm_head" not in qc.get("ignore", []):
             errors.append(f"quantization_config {qc}")
-    elif qc.get("quant_method") != "fp8kit" or qc.get("weight_block_size") != [128, 128] \
+    elif qc.get("quant_method") != "fp8kit" or qc.get("weight_block_size") != ([128, 128] if scheme == "block128" else None) \
             or "lm_head" not in qc.get("modules_to_not_convert", []):
         errors.append(f"quantization_config {qc}")
     if errors:
