@@ -7,8 +7,9 @@ cd "$(dirname "$0")/.."
 
 # Build: compilers (g++ and clang++ with its OpenMP runtime), CMake + Ninja, GoogleTest, CLI11,
 # nlohmann-json (safetensors headers).
-# Tests: python3 + venv for the oracles (ml_dtypes, numpy, safetensors from PyPI), pkg-config for the
-# install test.
+# Tests: python3 + venv for the oracles (ml_dtypes, numpy, safetensors from PyPI; PyTorch; and the FP8
+# checkpoint producers and loaders transformers, compressed-tensors, llm-compressor, from
+# tests/requirements-checkpoints.txt), pkg-config for the install test.
 # Benchmarks only (bench_gemm's peers; the library never links them): OpenBLAS in its OpenMP
 # build - on libgomp, as g++ builds fp8kit, so peers and fp8kit share one thread team instead of
 # two spinning against each other (found through pkg-config) - and oneDNN.
@@ -66,4 +67,16 @@ else
         "$venv/bin/python3" -c "import torch" >&2 || true
         exit 1
     fi
+fi
+
+# The FP8 checkpoint ecosystem (transformers, compressed-tensors, llm-compressor) for
+# tests/python/test_checkpoint_ecosystem.py, with --no-deps so that torch stays at its pin:
+# tests/requirements-checkpoints.txt says why and lists what their imports need. Needs torch.
+if [ "${FP8KIT_NO_TORCH:-0}" = 1 ]; then
+    echo "setup: FP8KIT_NO_TORCH=1: not installing transformers / compressed-tensors / llm-compressor"
+elif "$venv/bin/python3" -c "import transformers, compressed_tensors, llmcompressor" >/dev/null 2>&1; then
+    echo "setup: transformers, compressed-tensors, llm-compressor present"
+else
+    echo "setup: installing transformers, compressed-tensors, llm-compressor (tests/requirements-checkpoints.txt, ~450 MB)"
+    "$venv/bin/python3" -m pip install -q --disable-pip-version-check --no-deps -r tests/requirements-checkpoints.txt
 fi

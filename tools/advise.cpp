@@ -18,6 +18,8 @@
 #include <sstream>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "checkpoint.hpp"
 #include "commands.hpp"
 #include "common.hpp"
@@ -32,6 +34,7 @@ namespace {
 
 struct AdviseArgs {
     std::string shapes, model, recipe = "block", input_dtype = "f32", out;
+    bool force = false, json = false;
     int64_t tokens = 256;
     double budget = 0.2;       // seconds of timing per measurement
     double min_speedup = 1.0;  // FP8 must be at least this much faster than f32
@@ -113,7 +116,12 @@ void run_advise(const AdviseArgs& a) {
     const Scheme scheme = scheme_of_recipe(a.recipe);
     if (a.input_dtype != "f32" && a.input_dtype != "bf16") throw Error("--input-dtype " + a.input_dtype + ": expected f32 or bf16");
     const DType input_dtype = a.input_dtype == "f32" ? DType::f32 : DType::bf16;
-    const std::vector<Layer> layers = a.model.empty() ? parse_shapes(a.shapes) : model_layers(a.model, a.tokens);
+    std::vector<std::string> inputs;
+    if (!a.model.empty()) reading_inputs([&] { inputs = Checkpoint(a.model).files(); });
+    check_output(a.out, false, inputs, a.force);
+    std::vector<Layer> layers;
+    if (a.model.empty()) layers = parse_shapes(a.shapes);
+    else reading_inputs([&] { layers = model_layers(a.model, a.tokens); });
     const int threads = num_threads();
     {
         float probe = 0;
@@ -122,10 +130,11 @@ void run_advise(const AdviseArgs& a) {
             throw Error("advise times FP8 against OpenBLAS sgemm, and this build has no OpenBLAS (scripts/setup.sh installs it)");
         }
     }
-    std::printf("baseline: OpenBLAS cblas_sgemm, float32, %d thread(s); FP8: fp8kit::gemm, recipe %s, %s A cast fused, "
+    nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+    if (!a.json) std::printf("baseline: OpenBLAS cblas_sgemm, float32, %d thread(s); FP8: fp8kit::gemm, recipe %s, %s A cast fused, "
                 "W quantized and packed once; SQNR vs the float64 product on %lld rows of N(0,1) activations\n",
                 threads, a.recipe.c_str(), a.input_dtype.c_str(), static_cast<long long>(sample_rows));
-    std::printf("%-40s %-18s %11s %11s %8s %9s  %s\n", "layer", "MxNxK", "f32 ms", "fp8 ms", "speedup", "SQNR dB", "fp8");
+    if (!a.json) std::printf("%-40s %-18s %11s %11s %8s %9s  %s\n", "layer", "MxNxK", "f32 ms", "fp8 ms", "speedup", "SQNR dB", "fp8");
     Policy policy;
     for (size_t i = 0; i < layers.size(); ++i) {
         const Layer& l = layers[i];
@@ -156,14 +165,15 @@ void run_advise(const AdviseArgs& a) {
                       static_cast<long long>(l.m), a.min_speedup, sqnr, sqnr_floor);
         pl.reason = reason;
         const std::string dims = std::to_string(l.m) + "x" + std::to_string(l.n) + "x" + std::to_string(l.k);
-        std::printf("%-40s %-18s %11.3f %11.3f %8.2f %9.2f  %s\n", (l.name.empty() ? dims : l.name).substr(0, 40).c_str(),
+        rows.push_back({{"layer", l.name.empty() ? dims : l.name}, {"m", l.m}, {"n", l.n}, {"k", l.k}, {"f32_ms", t32 * 1e3},
+                        {"fp8_ms", t8 * 1e3}, {"speedup", speedup}, {"sqnr_db", sqnr}, {"fp8", pl.fp8}});
+        if (!a.json) std::printf("%-40s %-18s %11.3f %11.3f %8.2f %9.2f  %s\n", (l.name.empty() ? dims : l.name).substr(0, 40).c_str(),
                     dims.c_str(), t32 * 1e3, t8 * 1e3, speedup, sqnr, pl.fp8 ? "yes" : "no");
         policy.layers.push_back(std::move(pl));
     }
-    Output out(a.out, false);
-    out.write_text(a.out, policy_json(policy));
-    out.commit();
-    std::printf("policy written to %s (fp8kit quantize IN OUT --policy %s)\n", a.out.c_str(), a.out.c_str());
+    write_policy(a.out, policy);
+    if (a.json) std::printf("%s\n", nlohmann::ordered_json{{"policy", a.out}, {"layers", std::move(rows)}}.dump().c_str());
+    else std::printf("policy written to %s (fp8kit quantize IN OUT --policy %s)\n", a.out.c_str(), a.out.c_str());
 }
 
 }  // namespace
@@ -179,6 +189,10 @@ void add_advise_command(CLI::App& app) {
     c->add_option("--input-dtype", a->input_dtype, "activations given to the FP8 GEMM: f32 or bf16")->capture_default_str();
     c->add_option("--min-speedup", a->min_speedup, "FP8 only where at least this much faster than f32")->capture_default_str();
     c->add_option("--budget", a->budget, "seconds of timing per measurement")->capture_default_str();
+    c->add_flag("--force", a->force, "replace --out if it exists");
+    c->add_flag("--json", a->json, "print one JSON object (the measurements per layer) instead of the table");
+    c->footer(std::string("Examples:\n  fp8kit advise --shapes 16x4096x4096,256x4096x4096 --out policy.json\n"
+                          "  fp8kit advise --model model/ --tokens 256 --out policy.json --json\n") + exit_codes_help);
     c->callback([a] { run_advise(*a); });
 }
 

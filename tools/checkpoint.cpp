@@ -1,85 +1,21 @@
-// tools/checkpoint.cpp: checkpoints (a file or a directory of shards), SQNR and whole-or-nothing
-// outputs for the checkpoint subcommands (checkpoint.hpp).
-// Checked by tests/e2e/test_checkpoint.sh and tests/e2e/check_checkpoint.py.
+// tools/checkpoint.cpp: values as float32, non-finite values, SQNR, output options and progress
+// for the checkpoint subcommands (checkpoint.hpp).
+// Checked by tests/e2e/test_checkpoint.sh, tests/e2e/test_checkpoint_safety.sh and
+// tests/e2e/check_checkpoint.py.
 #include "checkpoint.hpp"
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <iostream>
-#include <random>
-
-#include <nlohmann/json.hpp>
 
 #include "fp8kit/error.hpp"
 #include "platform/platform.hpp"
 
 namespace fp8kit::tools {
 
-namespace fs = std::filesystem;
-using Json = nlohmann::ordered_json;
-
-namespace {
-
-Json parse_json_file(const std::string& path) {
-    try {
-        return Json::parse(read_text(path));
-    } catch (const Json::exception& e) {
-        throw Error(path + ": not valid JSON (" + std::string(e.what()) + ")");
-    }
-}
-
-}  // namespace
-
-std::string read_text(const std::string& path) {
-    const platform::MappedFile f(path);
-    return std::string(reinterpret_cast<const char*>(f.data()), f.size());
-}
-
-// ---- Checkpoint ----
-
-Checkpoint::Checkpoint(const std::string& path) : path_(path) {
-    std::error_code ec;
-    directory_ = fs::is_directory(path, ec);
-    if (!directory_) {
-        shard_files_.push_back(fs::path(path).filename().string());
-        shards_.emplace_back(path);
-    } else {
-        const fs::path index = fs::path(path) / "model.safetensors.index.json";
-        if (fs::exists(index, ec)) {
-            const Json j = parse_json_file(index.string());
-            if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
-                throw Error(index.string() + ": no weight_map object");
-            }
-            for (const auto& [name, file] : j["weight_map"].items()) {
-                if (!file.is_string()) throw Error(index.string() + ": weight_map['" + name + "'] is not a file name");
-                const std::string f = file.get<std::string>();
-                if (std::find(shard_files_.begin(), shard_files_.end(), f) == shard_files_.end()) shard_files_.push_back(f);
-            }
-            std::sort(shard_files_.begin(), shard_files_.end());
-        } else {
-            for (const auto& e : fs::directory_iterator(path)) {
-                if (e.path().extension() == ".safetensors") shard_files_.push_back(e.path().filename().string());
-            }
-            std::sort(shard_files_.begin(), shard_files_.end());
-        }
-        if (shard_files_.empty()) throw Error(path + ": no .safetensors files in the directory");
-        for (const std::string& f : shard_files_) shards_.emplace_back((fs::path(path) / f).string());
-    }
-    for (size_t i = 0; i < shards_.size(); ++i) {
-        for (const std::string& n : shards_[i].names()) {
-            if (!shard_index_.emplace(n, i).second) {
-                throw Error(path + ": tensor '" + n + "' is in both " + shard_files_[shard_index_[n]] + " and " + shard_files_[i]);
-            }
-            names_.push_back(n);
-        }
-    }
-}
-
-size_t Checkpoint::shard_of(const std::string& tensor) const {
-    const auto it = shard_index_.find(tensor);
-    if (it == shard_index_.end()) throw Error(path_ + ": no tensor named '" + tensor + "'");
-    return it->second;
+std::string module_name(const std::string& weight) {
+    const size_t dot = weight.rfind('.');
+    return dot == std::string::npos ? weight : weight.substr(0, dot);
 }
 
 Tensor to_f32(const Tensor& t) {
@@ -99,12 +35,33 @@ Tensor to_f32(const Tensor& t) {
     return out;
 }
 
-Tensor values_f32(const Checkpoint& c, const std::string& name) {
-    if (auto w = stored_weight(c, name)) return dequantize(w->q, DType::f32);
+Tensor values_f32(const TensorLookup& c, const std::string& name) {
+    if (auto w = stored_weight(c, name)) return dequantize(w->q, DType::f32).reshape(w->shape);  // 3-D experts too
     return to_f32(c.tensor(name));
 }
 
 bool is_float_weight(DType d) noexcept { return d == DType::f32 || d == DType::bf16 || d == DType::f16; }
+
+std::optional<NonFinite> find_non_finite(const Tensor& f32) {
+    const Tensor c = f32.contiguous();
+    const float* p = c.data<float>();
+    std::optional<NonFinite> first;
+    for (int64_t i = 0, n = c.numel(); i < n; ++i) {
+        if (std::isfinite(p[i])) continue;
+        if (first) {
+            ++first->count;
+            continue;
+        }
+        // The flat index as a multi-index, last dimension fastest.
+        std::vector<int64_t> at(size_t(c.dim()));
+        for (int64_t d = c.dim() - 1, r = i; d >= 0; --d) {
+            at[size_t(d)] = r % c.size(d);
+            r /= c.size(d);
+        }
+        first = NonFinite{to_string(at), std::isnan(p[i]) ? "NaN" : (p[i] > 0 ? "+Inf" : "-Inf"), 1};
+    }
+    return first;
+}
 
 namespace {
 template <class R>
@@ -130,87 +87,23 @@ ErrorStats compare(const Tensor& ref, const Tensor& x) {
 
 ErrorStats compare(const double* ref, const float* x, int64_t n) { return compare_values(ref, x, n); }
 
-// ---- Output ----
-
-Output::Output(const std::string& path, bool directory) : path_(path), directory_(directory) {
-    if (!directory_) return;
-    std::error_code ec;
-    if (fs::exists(path, ec)) throw Error(path + ": the output directory exists already (choose a new path)");
-    const fs::path p = fs::absolute(path);
-    std::string hidden = p.filename().string();  // built by appends: GCC 12 misreads "." + s (-Wrestrict)
-    hidden.insert(0, 1, '.');
-    hidden.append(".tmp").append(std::to_string(std::random_device{}()));
-    temp_ = (p.parent_path() / hidden).string();
-    if (!fs::create_directory(temp_, ec)) throw Error(temp_ + ": cannot create the temporary output directory: " + ec.message());
+void add_output_flags(CLI::App* c, OutputArgs& a, bool json) {
+    c->add_flag("--force", a.force, "replace OUT if it exists (a file by a file, a directory by a directory)");
+    c->add_flag("--quiet,-q", a.quiet, "no progress bar and no notes on stderr (errors are still printed)");
+    if (json) c->add_flag("--json", a.json, "print one JSON object on stdout instead of the table");
 }
 
-Output::~Output() {
-    if (directory_ && !committed_) {
-        std::error_code ec;
-        fs::remove_all(temp_, ec);
+void prepare_output(const std::string& out, bool directory, const std::vector<std::string>& inputs, const OutputArgs& a) {
+    check_output(out, directory, inputs, a.force);
+    for (const std::string& t : remove_stale_temporaries(out)) {
+        if (!a.quiet) std::cerr << "fp8kit: removed " << t << ", a temporary left by an earlier run that was killed\n";
     }
 }
 
-std::string Output::file(const std::string& name) const {
-    return directory_ ? (fs::path(temp_) / name).string() : path_;
-}
+Progress::Progress(bool quiet) : on_(!quiet && platform::stderr_is_terminal()) {}
 
-void Output::write_text(const std::string& name, const std::string& text) const {
-    platform::ReplacingFile f(file(name));
-    f.write(text.data(), text.size());
-    f.commit();
-}
-
-void Output::commit() {
-    if (directory_) {
-        std::error_code ec;
-        fs::rename(temp_, path_, ec);
-        if (ec) throw Error(path_ + ": cannot move the finished output into place: " + ec.message());
-    }
-    committed_ = true;
-}
-
-// ---- CheckpointWriter ----
-
-CheckpointWriter::CheckpointWriter(const Checkpoint& in, const std::string& out, std::optional<std::string> quantization_config)
-    : in_(in), out_(out, in.is_directory()), qconfig_(std::move(quantization_config)) {}
-
-void CheckpointWriter::write_shard(size_t shard, const std::vector<std::pair<std::string, Tensor>>& tensors) {
-    std::map<std::string, std::string> meta = in_.shard(shard).metadata();
-    meta.erase("quantization_config");
-    if (qconfig_) meta["quantization_config"] = *qconfig_;
-    const std::string& file = in_.shard_files()[shard];
-    save_safetensors(out_.file(file), tensors, meta);
-    for (const auto& [name, t] : tensors) {
-        weight_map_.emplace_back(name, file);
-        total_size_ += t.nbytes();
-    }
-}
-
-void CheckpointWriter::commit() {
-    if (in_.is_directory()) {
-        Json map = Json::object();
-        for (const auto& [name, file] : weight_map_) map[name] = file;
-        out_.write_text("model.safetensors.index.json",
-                        Json{{"metadata", {{"total_size", total_size_}}}, {"weight_map", std::move(map)}}.dump(2) + "\n");
-        const fs::path cfg = fs::path(in_.path()) / "config.json";
-        std::error_code ec;
-        Json config = fs::exists(cfg, ec) ? parse_json_file(cfg.string()) : Json::object();
-        if (!config.is_object()) throw Error(cfg.string() + ": not a JSON object");
-        config.erase("quantization_config");
-        if (qconfig_) config["quantization_config"] = Json::parse(*qconfig_);
-        out_.write_text("config.json", config.dump(2) + "\n");
-        for (const auto& e : fs::directory_iterator(in_.path())) {
-            const std::string name = e.path().filename().string();
-            const bool ours = e.path().extension() == ".safetensors" || name == "config.json" ||
-                              name == "model.safetensors.index.json";
-            if (!ours && e.is_regular_file()) out_.write_text(name, read_text(e.path().string()));
-        }
-    }
-    out_.commit();
-}
-
-void progress(size_t done, size_t total, const std::string& what) {
+void Progress::operator()(size_t done, size_t total, const std::string& what) const {
+    if (!on_) return;
     const size_t width = 30, filled = total ? done * width / total : width;
     std::string line = "\r[" + std::string(filled, '#') + std::string(width - filled, '.') + "] " + std::to_string(done) +
                        "/" + std::to_string(total) + " " + what.substr(0, 60);

@@ -381,7 +381,8 @@ std::string generate(GPT& model, const std::string& prompt, int64_t tokens, uint
 // A safetensors file: every parameter as float32 under its qualified name, the GPTConfig in the
 // metadata (GPTConfig::to_metadata).
 void save_model(const GPT& model, const std::string& path);
-// Loads what save_model writes, or that file quantized by `fp8kit quantize` (any scheme): a
+// Loads what save_model writes, or that file quantized by `fp8kit quantize` (any scheme), from the
+// file or a directory of shards with its index (fp8kit::Checkpoint): a
 // Linear weight stored in FP8 becomes its Parameter::stored (the model is then inference-only,
 // as with layerwise casting; Linear::forward computes with it directly, input_quantization),
 // another FP8 tensor is dequantized. fp8kit::Error naming the file and the problem for missing

@@ -31,7 +31,8 @@ struct SchemeNames {
 constexpr SchemeNames scheme_names[] = {{Scheme::tensor, "tensor", "tensorwise"},
                                         {Scheme::channel, "channel", "rowwise"},
                                         {Scheme::block128, "block128", "block"},
-                                        {Scheme::mx32, "mx32", "mxfp8"}};
+                                        {Scheme::mx32, "mx32", "mxfp8"},
+                                        {Scheme::group, "group", ""}};
 const SchemeNames& names_of(Scheme s) noexcept {
     for (const SchemeNames& n : scheme_names)
         if (n.scheme == s) return n;
@@ -43,7 +44,7 @@ std::string_view to_string(Scheme s) noexcept { return names_of(s).name; }
 
 Scheme parse_scheme(std::string_view text) {
     for (const SchemeNames& n : scheme_names)
-        if (n.name == text) return n.scheme;
+        if (n.name == text && n.scheme != Scheme::group) return n.scheme;
     throw Error("unknown scheme '" + std::string(text) + "', expected tensor, channel, block128 or mx32");
 }
 
@@ -53,8 +54,9 @@ Scaling scaling_of(Scheme s) {
         case Scheme::channel: return Scaling::row();
         case Scheme::block128: return Scaling::block(128, 128);
         case Scheme::mx32: return Scaling::mx32();
+        case Scheme::group: break;  // its group size is the checkpoint's
     }
-    return Scaling::tensor();
+    throw Error("scaling_of: scheme 'group' has no fixed group size");
 }
 
 std::string scale_name(const std::string& weight, Scheme s) {
@@ -65,65 +67,149 @@ std::string_view recipe_of(Scheme s) noexcept { return names_of(s).recipe; }
 
 Scheme scheme_of_recipe(std::string_view recipe) {
     for (const SchemeNames& n : scheme_names)
-        if (n.recipe == recipe) return n.scheme;
+        if (!n.recipe.empty() && n.recipe == recipe) return n.scheme;
     throw Error("policy: unknown recipe '" + std::string(recipe) + "', expected tensorwise, rowwise, block or mxfp8");
 }
 
-std::optional<std::vector<int64_t>> weight_block_size(const TensorLookup& t) {
-    const auto it = t.metadata().find("quantization_config");
-    if (it == t.metadata().end()) return std::nullopt;
-    const Json q = Json::parse(it->second, nullptr, false);
-    if (!q.is_object() || !q.contains("weight_block_size") || !q["weight_block_size"].is_array()) return std::nullopt;
+namespace {
+
+// What quantization_config says about the weights' scales, in any of the producers' dialects:
+// transformers FineGrainedFP8 / DeepSeek-V3 (weight_block_size), compressed-tensors
+// (config_groups.*.weights: strategy, block_structure, group_size), fbgemm_fp8 (rows).
+struct ConfigScales {
+    std::optional<std::vector<int64_t>> block;  // [rows, cols]
+    std::optional<int64_t> group_size;
+    std::string strategy;  // compressed-tensors' strategy, or "" when not said
+};
+
+std::optional<std::vector<int64_t>> block_field(const Json& v, const std::string& what, const std::string& path) {
+    if (v.is_null()) return std::nullopt;
     std::vector<int64_t> b;
-    for (const Json& v : q["weight_block_size"]) {
-        if (!v.is_number_integer() || v.get<int64_t>() < 1)
-            throw Error(t.path() + ": weight_block_size " + q["weight_block_size"].dump() + " is not positive integers");
-        b.push_back(v.get<int64_t>());
+    if (v.is_array()) {
+        for (const Json& x : v) {
+            if (!x.is_number_integer() || x.get<int64_t>() < 1) break;
+            b.push_back(x.get<int64_t>());
+        }
     }
-    if (b.size() != 2) throw Error(t.path() + ": weight_block_size " + q["weight_block_size"].dump() + " is not [rows, cols]");
+    if (b.size() != 2 || b.size() != v.size()) throw Error(path + ": quantization_config " + what + " " + v.dump() + " is not [rows, cols] of positive integers");
     return b;
+}
+
+ConfigScales config_scales(const TensorLookup& t) {
+    ConfigScales c;
+    const auto text = t.quantization_config();
+    if (!text) return c;
+    const Json q = Json::parse(*text, nullptr, false);
+    if (!q.is_object()) throw Error(t.path() + ": quantization_config is not a JSON object");
+    if (q.contains("weight_block_size")) c.block = block_field(q["weight_block_size"], "weight_block_size", t.path());
+    if (q.contains("config_groups") && q["config_groups"].is_object()) {
+        // Several groups (mixed schemes) are told apart by their scales' shapes; the strategy is
+        // cross-checked only when every group has the same one, and the first block and group
+        // size named are the ones shapes are checked against.
+        bool mixed = false;
+        for (const auto& [_, g] : q["config_groups"].items()) {
+            if (!g.is_object() || !g.contains("weights") || !g["weights"].is_object()) continue;
+            const Json& w = g["weights"];
+            const std::string st = w.contains("strategy") && w["strategy"].is_string() ? w["strategy"].get<std::string>() : "";
+            if (c.strategy.empty()) c.strategy = st;
+            mixed = mixed || st != c.strategy;
+            if (!c.block && w.contains("block_structure")) c.block = block_field(w["block_structure"], "block_structure", t.path());
+            if (!c.group_size && w.contains("group_size") && w["group_size"].is_number_integer() && w["group_size"].get<int64_t>() > 0)
+                c.group_size = w["group_size"].get<int64_t>();
+        }
+        if (mixed) c.strategy.clear();
+    }
+    return c;
+}
+
+// A scale tensor's values as float32 (f32, bf16 and f16 convert exactly), or as it is (e8m0).
+Tensor scale_as_f32(const Tensor& s) {
+    if (s.dtype() == DType::f32 || s.dtype() == DType::e8m0fnu) return s;
+    const Tensor c = s.contiguous();
+    Tensor out = Tensor::empty(c.shape(), DType::f32);
+    for (int64_t i = 0; i < c.numel(); ++i)
+        out.data<float>()[i] = c.dtype() == DType::bf16 ? float(c.data<bf16>()[i]) : float(c.data<f16>()[i]);
+    return out;
+}
+
+}  // namespace
+
+std::optional<std::vector<int64_t>> weight_block_size(const TensorLookup& t) { return config_scales(t).block; }
+
+std::string input_scale_name(const std::string& weight) {
+    const std::string_view suffix = ".weight";
+    if (weight.size() <= suffix.size() || std::string_view(weight).substr(weight.size() - suffix.size()) != suffix) return {};
+    return weight.substr(0, weight.size() - suffix.size()) + ".input_scale";
 }
 
 std::optional<StoredWeight> stored_weight(const TensorLookup& t, const std::string& name) {
     const Tensor data = t.tensor(name);
-    if (!is_fp8(data.dtype()) || data.dtype() == DType::e8m0fnu || data.dim() == 0) return std::nullopt;
+    if (!is_fp8(data.dtype()) || data.dtype() == DType::e8m0fnu || data.dim() < 2) return std::nullopt;
     QTensor q;
     q.data = data;
-    const int64_t rows = q.rows(), cols = q.cols();
+    // A 3-D tensor [experts, out, in] (MoE experts) is the matrix [experts * out, in]; its scales
+    // are per expert, per expert and channel, or per expert and block.
+    const int64_t experts = data.dim() == 3 ? data.size(0) : 1, out = data.size(-2), cols = data.size(-1);
+    const int64_t rows = experts * out;
+    if (data.dim() > 3) throw Error(t.path() + ": FP8 tensor '" + name + "' " + to_string(data.shape()) + " has more than 3 dimensions");
     const std::string where = t.path() + ": FP8 tensor '" + name + "' " + to_string(data.shape());
-    Scheme scheme;
-    std::string scale;
-    if (t.contains(name + "_scale_inv")) {
-        scale = name + "_scale_inv";
-        const Tensor s = t.tensor(scale);
-        const auto b = weight_block_size(t).value_or(std::vector<int64_t>{128, 128});
-        q.scaling = Scaling::block(b[0], b[1]);
-        if (s.dtype() != DType::f32 || s.numel() != ceil_div(rows, b[0]) * ceil_div(cols, b[1])) {
-            throw Error(where + ": " + scale + " is " + std::string(to_string(s.dtype())) + " " + to_string(s.shape()) +
-                        ", expected f32 [" + std::to_string(ceil_div(rows, b[0])) + ", " + std::to_string(ceil_div(cols, b[1])) + "]");
+    const ConfigScales cfg = config_scales(t);
+    StoredWeight w{Scheme::tensor, "", q, {}, ""};
+    const bool inv = t.contains(name + "_scale_inv");
+    if (!inv && !t.contains(name + "_scale")) return std::nullopt;
+    w.scale = name + (inv ? "_scale_inv" : "_scale");
+    const Tensor s = scale_as_f32(t.tensor(w.scale));
+    const std::string got = std::string(to_string(t.tensor(w.scale).dtype())) + " " + to_string(s.shape());
+    if (s.dtype() != DType::f32 && s.dtype() != DType::e8m0fnu)
+        throw Error(where + ": its scale " + w.scale + " is " + got + ", expected f32, bf16, f16 or e8m0 values");
+    const int64_t n = s.numel();
+    const auto block_fits = [&](const std::vector<int64_t>& b) {
+        return (experts == 1 || out % b[0] == 0) && n == experts * ceil_div(out, b[0]) * ceil_div(cols, b[1]);
+    };
+    if (s.dtype() == DType::e8m0fnu) {
+        if (n != rows * ceil_div(cols, 32)) throw Error(where + ": its e8m0 scale " + w.scale + " is " + got + ", expected [rows, ceil(cols/32)]");
+        w.scheme = Scheme::mx32;
+        w.q.scaling = Scaling::mx32();
+    } else if (inv || cfg.strategy == "block") {
+        // DeepSeek-V3 / FineGrainedFP8 weight_scale_inv, or compressed-tensors' block strategy:
+        // one scale per block of the config's size (128 x 128 when it names none).
+        const std::vector<int64_t> b = cfg.block.value_or(std::vector<int64_t>{128, 128});
+        if (!block_fits(b)) {
+            throw Error(where + ": its block scale " + w.scale + " is " + got + ", expected " + (experts > 1 ? std::to_string(experts) + " x " : "") +
+                        "[" + std::to_string(ceil_div(out, b[0])) + ", " + std::to_string(ceil_div(cols, b[1])) + "] for blocks " +
+                        std::to_string(b[0]) + "x" + std::to_string(b[1]));
         }
-        q.scale_inv = s.reshape({ceil_div(rows, b[0]), ceil_div(cols, b[1])});
-        scheme = Scheme::block128;
-    } else if (t.contains(name + "_scale")) {
-        scale = name + "_scale";
-        const Tensor s = t.tensor(scale);
-        if (s.dtype() == DType::e8m0fnu && s.numel() == rows * ceil_div(cols, 32)) {
-            scheme = Scheme::mx32;
-        } else if (s.dtype() == DType::f32 && s.numel() == 1) {
-            scheme = Scheme::tensor;
-        } else if (s.dtype() == DType::f32 && s.numel() == rows && s.dim() >= 1 && s.size(0) == rows) {
-            scheme = Scheme::channel;
-        } else {
-            throw Error(where + ": its scale " + scale + " " + std::string(to_string(s.dtype())) + " " + to_string(s.shape()) +
-                        " fits no layout (f32 [1], f32 [rows, 1], e8m0 [rows, ceil(cols/32)])");
-        }
-        q.scaling = scaling_of(scheme);
-        const GroupShape gs = q.scaling.scale_shape(rows, cols);
-        q.scale_inv = s.reshape({gs.rows, gs.cols});
+        w.scheme = Scheme::block128;
+        w.q.scaling = Scaling::block(b[0], b[1]);
+    } else if (n == 1) {
+        w.scheme = Scheme::tensor;
+        w.q.scaling = Scaling::tensor();
+    } else if (cfg.strategy.empty() && cfg.block && block_fits(*cfg.block)) {
+        w.scheme = Scheme::block128;  // a block-scaled weight among other schemes
+        w.q.scaling = Scaling::block((*cfg.block)[0], (*cfg.block)[1]);
+    } else if (n == experts && experts > 1) {
+        w.scheme = Scheme::tensor;  // one scale per expert: a block of [out, in] in the matrix view
+        w.q.scaling = Scaling::block(out, cols);
+    } else if (n == rows && s.size(0) == (experts > 1 ? experts : rows)) {
+        w.scheme = Scheme::channel;  // [out], [out, 1] (compressed-tensors, fbgemm_fp8), [E, out, 1]
+        w.q.scaling = Scaling::row();
+    } else if (n % rows == 0 && cols % (n / rows) == 0 && (!cfg.group_size || *cfg.group_size == cols / (n / rows))) {
+        w.scheme = Scheme::group;  // compressed-tensors' group strategy: [out, in / group_size]
+        w.q.scaling = Scaling::block(1, cols / (n / rows));
     } else {
-        return std::nullopt;
+        throw Error(where + ": its scale " + w.scale + " " + got +
+                    " fits no layout (f32/bf16/f16 [1], [out, 1], [out, in/group], the block grid; e8m0 [out, ceil(in/32)])");
     }
-    return StoredWeight{scheme, scale, q};
+    if (!cfg.strategy.empty() && cfg.strategy != "block" && cfg.strategy != to_string(w.scheme)) {
+        throw Error(where + ": quantization_config says strategy '" + cfg.strategy + "' but its scale " + w.scale + " (" + got + ") is " +
+                    std::string(to_string(w.scheme)));
+    }
+    const GroupShape gs = w.q.scaling.scale_shape(rows, cols);
+    w.q.scale_inv = s.contiguous().reshape({gs.rows, gs.cols});
+    w.q.data = data.reshape({rows, cols});
+    w.shape = data.shape();
+    if (const std::string is = input_scale_name(name); !is.empty() && t.contains(is)) w.input_scale = is;
+    return w;
 }
 
 bool is_scale_name(const TensorLookup& t, const std::string& name) {
@@ -132,6 +218,12 @@ bool is_scale_name(const TensorLookup& t, const std::string& name) {
             const std::string w = name.substr(0, name.size() - suffix.size());
             if (t.contains(w) && stored_weight(t, w)) return true;
         }
+    }
+    // A static activation scale (compressed-tensors' input_scale) beside an FP8 weight.
+    const std::string_view in = ".input_scale";
+    if (name.size() > in.size() && std::string_view(name).substr(name.size() - in.size()) == in) {
+        const std::string w = name.substr(0, name.size() - in.size()) + ".weight";
+        if (t.contains(w) && stored_weight(t, w)) return true;
     }
     return false;
 }
@@ -207,6 +299,13 @@ std::string policy_json(const Policy& p) {
         layers.push_back(std::move(o));
     }
     return Json{{"format", "fp8kit-policy"}, {"version", 1}, {"layers", std::move(layers)}}.dump(2) + "\n";
+}
+
+void write_policy(const std::string& path, const Policy& p) {
+    const std::string text = policy_json(p);
+    platform::ReplacingFile f(path);
+    f.write(text.data(), text.size());
+    f.commit();
 }
 
 }  // namespace fp8kit

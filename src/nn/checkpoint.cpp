@@ -3,7 +3,8 @@
 // the GPTConfig in __metadata__ (GPTConfig::to_metadata: "fp8kit.model": "gpt", "gpt.layers" ...).
 // save_safetensors writes through a temporary file renamed over the path: a failure never leaves
 // a half-written model.
-// load_model also reads that file after `fp8kit quantize` (every layout of fp8kit/checkpoint.hpp):
+// load_model reads that file, or a directory of shards (fp8kit::Checkpoint), also after
+// `fp8kit quantize` (every layout of fp8kit/checkpoint.hpp):
 // a Linear weight in FP8 is kept so (Parameter::stored: Linear::forward computes with it
 // directly), any other FP8 tensor is dequantized. It refuses, with an fp8kit::Error naming the
 // file and the problem: metadata missing or invalid, a parameter's tensor missing, of the wrong
@@ -29,8 +30,8 @@ void save_model(const GPT& model, const std::string& path) {
 }
 
 std::unique_ptr<GPT> load_model(const std::string& path) {
-    const SafetensorsLookup file{SafetensorsFile(path)};  // opening errors name the file
-    const SafetensorsFile& st = file.file();
+    const Checkpoint st(path);  // a file or a directory of shards; opening errors name the path
+    const TensorLookup& file = st;
     const std::string where = "fp8kit::nn::load_model: '" + path + "'";
     GPTConfig config;
     try {

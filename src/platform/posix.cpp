@@ -1,8 +1,11 @@
 // src/platform/posix.cpp: platform.hpp on POSIX systems (Linux, macOS): mmap, a temporary file
-// made with O_EXCL, fsync'ed and renamed over the destination, and Linux's AMX permission request.
+// made with O_EXCL, fsync'ed and renamed over the destination, file identity by stat's device and
+// inode, SIGINT / SIGTERM / SIGHUP handlers that unlink registered temporaries and then end the
+// process by the same signal, and Linux's AMX permission request.
 // Checked by tests/unit/test_platform.cpp; the AMX request by tests/ops/test_gemm.cpp on an AMX
 // machine.
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -14,6 +17,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "fp8kit/error.hpp"
@@ -67,15 +71,22 @@ ReplacingFile::ReplacingFile(const std::string& path) : path_(path) {
     static std::atomic<unsigned> counter{0};
     int fd = -1;
     for (int attempt = 0; fd < 0; ++attempt) {
-        temp_ = path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+        temp_ = temporary_name(path, counter++);
+        cleanup_slot_ = remove_on_interrupt(temp_, false);  // before it exists: no window for a signal
         fd = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-        if (fd < 0 && (errno != EEXIST || attempt > 100)) fail("cannot create a temporary file beside", path, errno);
+        if (fd < 0) {
+            const int err = errno;
+            keep_on_interrupt(cleanup_slot_);
+            cleanup_slot_ = -1;
+            if (err != EEXIST || attempt > 100) fail("cannot create a temporary file beside", path, err);
+        }
     }
     FILE* f = ::fdopen(fd, "wb");
     if (f == nullptr) {
         const int err = errno;
         ::close(fd);
         ::unlink(temp_.c_str());
+        keep_on_interrupt(cleanup_slot_);
         fail("cannot open", temp_, err);
     }
     handle_ = f;
@@ -84,6 +95,7 @@ ReplacingFile::ReplacingFile(const std::string& path) : path_(path) {
 ReplacingFile::~ReplacingFile() {
     if (handle_ != nullptr) std::fclose(static_cast<FILE*>(handle_));
     if (!committed_) ::unlink(temp_.c_str());
+    keep_on_interrupt(cleanup_slot_);
 }
 
 void ReplacingFile::write(const void* data, size_t size) {
@@ -108,6 +120,52 @@ void ReplacingFile::commit() {
     if (std::rename(temp_.c_str(), path_.c_str()) != 0) fail("cannot rename '" + temp_ + "' to", path_, errno);
     committed_ = true;
 }
+
+bool same_file(const std::string& a, const std::string& b) {
+    struct stat sa {}, sb {};
+    return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+bool stderr_is_terminal() noexcept { return ::isatty(STDERR_FILENO) == 1; }
+
+namespace detail {
+
+unsigned long long process_id() noexcept { return static_cast<unsigned long long>(::getpid()); }
+
+bool process_running(unsigned long long pid) noexcept {
+    // kill(pid, 0) checks without sending: ESRCH means no such process; EPERM, one of another
+    // user. An id pid_t cannot hold names no process (and must not become a negative group id).
+    if (pid == 0 || pid > static_cast<unsigned long long>(std::numeric_limits<pid_t>::max())) return false;
+    return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH;
+}
+
+void remove_now(const char* path, bool directory) noexcept {
+    if (directory) ::rmdir(path);
+    else ::unlink(path);
+}
+
+namespace {
+void on_interrupt(int sig) {
+    remove_registered_now();
+    // End as the signal would have (the shell then reports it, and exit status 128 + sig).
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
+}
+}  // namespace
+
+void install_interrupt_handlers() noexcept {
+    for (const int sig : {SIGINT, SIGTERM, SIGHUP}) {
+        struct sigaction old {};
+        if (::sigaction(sig, nullptr, &old) != 0 || old.sa_handler == SIG_IGN) continue;  // e.g. nohup
+        struct sigaction sa {};
+        sa.sa_handler = on_interrupt;
+        sigemptyset(&sa.sa_mask);
+        for (const int other : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&sa.sa_mask, other);  // one cleanup at a time
+        ::sigaction(sig, &sa, nullptr);
+    }
+}
+
+}  // namespace detail
 
 bool request_amx_tile_data() noexcept {
 #if defined(__linux__) && defined(SYS_arch_prctl)

@@ -1,6 +1,9 @@
 // src/platform/windows.cpp: platform.hpp on Windows: CreateFileMapping/MapViewOfFile, and a
 // temporary file created with CREATE_NEW, flushed with FlushFileBuffers and moved over the
-// destination with MoveFileExW(MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH). Narrow paths
+// destination with MoveFileExW(MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH), file identity
+// by volume serial number and file index, and a console control handler (Ctrl+C, Ctrl+Break, the
+// console closing) that removes registered temporaries before the default handler ends the process.
+// Narrow paths
 // are read in the ANSI code page, as fopen and std::ifstream read them (UTF-8 where the program's
 // manifest sets it). No request_amx_tile_data(): the AMX kernels are not built for Windows
 // (CMakeLists.txt). Checked by tests/unit/test_platform.cpp, cross-built by the windows-cross
@@ -91,10 +94,13 @@ ReplacingFile::ReplacingFile(const std::string& path) : path_(path) {
     static std::atomic<unsigned> counter{0};
     HANDLE h = INVALID_HANDLE_VALUE;
     for (int attempt = 0; h == INVALID_HANDLE_VALUE; ++attempt) {
-        temp_ = path + ".tmp-" + std::to_string(GetCurrentProcessId()) + "-" + std::to_string(counter++);
+        temp_ = temporary_name(path, counter++);
+        cleanup_slot_ = remove_on_interrupt(temp_, false);  // before it exists: no window for Ctrl+C
         h = CreateFileW(wide(temp_).c_str(), GENERIC_WRITE, 0, nullptr, CREATE_NEW, FILE_ATTRIBUTE_NORMAL, nullptr);
         if (h == INVALID_HANDLE_VALUE) {
             const DWORD err = GetLastError();
+            keep_on_interrupt(cleanup_slot_);
+            cleanup_slot_ = -1;
             if (err != ERROR_FILE_EXISTS || attempt > 100) fail("cannot create a temporary file beside", path, err);
         }
     }
@@ -104,6 +110,7 @@ ReplacingFile::ReplacingFile(const std::string& path) : path_(path) {
 ReplacingFile::~ReplacingFile() {
     if (handle_ != nullptr) CloseHandle(handle_);
     if (!committed_) DeleteFileW(wide(temp_).c_str());
+    keep_on_interrupt(cleanup_slot_);
 }
 
 void ReplacingFile::write(const void* data, size_t size) {
@@ -138,5 +145,62 @@ void ReplacingFile::commit() {
     }
     committed_ = true;
 }
+
+namespace {
+// The volume and file index of an existing file or directory (backup semantics opens directories).
+bool file_id(const std::string& path, BY_HANDLE_FILE_INFORMATION& info) {
+    HANDLE h = CreateFileW(wide(path).c_str(), 0, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr,
+                           OPEN_EXISTING, FILE_FLAG_BACKUP_SEMANTICS, nullptr);
+    if (h == INVALID_HANDLE_VALUE) return false;
+    const bool ok = GetFileInformationByHandle(h, &info) != 0;
+    CloseHandle(h);
+    return ok;
+}
+}  // namespace
+
+bool same_file(const std::string& a, const std::string& b) {
+    BY_HANDLE_FILE_INFORMATION ia{}, ib{};
+    return file_id(a, ia) && file_id(b, ib) && ia.dwVolumeSerialNumber == ib.dwVolumeSerialNumber &&
+           ia.nFileIndexHigh == ib.nFileIndexHigh && ia.nFileIndexLow == ib.nFileIndexLow;
+}
+
+bool stderr_is_terminal() noexcept {
+    DWORD mode = 0;
+    return GetConsoleMode(GetStdHandle(STD_ERROR_HANDLE), &mode) != 0;
+}
+
+namespace detail {
+
+unsigned long long process_id() noexcept { return GetCurrentProcessId(); }
+
+bool process_running(unsigned long long pid) noexcept {
+    if (pid == 0 || pid > 0xffffffffull) return false;  // not a DWORD: no process has it
+    HANDLE h = OpenProcess(PROCESS_QUERY_LIMITED_INFORMATION, FALSE, DWORD(pid));
+    if (h == nullptr) return GetLastError() == ERROR_ACCESS_DENIED;  // exists, but not ours to query
+    DWORD code = 0;
+    const bool running = GetExitCodeProcess(h, &code) != 0 && code == STILL_ACTIVE;
+    CloseHandle(h);
+    return running;
+}
+
+void remove_now(const char* path, bool directory) noexcept {
+    // The control handler runs on its own thread (not in a signal context): converting is fine.
+    wchar_t w[4096];
+    const int n = MultiByteToWideChar(CP_ACP, 0, path, -1, w, 4096);
+    if (n <= 0) return;
+    if (directory) RemoveDirectoryW(w);
+    else DeleteFileW(w);
+}
+
+namespace {
+BOOL WINAPI on_console_event(DWORD) {
+    remove_registered_now();
+    return FALSE;  // the next handler (the default one) ends the process
+}
+}  // namespace
+
+void install_interrupt_handlers() noexcept { SetConsoleCtrlHandler(on_console_event, TRUE); }
+
+}  // namespace detail
 
 }  // namespace fp8kit::platform

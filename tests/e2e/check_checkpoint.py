@@ -3,13 +3,17 @@
 directory) with safetensors.torch and checks, for every 2-D floating weight of ORIG:
   - embeddings, norms and lm_head are unchanged (bit for bit);
   - the others are float8_e4m3fn with the scale tensor of the community layout:
-      tensor   W_scale     float32 [1]
-      channel  W_scale     float32 [out, 1]
+      tensor   W_scale     [1]        in W's dtype (compressed-tensors)
+      channel  W_scale     [out, 1]   in W's dtype (compressed-tensors)
       block128 W_scale_inv float32 [ceil(out/128), ceil(in/128)]   (DeepSeek-V3)
       mx32     W_scale     float8_e8m0fnu [out, ceil(in/32)]
   - dequantized here in float64 (W * scale broadcast over its group), the SQNR against ORIG is at
     least 25 dB (docs/NUMERICS.md's floor for N(0,1) weights) and below 60 dB (it was quantized);
-  - quantization_config in the metadata says quant_method fp8 (and weight_block_size for block128).
+  - quantization_config in the metadata names the layout: compressed-tensors with the scheme as
+    its weights' strategy for tensor / channel (fp8kit quantize's default layout for them),
+    fp8kit for block128 and mx32 (written with --layout fp8kit: these weights are not whole
+    128x128 blocks), with weight_block_size [128, 128] for block128 only; lm_head listed by its
+    module name.
 Exit 77 (skip) without torch / safetensors; a failure: exit 1 with the reasons.
 """
 import glob
@@ -60,7 +64,8 @@ def main():
             continue
         sname = name + ("_scale_inv" if scheme == "block128" else "_scale")
         s = quant.get(sname)
-        want = {"tensor": (torch.float32, [1]), "channel": (torch.float32, [out, 1]),
+        # compressed-tensors (tensor, channel here) keeps scales in the weight's dtype.
+        want = {"tensor": (w.dtype, [1]), "channel": (w.dtype, [out, 1]),
                 "block128": (torch.float32, [math.ceil(out / 128), math.ceil(inp / 128)]),
                 "mx32": (torch.float8_e8m0fnu, [out, math.ceil(inp / 32)])}[scheme]
         if s is None or s.dtype != want[0] or list(s.shape) != want[1]:
@@ -79,10 +84,14 @@ def main():
             errors.append(f"{name}: SQNR {sqnr:.2f} dB, expected in [25, 60)")
     with safe_open(files(quant_path)[0], "pt") as f:
         qc = json.loads(f.metadata().get("quantization_config", "{}"))
-    if qc.get("quant_method") != "fp8" or qc.get("activation_scheme") != "dynamic":
+    if scheme in ("tensor", "channel"):
+        groups = list(qc.get("config_groups", {}).values())
+        if qc.get("quant_method") != "compressed-tensors" or len(groups) != 1 or groups[0]["weights"]["strategy"] != scheme \
+                or "lm_head" not in qc.get("ignore", []):
+            errors.append(f"quantization_config {qc}")
+    elif qc.get("quant_method") != "fp8kit" or qc.get("weight_block_size") != ([128, 128] if scheme == "block128" else None) \
+            or "lm_head" not in qc.get("modules_to_not_convert", []):
         errors.append(f"quantization_config {qc}")
-    if scheme == "block128" and qc.get("weight_block_size") != [128, 128]:
-        errors.append(f"weight_block_size {qc.get('weight_block_size')}, expected [128, 128]")
     if errors:
         print("\n".join(errors), file=sys.stderr)
         sys.exit(1)

@@ -1,7 +1,11 @@
 // tests/unit/test_platform.cpp: the platform layer (src/platform/platform.hpp) - mapped files read
-// back what was written, and replace-on-write leaves the destination whole or untouched.
+// back what was written, replace-on-write leaves the destination whole or untouched, file
+// identity sees through other spellings and links, and temporaries are named so that those of a
+// process that is gone are found (and no others). Interrupts are tested on the built command by
+// tests/e2e/test_checkpoint_safety.sh.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -113,6 +117,42 @@ TEST(Platform, ReplacingFileInAMissingFolderNamesIt) {
     } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find("no_such_dir"), std::string::npos) << e.what();
     }
+}
+
+TEST(Platform, SameFileComparesFilesNotPathStrings) {
+    TempDir t;
+    write_all(t.file("a.bin"), "a");
+    write_all(t.file("b.bin"), "a");  // the same bytes, another file
+    const std::string spelled = (t.dir / "." / "a.bin").string();
+    EXPECT_TRUE(platform::same_file(t.file("a.bin"), spelled));
+    EXPECT_TRUE(platform::same_file(t.dir.string(), (t.dir / ".").string()));
+    EXPECT_FALSE(platform::same_file(t.file("a.bin"), t.file("b.bin")));
+    EXPECT_FALSE(platform::same_file(t.file("a.bin"), t.file("missing.bin")));
+    EXPECT_FALSE(platform::same_file(t.file("missing.bin"), t.file("missing.bin")));  // nothing to be the same
+    std::error_code ec;
+    fs::create_hard_link(t.file("a.bin"), t.file("hard.bin"), ec);
+    if (!ec) EXPECT_TRUE(platform::same_file(t.file("a.bin"), t.file("hard.bin")));
+    else std::printf("note: no hard links here (%s): that case is left to the e2e test\n", ec.message().c_str());
+}
+
+TEST(Platform, StaleTemporariesAreThoseOfAProcessThatIsGone) {
+    TempDir t;
+    const std::string out = t.file("out.safetensors");
+    // Ours (this process runs), one of a process id no system hands out (4e9 > Linux's 2^22 and
+    // Windows' ids in use), and names that only look alike.
+    const std::string mine = platform::temporary_name(out, 7);
+    EXPECT_EQ(mine.rfind(out + ".tmp-", 0), 0u) << mine;
+    write_all(mine, "x");
+    write_all(out + ".tmp-4000000000-3", "x");
+    fs::create_directory(out + ".tmp-4000000000-4");
+    write_all(out + ".tmp-abc-1", "x");
+    write_all(out + ".tmp-4000000000-", "x");
+    write_all(t.file("other.safetensors.tmp-4000000000-1"), "x");
+    std::vector<std::string> stale = platform::stale_temporaries(out);
+    std::sort(stale.begin(), stale.end());
+    ASSERT_EQ(stale.size(), 2u);
+    EXPECT_EQ(fs::path(stale[0]).filename().string(), "out.safetensors.tmp-4000000000-3");
+    EXPECT_EQ(fs::path(stale[1]).filename().string(), "out.safetensors.tmp-4000000000-4");
 }
 
 }  // namespace
