@@ -9,7 +9,7 @@
 #include <iostream>
 
 #include "fp8kit/error.hpp"
-#include "platform/platform.hpp"
+#include "fp8kit/files.hpp"
 
 namespace fp8kit::tools {
 
@@ -100,7 +100,7 @@ void prepare_output(const std::string& out, bool directory, const std::vector<st
     }
 }
 
-Progress::Progress(bool quiet) : on_(!quiet && platform::stderr_is_terminal()) {}
+Progress::Progress(bool quiet) : on_(!quiet && stderr_is_terminal()) {}
 
 void Progress::operator()(size_t done, size_t total, const std::string& what) const {
     if (!on_) return;

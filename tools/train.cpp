@@ -18,9 +18,9 @@
 #include "commands.hpp"
 #include "common.hpp"
 #include "fp8kit/checkpoint.hpp"
+#include "fp8kit/files.hpp"
 #include "fp8kit/nn.hpp"
 #include "fp8kit/runtime.hpp"
-#include "platform/platform.hpp"
 
 namespace fp8kit::tools {
 namespace {
@@ -35,13 +35,6 @@ struct TrainArgs {
     int threads = 1;
     uint64_t seed = 1;
 };
-
-// Replaces `path` with `text` (temporary + fsync + rename: never a half-written file).
-void write_file(const std::string& path, const std::string& text) {
-    platform::ReplacingFile f(path);
-    f.write(text.data(), text.size());
-    f.commit();
-}
 
 std::string read_text(const std::string& path) {
     std::ifstream in(path, std::ios::binary);

@@ -7,6 +7,7 @@
 #include "fp8kit/convert.hpp"
 #include "fp8kit/dtype.hpp"
 #include "fp8kit/error.hpp"
+#include "fp8kit/files.hpp"
 #include "fp8kit/format.hpp"
 #include "fp8kit/gemm.hpp"
 #include "fp8kit/half.hpp"
