@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <iterator>
 #include <memory>
@@ -49,12 +50,16 @@ std::string read_text(const std::string& path) {
     return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-// Loss curves as an SVG line chart: one polyline per recipe, training loss smoothed over 10 steps.
+// Loss curves as an SVG chart a person reads: per recipe the raw training loss (thin, light:
+// spikes show as spikes), its mean over 10 steps (thick), and the held-out loss after the last
+// step (a diamond at the right edge, its value in the legend). The y axis spans the losses of the
+// second half of the steps and the held-out ones, so the gaps between recipes at the end fill the
+// chart instead of step 0's ln 256 = 5.5 squeezing them into its bottom; what lies above (the
+// early steps, a spike) runs off the top, cut there, with the step-0 loss noted.
 void write_svg(const std::string& path, const std::vector<nn::TrainResult>& runs) {
     static const char* colors[] = {"#000000", "#7f7f7f", "#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd"};
-    const double w = 800, h = 480, l = 70, r = 170, t = 30, b = 50;
-    float lo = 1e30f, hi = -1e30f;
-    size_t steps = 0;
+    const double w = 900, h = 500, l = 70, r = 260, t = 50, b = 50;
+    size_t steps = 1;
     std::vector<std::vector<float>> smooth;
     for (const auto& run : runs) {
         std::vector<float> s;
@@ -63,38 +68,63 @@ void write_svg(const std::string& path, const std::vector<nn::TrainResult>& runs
             double sum = 0;
             for (size_t j = from; j <= i; ++j) sum += run.losses[j];
             s.push_back(float(sum / double(i - from + 1)));
-            lo = std::min(lo, s.back());
-            hi = std::max(hi, s.back());
         }
         steps = std::max(steps, s.size());
         smooth.push_back(std::move(s));
     }
-    hi = std::min(hi, lo + 4.0f);
+    // The range: smoothed and raw losses of the second half of the steps, and the held-out losses.
+    double lo = 1e30, hi = -1e30;
+    for (size_t i = 0; i < runs.size(); ++i) {
+        for (size_t s = smooth[i].size() / 2; s < smooth[i].size(); ++s) {
+            lo = std::min({lo, double(smooth[i][s]), double(runs[i].losses[s])});
+            hi = std::max(hi, double(smooth[i][s]));
+        }
+        lo = std::min(lo, double(runs[i].final_loss));
+        hi = std::max(hi, double(runs[i].final_loss));
+    }
+    const double pad = std::max(0.05 * (hi - lo), 1e-3);
+    lo -= pad;
+    hi += pad;
     std::ostringstream o;
+    auto x_of = [&](double i) { return l + (w - l - r) * i / double(std::max<size_t>(1, steps - 1)); };
+    auto y_of = [&](double v) { return t + (h - t - b) * (hi - v) / (hi - lo); };
     o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << w << "\" height=\"" << h << "\" font-family=\"sans-serif\" font-size=\"13\">\n"
       << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-      << "<text x=\"" << l << "\" y=\"20\">fp8kit train: training loss (mean of 10 steps) per recipe</text>\n";
-    auto x_of = [&](double i) { return l + (w - l - r) * i / double(std::max<size_t>(1, steps - 1)); };
-    auto y_of = [&](double v) { return t + (h - t - b) * (double(hi) - v) / double(hi - lo); };
-    o << "<rect x=\"" << l << "\" y=\"" << t << "\" width=\"" << w - l - r << "\" height=\"" << h - t - b << "\" fill=\"none\" stroke=\"#444\"/>\n";
-    for (int k = 0; k <= 4; ++k) {
-        const double v = double(lo) + double(hi - lo) * double(k) / 4.0;
-        char buf[32];
-        std::snprintf(buf, sizeof buf, "%.2f", v);
-        o << "<text x=\"" << l - 8 << "\" y=\"" << y_of(v) + 4 << "\" text-anchor=\"end\">" << buf << "</text>\n"
+      << "<text x=\"" << l << "\" y=\"20\">fp8kit train: training loss per recipe - raw (thin), mean of 10 steps (thick);</text>\n"
+      << "<text x=\"" << l << "\" y=\"38\">diamond: held-out loss after the last step. y axis: the losses from step " << steps / 2
+      << " on (step 0: " << std::fixed << std::setprecision(2) << (runs.empty() || runs[0].losses.empty() ? 0.0 : double(runs[0].losses[0]))
+      << " runs off the top)</text>\n"
+      << "<defs><clipPath id=\"plot\"><rect x=\"" << l << "\" y=\"" << t << "\" width=\"" << w - l - r << "\" height=\"" << h - t - b
+      << "\"/></clipPath></defs>\n"
+      << "<rect x=\"" << l << "\" y=\"" << t << "\" width=\"" << w - l - r << "\" height=\"" << h - t - b << "\" fill=\"none\" stroke=\"#444\"/>\n";
+    const int decimals = hi - lo < 0.5 ? 3 : 2;
+    for (int k = 0; k <= 5; ++k) {
+        const double v = lo + (hi - lo) * k / 5.0;
+        o << "<text x=\"" << l - 8 << "\" y=\"" << y_of(v) + 4 << "\" text-anchor=\"end\">" << std::setprecision(decimals) << v << "</text>\n"
           << "<line x1=\"" << l << "\" x2=\"" << w - r << "\" y1=\"" << y_of(v) << "\" y2=\"" << y_of(v) << "\" stroke=\"#ddd\"/>\n";
-        const double s = double(steps - 1) * k / 4.0;
-        o << "<text x=\"" << x_of(s) << "\" y=\"" << h - b + 18 << "\" text-anchor=\"middle\">" << long(s) << "</text>\n";
+        const double s = double(steps - 1) * k / 5.0;
+        o << "<text x=\"" << x_of(s) << "\" y=\"" << h - b + 18 << "\" text-anchor=\"middle\">" << long(std::lround(s)) << "</text>\n";
     }
     o << "<text x=\"" << (l + w - r) / 2 << "\" y=\"" << h - 12 << "\" text-anchor=\"middle\">step</text>\n"
-      << "<text x=\"18\" y=\"" << (t + h - b) / 2 << "\" transform=\"rotate(-90 18 " << (t + h - b) / 2 << ")\" text-anchor=\"middle\">loss (nats/byte)</text>\n";
+      << "<text x=\"18\" y=\"" << (t + h - b) / 2 << "\" transform=\"rotate(-90 18 " << (t + h - b) / 2
+      << ")\" text-anchor=\"middle\">loss (nats/byte)</text>\n";
+    const auto polyline = [&](const std::vector<float>& v, const char* col, double width, double opacity, const char* cls) {
+        o << "<polyline class=\"" << cls << "\" clip-path=\"url(#plot)\" fill=\"none\" stroke=\"" << col << "\" stroke-width=\"" << width
+          << "\" stroke-opacity=\"" << opacity << "\" points=\"" << std::setprecision(1);
+        for (size_t s = 0; s < v.size(); ++s) o << x_of(double(s)) << "," << y_of(v[s]) << " ";
+        o << "\"/>\n";
+    };
     for (size_t i = 0; i < runs.size(); ++i) {
         const char* col = colors[i % 7];
-        o << "<polyline fill=\"none\" stroke=\"" << col << "\" stroke-width=\"1.5\" points=\"";
-        for (size_t s = 0; s < smooth[i].size(); ++s) o << x_of(double(s)) << "," << y_of(std::min(smooth[i][s], hi)) << " ";
-        o << "\"/>\n<line x1=\"" << w - r + 15 << "\" x2=\"" << w - r + 40 << "\" y1=\"" << t + 20 * double(i) + 10 << "\" y2=\""
-          << t + 20 * double(i) + 10 << "\" stroke=\"" << col << "\" stroke-width=\"2\"/>\n<text x=\"" << w - r + 46 << "\" y=\""
-          << t + 20 * double(i) + 14 << "\">" << runs[i].recipe << "</text>\n";
+        polyline(runs[i].losses, col, 0.8, 0.35, "raw");
+        polyline(smooth[i], col, 2.0, 1.0, "smoothed");
+        const double fx = x_of(double(steps - 1)) + 8 + 5 * double(i % 3), fy = y_of(runs[i].final_loss);
+        o << std::setprecision(1) << "<path class=\"held-out\" d=\"M" << fx << "," << fy - 6 << " l6,6 l-6,6 l-6,-6 z\" fill=\"" << col
+          << "\" stroke=\"white\"/>\n";
+        const double ly = t + 20 * double(i) + 10;
+        o << "<line x1=\"" << w - r + 25 << "\" x2=\"" << w - r + 50 << "\" y1=\"" << ly << "\" y2=\"" << ly << "\" stroke=\"" << col
+          << "\" stroke-width=\"2\"/>\n<text x=\"" << w - r + 56 << "\" y=\"" << ly + 4 << "\">" << runs[i].recipe
+          << " - held-out " << std::setprecision(3) << runs[i].final_loss << "</text>\n";
     }
     o << "</svg>\n";
     write_file(path, o.str());
