@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <memory>
 #include <charconv>
+#include <filesystem>
 #include <sstream>
 #include <vector>
 
@@ -105,15 +106,23 @@ double gemm_sqnr(const Tensor& a, const Tensor& w, const Tensor& d) {
 }
 
 void run_advise(const AdviseArgs& a) {
+    if (a.out.empty()) throw Error("--out is empty");
     if (a.shapes.empty() == a.model.empty()) throw Error("advise needs exactly one of --shapes and --model");
     if (a.tokens < 1) throw Error("--tokens " + std::to_string(a.tokens) + ": expected >= 1");
     if (!(a.budget > 0)) throw Error("--budget " + std::to_string(a.budget) + ": expected seconds > 0");
+    if (!(a.min_speedup >= 0)) throw Error("--min-speedup " + std::to_string(a.min_speedup) + ": expected >= 0");
     const Recipe recipe = parse_recipe(a.recipe);
     if (recipe.kind == RecipeKind::delayed) throw Error("--recipe delayed needs training state; use tensorwise, rowwise, block or mxfp8");
     const Scheme scheme = scheme_of_recipe(a.recipe);
     if (a.input_dtype != "f32" && a.input_dtype != "bf16") throw Error("--input-dtype " + a.input_dtype + ": expected f32 or bf16");
     const DType input_dtype = a.input_dtype == "f32" ? DType::f32 : DType::bf16;
     const std::vector<Layer> layers = a.model.empty() ? parse_shapes(a.shapes) : model_layers(a.model, a.tokens);
+    // The output path is checked before any timing: its folder exists, and it is not the model.
+    const std::filesystem::path out_dir = std::filesystem::absolute(a.out).parent_path();
+    if (!std::filesystem::is_directory(out_dir)) throw Error("--out '" + a.out + "': there is no folder " + out_dir.string());
+    std::error_code same_ec;
+    if (!a.model.empty() && std::filesystem::equivalent(a.out, a.model, same_ec))
+        throw Error("--out '" + a.out + "' is the --model file");
     const int threads = num_threads();
     {
         float probe = 0;

@@ -4,7 +4,9 @@
 // (held-out loss, gap to f32, tokens/s, memory), writes loss curves (CSV + SVG plot) and each
 // trained model to --out; --policy applies a policy file (fp8kit advise) to the FP8 recipes.
 // `fp8kit generate` samples from a saved model (float32, or quantized by fp8kit quantize).
-// Checked by tests/e2e/test_cli.sh (the table, files, generate, a bad recipe).
+// Every argument is checked before any work or output (an error naming the flag).
+// Checked by tests/e2e/test_cli.sh (the table, files, generate, --policy's report, each refused
+// argument leaving nothing behind).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -28,7 +30,9 @@ namespace {
 
 struct TrainArgs {
     std::string data, recipe = "all", out = "fp8kit-train", policy;
-    int64_t steps = 0, layers = 0, width = 0, batch = 0;
+    // The defaults of nn::TrainConfig; each must stay >= 1 (checked with the flag's name).
+    int64_t steps = nn::TrainConfig{}.steps, layers = nn::GPTConfig{}.layers, width = nn::GPTConfig{}.width,
+            batch = nn::TrainConfig{}.batch;
     // One thread by default: the default model's GEMMs are small (512 x 128 x 128), and on a
     // 2-core machine that is also busy with other work every parallel region waits for a
     // descheduled thread (measured on the project's shared VM: 200 FP8 steps took 344 s on two
@@ -36,6 +40,33 @@ struct TrainArgs {
     int threads = 1;
     uint64_t seed = 1;
 };
+
+bool is_fp8_recipe(const std::string& r) { return r != "f32" && r != "bf16"; }
+
+// `flag` must be >= 1: an error naming it otherwise.
+void require_positive(const char* flag, int64_t v) {
+    if (v < 1) throw Error(std::string(flag) + " must be >= 1, got " + std::to_string(v));
+}
+
+// The recipes of --recipe: "all", or a comma list of known, distinct names (an error naming
+// --recipe and the bad entry otherwise).
+std::vector<std::string> parse_recipes(const std::string& list) {
+    if (list == "all") return nn::training_recipes();
+    const auto known = [](const std::string& r) {
+        const auto& all = nn::training_recipes();
+        return r == "mxfp8" || std::find(all.begin(), all.end(), r) != all.end();
+    };
+    std::vector<std::string> recipes;
+    std::stringstream ss(list);
+    for (std::string r; std::getline(ss, r, ',');) {
+        if (r.empty()) throw Error("--recipe '" + list + "': an empty recipe name");
+        if (!known(r)) throw Error("--recipe: unknown recipe '" + r + "' (all, or a comma list of f32, bf16, tensorwise, rowwise, block, delayed, mxfp8)");
+        if (std::find(recipes.begin(), recipes.end(), r) != recipes.end()) throw Error("--recipe: '" + r + "' given twice");
+        recipes.push_back(r);
+    }
+    if (recipes.empty() || list.back() == ',') throw Error("--recipe '" + list + "': an empty recipe name");
+    return recipes;
+}
 
 // Replaces `path` with `text` (temporary + fsync + rename: never a half-written file).
 void write_file(const std::string& path, const std::string& text) {
@@ -137,29 +168,41 @@ std::string mib(size_t bytes) {
 }
 
 void run_train(const TrainArgs& a) {
+    // Every argument is checked before any work or output.
     if (a.threads < 1) throw Error("--threads must be >= 1, got " + std::to_string(a.threads));
-    set_num_threads(a.threads);
+    require_positive("--steps", a.steps);
+    require_positive("--layers", a.layers);
+    require_positive("--width", a.width);
+    require_positive("--batch", a.batch);
+    if (a.out.empty()) throw Error("--out is empty");
+    if (std::filesystem::exists(a.out) && !std::filesystem::is_directory(a.out))
+        throw Error("--out '" + a.out + "' exists and is not a directory");
+    const std::vector<std::string> recipes = parse_recipes(a.recipe);
     nn::TrainConfig c;
     c.seed = a.seed;
-    if (a.steps) c.steps = a.steps;
-    if (a.layers) c.model.layers = a.layers;
-    if (a.width) c.model.width = a.width;
-    if (a.batch) c.batch = a.batch;
+    c.steps = a.steps;
+    c.model.layers = a.layers;
+    c.model.width = a.width;
+    c.batch = a.batch;
+    if (a.width % c.model.heads != 0)
+        throw Error("--width " + std::to_string(a.width) + " must be a multiple of the " + std::to_string(c.model.heads) + " attention heads");
     if (!a.policy.empty()) c.policy = read_policy(a.policy);
     c.validate();
-    std::vector<std::string> recipes;
-    if (a.recipe == "all") {
-        recipes = nn::training_recipes();
-    } else {
-        std::stringstream ss(a.recipe);
-        for (std::string r; std::getline(ss, r, ',');) recipes.push_back(r);
-    }
     const std::string owned = a.data.empty() ? std::string() : read_text(a.data);
     const std::string_view text = a.data.empty() ? nn::builtin_corpus() : std::string_view(owned);
+    try {
+        nn::check_training_text(text, c);
+    } catch (const Error& e) {
+        throw Error("--data '" + a.data + "': " + e.what());  // the built-in corpus far outgrows the fixed context
+    }
+    set_num_threads(a.threads);
     std::filesystem::create_directories(a.out);
     std::cerr << "fp8kit train: GPT " << c.model.layers << " layers, width " << c.model.width << ", " << c.model.heads
               << " heads, context " << c.model.context << ", batch " << c.batch << ", " << c.steps << " steps, "
               << text.size() << " bytes of text, " << num_threads() << " threads, seed " << c.seed << "\n";
+    if (c.policy)
+        for (const auto& r : recipes)
+            if (!is_fp8_recipe(r)) std::cerr << "fp8kit train: --policy applies to the FP8 recipes; " << r << " ignores it\n";
     std::vector<nn::TrainResult> runs;
     for (const auto& recipe : recipes) {
         const auto progress = [&](int64_t step, float loss) {
@@ -190,8 +233,14 @@ void run_train(const TrainArgs& a) {
                            .add("activations MiB", mib(r.activation_bytes)));
     }
     bench::print_rows(std::cout, rows, false);
-    std::cout << "\nfinal loss: held-out (last 10% of the text), nats per byte. weights: float32 parameters + grads + AdamW"
-                 " state; activations: what forward keeps for backward.\n";
+    std::cout << "\nfinal loss: held-out (last 10% of the text), nats per byte. tokens/s: after the warm-up steps"
+                 " (nn::TrainResult::tokens_per_second). weights: float32 parameters + grads + AdamW state; activations:"
+                 " what forward keeps for backward.\n";
+    if (c.policy) {
+        std::cout << "\n--policy " << a.policy << ": which layers ran in FP8, and why\n";
+        for (const auto& r : runs)
+            if (is_fp8_recipe(r.recipe)) std::cout << r.recipe << ":\n" << r.conversion << "\n";
+    }
     // Curves
     std::ostringstream csv;
     csv << "step";
@@ -213,14 +262,14 @@ void add_train_command(CLI::App& app) {
     CLI::App* cmd = app.add_subcommand("train", "train the small GPT with every recipe (f32, bf16, FP8) and compare");
     auto a = std::make_shared<TrainArgs>();
     cmd->add_option("--data", a->data, "text file to train on (default: the built-in corpus)");
-    cmd->add_option("--steps", a->steps, "training steps per recipe (default 150)");
+    cmd->add_option("--steps", a->steps, "training steps per recipe")->capture_default_str();
     cmd->add_option("--recipe", a->recipe, "all, or a comma list of f32, bf16, tensorwise, rowwise, block, delayed, mxfp8");
     cmd->add_option("--threads", a->threads, "threads (default 1: see the comment on TrainArgs)");
     cmd->add_option("--seed", a->seed, "initialisation and data order");
     cmd->add_option("--out", a->out, "output folder (default fp8kit-train)");
-    cmd->add_option("--layers", a->layers, "model layers (default 4)");
-    cmd->add_option("--width", a->width, "model width (default 128)");
-    cmd->add_option("--batch", a->batch, "sequences per step (default 8)");
+    cmd->add_option("--layers", a->layers, "model layers")->capture_default_str();
+    cmd->add_option("--width", a->width, "model width")->capture_default_str();
+    cmd->add_option("--batch", a->batch, "sequences per step")->capture_default_str();
     cmd->add_option("--policy", a->policy, "policy file (fp8kit advise): per layer FP8 or not and the recipe, for the FP8 recipes");
     cmd->callback([a] { run_train(*a); });
 }
@@ -236,6 +285,7 @@ void add_generate_command(CLI::App& app) {
     cmd->add_option("--tokens", *tokens, "bytes to generate (default 200)");
     cmd->add_option("--seed", *seed, "sampling seed");
     cmd->callback([=] {
+        require_positive("--tokens", *tokens);
         auto m = nn::load_model(*model);
         std::cout << *prompt << nn::generate(*m, *prompt, *tokens, *seed) << "\n";
     });

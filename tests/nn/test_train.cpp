@@ -65,7 +65,7 @@ TEST(Train, BadInputNamesWhatIsWrong) {
         return std::string("no error");
     };
     EXPECT_NE(message([] { train_gpt(builtin_corpus(), tiny(1), "fp4"); }).find("unknown recipe 'fp4'"), std::string::npos);
-    EXPECT_NE(message([] { train_gpt("too short", tiny(1), "f32"); }).find("the text has 9 bytes"), std::string::npos);
+    EXPECT_NE(message([] { train_gpt("too short", tiny(1), "f32"); }).find("the training text has 9 bytes"), std::string::npos);
     TrainConfig c = tiny(1);
     c.model.heads = 3;
     EXPECT_NE(message([&] { train_gpt(builtin_corpus(), c, "f32"); }).find("not a multiple of heads 3"), std::string::npos);
