@@ -4,20 +4,23 @@
 #   clang (clang++, -Werror) and asan (ASan + UBSan): all but the slow ones;
 #   windows-cross (MinGW-w64, tests under Wine) and arm64-cross (aarch64, tests under qemu-user):
 #   the tests their test presets select (README, "Building elsewhere").
-# Prints each preset's wall time. Exits non-zero if any build or test fails.
+# Prints each preset's wall time, and ends with the skipped tests, each with its reason, and their
+# count (scripts/skipped_tests.py). Exits non-zero if any build or test fails.
 set -eu
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 status=0
+rm -f build/*/ctest-junit.xml
 for preset in release clang asan windows-cross arm64-cross; do
     echo "== $preset =="
     start=$(date +%s)
     if cmake --preset "$preset" >/dev/null && cmake --build --preset "$preset"; then
-        ctest --preset "$preset" || status=1
+        ctest --preset "$preset" --output-junit "$PWD/build/$preset/ctest-junit.xml" || status=1
     else
         echo "test.sh: the $preset build failed"
         status=1
     fi
     echo "== $preset: $(($(date +%s) - start)) s =="
 done
+python3 scripts/skipped_tests.py build/*/ctest-junit.xml
 exit $status

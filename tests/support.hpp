@@ -1,6 +1,6 @@
 // tests/support.hpp: helpers shared by the tests - the golden data folder, unique temporary
-// paths, running a body on every CPU code path, and comparing FP8 codes with "any NaN equals any
-// NaN".
+// paths, running a body on every CPU code path (and saying at the end of the test program which
+// paths ran and which this CPU lacks), and comparing FP8 codes with "any NaN equals any NaN".
 #pragma once
 
 #include <gtest/gtest.h>
@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <set>
 #include <string>
 
 #include "fp8kit/backend.hpp"
@@ -40,6 +41,28 @@ inline float from_bits(uint32_t b) {
     return x;
 }
 
+// The code paths for_each_isa ran in this process; printed when the test program ends, with the
+// paths it did not run and why (the CPU lacks them, or FP8KIT_ISA picked one), so a log shows
+// which ISA paths a run covered.
+inline std::set<Isa>& isas_run() {
+    static std::set<Isa> run;
+    return run;
+}
+class IsaCoverageReport : public ::testing::Environment {
+public:
+    void TearDown() override {
+        if (isas_run().empty()) return;  // this program has no per-path tests
+        std::string ran, lacked, not_picked;
+        for (Isa isa : {Isa::portable, Isa::avx2, Isa::avx512}) {
+            std::string& list = isas_run().count(isa) ? ran : !cpu_supports(isa) ? lacked : not_picked;
+            list += (list.empty() ? "" : ", ") + std::string(to_string(isa));
+        }
+        std::printf("[ ISA paths ] ran: %s; skipped, this CPU lacks them: %s; not run, FP8KIT_ISA chose another: %s\n",
+                    ran.c_str(), lacked.empty() ? "none" : lacked.c_str(), not_picked.empty() ? "none" : not_picked.c_str());
+    }
+};
+inline ::testing::Environment* const isa_coverage_report = ::testing::AddGlobalTestEnvironment(new IsaCoverageReport);
+
 // Runs body() once per code path this CPU supports, with that path active; restores the path.
 // With FP8KIT_ISA set (the ISA-override tests, tests/CMakeLists.txt) only the path it names runs,
 // the one the library chose at process start (active_isa() throws if it cannot have it).
@@ -52,6 +75,7 @@ void for_each_isa(Body&& body) {
         if (only_saved && isa != saved) continue;
         SCOPED_TRACE(std::string("isa=") + std::string(to_string(isa)));
         set_isa(isa);
+        isas_run().insert(isa);
         body(isa);
     }
     set_isa(saved);

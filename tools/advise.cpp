@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <memory>
 #include <charconv>
+#include <filesystem>
 #include <sstream>
 #include <vector>
 
@@ -108,9 +109,11 @@ double gemm_sqnr(const Tensor& a, const Tensor& w, const Tensor& d) {
 }
 
 void run_advise(const AdviseArgs& a) {
+    if (a.out.empty()) throw Error("--out is empty");
     if (a.shapes.empty() == a.model.empty()) throw Error("advise needs exactly one of --shapes and --model");
     if (a.tokens < 1) throw Error("--tokens " + std::to_string(a.tokens) + ": expected >= 1");
     if (!(a.budget > 0)) throw Error("--budget " + std::to_string(a.budget) + ": expected seconds > 0");
+    if (!(a.min_speedup >= 0)) throw Error("--min-speedup " + std::to_string(a.min_speedup) + ": expected >= 0");
     const Recipe recipe = parse_recipe(a.recipe);
     if (recipe.kind == RecipeKind::delayed) throw Error("--recipe delayed needs training state; use tensorwise, rowwise, block or mxfp8");
     const Scheme scheme = scheme_of_recipe(a.recipe);

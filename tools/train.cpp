@@ -4,12 +4,15 @@
 // (held-out loss, gap to f32, tokens/s, memory), writes loss curves (CSV + SVG plot) and each
 // trained model to --out; --policy applies a policy file (fp8kit advise) to the FP8 recipes.
 // `fp8kit generate` samples from a saved model (float32, or quantized by fp8kit quantize).
-// Checked by tests/e2e/test_cli.sh (the table, files, generate, a bad recipe).
+// Every argument is checked before any work or output (an error naming the flag).
+// Checked by tests/e2e/test_cli.sh (the table, files, generate, --policy's report, each refused
+// argument leaving nothing behind).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <iterator>
 #include <memory>
@@ -27,7 +30,9 @@ namespace {
 
 struct TrainArgs {
     std::string data, recipe = "all", out = "fp8kit-train", policy;
-    int64_t steps = 0, layers = 0, width = 0, batch = 0;
+    // The defaults of nn::TrainConfig; each must stay >= 1 (checked with the flag's name).
+    int64_t steps = nn::TrainConfig{}.steps, layers = nn::GPTConfig{}.layers, width = nn::GPTConfig{}.width,
+            batch = nn::TrainConfig{}.batch;
     // One thread by default: the default model's GEMMs are small (512 x 128 x 128), and on a
     // 2-core machine that is also busy with other work every parallel region waits for a
     // descheduled thread (measured on the project's shared VM: 200 FP8 steps took 344 s on two
@@ -36,18 +41,49 @@ struct TrainArgs {
     uint64_t seed = 1;
 };
 
+bool is_fp8_recipe(const std::string& r) { return r != "f32" && r != "bf16"; }
+
+// `flag` must be >= 1: an error naming it otherwise.
+void require_positive(const char* flag, int64_t v) {
+    if (v < 1) throw Error(std::string(flag) + " must be >= 1, got " + std::to_string(v));
+}
+
+// The recipes of --recipe: "all", or a comma list of known, distinct names (an error naming
+// --recipe and the bad entry otherwise).
+std::vector<std::string> parse_recipes(const std::string& list) {
+    if (list == "all") return nn::training_recipes();
+    const auto known = [](const std::string& r) {
+        const auto& all = nn::training_recipes();
+        return r == "mxfp8" || std::find(all.begin(), all.end(), r) != all.end();
+    };
+    std::vector<std::string> recipes;
+    std::stringstream ss(list);
+    for (std::string r; std::getline(ss, r, ',');) {
+        if (r.empty()) throw Error("--recipe '" + list + "': an empty recipe name");
+        if (!known(r)) throw Error("--recipe: unknown recipe '" + r + "' (all, or a comma list of f32, bf16, tensorwise, rowwise, block, delayed, mxfp8)");
+        if (std::find(recipes.begin(), recipes.end(), r) != recipes.end()) throw Error("--recipe: '" + r + "' given twice");
+        recipes.push_back(r);
+    }
+    if (recipes.empty() || list.back() == ',') throw Error("--recipe '" + list + "': an empty recipe name");
+    return recipes;
+}
+
 std::string read_text(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
     if (!in) throw Error("cannot read --data '" + path + "'");
     return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-// Loss curves as an SVG line chart: one polyline per recipe, training loss smoothed over 10 steps.
+// Loss curves as an SVG chart a person reads: per recipe the raw training loss (thin, light:
+// spikes show as spikes), its mean over 10 steps (thick), and the held-out loss after the last
+// step (a diamond at the right edge, its value in the legend). The y axis spans the losses of the
+// second half of the steps and the held-out ones, so the gaps between recipes at the end fill the
+// chart instead of step 0's ln 256 = 5.5 squeezing them into its bottom; what lies above (the
+// early steps, a spike) runs off the top, cut there, with the step-0 loss noted.
 void write_svg(const std::string& path, const std::vector<nn::TrainResult>& runs) {
     static const char* colors[] = {"#000000", "#7f7f7f", "#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd"};
-    const double w = 800, h = 480, l = 70, r = 170, t = 30, b = 50;
-    float lo = 1e30f, hi = -1e30f;
-    size_t steps = 0;
+    const double w = 900, h = 500, l = 70, r = 260, t = 50, b = 50;
+    size_t steps = 1;
     std::vector<std::vector<float>> smooth;
     for (const auto& run : runs) {
         std::vector<float> s;
@@ -56,38 +92,63 @@ void write_svg(const std::string& path, const std::vector<nn::TrainResult>& runs
             double sum = 0;
             for (size_t j = from; j <= i; ++j) sum += run.losses[j];
             s.push_back(float(sum / double(i - from + 1)));
-            lo = std::min(lo, s.back());
-            hi = std::max(hi, s.back());
         }
         steps = std::max(steps, s.size());
         smooth.push_back(std::move(s));
     }
-    hi = std::min(hi, lo + 4.0f);
+    // The range: smoothed and raw losses of the second half of the steps, and the held-out losses.
+    double lo = 1e30, hi = -1e30;
+    for (size_t i = 0; i < runs.size(); ++i) {
+        for (size_t s = smooth[i].size() / 2; s < smooth[i].size(); ++s) {
+            lo = std::min({lo, double(smooth[i][s]), double(runs[i].losses[s])});
+            hi = std::max(hi, double(smooth[i][s]));
+        }
+        lo = std::min(lo, double(runs[i].final_loss));
+        hi = std::max(hi, double(runs[i].final_loss));
+    }
+    const double pad = std::max(0.05 * (hi - lo), 1e-3);
+    lo -= pad;
+    hi += pad;
     std::ostringstream o;
+    auto x_of = [&](double i) { return l + (w - l - r) * i / double(std::max<size_t>(1, steps - 1)); };
+    auto y_of = [&](double v) { return t + (h - t - b) * (hi - v) / (hi - lo); };
     o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << w << "\" height=\"" << h << "\" font-family=\"sans-serif\" font-size=\"13\">\n"
       << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-      << "<text x=\"" << l << "\" y=\"20\">fp8kit train: training loss (mean of 10 steps) per recipe</text>\n";
-    auto x_of = [&](double i) { return l + (w - l - r) * i / double(std::max<size_t>(1, steps - 1)); };
-    auto y_of = [&](double v) { return t + (h - t - b) * (double(hi) - v) / double(hi - lo); };
-    o << "<rect x=\"" << l << "\" y=\"" << t << "\" width=\"" << w - l - r << "\" height=\"" << h - t - b << "\" fill=\"none\" stroke=\"#444\"/>\n";
-    for (int k = 0; k <= 4; ++k) {
-        const double v = double(lo) + double(hi - lo) * double(k) / 4.0;
-        char buf[32];
-        std::snprintf(buf, sizeof buf, "%.2f", v);
-        o << "<text x=\"" << l - 8 << "\" y=\"" << y_of(v) + 4 << "\" text-anchor=\"end\">" << buf << "</text>\n"
+      << "<text x=\"" << l << "\" y=\"20\">fp8kit train: training loss per recipe - raw (thin), mean of 10 steps (thick);</text>\n"
+      << "<text x=\"" << l << "\" y=\"38\">diamond: held-out loss after the last step. y axis: the losses from step " << steps / 2
+      << " on (step 0: " << std::fixed << std::setprecision(2) << (runs.empty() || runs[0].losses.empty() ? 0.0 : double(runs[0].losses[0]))
+      << " runs off the top)</text>\n"
+      << "<defs><clipPath id=\"plot\"><rect x=\"" << l << "\" y=\"" << t << "\" width=\"" << w - l - r << "\" height=\"" << h - t - b
+      << "\"/></clipPath></defs>\n"
+      << "<rect x=\"" << l << "\" y=\"" << t << "\" width=\"" << w - l - r << "\" height=\"" << h - t - b << "\" fill=\"none\" stroke=\"#444\"/>\n";
+    const int decimals = hi - lo < 0.5 ? 3 : 2;
+    for (int k = 0; k <= 5; ++k) {
+        const double v = lo + (hi - lo) * k / 5.0;
+        o << "<text x=\"" << l - 8 << "\" y=\"" << y_of(v) + 4 << "\" text-anchor=\"end\">" << std::setprecision(decimals) << v << "</text>\n"
           << "<line x1=\"" << l << "\" x2=\"" << w - r << "\" y1=\"" << y_of(v) << "\" y2=\"" << y_of(v) << "\" stroke=\"#ddd\"/>\n";
-        const double s = double(steps - 1) * k / 4.0;
-        o << "<text x=\"" << x_of(s) << "\" y=\"" << h - b + 18 << "\" text-anchor=\"middle\">" << long(s) << "</text>\n";
+        const double s = double(steps - 1) * k / 5.0;
+        o << "<text x=\"" << x_of(s) << "\" y=\"" << h - b + 18 << "\" text-anchor=\"middle\">" << long(std::lround(s)) << "</text>\n";
     }
     o << "<text x=\"" << (l + w - r) / 2 << "\" y=\"" << h - 12 << "\" text-anchor=\"middle\">step</text>\n"
-      << "<text x=\"18\" y=\"" << (t + h - b) / 2 << "\" transform=\"rotate(-90 18 " << (t + h - b) / 2 << ")\" text-anchor=\"middle\">loss (nats/byte)</text>\n";
+      << "<text x=\"18\" y=\"" << (t + h - b) / 2 << "\" transform=\"rotate(-90 18 " << (t + h - b) / 2
+      << ")\" text-anchor=\"middle\">loss (nats/byte)</text>\n";
+    const auto polyline = [&](const std::vector<float>& v, const char* col, double width, double opacity, const char* cls) {
+        o << "<polyline class=\"" << cls << "\" clip-path=\"url(#plot)\" fill=\"none\" stroke=\"" << col << "\" stroke-width=\"" << width
+          << "\" stroke-opacity=\"" << opacity << "\" points=\"" << std::setprecision(1);
+        for (size_t s = 0; s < v.size(); ++s) o << x_of(double(s)) << "," << y_of(v[s]) << " ";
+        o << "\"/>\n";
+    };
     for (size_t i = 0; i < runs.size(); ++i) {
         const char* col = colors[i % 7];
-        o << "<polyline fill=\"none\" stroke=\"" << col << "\" stroke-width=\"1.5\" points=\"";
-        for (size_t s = 0; s < smooth[i].size(); ++s) o << x_of(double(s)) << "," << y_of(std::min(smooth[i][s], hi)) << " ";
-        o << "\"/>\n<line x1=\"" << w - r + 15 << "\" x2=\"" << w - r + 40 << "\" y1=\"" << t + 20 * double(i) + 10 << "\" y2=\""
-          << t + 20 * double(i) + 10 << "\" stroke=\"" << col << "\" stroke-width=\"2\"/>\n<text x=\"" << w - r + 46 << "\" y=\""
-          << t + 20 * double(i) + 14 << "\">" << runs[i].recipe << "</text>\n";
+        polyline(runs[i].losses, col, 0.8, 0.35, "raw");
+        polyline(smooth[i], col, 2.0, 1.0, "smoothed");
+        const double fx = x_of(double(steps - 1)) + 8 + 5 * double(i % 3), fy = y_of(runs[i].final_loss);
+        o << std::setprecision(1) << "<path class=\"held-out\" d=\"M" << fx << "," << fy - 6 << " l6,6 l-6,6 l-6,-6 z\" fill=\"" << col
+          << "\" stroke=\"white\"/>\n";
+        const double ly = t + 20 * double(i) + 10;
+        o << "<line x1=\"" << w - r + 25 << "\" x2=\"" << w - r + 50 << "\" y1=\"" << ly << "\" y2=\"" << ly << "\" stroke=\"" << col
+          << "\" stroke-width=\"2\"/>\n<text x=\"" << w - r + 56 << "\" y=\"" << ly + 4 << "\">" << runs[i].recipe
+          << " - held-out " << std::setprecision(3) << runs[i].final_loss << "</text>\n";
     }
     o << "</svg>\n";
     write_file(path, o.str());
@@ -100,29 +161,41 @@ std::string mib(size_t bytes) {
 }
 
 void run_train(const TrainArgs& a) {
+    // Every argument is checked before any work or output.
     if (a.threads < 1) throw Error("--threads must be >= 1, got " + std::to_string(a.threads));
-    set_num_threads(a.threads);
+    require_positive("--steps", a.steps);
+    require_positive("--layers", a.layers);
+    require_positive("--width", a.width);
+    require_positive("--batch", a.batch);
+    if (a.out.empty()) throw Error("--out is empty");
+    if (std::filesystem::exists(a.out) && !std::filesystem::is_directory(a.out))
+        throw Error("--out '" + a.out + "' exists and is not a directory");
+    const std::vector<std::string> recipes = parse_recipes(a.recipe);
     nn::TrainConfig c;
     c.seed = a.seed;
-    if (a.steps) c.steps = a.steps;
-    if (a.layers) c.model.layers = a.layers;
-    if (a.width) c.model.width = a.width;
-    if (a.batch) c.batch = a.batch;
+    c.steps = a.steps;
+    c.model.layers = a.layers;
+    c.model.width = a.width;
+    c.batch = a.batch;
+    if (a.width % c.model.heads != 0)
+        throw Error("--width " + std::to_string(a.width) + " must be a multiple of the " + std::to_string(c.model.heads) + " attention heads");
     if (!a.policy.empty()) c.policy = read_policy(a.policy);
     c.validate();
-    std::vector<std::string> recipes;
-    if (a.recipe == "all") {
-        recipes = nn::training_recipes();
-    } else {
-        std::stringstream ss(a.recipe);
-        for (std::string r; std::getline(ss, r, ',');) recipes.push_back(r);
-    }
     const std::string owned = a.data.empty() ? std::string() : read_text(a.data);
     const std::string_view text = a.data.empty() ? nn::builtin_corpus() : std::string_view(owned);
+    try {
+        nn::check_training_text(text, c);
+    } catch (const Error& e) {
+        throw Error("--data '" + a.data + "': " + e.what());  // the built-in corpus far outgrows the fixed context
+    }
+    set_num_threads(a.threads);
     std::filesystem::create_directories(a.out);
     std::cerr << "fp8kit train: GPT " << c.model.layers << " layers, width " << c.model.width << ", " << c.model.heads
               << " heads, context " << c.model.context << ", batch " << c.batch << ", " << c.steps << " steps, "
               << text.size() << " bytes of text, " << num_threads() << " threads, seed " << c.seed << "\n";
+    if (c.policy)
+        for (const auto& r : recipes)
+            if (!is_fp8_recipe(r)) std::cerr << "fp8kit train: --policy applies to the FP8 recipes; " << r << " ignores it\n";
     std::vector<nn::TrainResult> runs;
     for (const auto& recipe : recipes) {
         const auto progress = [&](int64_t step, float loss) {
@@ -153,8 +226,14 @@ void run_train(const TrainArgs& a) {
                            .add("activations MiB", mib(r.activation_bytes)));
     }
     bench::print_rows(std::cout, rows, false);
-    std::cout << "\nfinal loss: held-out (last 10% of the text), nats per byte. weights: float32 parameters + grads + AdamW"
-                 " state; activations: what forward keeps for backward.\n";
+    std::cout << "\nfinal loss: held-out (last 10% of the text), nats per byte. tokens/s: after the warm-up steps"
+                 " (nn::TrainResult::tokens_per_second). weights: float32 parameters + grads + AdamW state; activations:"
+                 " what forward keeps for backward.\n";
+    if (c.policy) {
+        std::cout << "\n--policy " << a.policy << ": which layers ran in FP8, and why\n";
+        for (const auto& r : runs)
+            if (is_fp8_recipe(r.recipe)) std::cout << r.recipe << ":\n" << r.conversion << "\n";
+    }
     // Curves
     std::ostringstream csv;
     csv << "step";
@@ -176,14 +255,14 @@ void add_train_command(CLI::App& app) {
     CLI::App* cmd = app.add_subcommand("train", "train the small GPT with every recipe (f32, bf16, FP8) and compare");
     auto a = std::make_shared<TrainArgs>();
     cmd->add_option("--data", a->data, "text file to train on (default: the built-in corpus)");
-    cmd->add_option("--steps", a->steps, "training steps per recipe (default 150)");
+    cmd->add_option("--steps", a->steps, "training steps per recipe")->capture_default_str();
     cmd->add_option("--recipe", a->recipe, "all, or a comma list of f32, bf16, tensorwise, rowwise, block, delayed, mxfp8");
     cmd->add_option("--threads", a->threads, "threads (default 1: see the comment on TrainArgs)");
     cmd->add_option("--seed", a->seed, "initialisation and data order");
     cmd->add_option("--out", a->out, "output folder (default fp8kit-train)");
-    cmd->add_option("--layers", a->layers, "model layers (default 4)");
-    cmd->add_option("--width", a->width, "model width (default 128)");
-    cmd->add_option("--batch", a->batch, "sequences per step (default 8)");
+    cmd->add_option("--layers", a->layers, "model layers")->capture_default_str();
+    cmd->add_option("--width", a->width, "model width")->capture_default_str();
+    cmd->add_option("--batch", a->batch, "sequences per step")->capture_default_str();
     cmd->add_option("--policy", a->policy, "policy file (fp8kit advise): per layer FP8 or not and the recipe, for the FP8 recipes");
     cmd->callback([a] { run_train(*a); });
 }
@@ -199,6 +278,7 @@ void add_generate_command(CLI::App& app) {
     cmd->add_option("--tokens", *tokens, "bytes to generate (default 200)");
     cmd->add_option("--seed", *seed, "sampling seed");
     cmd->callback([=] {
+        require_positive("--tokens", *tokens);
         auto m = nn::load_model(*model);
         std::cout << *prompt << nn::generate(*m, *prompt, *tokens, *seed) << "\n";
     });

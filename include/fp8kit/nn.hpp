@@ -361,7 +361,8 @@ struct TrainResult {
     std::string recipe;
     std::vector<float> losses;    // training loss per step
     float final_loss = 0;         // held-out loss after the last step
-    double seconds = 0, tokens_per_second = 0;
+    double seconds = 0;           // every step
+    double tokens_per_second = 0; // after the warm-up steps (train_gpt), for every recipe alike
     size_t weight_bytes = 0;      // parameters (float32 masters) + grads + AdamW state
     size_t activation_bytes = 0;  // what forward keeps for backward (measured after a forward)
     std::string conversion;       // the conversion report (FP8 recipes)
@@ -369,9 +370,15 @@ struct TrainResult {
 };
 
 // Trains a fresh GPT(config.model, config.seed) on `text` (bytes are tokens) with one recipe.
-// progress(step, loss) after every step.
+// progress(step, loss) after every step. tokens/s leaves out the first steps (warm-up: first-touch
+// allocations, delayed scaling's first amax, packing): max(1, steps / 20) of them when steps >= 2.
+// With a policy, TrainResult::conversion says per Linear whether it ran in FP8, with which recipe,
+// and why (the policy's reason, or the run's recipe and filter for layers it has no entry for).
 TrainResult train_gpt(std::string_view text, const TrainConfig& config, const std::string& recipe,
                       const std::function<void(int64_t, float)>& progress = {});
+// fp8kit::Error unless `text` is long enough for config (a training split and a held-out 10%,
+// each longer than a context window): what train_gpt checks first, for callers to check early.
+void check_training_text(std::string_view text, const TrainConfig& config);
 
 // Samples `tokens` bytes after `prompt` (temperature 0.8 softmax sampling, reproducible for a seed).
 std::string generate(GPT& model, const std::string& prompt, int64_t tokens, uint64_t seed);

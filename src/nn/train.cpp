@@ -1,11 +1,14 @@
 // src/nn/train.cpp: the training loop of `fp8kit train` - data windows from a byte corpus, a
 // recipe applied to a fresh GPT, AdamW with warmup + cosine decay, held-out loss - and sampling.
-// Checked by tests/nn/test_train.cpp (every FP8 recipe within 3% of f32, loss falls, two runs
-// with one seed agree bit for bit) and tests/e2e/test_train_cli.sh.
+// Checked by tests/nn/test_train.cpp (two runs with one seed agree bit for bit, bad input),
+// tests/nn/test_train_e2e.cpp (every FP8 recipe within 3% of f32 over several seeds, loss falls)
+// and tests/e2e/test_cli.sh (the command).
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <numbers>
 #include <random>
+#include <sstream>
 
 #include "fp8kit/nn.hpp"
 
@@ -48,6 +51,29 @@ float learning_rate(const TrainConfig& c, int64_t step) {
     return float(double(c.lr) * (0.1 + 0.9 * 0.5 * (1.0 + std::cos(std::numbers::pi * progress))));
 }
 
+// Per Linear (in model order): FP8 and with which recipe, or float32, and why - the policy entry's
+// reason, or for layers without an entry the run's recipe or the filter's reason.
+std::string policy_report(GPT& model, const Policy& policy, const ConversionReport& rep) {
+    std::ostringstream s;
+    s << "  " << rep.converted.size() << " Linear layer(s) in FP8, " << rep.skipped.size() << " in float32";
+    for (auto& [name, m] : model.named_modules()) {
+        const auto* l = dynamic_cast<const Linear*>(m);
+        if (!l) continue;
+        const auto* f = dynamic_cast<const Float8Linear*>(l);
+        const PolicyLayer* e = policy.find(name + ".weight", {l->out_features(), l->in_features()});
+        s << "\n  " << name << ": " << (f ? "FP8 " + std::string(to_string(f->options().recipe.kind)) : std::string("float32")) << " - ";
+        if (e) {
+            s << "policy: " << (e->reason.empty() ? std::string(e->fp8 ? "fp8" : "not fp8") : e->reason);
+        } else if (f) {
+            s << "no policy entry: the run's recipe";
+        } else {
+            for (const auto& [n, why] : rep.skipped)
+                if (n == name) s << "no policy entry: " << why;
+        }
+    }
+    return s.str();
+}
+
 void apply_recipe(GPT& model, const std::string& recipe, const std::optional<Policy>& policy, TrainResult& r) {
     if (recipe == "f32") return;
     if (recipe == "bf16") {
@@ -69,19 +95,24 @@ void apply_recipe(GPT& model, const std::string& recipe, const std::optional<Pol
     // others follow the filter with this run's recipe.
     const ConversionReport rep = policy ? convert_to_float8_training(model, policy_plan(*policy, o, filter))
                                         : convert_to_float8_training(model, filter, o);
-    r.conversion = rep.text();
+    r.conversion = policy ? policy_report(model, *policy, rep) : rep.text();
 }
 
 }  // namespace
 
+void check_training_text(std::string_view text, const TrainConfig& c) {
+    const int64_t t = c.model.context, split = int64_t(text.size()) * 9 / 10;
+    if (split - t - 1 < 1 || int64_t(text.size()) - split - t - 1 < 1)
+        throw Error("the training text has " + std::to_string(text.size()) + " bytes; it needs more than " +
+                    std::to_string(10 * (t + 2)) + " for context " + std::to_string(t));
+}
+
 TrainResult train_gpt(std::string_view text, const TrainConfig& c, const std::string& recipe,
                       const std::function<void(int64_t, float)>& progress) {
     c.validate();
+    check_training_text(text, c);
     const int64_t t = c.model.context;
     const int64_t split = int64_t(text.size()) * 9 / 10;
-    if (split - t - 1 < 1 || int64_t(text.size()) - split - t - 1 < 1)
-        throw Error("fp8kit::nn::train_gpt: the text has " + std::to_string(text.size()) + " bytes; it needs more than " +
-                    std::to_string(10 * (t + 2)) + " for context " + std::to_string(t));
     const bool known = std::find(training_recipes().begin(), training_recipes().end(), recipe) != training_recipes().end() ||
                        recipe == "mxfp8";
     if (!known) throw Error("fp8kit::nn::train_gpt: unknown recipe '" + recipe + "' (f32, bf16, tensorwise, rowwise, block, delayed, mxfp8)");
@@ -94,8 +125,13 @@ TrainResult train_gpt(std::string_view text, const TrainConfig& c, const std::st
     std::mt19937_64 data_rng(c.seed ^ 0x9e3779b97f4a7c15ull);  // the data order: the same for every recipe
     Tensor tokens = Tensor::empty({c.batch, t}, DType::i32), targets = Tensor::empty({c.batch, t}, DType::i32);
     std::vector<int64_t> starts(static_cast<size_t>(c.batch));
+    // tokens/s is timed after the warm-up steps (first-touch allocations, delayed scaling's first
+    // amax, packing), the same count for every recipe.
+    const int64_t warmup = c.steps >= 2 ? std::max<int64_t>(1, c.steps / 20) : 0;
     const auto t0 = std::chrono::steady_clock::now();
+    auto timed_from = t0;
     for (int64_t step = 0; step < c.steps; ++step) {
+        if (step == warmup) timed_from = std::chrono::steady_clock::now();
         for (auto& s : starts) s = int64_t(data_rng() % uint64_t(split - t - 1));
         fill_batch(text, starts, t, tokens, targets);
         model.zero_grad();
@@ -107,8 +143,9 @@ TrainResult train_gpt(std::string_view text, const TrainConfig& c, const std::st
         r.losses.push_back(loss);
         if (progress) progress(step, loss);
     }
-    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    r.tokens_per_second = double(c.steps * c.batch * t) / r.seconds;
+    const auto t1 = std::chrono::steady_clock::now();
+    r.seconds = std::chrono::duration<double>(t1 - t0).count();
+    r.tokens_per_second = double((c.steps - warmup) * c.batch * t) / std::chrono::duration<double>(t1 - timed_from).count();
     r.weight_bytes = 2 * model.weight_bytes() + opt.state_bytes();
     // Held-out loss: eval_batches x batch windows evenly spread over the last 10% of the text.
     const int64_t windows = c.eval_batches * c.batch, span = int64_t(text.size()) - split - t - 1;

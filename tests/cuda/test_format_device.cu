@@ -1,7 +1,8 @@
 // tests/cuda/test_format_device.cu (label: cuda): the scalar encode/decode of <fp8kit/format.hpp>
 // in CUDA device code, against the same functions on the host. Built by nvcc with warnings as
-// errors for sm_89 and sm_90a (so the header stays device-clean); on a machine without a GPU it
-// builds, then exits 77 (skipped) saying so.
+// errors for sm_89 and sm_90a (so the header stays device-clean); on a machine without a GPU (no
+// device, or no NVIDIA driver installed at all) it builds, then exits 77 (skipped) saying so. A
+// driver that is there but fails (too old, cannot initialise) is a failure, not a skip.
 //
 // Device: decode of all 256 codes of every format, encode (both modes) and stochastic encode of
 // float32 inputs covering every code, its neighbours and the midpoints between codes.
@@ -36,11 +37,15 @@ static bool check(cudaError_t e, const char* what) {
 }
 
 int main() {
-    int devices = 0;
-    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-        std::printf("skipped: no CUDA device on this machine (built and linked for sm_89 and sm_90a)\n");
+    int devices = 0, driver = 0;
+    const cudaError_t count = cudaGetDeviceCount(&devices);
+    // No driver installed: the runtime reports an insufficient driver, and the driver version 0.
+    const bool no_driver = count == cudaErrorInsufficientDriver && cudaDriverGetVersion(&driver) == cudaSuccess && driver == 0;
+    if (count == cudaErrorNoDevice || no_driver || (count == cudaSuccess && devices == 0)) {
+        std::printf("skipped: no CUDA %s on this machine (built and linked for sm_89 and sm_90a)\n", no_driver ? "driver" : "device");
         return 77;
     }
+    if (!check(count, "cudaGetDeviceCount")) return 1;
     std::vector<float> x;
     for (int f = 0; f < num_formats; ++f) {
         for (int c = 0; c < 256; ++c) {

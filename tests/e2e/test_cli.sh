@@ -1,12 +1,18 @@
 #!/bin/sh
 # tests/e2e/test_cli.sh FP8KIT: the command line as a user meets it - help, version, the formats
 # table (values from NUMERICS.md), bad input giving one line on stderr and exit code 2, and
-# `bench quantize --quick --json` printing JSON lines.
+# `bench quantize --quick --json` printing JSON lines; `train` (its table, files, losses.svg
+# rendered to PNG where rsvg-convert is installed, --policy's per-layer report), `generate`, and
+# every refused argument of train, generate and advise: exit 2, one line naming the flag, nothing
+# on stdout and nothing written.
 set -u
 fp8kit=$1
-fails=0
-check() {  # check DESCRIPTION COMMAND... : the command must succeed
-    if ! sh -c "$2"; then echo "FAIL: $1"; fails=$((fails + 1)); else echo "ok: $1"; fi
+fails=0 passes=0
+verdict() {  # verdict DESCRIPTION STATUS : STATUS 0 is a pass
+    if [ "$2" -eq 0 ]; then echo "ok: $1"; passes=$((passes + 1)); else echo "FAIL: $1"; fails=$((fails + 1)); fi
+}
+check() {  # check DESCRIPTION COMMAND : the command (a shell line) must succeed
+    sh -c "$2"; verdict "$1" $?
 }
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
@@ -53,5 +59,65 @@ check "generate from a file that is not a model: exit 2 naming it" "[ $rc -eq 2 
 "$fp8kit" train --recipe fp4 --steps 1 --out "$out/train" >"$out/o" 2>"$out/e"; rc=$?
 check "train --recipe fp4: exit 2 naming the recipe" "[ $rc -eq 2 ] && grep -q \"unknown recipe 'fp4'\" '$out/e'"
 
-echo "$(( 19 - fails )) passed, $fails failed"
+# Refused arguments: exit 2, the message names the flag, nothing on stdout, no --out folder made.
+refused() {  # refused DESCRIPTION NEEDLE ARGS...
+    what=$1 needle=$2
+    shift 2
+    rm -rf "$out/r"
+    "$fp8kit" "$@" >"$out/o" 2>"$out/e"; rc=$?
+    [ $rc -eq 2 ] && grep -qF -- "$needle" "$out/e" && [ "$(wc -l <"$out/e")" -eq 1 ] && [ ! -s "$out/o" ] && [ ! -e "$out/r" ]
+    verdict "$what: exit 2 naming it, before any work or output" $?
+    [ $rc -eq 2 ] || cat "$out/e"
+}
+refused "train --steps 0" "--steps must be >= 1, got 0" train --steps 0 --out "$out/r"
+refused "train --steps -3" "--steps must be >= 1, got -3" train --steps -3 --out "$out/r"
+refused "train --layers 0" "--layers must be >= 1, got 0" train --layers 0 --out "$out/r"
+refused "train --width 0" "--width must be >= 1, got 0" train --width 0 --out "$out/r"
+refused "train --batch -1" "--batch must be >= 1, got -1" train --batch -1 --out "$out/r"
+refused "train --threads 0" "--threads must be >= 1, got 0" train --threads 0 --out "$out/r"
+refused "train --recipe ''" "--recipe '': an empty recipe name" train --recipe "" --out "$out/r"
+refused "train --recipe foo" "--recipe: unknown recipe 'foo'" train --recipe foo --out "$out/r"
+refused "train --recipe f32,,bf16" "--recipe 'f32,,bf16': an empty recipe name" train --recipe f32,,bf16 --out "$out/r"
+refused "train --recipe f32," "--recipe 'f32,': an empty recipe name" train --recipe f32, --out "$out/r"
+refused "train --recipe f32,f32" "--recipe: 'f32' given twice" train --recipe f32,f32 --out "$out/r"
+refused "train --width 30 (not a multiple of the heads)" "--width 30 must be a multiple of the 4 attention heads" train --width 30 --out "$out/r"
+refused "train --data missing" "cannot read --data '$out/missing.txt'" train --data "$out/missing.txt" --out "$out/r"
+printf 'too short' >"$out/short.txt"
+refused "train --data too short" "--data '$out/short.txt': the training text has 9 bytes" train --data "$out/short.txt" --out "$out/r"
+refused "train --policy missing" "$out/missing.json" train --policy "$out/missing.json" --out "$out/r"
+refused "train --out ''" "--out is empty" train --out ""
+refused "train --out a file" "--out '$out/short.txt' exists and is not a directory" train --out "$out/short.txt"
+refused "generate --tokens -5" "--tokens must be >= 1, got -5" generate --model "$out/train/model_f32.safetensors" --tokens -5
+refused "generate --tokens 0" "--tokens must be >= 1, got 0" generate --model "$out/train/model_f32.safetensors" --tokens 0
+refused "advise --tokens 0" "--tokens 0: expected >= 1" advise --shapes 16x64x64 --tokens 0 --out "$out/r"
+refused "advise --budget 0" "--budget" advise --shapes 16x64x64 --budget 0 --out "$out/r"
+refused "advise --min-speedup -1" "--min-speedup" advise --shapes 16x64x64 --min-speedup -1 --out "$out/r"
+refused "advise --recipe foo" "foo" advise --shapes 16x64x64 --recipe foo --out "$out/r"
+refused "advise --recipe delayed" "--recipe delayed needs training state" advise --shapes 16x64x64 --recipe delayed --out "$out/r"
+refused "advise --input-dtype f64" "--input-dtype f64: expected f32 or bf16" advise --shapes 16x64x64 --input-dtype f64 --out "$out/r"
+refused "advise --shapes 16x64" "--shapes: '16x64' is not MxNxK" advise --shapes 16x64 --out "$out/r"
+refused "advise --shapes 0x64x64" "needs dimensions >= 1" advise --shapes 0x64x64 --out "$out/r"
+refused "advise without --shapes or --model" "exactly one of --shapes and --model" advise --out "$out/r"
+refused "advise --shapes and --model" "exactly one of --shapes and --model" advise --shapes 16x64x64 --model "$out/train/model_f32.safetensors" --out "$out/r"
+refused "advise --out in a missing folder" "--out '$out/nofolder/p.json': there is no folder" advise --shapes 16x64x64 --out "$out/nofolder/p.json"
+refused "advise --out the --model file" "is the --model file" advise --model "$out/train/model_f32.safetensors" --out "$out/train/model_f32.safetensors"
+refused "advise --model missing" "$out/missing.safetensors" advise --model "$out/missing.safetensors" --out "$out/r"
+
+# --policy: a policy by hand for the one-layer model - fc1 in FP8 (block), fc2 kept in float32;
+# the report names each Linear, FP8 or not and why. With --recipe f32 it says it ignores it.
+cat >"$out/policy.json" <<'JSON'
+{"format": "fp8kit-policy", "version": 1, "layers": [
+  {"name": "blocks.0.mlp.fc1", "fp8": true, "recipe": "block", "reason": "by hand: fc1 in FP8"},
+  {"name": "blocks.0.mlp.fc2", "fp8": false, "reason": "by hand: fc2 stays float32"}]}
+JSON
+"$fp8kit" train --steps 2 --layers 1 --width 32 --batch 2 --recipe tensorwise --policy "$out/policy.json" --out "$out/p" >"$out/t" 2>"$out/e"; rc=$?
+[ $rc -eq 0 ] && grep -q 'blocks.0.mlp.fc1: FP8 block - policy: by hand: fc1 in FP8' "$out/t" &&
+    grep -q 'blocks.0.mlp.fc2: float32 - policy: by hand: fc2 stays float32' "$out/t" &&
+    grep -q "blocks.0.attn.qkv: FP8 tensorwise - no policy entry: the run's recipe" "$out/t" &&
+    grep -q 'lm_head: float32 - no policy entry: the output layer' "$out/t"
+verdict "train --policy: each layer FP8 or not, its recipe and why" $?
+"$fp8kit" train --steps 2 --layers 1 --width 32 --batch 2 --recipe f32 --policy "$out/policy.json" --out "$out/p" >"$out/t" 2>"$out/e"; rc=$?
+check "train --policy --recipe f32: says f32 ignores it" "[ $rc -eq 0 ] && grep -q 'f32 ignores it' '$out/e'"
+
+echo "$passes passed, $fails failed"
 [ $fails -eq 0 ]

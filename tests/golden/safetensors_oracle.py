@@ -10,19 +10,17 @@ oracle for fp8kit's safetensors reader and writer (driven by tests/golden/test_s
                                     tensor's torch dtype, shape and bytes, and the metadata, must be
                                     the manifest's.
 
-Exit 77 (skip) when torch or safetensors is missing; any mismatch: exit 1 with the reason.
+Exit 77 (skip) only when torch or safetensors is not installed (tests/oracle_skip.py); any mismatch: exit 1 with the reason.
 """
 import json
 import os
 import sys
 
-try:
-    import torch
-    from safetensors import safe_open
-    from safetensors.torch import load_file, save_file
-except ImportError as e:
-    print(f"torch / safetensors missing: {e}", file=sys.stderr)
-    sys.exit(77)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from oracle_skip import require  # noqa: E402  (tests/oracle_skip.py: skip only when not installed)
+
+torch, safetensors, safetensors_torch = require("torch", "safetensors", "safetensors.torch")
+safe_open, load_file, save_file = safetensors.safe_open, safetensors_torch.load_file, safetensors_torch.save_file
 
 TORCH = {
     "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "F8_E4M3FNUZ": torch.float8_e4m3fnuz,

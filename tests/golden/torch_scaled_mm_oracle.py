@@ -21,31 +21,30 @@ Two torch implementations: on a CPU with AMX (int8 for equal formats, fp16 for m
 torch hands _scaled_mm to oneDNN; otherwise, and always with oneDNN turned off, it dequantizes
 to float32 (code * scale) and runs a float32 GEMM. Both are what the C++ test checks against.
 
-Exit status 77 (the test reports itself skipped) when torch cannot be imported or has no CPU
-_scaled_mm; 1 on a malformed request; the reason goes to stderr.
+Exit status 77 (the test reports itself skipped) only when numpy or torch is not installed
+(tests/oracle_skip.py); 1 on a malformed request, or a torch without _scaled_mm (not the pinned
+version of tests/requirements-torch.txt); the reason goes to stderr.
 """
+import os
 import struct
 import sys
 import warnings
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from oracle_skip import require  # noqa: E402  (tests/oracle_skip.py: skip only when not installed)
+
 MAGIC = b"FP8KTMM1"
-SKIP = 77
 
 
 def main() -> int:
     if len(sys.argv) != 3:
         print("usage: torch_scaled_mm_oracle.py REQUEST RESPONSE", file=sys.stderr)
         return 2
-    try:
-        import numpy as np
-        import torch
-    except Exception as e:  # ImportError, or OSError/ValueError from a CUDA library torch links
-        print(f"numpy or torch cannot be imported ({type(e).__name__}: {e}); scripts/setup.sh installs it",
-              file=sys.stderr)
-        return SKIP
+    np, torch = require("numpy", "torch")
     if not hasattr(torch, "_scaled_mm") or not hasattr(torch, "float8_e4m3fn"):
-        print(f"torch {torch.__version__} has no _scaled_mm / float8 dtypes", file=sys.stderr)
-        return SKIP
+        print(f"torch {torch.__version__} has no _scaled_mm / float8 dtypes: not the version "
+              "tests/requirements-torch.txt pins", file=sys.stderr)
+        return 1
     formats = (torch.float8_e4m3fn, torch.float8_e5m2)
     # Turning oneDNN off and on warns that its TF32 mode is for Intel GPUs: noise in the test log.
     warnings.filterwarnings("ignore", message="TF32 acceleration")

@@ -1,10 +1,17 @@
 // tests/nn/test_train_e2e.cpp (label slow): the training job end to end on a tiny GPT
-// (2 layers, width 64, context 32, batch 8) and the built-in corpus, 200 steps per recipe from the
-// same initialisation and data order: every FP8 recipe's held-out loss within 3% of f32's, and
-// the loss falls for every recipe.
+// (2 layers, width 64, context 32, batch 8) and the built-in corpus, 200 steps per recipe, over
+// 3 seeds (each seed: one initialisation and data order, the same for every recipe of that seed) -
+// not one chosen seed. Every recipe costs at most 3%: the mean of its held-out losses over the
+// seeds no more than 3% above f32's mean, and in the worst seed no more than 3% above f32's loss
+// of that seed; the loss falls for every recipe and seed, and the held-out loss ends below a
+// unigram model's. One-sided because a recipe may end well below f32 by the noise of the
+// trajectory: measured, at seed 3 f32 and bf16 end at 3.08 nats and the FP8 recipes 0.7 - 12.8%
+// lower (seeds 1 and 2: every recipe within -0.2 ... +2.9% of f32).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 
 #include "fp8kit/nn.hpp"
@@ -12,33 +19,58 @@
 namespace fp8kit::nn {
 namespace {
 
-TrainConfig tiny() {
+constexpr uint64_t seeds[] = {1, 2, 3};
+
+TrainConfig tiny(uint64_t seed) {
     TrainConfig c;
     c.model = GPTConfig{2, 64, 4, 32, 256};
     c.batch = 8;
     c.steps = 200;
-    c.seed = 7;
+    c.seed = seed;
     return c;
 }
+
+// The cross-entropy of the held-out tenth of the built-in corpus under the byte frequencies of the
+// other nine tenths (add-1/2 smoothing): 3.25 nats. A model below it uses the context.
+constexpr float unigram_loss = 3.25f;
 
 float mean(const std::vector<float>& v, size_t from, size_t to) {
     return std::accumulate(v.begin() + long(from), v.begin() + long(to), 0.0f) / float(to - from);
 }
 
-TEST(TrainE2E, EveryFp8RecipeWithin3PercentOfF32AndTheLossFalls) {
-    const TrainConfig c = tiny();
-    const TrainResult f32 = train_gpt(builtin_corpus(), c, "f32");
+TEST(TrainE2E, NoRecipeCostsMoreThan3PercentOverSeedsAndTheLossFalls) {
+    std::vector<float> f32;  // per seed
+    double f32_mean = 0;
+    for (uint64_t seed : seeds) {
+        f32.push_back(train_gpt(builtin_corpus(), tiny(seed), "f32").final_loss);
+        EXPECT_LT(f32.back(), unigram_loss) << "f32, seed " << seed;
+        f32_mean += double(f32.back()) / double(std::size(seeds));
+    }
     for (const auto& recipe : training_recipes()) {
+        if (recipe == "f32") continue;
         SCOPED_TRACE(recipe);
-        const TrainResult r = recipe == "f32" ? TrainResult{} : train_gpt(builtin_corpus(), c, recipe);
-        const TrainResult& run = recipe == "f32" ? f32 : r;
-        ASSERT_EQ(run.losses.size(), size_t(c.steps));
-        // Falls: the last 20 steps' mean at least 1 nat below the first 20's (ln 256 = 5.55 at
-        // step 0), and the held-out loss below 3 nats per byte.
-        EXPECT_LT(mean(run.losses, 180, 200), mean(run.losses, 0, 20) - 1.0f);
-        EXPECT_LT(run.final_loss, 3.0f);
-        EXPECT_LE(std::abs(run.final_loss / f32.final_loss - 1.0f), 0.03f) << run.final_loss << " vs f32 " << f32.final_loss;
-        RecordProperty(recipe, std::to_string(run.final_loss));
+        double loss_mean = 0, worst = -1;  // worst: the largest gap above f32
+        std::string gaps;
+        for (size_t i = 0; i < std::size(seeds); ++i) {
+            const TrainConfig c = tiny(seeds[i]);
+            const TrainResult run = train_gpt(builtin_corpus(), c, recipe);
+            ASSERT_EQ(run.losses.size(), size_t(c.steps));
+            // Falls: the last 20 steps' mean at least 1 nat below the first 20's (ln 256 = 5.55 at
+            // step 0), and the held-out loss below the unigram model's.
+            EXPECT_LT(mean(run.losses, 180, 200), mean(run.losses, 0, 20) - 1.0f) << "seed " << seeds[i];
+            EXPECT_LT(run.final_loss, unigram_loss) << "seed " << seeds[i];
+            const double gap = double(run.final_loss) / double(f32[i]) - 1.0;
+            loss_mean += double(run.final_loss) / double(std::size(seeds));
+            worst = std::max(worst, gap);
+            char buf[64];
+            std::snprintf(buf, sizeof buf, "%s%+.2f%%", gaps.empty() ? "" : " ", 100 * gap);
+            gaps += buf;
+        }
+        const double mean_gap = loss_mean / f32_mean - 1.0;
+        std::printf("[ %-10s ] held-out gap to f32 per seed: %s; of the means %+.2f%%, worst %+.2f%%\n", recipe.c_str(), gaps.c_str(),
+                    100 * mean_gap, 100 * worst);
+        EXPECT_LE(mean_gap, 0.03) << "mean held-out loss over the seeds";
+        EXPECT_LE(worst, 0.03) << "the worst seed";
     }
 }
 

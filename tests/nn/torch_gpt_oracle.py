@@ -15,12 +15,16 @@ REQUEST:  b"FP8KGPT1", i64 layers, width, heads, context, vocab, B, T;
 RESPONSE: b"FP8KGPT1", f32 logits [B, T, vocab], f32 loss, then each parameter's gradient
           (f32, the request's order and shapes)
 
-Exit status 77 (the test reports itself skipped) when torch cannot be imported; the reason goes
-to stderr.
+Exit status 77 (the test reports itself skipped) only when numpy or torch is not installed
+(tests/oracle_skip.py); the reason goes to stderr.
 """
 import math
+import os
 import struct
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from oracle_skip import require  # noqa: E402  (tests/oracle_skip.py: skip only when not installed)
 
 MAGIC = b"FP8KGPT1"
 
@@ -29,13 +33,7 @@ def main() -> int:
     if len(sys.argv) != 3:
         print("usage: torch_gpt_oracle.py REQUEST RESPONSE", file=sys.stderr)
         return 2
-    try:
-        import numpy as np
-        import torch
-        import torch.nn.functional as F
-    except ImportError as e:
-        print(f"torch or numpy not importable: {e}", file=sys.stderr)
-        return 77
+    np, torch, F = require("numpy", "torch", "torch.nn.functional")
     torch.set_num_threads(1)
     data = open(sys.argv[1], "rb").read()
     if data[:8] != MAGIC:

@@ -47,6 +47,7 @@ TEST_P(EncodeAllFloats, EverySimdPathEqualsScalar) {
     const float scale = GetParam().scale;
     std::vector<Isa> simd;
     for (Isa isa : supported_isas()) {
+        test::isas_run().insert(isa);  // the ISA coverage line at the end (tests/support.hpp)
         if (isa != Isa::portable) simd.push_back(isa);
     }
     if (simd.empty()) GTEST_SKIP() << "this CPU has no SIMD path; the portable path is the scalar function";
