@@ -44,7 +44,7 @@ bool is_float_weight(DType d) noexcept { return d == DType::f32 || d == DType::b
 
 std::optional<NonFinite> find_non_finite(const Tensor& f32) {
     const Tensor c = f32.contiguous();
-    const float* p = c.data<float>();
+    const float* p = c.data<const float>();
     std::optional<NonFinite> first;
     for (int64_t i = 0, n = c.numel(); i < n; ++i) {
         if (std::isfinite(p[i])) continue;

@@ -82,8 +82,8 @@ Tensor in_weight_dtype(const Tensor& scale_f32, DType weight) {
     const Tensor c = scale_f32.contiguous();
     Tensor out = Tensor::empty(c.shape(), weight);
     for (int64_t i = 0; i < c.numel(); ++i) {
-        if (weight == DType::bf16) out.data<bf16>()[i] = bf16(c.data<float>()[i]);
-        else out.data<f16>()[i] = f16(c.data<float>()[i]);
+        if (weight == DType::bf16) out.data<bf16>()[i] = bf16(c.data<const float>()[i]);
+        else out.data<f16>()[i] = f16(c.data<const float>()[i]);
     }
     return out;
 }

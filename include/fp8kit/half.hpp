@@ -2,7 +2,7 @@
 // every narrowing conversion in fp8kit (f16, bf16 and all FP8 formats) is built on.
 //
 // Checked against: the hardware conversions (F16C vcvtps2ph / vcvtph2ps) over all 2^32 float32
-// and all 2^16 half inputs in tests/unit/test_half.cpp, and numpy's float16 / ml_dtypes' bfloat16
+// and all 2^16 half inputs in tests/ops/test_convert_exhaustive.cpp, and numpy's float16 / ml_dtypes' bfloat16
 // through the golden tests.
 //
 // Everything here is constexpr and usable from host and device code. Rounding is done on the

@@ -2,7 +2,7 @@
 // over an ISA's operation set V (see convert_avx2.cpp, convert_avx512.cpp).
 //
 // Checked against: the scalar encode()/decode() of <fp8kit/format.hpp>, over all 2^32 float32
-// inputs for e4m3fn and e5m2 in both overflow modes (tests/unit/test_convert_exhaustive.cpp),
+// inputs for e4m3fn and e5m2 in both overflow modes (tests/ops/test_convert_exhaustive.cpp),
 // and the golden vectors for every format (tests/golden).
 //
 // Included only by the ISA translation units, each compiled with its own -m flags. Everything

@@ -128,7 +128,7 @@ Tensor scale_as_f32(const Tensor& s) {
     const Tensor c = s.contiguous();
     Tensor out = Tensor::empty(c.shape(), DType::f32);
     for (int64_t i = 0; i < c.numel(); ++i)
-        out.data<float>()[i] = c.dtype() == DType::bf16 ? float(c.data<bf16>()[i]) : float(c.data<f16>()[i]);
+        out.data<float>()[i] = c.dtype() == DType::bf16 ? float(c.data<const bf16>()[i]) : float(c.data<const f16>()[i]);
     return out;
 }
 

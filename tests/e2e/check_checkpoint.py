@@ -14,7 +14,8 @@ directory) with safetensors.torch and checks, for every 2-D floating weight of O
     fp8kit for block128 and mx32 (written with --layout fp8kit: these weights are not whole
     128x128 blocks), with weight_block_size [128, 128] for block128 only; lm_head listed by its
     module name.
-Exit 77 (skip) without torch / safetensors; a failure: exit 1 with the reasons.
+Exit 77 (skip) only when torch or safetensors is not installed (tests/oracle_skip.py); a failure:
+exit 1 with the reasons.
 """
 import glob
 import json
@@ -23,13 +24,13 @@ import os
 import re
 import sys
 
-try:
-    import torch
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-except ImportError as e:
-    print(f"torch / safetensors missing: {e}", file=sys.stderr)
-    sys.exit(77)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from oracle_skip import require  # noqa: E402  (exit 77 only when a module is not installed)
+
+torch = require("torch")
+require("safetensors")
+from safetensors import safe_open  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
 
 
 def files(path):

@@ -6,7 +6,8 @@
 # shards with its index, config.json and other files; IN never modified; failed runs exit 2 with
 # one line and leave no OUT (nor temporaries); advise writes a policy (its decisions pinned by
 # --min-speedup 0 / 1e9, never by timings) that quantize --policy applies, checked tensor by tensor.
-# Exit 77 (skipped) without the Python oracles.
+# Exit 77 (skipped) only when numpy or safetensors is not installed (tests/oracle_skip.py's rule: a
+# broken install fails); without torch only the two PyTorch checks are skipped, each said so.
 set -u
 fp8kit=$1
 python=$2
@@ -17,10 +18,17 @@ check() {  # check DESCRIPTION COMMAND... : the command must succeed
     n=$((n + 1))
     if ! sh -c "$2"; then echo "FAIL: $1"; fails=$((fails + 1)); else echo "ok: $1"; fi
 }
-if ! "$python" -c "import numpy, safetensors, torch" 2>/dev/null; then
-    echo "skipped: $python lacks numpy / safetensors / torch (scripts/setup.sh installs them)"
-    exit 77
-fi
+needs() {  # needs MODULE...: exit status 0 if installed, 77 if not, anything else if broken
+    PYTHONPATH="$src/tests" "$python" -c "import sys; from oracle_skip import require; require(*sys.argv[1:])" "$@"
+}
+needs numpy safetensors; rc=$?
+[ $rc -eq 77 ] && exit 77
+[ $rc -ne 0 ] && { echo "FAIL: the Python oracles do not import"; exit 1; }
+needs torch 2>/dev/null; have_torch=$?
+[ $have_torch -ne 0 ] && [ $have_torch -ne 77 ] && { needs torch; echo "FAIL: torch is installed but does not import"; exit 1; }
+torch_check() {  # torch_check DESCRIPTION COMMAND... : check, or say it is skipped without torch
+    if [ $have_torch -eq 0 ]; then check "$@"; else echo "skipped (torch is not installed): $1"; fi
+}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 cd "$out" || exit 1
@@ -36,7 +44,7 @@ for scheme in tensor channel block128 mx32; do
     case $scheme in block128 | mx32) layout=fp8kit ;; esac
     "$fp8kit" quantize m.safetensors "q_$scheme.safetensors" --scheme "$scheme" --layout $layout >"q_$scheme.out" 2>"q_$scheme.err"; rc=$?
     check "quantize --scheme $scheme exits 0 and prints the table" "[ $rc -eq 0 ] && grep -q 'SQNR dB' q_$scheme.out && grep -Eq '^model.layers.0.mlp.up_proj.weight +$scheme ' q_$scheme.out"
-    check "$scheme: torch reads the layout and dequantizes to >= 25 dB" "'$python' '$src/tests/e2e/check_checkpoint.py' m.safetensors q_$scheme.safetensors $scheme"
+    torch_check "$scheme: torch reads the layout and dequantizes to >= 25 dB" "'$python' '$src/tests/e2e/check_checkpoint.py' m.safetensors q_$scheme.safetensors $scheme"
     "$fp8kit" inspect "q_$scheme.safetensors" >"i_$scheme.out" 2>&1; rc=$?
     check "inspect detects $scheme" "[ $rc -eq 0 ] && grep -q '^detected quantization: $scheme\$' i_$scheme.out"
     "$fp8kit" dequantize "q_$scheme.safetensors" "d_$scheme.safetensors" --dtype f32 >/dev/null 2>&1; rc=$?
@@ -55,7 +63,7 @@ check "quantize a shard directory exits 0" "[ $rc -eq 0 ]"
 check "shards, index, config.json and tokenizer.json written" "[ -f qd/model-00003-of-00003.safetensors ] && [ -f qd/model.safetensors.index.json ] && cmp -s md/tokenizer.json qd/tokenizer.json"
 check "index maps the scales to their weight's shard" "'$python' -c \"import json; m=json.load(open('qd/model.safetensors.index.json'))['weight_map']; assert m['model.layers.0.mlp.up_proj.weight_scale_inv'] == m['model.layers.0.mlp.up_proj.weight']\""
 check "config.json keeps its fields and gains quantization_config" "'$python' -c \"import json; c=json.load(open('qd/config.json')); q=c['quantization_config']; assert c['model_type']=='llama' and q['quant_method']=='fp8kit' and q['weight_block_size']==[128,128] and q['fmt']=='e4m3'\""
-check "directory: torch checks the layout and SQNR" "'$python' '$src/tests/e2e/check_checkpoint.py' md qd block128"
+torch_check "directory: torch checks the layout and SQNR" "'$python' '$src/tests/e2e/check_checkpoint.py' md qd block128"
 "$fp8kit" dequantize qd dd --dtype bf16 >/dev/null 2>&1 && "$fp8kit" verify md dd --min-sqnr 25 >/dev/null 2>&1; rc=$?
 check "directory: dequantize --dtype bf16 and verify >= 25 dB" "[ $rc -eq 0 ] && ! grep -q quantization_config dd/config.json"
 
@@ -110,9 +118,9 @@ assert names == want, names
 assert all(x['fp8'] is True and x['recipe'] == 'mxfp8' for x in l), l
 \""
 "$fp8kit" quantize m.safetensors pm.safetensors --scheme tensor --policy pmodel.json >/dev/null 2>&1; rc=$?
-check "quantize --policy (names): every layer mx32 with e8m0 scales, torch checks the layout" "[ $rc -eq 0 ] &&
-    '$fp8kit' inspect pm.safetensors | grep -Eq '^model.layers.0.self_attn.o_proj.weight_scale +F8_E8M0 +\[96, 3\]' &&
-    '$python' '$src/tests/e2e/check_checkpoint.py' m.safetensors pm.safetensors mx32"
+check "quantize --policy (names): every layer mx32 with e8m0 scales" "[ $rc -eq 0 ] &&
+    '$fp8kit' inspect pm.safetensors | grep -Eq '^model.layers.0.self_attn.o_proj.weight_scale +F8_E8M0 +\[96, 3\]'"
+torch_check "quantize --policy (names): torch checks the mx32 layout" "'$python' '$src/tests/e2e/check_checkpoint.py' m.safetensors pm.safetensors mx32"
 "$fp8kit" advise --model md --tokens 2 --min-speedup 1e9 --budget 0.01 --input-dtype bf16 --out pnone.json >/dev/null 2>&1; rc=$?
 check "advise --model (a shard directory) with an unreachable speed bar: every layer fp8 false, recipe null" "[ $rc -eq 0 ] && '$python' -c \"
 import json

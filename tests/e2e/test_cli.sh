@@ -99,9 +99,12 @@ refused "advise --shapes 16x64" "--shapes: '16x64' is not MxNxK" advise --shapes
 refused "advise --shapes 0x64x64" "needs dimensions >= 1" advise --shapes 0x64x64 --out "$out/r"
 refused "advise without --shapes or --model" "exactly one of --shapes and --model" advise --out "$out/r"
 refused "advise --shapes and --model" "exactly one of --shapes and --model" advise --shapes 16x64x64 --model "$out/train/model_f32.safetensors" --out "$out/r"
-refused "advise --out in a missing folder" "--out '$out/nofolder/p.json': there is no folder" advise --shapes 16x64x64 --out "$out/nofolder/p.json"
-refused "advise --out the --model file" "is the --model file" advise --model "$out/train/model_f32.safetensors" --out "$out/train/model_f32.safetensors"
-refused "advise --model missing" "$out/missing.safetensors" advise --model "$out/missing.safetensors" --out "$out/r"
+refused "advise --out in a missing folder" "the folder '$out/nofolder' does not exist" advise --shapes 16x64x64 --out "$out/nofolder/p.json"
+refused "advise --out the --model file" "is the same file as the input" advise --model "$out/train/model_f32.safetensors" --out "$out/train/model_f32.safetensors"
+# A missing input file is bad input (exit 3, as the checkpoint commands), not a usage error.
+"$fp8kit" advise --model "$out/missing.safetensors" --out "$out/r" >"$out/o" 2>"$out/e"; rc=$?
+[ $rc -eq 3 ] && grep -qF -- "$out/missing.safetensors" "$out/e" && [ ! -s "$out/o" ] && [ ! -e "$out/r" ]
+verdict "advise --model missing: exit 3 naming it, before any work or output" $?
 
 # --policy: a policy by hand for the one-layer model - fc1 in FP8 (block), fc2 kept in float32;
 # the report names each Linear, FP8 or not and why. With --recipe f32 it says it ignores it.
