@@ -208,7 +208,7 @@ void run_quantize(const QuantizeArgs& a) {
     }
     for (const auto& [name, scheme] : plan) {
         const std::string sn = layout_scale_name(name, scheme, *layout);
-        if (in->contains(sn)) throw Error(a.in + ": tensor '" + sn + "' exists already; it would collide with the scale of '" + name + "'");
+        if (in->contains(sn)) throw BadInput(a.in + ": tensor '" + sn + "' exists already; it would collide with the scale of '" + name + "'");
     }
     if (!a.o.quiet)
         for (const std::string& n : notes) std::cerr << "fp8kit: " << n << "\n";

@@ -36,6 +36,7 @@ cd "$out" || exit 1
 "$python" "$src/tests/e2e/make_model.py" m.safetensors || exit 1
 "$python" "$src/tests/e2e/make_model.py" md --shards 3 || exit 1
 sha256sum m.safetensors md/* >in.sum
+sha256sum m.safetensors >m.sum
 
 # tensor and channel in the default layout (compressed-tensors), block128 and mx32 in fp8kit's
 # (the model's dims are not whole 128x128 blocks, which the hf-fp8 layout needs).
@@ -148,6 +149,34 @@ check "a policy layer fp8 without a recipe: exit 2 naming the file, no OUT" "[ $
 check "advise --shapes not MxNxK: exit 2 naming it, no policy" "[ $rc -eq 2 ] && grep -q \"'4x200' is not MxNxK\" e && [ ! -e pa.json ]"
 "$fp8kit" advise --shapes 4x8x8 --model m.safetensors --out pa.json >/dev/null 2>e; rc=$?
 check "advise with both --shapes and --model: exit 2" "[ $rc -eq 2 ] && grep -q 'exactly one of' e && [ ! -e pa.json ]"
+
+# Each failure path of the commands (issue 17): one line naming what was wrong, the documented exit
+# code (2 usage, 3 bad input, 4 failed check), and no output left.
+"$fp8kit" quantize m.safetensors x.safetensors --format foo >/dev/null 2>e; rc=$?
+check "quantize --format foo: exit 2 naming it, no OUT" "[ $rc -eq 2 ] && grep -q \"unknown FP8 format 'foo'\" e && [ ! -e x.safetensors ]"
+"$fp8kit" dequantize m.safetensors x.safetensors --dtype i32 >/dev/null 2>e; rc=$?
+check "dequantize --dtype i32: exit 2 naming it, no OUT" "[ $rc -eq 2 ] && grep -q -- '--dtype i32' e && [ ! -e x.safetensors ]"
+ln -s m.safetensors alias.safetensors
+"$fp8kit" dequantize m.safetensors ./alias.safetensors --dtype f32 >/dev/null 2>e; rc=$?
+check "dequantize OUT == IN through a link: refused, IN intact" "[ $rc -ne 0 ] && grep -q 'same file as the input' e && sha256sum m.safetensors | cmp -s - m.sum"
+"$python" - <<'PY' || exit 1
+import numpy as np
+from safetensors.numpy import load_file, save_file
+t = load_file("m.safetensors")
+save_file({k: v for k, v in t.items() if k != "lm_head.weight"}, "vmissing.safetensors")
+save_file({**t, "lm_head.weight": np.zeros((3, 3), np.float32)}, "vshape.safetensors")
+w = "model.layers.0.self_attn.q_proj.weight"
+save_file({**t, w + "_scale": np.ones((1,), np.float32)}, "collide.safetensors")
+PY
+"$fp8kit" verify m.safetensors vmissing.safetensors >/dev/null 2>e; rc=$?
+check "verify with a tensor missing from B: exit 4 naming it" "[ $rc -eq 4 ] && grep -q 'lm_head.weight: missing from vmissing.safetensors' e"
+"$fp8kit" verify m.safetensors vshape.safetensors >/dev/null 2>e; rc=$?
+check "verify with a shape mismatch: exit 4 naming both shapes" "[ $rc -eq 4 ] && grep -q 'lm_head.weight: shape \[64, 96\] in A, \[3, 3\] in B' e"
+"$fp8kit" quantize collide.safetensors x.safetensors --scheme tensor >/dev/null 2>e; rc=$?
+check "a weight whose scale name is taken: exit 3 naming both, no OUT" "[ $rc -eq 3 ] && grep -q 'q_proj.weight_scale. exists already' e && [ ! -e x.safetensors ]"
+mkdir badidx && cp md/*.safetensors badidx/ && printf '{"weight_map": {"x": "nofile.safetensors"}}' >badidx/model.safetensors.index.json
+"$fp8kit" quantize badidx x --scheme tensor >/dev/null 2>e; rc=$?
+check "a shard index naming a missing shard: exit 3 naming it, no OUT" "[ $rc -eq 3 ] && grep -q 'nofile.safetensors' e && [ ! -e x ]"
 check "IN files unchanged, byte for byte" "sha256sum m.safetensors md/* | cmp -s - in.sum"
 
 echo "$(( n - fails )) passed, $fails failed"
