@@ -157,7 +157,7 @@ public:
     size_t saved_bytes() const override { return ids_.defined() ? ids_.nbytes() : 0; }
 
 private:
-    int64_t num_, dim_;
+    int64_t dim_;
     std::shared_ptr<Parameter> weight_;
     Tensor ids_;
 };

@@ -6,7 +6,7 @@
 
 namespace fp8kit::nn {
 
-Embedding::Embedding(int64_t num, int64_t dim) : num_(num), dim_(dim) {
+Embedding::Embedding(int64_t num, int64_t dim) : dim_(dim) {
     if (num < 1 || dim < 1) throw Error("fp8kit::nn::Embedding: sizes must be >= 1");
     weight_ = add_parameter("weight", {num, dim});
 }
