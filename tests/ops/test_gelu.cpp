@@ -63,7 +63,9 @@ TEST(GeluOps, CpuMatchesRefWithinTheBound) {
     for (int64_t n : {1, 7, 1000, 300007}) {  // 300007: several threads
         SCOPED_TRACE("n=" + std::to_string(n));
         const Tensor x = inputs(n), dout = test::randn({n}, 3);
-        const auto [ref_out, ref_dx] = run_gelu(Backend::ref, x, dout);
+        // Named, not a structured binding: the lambda below captures them (clang < 16 cannot).
+        const auto ref = run_gelu(Backend::ref, x, dout);
+        const Tensor &ref_out = ref.first, &ref_dx = ref.second;
         const GeluBounds bd = gelu_bounds(x, dout, ref_out, ref_dx);
         Tensor first;
         test::for_thread_counts([&](int) {
