@@ -12,11 +12,16 @@ import xml.etree.ElementTree as ET
 
 
 def reason(out: str, fallback: str) -> str:
-    """The reason in a skipped test's output: GTEST_SKIP's message, else a line saying 'skip'."""
+    """The reason in a skipped test's output: GTEST_SKIP's message, else the library's refusal of
+    an FP8KIT_ISA path this CPU lacks (tests/CMakeLists.txt's SKIP_REGULAR_EXPRESSION), else a
+    line saying 'skip'."""
     m = re.search(r": Skipped\n(.*?)\n\[  SKIPPED \]", out, re.S)
     if m and m.group(1).strip():
         return " ".join(m.group(1).split())
     lines = [line.strip() for line in out.splitlines() if line.strip() and not line.startswith("[  SKIPPED ]")]
+    refused = [line for line in lines if "does not support it" in line]
+    if refused:
+        return refused[0]
     said = [line for line in lines if "skip" in line.lower()]
     return (said or lines or [fallback])[-1]
 

@@ -23,7 +23,13 @@ namespace fp8kit::test {
 
 // The golden vectors folder (CMake cache variable FP8KIT_TESTDATA_DIR); tests fail loudly if it is
 // missing rather than skipping.
-inline std::string testdata(const char* file) { return std::string(FP8KIT_TESTDATA_DIR) + "/" + file; }
+// Appended in place: GCC 12's -Warray-bounds misreads `std::string(...) + "/" + file` at -O1.
+inline std::string testdata(const char* file) {
+    std::string path = FP8KIT_TESTDATA_DIR;
+    path += '/';
+    path += file;
+    return path;
+}
 
 // A path prefix in the temporary directory no other test process uses at the same time.
 inline std::string unique_temp_stem(const std::string& tag) {
