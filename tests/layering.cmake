@@ -3,8 +3,11 @@
 #   tools/, python/  ->  nn  ->  io  ->  core (ref, cpu, cuda behind the backend table)  ->  platform
 # An internal header ("core/ops.hpp", "platform/platform.hpp", "nn/...") may be included only by
 # its own layer and the layers the table allows; a public header (<fp8kit/nn.hpp>, ...) only by
-# layers at or above it; nothing includes tools/. Run by ctest (label unit) two ways:
-#   cmake -DROOT=<source tree> -P layering.cmake        checks src/ tools/ bench/ examples/ of that tree;
+# layers at or above it; nothing includes tools/. The applications live in tools/ too (the GPT
+# app, tools/gpt, on the public headers only): its header "gpt/gpt.hpp" is for the command alone,
+# never for the library (src/, the public headers in include/), bench/ or examples/.
+# Run by ctest (label unit) two ways:
+#   cmake -DROOT=<source tree> -P layering.cmake        checks src/ include/ tools/ bench/ examples/;
 #   cmake -DSELF_TEST=<scratch> -P layering.cmake       plants each kind of violation in a scratch
 #       tree and fails unless every one is caught (and a clean include passes).
 cmake_minimum_required(VERSION 3.25)
@@ -17,9 +20,10 @@ set(internal_cuda "core|cuda")
 set(internal_platform "platform")
 set(internal_io "io|platform")
 set(internal_nn "nn")
-set(internal_tools "")
+set(internal_tools "gpt")  # the GPT app's header (tools/gpt/gpt.hpp)
 set(internal_bench "")
 set(internal_examples "")
+set(internal_include "")  # the public headers include only each other
 # layer -> the public headers it must not include (those of the layers above it).
 set(upper_io "nn")
 set(above_core "nn|checkpoint|safetensors")
@@ -29,8 +33,8 @@ endforeach()
 
 function(check_tree root out)
     set(bad "")
-    foreach(layer core ref cpu cuda platform io nn tools bench examples)
-        if(layer MATCHES "^(tools|bench|examples)$")
+    foreach(layer core ref cpu cuda platform io nn include tools bench examples)
+        if(layer MATCHES "^(include|tools|bench|examples)$")
             set(dir "${root}/${layer}")
         else()
             set(dir "${root}/src/${layer}")
@@ -40,7 +44,7 @@ function(check_tree root out)
         foreach(file IN LISTS files)
             file(STRINGS "${root}/${file}" lines REGEX "^[ \t]*#[ \t]*include")
             foreach(line IN LISTS lines)
-                if(line MATCHES "#[ \t]*include[ \t]*\"(core|ref|cpu|cuda|platform|io|nn|tools)/")
+                if(line MATCHES "#[ \t]*include[ \t]*\"(core|ref|cpu|cuda|platform|io|nn|tools|gpt)/")
                     set(target "${CMAKE_MATCH_1}")
                     if("${internal_${layer}}" STREQUAL "" OR NOT target MATCHES "^(${internal_${layer}})$")
                         string(APPEND bad "\n  ${file} (layer ${layer}) includes ${target}'s internals: ${line}")
@@ -81,6 +85,14 @@ if(DEFINED SELF_TEST)
     expect_check(src/ref/planted.cpp "#include \"cpu/gemm_kernels.hpp\"" TRUE)
     expect_check(bench/planted.cpp "#include \"cpu/parallel.hpp\"" TRUE)
     expect_check(src/core/planted.cpp "#  include \"tools/commands.hpp\"" TRUE)
+    # The GPT app (tools/gpt): the library, its public headers, bench and examples never include
+    # it; the app itself uses public headers only.
+    expect_check(src/nn/planted.cpp "#include \"gpt/gpt.hpp\"" TRUE)
+    expect_check(include/fp8kit/planted.hpp "#include \"gpt/gpt.hpp\"" TRUE)
+    expect_check(include/fp8kit/planted.hpp "#include \"core/ops.hpp\"" TRUE)
+    expect_check(bench/planted.cpp "#include \"gpt/gpt.hpp\"" TRUE)
+    expect_check(examples/planted.cpp "#include \"gpt/gpt.hpp\"" TRUE)
+    expect_check(tools/gpt/planted.cpp "#include \"nn/layer_args.hpp\"" TRUE)
     # What the layering allows.
     expect_check(src/nn/planted.cpp "#include \"fp8kit/checkpoint.hpp\"" FALSE)
     expect_check(src/nn/planted.cpp "#include \"nn/layer_args.hpp\"" FALSE)
@@ -88,6 +100,9 @@ if(DEFINED SELF_TEST)
     expect_check(src/io/planted.cpp "#include \"platform/platform.hpp\"" FALSE)
     expect_check(tools/planted.cpp "#include \"fp8kit/nn.hpp\"" FALSE)
     expect_check(tools/planted.cpp "#include \"commands.hpp\"" FALSE)
+    expect_check(tools/planted.cpp "#include \"gpt/gpt.hpp\"" FALSE)
+    expect_check(tools/gpt/planted.cpp "#include \"fp8kit/nn.hpp\"" FALSE)
+    expect_check(include/fp8kit/planted.hpp "#include \"fp8kit/tensor.hpp\"" FALSE)
     file(REMOVE_RECURSE "${tree}")
     return()
 endif()

@@ -1,8 +1,9 @@
-// tools/train.cpp: `fp8kit train` - the main job: trains the default small GPT on the built-in
-// corpus (or --data FILE) once per recipe (f32, bf16, FP8 tensorwise, rowwise, block, delayed)
-// from the same initialisation and data order, with a progress bar on stderr; prints the table
-// (held-out loss, gap to f32, tokens/s, memory), writes loss curves (CSV + SVG plot) and each
-// trained model to --out; --policy applies a policy file (fp8kit advise) to the FP8 recipes.
+// tools/train.cpp: `fp8kit train` - the main job: trains the default small GPT of the GPT app
+// (tools/gpt/gpt.hpp) on the built-in corpus (or --data FILE) once per recipe (f32, bf16, FP8
+// tensorwise, rowwise, block, delayed) from the same initialisation and data order, with a
+// progress bar on stderr; prints the table (held-out loss, gap to f32, tokens/s, memory), writes
+// loss curves (CSV + SVG plot) and each trained model to --out; --policy applies a policy file
+// (fp8kit advise) to the FP8 recipes.
 // `fp8kit generate` samples from a saved model (float32, or quantized by fp8kit quantize).
 // Every argument is checked before any work or output (an error naming the flag).
 // Checked by tests/e2e/test_cli.sh (the table, files, generate, --policy's report, each refused
@@ -22,17 +23,17 @@
 #include "common.hpp"
 #include "fp8kit/checkpoint.hpp"
 #include "fp8kit/files.hpp"
-#include "fp8kit/nn.hpp"
 #include "fp8kit/runtime.hpp"
+#include "gpt/gpt.hpp"
 
 namespace fp8kit::tools {
 namespace {
 
 struct TrainArgs {
     std::string data, recipe = "all", out = "fp8kit-train", policy;
-    // The defaults of nn::TrainConfig; each must stay >= 1 (checked with the flag's name).
-    int64_t steps = nn::TrainConfig{}.steps, layers = nn::GPTConfig{}.layers, width = nn::GPTConfig{}.width,
-            batch = nn::TrainConfig{}.batch;
+    // The defaults of gpt::TrainConfig; each must stay >= 1 (checked with the flag's name).
+    int64_t steps = gpt::TrainConfig{}.steps, layers = gpt::GPTConfig{}.layers, width = gpt::GPTConfig{}.width,
+            batch = gpt::TrainConfig{}.batch;
     // One thread by default: the default model's GEMMs are small (512 x 128 x 128), and on a
     // 2-core machine that is also busy with other work every parallel region waits for a
     // descheduled thread (measured on the project's shared VM: 200 FP8 steps took 344 s on two
@@ -51,9 +52,9 @@ void require_positive(const char* flag, int64_t v) {
 // The recipes of --recipe: "all", or a comma list of known, distinct names (an error naming
 // --recipe and the bad entry otherwise).
 std::vector<std::string> parse_recipes(const std::string& list) {
-    if (list == "all") return nn::training_recipes();
+    if (list == "all") return gpt::training_recipes();
     const auto known = [](const std::string& r) {
-        const auto& all = nn::training_recipes();
+        const auto& all = gpt::training_recipes();
         return r == "mxfp8" || std::find(all.begin(), all.end(), r) != all.end();
     };
     std::vector<std::string> recipes;
@@ -80,7 +81,7 @@ std::string read_text(const std::string& path) {
 // second half of the steps and the held-out ones, so the gaps between recipes at the end fill the
 // chart instead of step 0's ln 256 = 5.5 squeezing them into its bottom; what lies above (the
 // early steps, a spike) runs off the top, cut there, with the step-0 loss noted.
-void write_svg(const std::string& path, const std::vector<nn::TrainResult>& runs) {
+void write_svg(const std::string& path, const std::vector<gpt::TrainResult>& runs) {
     static const char* colors[] = {"#000000", "#7f7f7f", "#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd"};
     const double w = 900, h = 500, l = 70, r = 260, t = 50, b = 50;
     size_t steps = 1;
@@ -171,7 +172,7 @@ void run_train(const TrainArgs& a) {
     if (std::filesystem::exists(a.out) && !std::filesystem::is_directory(a.out))
         throw Error("--out '" + a.out + "' exists and is not a directory");
     const std::vector<std::string> recipes = parse_recipes(a.recipe);
-    nn::TrainConfig c;
+    gpt::TrainConfig c;
     c.seed = a.seed;
     c.steps = a.steps;
     c.model.layers = a.layers;
@@ -182,9 +183,9 @@ void run_train(const TrainArgs& a) {
     if (!a.policy.empty()) c.policy = read_policy(a.policy);
     c.validate();
     const std::string owned = a.data.empty() ? std::string() : read_text(a.data);
-    const std::string_view text = a.data.empty() ? nn::builtin_corpus() : std::string_view(owned);
+    const std::string_view text = a.data.empty() ? gpt::builtin_corpus() : std::string_view(owned);
     try {
-        nn::check_training_text(text, c);
+        gpt::check_training_text(text, c);
     } catch (const Error& e) {
         throw Error("--data '" + a.data + "': " + e.what());  // the built-in corpus far outgrows the fixed context
     }
@@ -196,19 +197,19 @@ void run_train(const TrainArgs& a) {
     if (c.policy)
         for (const auto& r : recipes)
             if (!is_fp8_recipe(r)) std::cerr << "fp8kit train: --policy applies to the FP8 recipes; " << r << " ignores it\n";
-    std::vector<nn::TrainResult> runs;
+    std::vector<gpt::TrainResult> runs;
     for (const auto& recipe : recipes) {
         const auto progress = [&](int64_t step, float loss) {
             const int width = 30, done = int(double(width) * double(step + 1) / double(c.steps));
             std::fprintf(stderr, "\r%-10s [%s%s] %5lld/%lld loss %.3f", recipe.c_str(), std::string(size_t(done), '#').c_str(),
                          std::string(size_t(width - done), '.').c_str(), (long long)(step + 1), (long long)c.steps, double(loss));
         };
-        runs.push_back(nn::train_gpt(text, c, recipe, progress));
+        runs.push_back(gpt::train_gpt(text, c, recipe, progress));
         std::fprintf(stderr, " (%.1f s)\n", runs.back().seconds);
-        nn::save_model(*runs.back().model, a.out + "/model_" + recipe + ".safetensors");
+        gpt::save_model(*runs.back().model, a.out + "/model_" + recipe + ".safetensors");
     }
     // The table
-    const nn::TrainResult* f32 = nullptr;
+    const gpt::TrainResult* f32 = nullptr;
     for (const auto& r : runs)
         if (r.recipe == "f32") f32 = &r;
     std::vector<bench::Row> rows;
@@ -227,7 +228,7 @@ void run_train(const TrainArgs& a) {
     }
     bench::print_rows(std::cout, rows, false);
     std::cout << "\nfinal loss: held-out (last 10% of the text), nats per byte. tokens/s: after the warm-up steps"
-                 " (nn::TrainResult::tokens_per_second). weights: float32 parameters + grads + AdamW state; activations:"
+                 " (gpt::TrainResult::tokens_per_second). weights: float32 parameters + grads + AdamW state; activations:"
                  " what forward keeps for backward.\n";
     if (c.policy) {
         std::cout << "\n--policy " << a.policy << ": which layers ran in FP8, and why\n";
@@ -279,8 +280,8 @@ void add_generate_command(CLI::App& app) {
     cmd->add_option("--seed", *seed, "sampling seed");
     cmd->callback([=] {
         require_positive("--tokens", *tokens);
-        auto m = nn::load_model(*model);
-        std::cout << *prompt << nn::generate(*m, *prompt, *tokens, *seed) << "\n";
+        auto m = gpt::load_model(*model);
+        std::cout << *prompt << gpt::generate(*m, *prompt, *tokens, *seed) << "\n";
     });
 }
 

@@ -17,7 +17,7 @@
 // Policy file: {"format": "fp8kit-policy", "version": 1, "layers": [{"name" | "weight_shape",
 // "fp8", "recipe", "reason"}, ...]} (docs/CHECKPOINTS.md).
 //
-// Used by the checkpoint subcommands (tools/) and by nn::load_model / the nn conversions.
+// Used by the checkpoint subcommands (tools/) and by nn::load_parameters / the nn conversions.
 // Checked by tests/e2e/test_checkpoint.sh (each layout against PyTorch's own float64
 // dequantization, policies applied by quantize), tests/e2e/test_checkpoint_safety.sh (outputs
 // never over inputs, interrupts), tests/python/test_checkpoint_ecosystem.py (llm-compressor's

@@ -1,14 +1,15 @@
-// fp8kit/nn.hpp: layers, a GPT-2-style model, FP8 training layers and conversion policies, built
+// fp8kit/nn.hpp: layers, FP8 training layers, conversion policies and parameter files, built
 // only on the public fp8kit operations (quantize, gemm, ...), so they run on any backend.
 //
 //  - Module: a tree of named modules (qualified names like "blocks.3.mlp.fc1") owning float32
 //    Parameters (value + grad). Layers: Linear, LayerNorm, RMSNorm, GELU, CausalSelfAttention,
 //    Embedding; cross_entropy; AdamW (float32 master weights: the parameters themselves).
-//  - GPT: byte-level (vocab 256) GPT-2: token + position embeddings, pre-norm blocks
-//    (attention, GELU MLP), final norm, untied lm_head.
 //  - Float8Linear: a Linear whose GEMMs run in FP8 with a Recipe; convert_to_float8_training
 //    swaps Linear modules for it with a filter (torchao's convert_to_float8_training).
 //  - enable_layerwise_casting: weights stored in FP8, upcast per layer at forward (Diffusers).
+//  - save_parameters / load_parameters: a module's parameters as a safetensors file, loaded back
+//    also after `fp8kit quantize` (FP8 Linear weights kept in FP8).
+// Models built from these live with their applications: the GPT of `fp8kit train` in tools/gpt.
 //
 // Numerics and how each part is checked: docs/NUMERICS.md ("Layers"), tests/nn/.
 #pragma once
@@ -206,37 +207,6 @@ private:
     int64_t t_ = 0;
 };
 
-// ---- the model ----
-
-struct GPTConfig {
-    int64_t layers = 4, width = 128, heads = 4, context = 64, vocab = 256;
-    void validate() const;  // fp8kit::Error naming the field
-    std::map<std::string, std::string> to_metadata() const;
-    static GPTConfig from_metadata(const std::map<std::string, std::string>& m);
-};
-
-// GPT-2 layout with names: tok_embed, pos_embed, blocks.<i>.{norm1, attn.{qkv, proj}, norm2,
-// mlp.{fc1, fc2}}, norm_f, lm_head. Initialised as GPT-2: N(0, 0.02) weights, the residual
-// projections (attn.proj, mlp.fc2) N(0, 0.02 / sqrt(2 layers)), zero biases, unit norms.
-class GPT : public Module {
-public:
-    GPT(const GPTConfig& cfg, uint64_t seed);
-    std::string_view kind() const override { return "GPT"; }
-    const GPTConfig& config() const noexcept { return cfg_; }
-    Tensor forward(const Tensor& tokens);  // i32 [B, T] (T <= context) -> logits f32 [B, T, V]
-    // forward + mean cross-entropy against targets i32 [B, T]; backward() then fills the grads.
-    float loss(const Tensor& tokens, const Tensor& targets);
-    void backward();
-    void zero_grad();
-    size_t activation_bytes() const;  // what forward keeps for backward, over all modules
-    size_t weight_bytes() const;      // parameters as stored
-
-private:
-    GPTConfig cfg_;
-    CrossEntropy ce_;
-    int64_t b_ = 0, t_ = 0;
-};
-
 // ---- FP8 training ----
 
 // What Float8Linear keeps from forward for backward: the FP8 casts (x^T and W^T as quantized in
@@ -337,63 +307,19 @@ std::optional<QuantizeOptions> input_quantization(const QTensor& weight);
 // (backward through a cast module throws fp8kit::Error).
 LayerwiseCastingReport enable_layerwise_casting(Module& model, const LayerwiseCastingOptions& opts = {});
 
-// ---- training (the `fp8kit train` job) ----
+// ---- parameter files ----
 
-// The training recipes, in order: "f32", "bf16" (GEMM inputs rounded to bf16, f32 accumulation),
-// and the FP8 recipes "tensorwise", "rowwise", "block", "delayed" (every Linear of the blocks as
-// Float8Linear; lm_head stays in float32, as TransformerEngine and torchao recipes usually do).
-const std::vector<std::string>& training_recipes();
-std::string_view builtin_corpus();  // a few tens of KB of public-domain English (src/nn/corpus.txt)
-
-struct TrainConfig {
-    GPTConfig model;
-    int64_t batch = 8, steps = 150;
-    float lr = 3e-3f;          // peak; linear warmup over the first 10% of steps, cosine to lr / 10
-    uint64_t seed = 1;         // initialisation and data order (the same for every recipe)
-    int64_t eval_batches = 4;  // held-out loss: the last 10% of the text, fixed windows
-    // FP8 recipes: a policy file's per-layer decisions (policy_plan); layers without an entry
-    // get the run's recipe and the usual filter.
-    std::optional<Policy> policy;
-    void validate() const;
-};
-
-struct TrainResult {
-    std::string recipe;
-    std::vector<float> losses;    // training loss per step
-    float final_loss = 0;         // held-out loss after the last step
-    double seconds = 0;           // every step
-    double tokens_per_second = 0; // after the warm-up steps (train_gpt), for every recipe alike
-    size_t weight_bytes = 0;      // parameters (float32 masters) + grads + AdamW state
-    size_t activation_bytes = 0;  // what forward keeps for backward (measured after a forward)
-    std::string conversion;       // the conversion report (FP8 recipes)
-    std::unique_ptr<GPT> model;
-};
-
-// Trains a fresh GPT(config.model, config.seed) on `text` (bytes are tokens) with one recipe.
-// progress(step, loss) after every step. tokens/s leaves out the first steps (warm-up: first-touch
-// allocations, delayed scaling's first amax, packing): max(1, steps / 20) of them when steps >= 2.
-// With a policy, TrainResult::conversion says per Linear whether it ran in FP8, with which recipe,
-// and why (the policy's reason, or the run's recipe and filter for layers it has no entry for).
-TrainResult train_gpt(std::string_view text, const TrainConfig& config, const std::string& recipe,
-                      const std::function<void(int64_t, float)>& progress = {});
-// fp8kit::Error unless `text` is long enough for config (a training split and a held-out 10%,
-// each longer than a context window): what train_gpt checks first, for callers to check early.
-void check_training_text(std::string_view text, const TrainConfig& config);
-
-// Samples `tokens` bytes after `prompt` (temperature 0.8 softmax sampling, reproducible for a seed).
-std::string generate(GPT& model, const std::string& prompt, int64_t tokens, uint64_t seed);
-
-// ---- checkpoints ----
-
-// A safetensors file: every parameter as float32 under its qualified name, the GPTConfig in the
-// metadata (GPTConfig::to_metadata).
-void save_model(const GPT& model, const std::string& path);
-// Loads what save_model writes, or that file quantized by `fp8kit quantize` (any scheme), from the
-// file or a directory of shards with its index (fp8kit::Checkpoint): a
-// Linear weight stored in FP8 becomes its Parameter::stored (the model is then inference-only,
-// as with layerwise casting; Linear::forward computes with it directly, input_quantization),
-// another FP8 tensor is dequantized. fp8kit::Error naming the file and the problem for missing
-// or invalid metadata, a missing tensor, a wrong shape or dtype, an unexpected tensor.
-std::unique_ptr<GPT> load_model(const std::string& path);
+// A safetensors file with every parameter of `model` as float32 under its qualified name
+// ("blocks.0.attn.qkv.weight"; a weight stored in FP8 dequantized) and `metadata` as its
+// __metadata__ (what a caller needs to rebuild the module: the GPT app writes its shape). Written
+// through a temporary renamed over `path`: never half-written.
+void save_parameters(const Module& model, const std::string& path, const std::map<std::string, std::string>& metadata);
+// Fills every parameter of `model` from `file` (a safetensors file or a directory of shards):
+// what save_parameters writes, or that file quantized by `fp8kit quantize` (any scheme). A Linear
+// weight stored in FP8 becomes its Parameter::stored (the model is then inference-only, as with
+// layerwise casting; Linear::forward computes with it directly, input_quantization), another FP8
+// tensor is dequantized; every tensor is copied out of the file. fp8kit::Error naming the file
+// and the problem for a missing tensor, a wrong shape or dtype, an unexpected tensor.
+void load_parameters(Module& model, const Checkpoint& file);
 
 }  // namespace fp8kit::nn

@@ -1,21 +1,24 @@
-// src/nn/checkpoint.cpp: saving and loading a GPT as a safetensors file (fp8kit/safetensors.hpp):
+// src/nn/checkpoint.cpp: a module's parameters as a safetensors file (fp8kit/safetensors.hpp):
 // one float32 tensor per parameter under its qualified name ("blocks.0.attn.qkv.weight"), and
-// the GPTConfig in __metadata__ (GPTConfig::to_metadata: "fp8kit.model": "gpt", "gpt.layers" ...).
-// save_safetensors writes through a temporary file renamed over the path: a failure never leaves
-// a half-written model.
-// load_model reads that file, or a directory of shards (fp8kit::Checkpoint), also after
+// the caller's metadata in __metadata__ (what it needs to rebuild the module; the GPT app of
+// tools/gpt writes its shape). save_safetensors writes through a temporary file renamed over the
+// path: a failure never leaves a half-written file.
+// load_parameters reads that file, or a directory of shards (fp8kit::Checkpoint), also after
 // `fp8kit quantize` (every layout of fp8kit/checkpoint.hpp):
 // a Linear weight in FP8 is kept so (Parameter::stored: Linear::forward computes with it
 // directly), any other FP8 tensor is dequantized. It refuses, with an fp8kit::Error naming the
-// file and the problem: metadata missing or invalid, a parameter's tensor missing, of the wrong
-// shape or dtype (FP8 without a scale, or a scale no layout explains), a tensor the model has no
-// parameter for. The model keeps no view of the file: every tensor is copied out of the mapping.
-// Checked by tests/nn/test_checkpoint.cpp (bit-exact round trip, each malformed file, every FP8
-// layout of a trained model within 20 dB of its float32 logits) and the CLI e2e tests (train,
-// then generate from the saved file and from its quantized copy).
+// file and the problem: a parameter's tensor missing, of the wrong shape or dtype (FP8 without a
+// scale, or a scale no layout explains), a tensor the module has no parameter for. The module
+// keeps no view of the file: every tensor is copied out of the mapping.
+// Checked by tests/nn/test_checkpoint.cpp (a module's round trip; through the GPT app's model
+// files: bit-exact round trip, each malformed file, every FP8 layout of a trained model above
+// the SQNR floors of docs/NUMERICS.md against its float32 logits) and the CLI e2e tests (train, then generate from the saved file
+// and from its quantized copy).
 #include <map>
 #include <optional>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "fp8kit/checkpoint.hpp"
 #include "fp8kit/nn.hpp"
@@ -23,29 +26,21 @@
 
 namespace fp8kit::nn {
 
-void save_model(const GPT& model, const std::string& path) {
+void save_parameters(const Module& model, const std::string& path, const std::map<std::string, std::string>& metadata) {
     std::vector<std::pair<std::string, Tensor>> tensors;
     for (const auto& [name, p] : model.named_parameters()) tensors.emplace_back(name, p->compute_value());
-    save_safetensors(path, tensors, model.config().to_metadata());
+    save_safetensors(path, tensors, metadata);
 }
 
-std::unique_ptr<GPT> load_model(const std::string& path) {
-    const Checkpoint st(path);  // a file or a directory of shards; opening errors name the path
+void load_parameters(Module& model, const Checkpoint& st) {
     const TensorLookup& file = st;
-    const std::string where = "fp8kit::nn::load_model: '" + path + "'";
-    GPTConfig config;
-    try {
-        config = GPTConfig::from_metadata(st.metadata());
-    } catch (const Error& e) {
-        throw Error(where + ": " + e.what());
-    }
-    auto model = std::make_unique<GPT>(config, 0);
+    const std::string where = "fp8kit::nn::load_parameters: '" + st.path() + "'";
     // Which parameters are Linear weights: those keep an FP8 copy and compute with it.
     std::set<const Parameter*> linear_weights;
-    for (const auto& [name, m] : model->named_modules())
+    for (const auto& [name, m] : model.named_modules())
         if (const auto* l = dynamic_cast<const Linear*>(m)) linear_weights.insert(&l->weight());
     std::set<std::string> unused(st.names().begin(), st.names().end());
-    for (auto& [name, p] : model->named_parameters()) {
+    for (auto& [name, p] : model.named_parameters()) {
         if (!st.contains(name)) throw Error(where + " has no tensor '" + name + "'");
         const SafetensorsEntry& e = st.entry(name);
         if (e.shape != p->value.shape())
@@ -54,7 +49,7 @@ std::unique_ptr<GPT> load_model(const std::string& path) {
         try {
             fp8 = stored_weight(file, name);  // an FP8 weight with its scale, as fp8kit quantize writes it
         } catch (const Error& err) {
-            throw Error("fp8kit::nn::load_model: " + std::string(err.what()));
+            throw Error("fp8kit::nn::load_parameters: " + std::string(err.what()));
         }
         if (fp8 && linear_weights.count(p.get())) {
             // Kept in FP8: inference-only, as layerwise casting. Copied out of the mapping (one
@@ -77,7 +72,6 @@ std::unique_ptr<GPT> load_model(const std::string& path) {
         if (fp8) unused.erase(fp8->scale);
     }
     if (!unused.empty()) throw Error(where + " has an unexpected tensor '" + *unused.begin() + "'");
-    return model;
 }
 
 }  // namespace fp8kit::nn

@@ -1,5 +1,7 @@
-// tests/nn/test_checkpoint.cpp: nn::save_model / nn::load_model over safetensors (label nn).
-// A saved model reloads with bit-identical logits and every parameter under its qualified name as
+// tests/nn/test_checkpoint.cpp: nn::save_parameters / nn::load_parameters over safetensors, for
+// any module and through the GPT app's model files (gpt::save_model / gpt::load_model,
+// tools/gpt/gpt.hpp) (label nn). A module's parameters round-trip bit for bit with its metadata;
+// a saved model reloads with bit-identical logits and every parameter under its qualified name as
 // float32; each kind of bad file is refused with an fp8kit::Error naming the file and the
 // problem (missing or invalid metadata, a missing tensor, a wrong shape or dtype, an extra tensor).
 // FP8 checkpoints: a model trained by train_gpt, saved, quantized by the real `fp8kit quantize`
@@ -22,13 +24,17 @@
 #include "fp8kit/checkpoint.hpp"
 #include "fp8kit/nn.hpp"
 #include "fp8kit/safetensors.hpp"
+#include "gpt/gpt.hpp"
 #include "support.hpp"  // unique_temp_stem
 #ifdef FP8KIT_CLI
 #include "oracle.hpp"  // run_program: build-machine builds only (tests/CMakeLists.txt)
 #endif
 
-namespace fp8kit::nn {
+namespace fp8kit::gpt {
 namespace {
+
+using nn::Linear;
+using nn::Parameter;
 
 namespace fs = std::filesystem;
 
@@ -51,6 +57,35 @@ std::vector<std::pair<std::string, Tensor>> tensors_of(const GPT& m) {
     std::vector<std::pair<std::string, Tensor>> t;
     for (const auto& [name, p] : m.named_parameters()) t.emplace_back(name, p->value);
     return t;
+}
+
+// The library's parameter files on a module that is not the GPT: every parameter (a Linear's
+// weight and bias) back bit for bit, the caller's metadata kept; a module of another shape is
+// refused naming the file and the tensor.
+TEST(Checkpoint, ModuleParametersRoundTripWithTheirMetadata) {
+    Linear a(5, 3);
+    for (const auto& [name, p] : a.named_parameters())
+        for (int64_t i = 0; i < p->value.numel(); ++i) p->value.data<float>()[i] = std::ldexp(float(i + 1), -7) * (name == "bias" ? -1.0f : 3.0f);
+    const std::string path = temp_file("linear.safetensors");
+    nn::save_parameters(a, path, {{"my.key", "my value"}});
+    Linear b(5, 3);
+    nn::load_parameters(b, Checkpoint(path));
+    EXPECT_EQ(Checkpoint(path).metadata().at("my.key"), "my value");
+    const auto pa = a.named_parameters(), pb = b.named_parameters();
+    ASSERT_EQ(pa.size(), 2u);
+    ASSERT_EQ(pb.size(), 2u);
+    for (size_t k = 0; k < pa.size(); ++k) {
+        EXPECT_EQ(pa[k].first, pb[k].first);
+        ASSERT_EQ(pa[k].second->value.shape(), pb[k].second->value.shape());
+        for (int64_t i = 0; i < pa[k].second->value.numel(); ++i)
+            ASSERT_EQ(std::bit_cast<uint32_t>(pa[k].second->value.data<float>()[i]),
+                      std::bit_cast<uint32_t>(pb[k].second->value.data<float>()[i])) << pa[k].first << " " << i;
+    }
+    Linear c(5, 4);
+    const std::string msg = message([&] { nn::load_parameters(c, Checkpoint(path)); });
+    fs::remove(path);
+    EXPECT_NE(msg.find(path), std::string::npos) << msg;
+    EXPECT_NE(msg.find("'weight' is [3, 5], the model expects [4, 5]"), std::string::npos) << msg;
 }
 
 TEST(Checkpoint, SafetensorsRoundTripIsBitExact) {
@@ -207,20 +242,20 @@ TEST(Checkpoint, FP8OutsideLinearIsDequantizedAndBadFP8IsNamed) {
 TEST(Checkpoint, InputQuantizationMatchesTheWeightsScaleGroupsAlongK) {
     QTensor w;
     w.scaling = Scaling::tensor();
-    EXPECT_EQ(input_quantization(w)->scaling.granularity, Granularity::tensor);
+    EXPECT_EQ(nn::input_quantization(w)->scaling.granularity, Granularity::tensor);
     w.scaling = Scaling::row();
-    EXPECT_EQ(input_quantization(w)->scaling.granularity, Granularity::row);
+    EXPECT_EQ(nn::input_quantization(w)->scaling.granularity, Granularity::row);
     w.scaling = Scaling::block(64, 32);
-    const auto b = input_quantization(w);
+    const auto b = nn::input_quantization(w);
     EXPECT_EQ(b->scaling.granularity, Granularity::block);
     EXPECT_EQ(b->scaling.block_rows, 1);
     EXPECT_EQ(b->scaling.block_cols, 32);
     w.scaling = Scaling::mx32();
-    EXPECT_EQ(input_quantization(w)->scaling.granularity, Granularity::mx32);
+    EXPECT_EQ(nn::input_quantization(w)->scaling.granularity, Granularity::mx32);
     w.data = Tensor::zeros(w.data.shape(), DType::e5m2);  // an e5m2 weight: the input stays e4m3fn (two e5m2 operands are refused by the GEMM)
-    EXPECT_EQ(input_quantization(w)->format, Format::e4m3fn);
+    EXPECT_EQ(nn::input_quantization(w)->format, Format::e4m3fn);
     w.scaling = Scaling::column();
-    EXPECT_FALSE(input_quantization(w).has_value());
+    EXPECT_FALSE(nn::input_quantization(w).has_value());
 }
 
 #ifdef FP8KIT_CLI
@@ -247,7 +282,7 @@ void expect_native_fp8_product(Linear& l, std::mt19937_64& g) {
     for (float& v : xv) v = d(g);
     const Tensor x = Tensor::from(xv, {n, k});
     const Tensor y = l.forward(x);
-    const Tensor xq = dequantize(quantize(x, *input_quantization(w)), DType::f32);
+    const Tensor xq = dequantize(quantize(x, *nn::input_quantization(w)), DType::f32);
     const Tensor wd = dequantize(w, DType::f32);
     const Tensor bias = l.bias()->compute_value();
     int64_t bad = 0;
@@ -393,4 +428,4 @@ TEST(Checkpoint, TrainedModelQuantizedByTheCommandHoldsTheDerivedFloors) {
 #endif
 
 }  // namespace
-}  // namespace fp8kit::nn
+}  // namespace fp8kit::gpt

@@ -306,33 +306,6 @@ TEST(Convert, PolicyDecidesPerLayerWithItsRecipeAndReason) {
     EXPECT_EQ(why(r2.skipped, "proj_in"), "no entry");
 }
 
-TEST(Convert, TrainingWithAPolicy) {
-    TrainConfig c;
-    c.model = GPTConfig{2, 64, 4, 32, 256};
-    c.batch = 4;
-    c.steps = 2;
-    c.policy = policy_file("train", R"J(
-        {"name": "blocks.0.mlp", "fp8": false, "recipe": null, "reason": "kept in f32"},
-        {"name": "blocks.1.attn.qkv", "fp8": true, "recipe": "block", "reason": "block here"})J");
-    const TrainResult r = train_gpt(builtin_corpus(), c, "rowwise");
-    // The report: per Linear, FP8 (and the recipe) or float32, and why.
-    for (const char* line : {"blocks.0.mlp.fc1: float32 - policy: kept in f32", "blocks.0.mlp.fc2: float32 - policy: kept in f32",
-                             "blocks.1.attn.qkv: FP8 block - policy: block here",
-                             "blocks.1.mlp.fc1: FP8 rowwise - no policy entry: the run's recipe",
-                             "lm_head: float32 - no policy entry: the output layer stays in high precision"})
-        EXPECT_NE(r.conversion.find(line), std::string::npos) << line << " not in\n" << r.conversion;
-    std::map<std::string, std::string> kinds;
-    for (const auto& [name, m] : r.model->named_modules()) {
-        if (const auto* f = dynamic_cast<const Float8Linear*>(m)) kinds[name] = std::string(to_string(f->options().recipe.kind));
-        else if (m->kind() == "Linear") kinds[name] = "f32";
-    }
-    EXPECT_EQ(kinds["blocks.1.attn.qkv"], "block");
-    EXPECT_EQ(kinds["blocks.1.attn.proj"], "rowwise");
-    EXPECT_EQ(kinds["blocks.0.mlp.fc1"], "f32");
-    EXPECT_EQ(kinds["lm_head"], "f32");
-    EXPECT_TRUE(std::isfinite(r.final_loss));
-}
-
 TEST(LayerwiseCasting, PolicySkipsWithItsReasonAndPicksTheStoredLayout) {
     OddModel m;
     std::map<std::string, std::vector<float>> w32;

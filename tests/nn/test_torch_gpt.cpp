@@ -1,10 +1,11 @@
-// tests/nn/test_torch_gpt.cpp (label nn): the float32 GPT against PyTorch, the way llm.c checks
-// itself: the same weights (a GPT(config, seed) of fp8kit, sent as they are), tokens and targets;
-// tests/nn/torch_gpt_oracle.py runs the same network from torch operations on the CPU and returns
-// logits, loss and every parameter's gradient. Each must agree to float32 rounding: for every
-// tensor, max |fp8kit - torch| <= 1e-5 * max |torch| (about 100 float32 ulps of the tensor's
-// largest entry: both sides sum up to a few hundred float32 products, in different orders).
-// Skipped (GTEST_SKIP, with the reason) when the venv's Python or its torch is missing.
+// tests/nn/test_torch_gpt.cpp (label nn): the float32 GPT of the GPT app (tools/gpt/gpt.hpp)
+// against PyTorch, the way llm.c checks itself: the same weights (a GPT(config, seed) of fp8kit,
+// sent as they are), tokens and targets; tests/nn/torch_gpt_oracle.py runs the same network from
+// torch operations on the CPU and returns logits, loss and every parameter's gradient. Each must
+// agree to float32 rounding: for every tensor, max |fp8kit - torch| <= 1e-5 * max |torch| (about
+// 100 float32 ulps of the tensor's largest entry: both sides sum up to a few hundred float32
+// products, in different orders). Skipped (GTEST_SKIP, with the reason) when the venv's Python or
+// its torch is missing.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -15,10 +16,10 @@
 #include <sstream>
 #include <string>
 
-#include "fp8kit/nn.hpp"
+#include "gpt/gpt.hpp"
 #include "oracle.hpp"
 
-namespace fp8kit::nn {
+namespace fp8kit::gpt {
 namespace {
 
 static_assert(std::endian::native == std::endian::little, "the oracle's files are little-endian");
@@ -100,4 +101,4 @@ TEST(TorchGPT, LogitsLossAndEveryGradientMatchPyTorch) {
 }
 
 }  // namespace
-}  // namespace fp8kit::nn
+}  // namespace fp8kit::gpt

@@ -1,6 +1,8 @@
-// tests/nn/test_train.cpp: the training job on a tiny GPT and the built-in corpus, fast parts
-// (label nn): one seed twice gives the same losses bit for bit; a saved model loads back with the
-// same logits; the bf16 recipe keeps float32 master weights; bad input names what is wrong. The 200-step run per recipe: test_train_e2e.cpp.
+// tests/nn/test_train.cpp: the training job of the GPT app (tools/gpt/gpt.hpp) on a tiny GPT and
+// the built-in corpus, fast parts (label nn): one seed twice gives the same losses bit for bit; a
+// saved model loads back with the same logits; the bf16 recipe keeps float32 master weights; a
+// policy converts per layer and the report says why; bad input names what is wrong. The 200-step
+// run per recipe: test_train_e2e.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -8,10 +10,13 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 
+#include "fp8kit/checkpoint.hpp"
 #include "fp8kit/nn.hpp"
+#include "gpt/gpt.hpp"
 
-namespace fp8kit::nn {
+namespace fp8kit::gpt {
 namespace {
 
 TrainConfig tiny(int64_t steps) {
@@ -80,13 +85,13 @@ TEST(Train, Bf16RecipeKeepsFloat32MasterWeights) {
     const auto params = m.named_parameters();
     const auto at = std::find_if(params.begin(), params.end(), [](const auto& p) { return p.first == "blocks.0.mlp.fc1.weight"; });
     ASSERT_NE(at, params.end());
-    const Parameter& fc1 = *at->second;
+    const nn::Parameter& fc1 = *at->second;
     const std::vector<float> before(fc1.value.data<float>(), fc1.value.data<float>() + fc1.value.numel());
     const Tensor tokens = Tensor::from(std::vector<int32_t>(16, 65), {2, 8}), targets = Tensor::from(std::vector<int32_t>(16, 66), {2, 8});
     m.zero_grad();
     m.loss(tokens, targets);
     m.backward();
-    AdamW opt(params, AdamWOptions{1e-6f, 0.9f, 0.95f, 1e-8f, 0.0f});
+    nn::AdamW opt(params, nn::AdamWOptions{1e-6f, 0.9f, 0.95f, 1e-8f, 0.0f});
     opt.step(1e-6f);
     int64_t moved = 0, below_half_step = 0;
     for (size_t i = 0; i < before.size(); ++i) {
@@ -97,6 +102,33 @@ TEST(Train, Bf16RecipeKeepsFloat32MasterWeights) {
         below_half_step += std::abs(double(now) - double(before[i])) < std::ldexp(std::abs(double(before[i])), -9);
     }
     EXPECT_GT(below_half_step, int64_t(before.size()) / 2) << moved << " of " << before.size() << " weights moved";
+}
+
+// A policy (as `fp8kit advise` writes; reading the file: tests/nn/test_convert.cpp) decides for
+// the layers it names, the others get the run's recipe, lm_head stays float32; the report says
+// per Linear which precision it ran in and why.
+TEST(Train, PolicyConvertsPerLayerAndTheReportSaysWhy) {
+    TrainConfig c = tiny(2);
+    c.batch = 4;
+    c.policy = Policy{{{"blocks.0.mlp", {}, false, std::nullopt, "kept in f32"},
+                       {"blocks.1.attn.qkv", {}, true, Scheme::block128, "block here"}}};
+    const TrainResult r = train_gpt(builtin_corpus(), c, "rowwise");
+    // The report: per Linear, FP8 (and the recipe) or float32, and why.
+    for (const char* line : {"blocks.0.mlp.fc1: float32 - policy: kept in f32", "blocks.0.mlp.fc2: float32 - policy: kept in f32",
+                             "blocks.1.attn.qkv: FP8 block - policy: block here",
+                             "blocks.1.mlp.fc1: FP8 rowwise - no policy entry: the run's recipe",
+                             "lm_head: float32 - no policy entry: the output layer stays in high precision"})
+        EXPECT_NE(r.conversion.find(line), std::string::npos) << line << " not in\n" << r.conversion;
+    std::map<std::string, std::string> kinds;
+    for (const auto& [name, m] : r.model->named_modules()) {
+        if (const auto* f = dynamic_cast<const nn::Float8Linear*>(m)) kinds[name] = std::string(to_string(f->options().recipe.kind));
+        else if (m->kind() == "Linear") kinds[name] = "f32";
+    }
+    EXPECT_EQ(kinds["blocks.1.attn.qkv"], "block");
+    EXPECT_EQ(kinds["blocks.1.attn.proj"], "rowwise");
+    EXPECT_EQ(kinds["blocks.0.mlp.fc1"], "f32");
+    EXPECT_EQ(kinds["lm_head"], "f32");
+    EXPECT_TRUE(std::isfinite(r.final_loss));
 }
 
 TEST(Train, BadInputNamesWhatIsWrong) {
@@ -117,4 +149,4 @@ TEST(Train, BadInputNamesWhatIsWrong) {
 }
 
 }  // namespace
-}  // namespace fp8kit::nn
+}  // namespace fp8kit::gpt

@@ -1,11 +1,11 @@
-// tests/nn/test_train_e2e.cpp (label slow): the training job end to end on a tiny GPT
-// (2 layers, width 64, context 32, batch 8) and the built-in corpus, 200 steps per recipe, over
-// 3 seeds (each seed: one initialisation and data order, the same for every recipe of that seed) -
-// not one chosen seed. Every recipe costs at most 3%: the mean of its held-out losses over the
-// seeds no more than 3% above f32's mean, and in the worst seed no more than 3% above f32's loss
-// of that seed; the loss falls for every recipe and seed, and the held-out loss ends below a
-// unigram model's. One-sided because a recipe may end well below f32 by the noise of the
-// trajectory: measured, at seed 3 f32 and bf16 end at 3.08 nats and the FP8 recipes 0.7 - 12.8%
+// tests/nn/test_train_e2e.cpp (label slow): the training job of the GPT app (tools/gpt/gpt.hpp) end
+// to end on a tiny GPT (2 layers, width 64, context 32, batch 8) and the built-in corpus, 200 steps
+// per recipe, over 3 seeds (each seed: one initialisation and data order, the same for every recipe
+// of that seed) - not one chosen seed. Every recipe costs at most 3%: the mean of its held-out
+// losses over the seeds no more than 3% above f32's mean, and in the worst seed no more than 3%
+// above f32's loss of that seed; the loss falls for every recipe and seed, and the held-out loss
+// ends below a unigram model's. One-sided because a recipe may end well below f32 by the noise of
+// the trajectory: measured, at seed 3 f32 and bf16 end at 3.08 nats and the FP8 recipes 0.7 - 12.8%
 // lower (seeds 1 and 2: every recipe within -0.2 ... +2.9% of f32).
 #include <gtest/gtest.h>
 
@@ -14,9 +14,9 @@
 #include <cstdio>
 #include <numeric>
 
-#include "fp8kit/nn.hpp"
+#include "gpt/gpt.hpp"
 
-namespace fp8kit::nn {
+namespace fp8kit::gpt {
 namespace {
 
 constexpr uint64_t seeds[] = {1, 2, 3};
@@ -75,4 +75,4 @@ TEST(TrainE2E, NoRecipeCostsMoreThan3PercentOverSeedsAndTheLossFalls) {
 }
 
 }  // namespace
-}  // namespace fp8kit::nn
+}  // namespace fp8kit::gpt

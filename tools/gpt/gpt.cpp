@@ -1,14 +1,26 @@
-// src/nn/gpt.cpp: the GPT-2-style model - embeddings, pre-norm blocks (attention, GELU MLP),
-// final norm, lm_head - its forward/backward through the modules, and GPT-2's initialisation.
+// tools/gpt/gpt.cpp: the GPT-2-style model of the GPT app - embeddings, pre-norm blocks
+// (attention, GELU MLP), final norm, lm_head - its forward/backward through the library's
+// modules, GPT-2's initialisation, and its model files (the GPTConfig as metadata of
+// nn::save_parameters / nn::load_parameters).
 // Checked against the same model in PyTorch on the same weights and tokens
-// (tests/nn/test_torch_gpt.cpp: logits, loss and every gradient).
+// (tests/nn/test_torch_gpt.cpp: logits, loss and every gradient); the model files by
+// tests/nn/test_checkpoint.cpp (bit-exact round trip, each malformed file, FP8 files).
 #include <cmath>
 #include <numbers>
 #include <random>
 
-#include "fp8kit/nn.hpp"
+#include "fp8kit/checkpoint.hpp"
+#include "gpt/gpt.hpp"
 
-namespace fp8kit::nn {
+namespace fp8kit::gpt {
+
+using nn::CausalSelfAttention;
+using nn::Embedding;
+using nn::GELU;
+using nn::LayerNorm;
+using nn::Linear;
+using nn::Module;
+
 namespace {
 
 // x += y, elementwise over equal shapes
@@ -86,7 +98,7 @@ constexpr size_t tok_i = 0, pos_i = 1, blocks_i = 2, norm_f_i = 3, lm_head_i = 4
 
 void GPTConfig::validate() const {
     auto need = [](bool ok, const std::string& what) {
-        if (!ok) throw Error("fp8kit::nn::GPTConfig: " + what);
+        if (!ok) throw Error("fp8kit::gpt::GPTConfig: " + what);
     };
     need(layers >= 1 && layers <= 1024, "layers must be in [1, 1024], got " + std::to_string(layers));
     need(width >= 1 && width <= 65536, "width must be in [1, 65536], got " + std::to_string(width));
@@ -107,17 +119,17 @@ std::map<std::string, std::string> GPTConfig::to_metadata() const {
 GPTConfig GPTConfig::from_metadata(const std::map<std::string, std::string>& m) {
     auto get = [&](const std::string& key) -> int64_t {
         const auto it = m.find(key);
-        if (it == m.end()) throw Error("fp8kit::nn::GPTConfig: the metadata has no '" + key + "'");
+        if (it == m.end()) throw Error("fp8kit::gpt::GPTConfig: the metadata has no '" + key + "'");
         try {
             size_t used = 0;
             const long long v = std::stoll(it->second, &used);
             if (used != it->second.size()) throw std::invalid_argument("trailing");
             return v;
         } catch (const std::exception&) {
-            throw Error("fp8kit::nn::GPTConfig: metadata '" + key + "' is '" + it->second + "', not an integer");
+            throw Error("fp8kit::gpt::GPTConfig: metadata '" + key + "' is '" + it->second + "', not an integer");
         }
     };
-    if (m.count("fp8kit.model") == 0 || m.at("fp8kit.model") != "gpt") throw Error("fp8kit::nn: the file does not hold an fp8kit GPT (metadata fp8kit.model)");
+    if (m.count("fp8kit.model") == 0 || m.at("fp8kit.model") != "gpt") throw Error("fp8kit::gpt: the file does not hold an fp8kit GPT (metadata fp8kit.model)");
     GPTConfig c{get("gpt.layers"), get("gpt.width"), get("gpt.heads"), get("gpt.context"), get("gpt.vocab")};
     c.validate();
     return c;
@@ -143,7 +155,7 @@ GPT::GPT(const GPTConfig& cfg, uint64_t seed) : cfg_(cfg) {
 
 Tensor GPT::forward(const Tensor& tokens) {
     if (tokens.dtype() != DType::i32 || tokens.dim() != 2 || tokens.size(1) < 1 || tokens.size(1) > cfg_.context)
-        throw Error("fp8kit::nn::GPT::forward: tokens are " + std::string(to_string(tokens.dtype())) + " " +
+        throw Error("fp8kit::gpt::GPT::forward: tokens are " + std::string(to_string(tokens.dtype())) + " " +
                     to_string(tokens.shape()) + ", expected i32 [B, T] with 1 <= T <= context " + std::to_string(cfg_.context));
     b_ = tokens.size(0);
     t_ = tokens.size(1);
@@ -162,7 +174,7 @@ Tensor GPT::forward(const Tensor& tokens) {
 
 float GPT::loss(const Tensor& tokens, const Tensor& targets) {
     if (targets.shape() != tokens.shape())
-        throw Error("fp8kit::nn::GPT::loss: targets " + to_string(targets.shape()) + " and tokens " + to_string(tokens.shape()) + " differ");
+        throw Error("fp8kit::gpt::GPT::loss: targets " + to_string(targets.shape()) + " and tokens " + to_string(tokens.shape()) + " differ");
     return ce_.forward(forward(tokens), targets);
 }
 
@@ -197,4 +209,19 @@ size_t GPT::weight_bytes() const {
     return s;
 }
 
-}  // namespace fp8kit::nn
+void save_model(const GPT& model, const std::string& path) { nn::save_parameters(model, path, model.config().to_metadata()); }
+
+std::unique_ptr<GPT> load_model(const std::string& path) {
+    const Checkpoint file(path);  // a file or a directory of shards; opening errors name the path
+    GPTConfig config;
+    try {
+        config = GPTConfig::from_metadata(file.metadata());
+    } catch (const Error& e) {
+        throw Error("fp8kit::gpt::load_model: '" + path + "': " + e.what());
+    }
+    auto model = std::make_unique<GPT>(config, 0);
+    nn::load_parameters(*model, file);
+    return model;
+}
+
+}  // namespace fp8kit::gpt

@@ -1,8 +1,9 @@
-// src/nn/train.cpp: the training loop of `fp8kit train` - data windows from a byte corpus, a
-// recipe applied to a fresh GPT, AdamW with warmup + cosine decay, held-out loss - and sampling.
-// Checked by tests/nn/test_train.cpp (two runs with one seed agree bit for bit, bad input),
-// tests/nn/test_train_e2e.cpp (every FP8 recipe within 3% of f32 over several seeds, loss falls)
-// and tests/e2e/test_cli.sh (the command).
+// tools/gpt/train.cpp: the training loop of `fp8kit train` - data windows from a byte corpus (the
+// built-in one: tools/gpt/corpus.txt), a recipe applied to a fresh GPT, AdamW with warmup +
+// cosine decay, held-out loss - and sampling.
+// Checked by tests/nn/test_train.cpp (two runs with one seed agree bit for bit, a policy's
+// per-layer report, bad input), tests/nn/test_train_e2e.cpp (every FP8 recipe within 3% of f32
+// over several seeds, loss falls) and tests/e2e/test_cli.sh (the command).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -10,9 +11,17 @@
 #include <random>
 #include <sstream>
 
-#include "fp8kit/nn.hpp"
+#include "gpt/gpt.hpp"
 
-namespace fp8kit::nn {
+namespace fp8kit::gpt {
+
+using nn::AdamW;
+using nn::AdamWOptions;
+using nn::ConversionReport;
+using nn::Float8Linear;
+using nn::Float8LinearOptions;
+using nn::Linear;
+using nn::LinearFilter;
 
 extern const unsigned char corpus_bytes[];
 extern const size_t corpus_size;
@@ -27,8 +36,8 @@ const std::vector<std::string>& training_recipes() {
 void TrainConfig::validate() const {
     model.validate();
     if (batch < 1 || steps < 1 || eval_batches < 1 || !(lr > 0 && lr < 1))
-        throw Error("fp8kit::nn::TrainConfig: batch, steps and eval_batches must be >= 1 and lr in (0, 1)");
-    if (model.vocab < 256) throw Error("fp8kit::nn::TrainConfig: byte tokens need vocab >= 256, got " + std::to_string(model.vocab));
+        throw Error("fp8kit::gpt::TrainConfig: batch, steps and eval_batches must be >= 1 and lr in (0, 1)");
+    if (model.vocab < 256) throw Error("fp8kit::gpt::TrainConfig: byte tokens need vocab >= 256, got " + std::to_string(model.vocab));
 }
 
 namespace {
@@ -78,12 +87,12 @@ void apply_recipe(GPT& model, const std::string& recipe, const std::optional<Pol
     if (recipe == "f32") return;
     if (recipe == "bf16") {
         for (auto& [name, m] : model.named_modules())
-            if (auto* l = dynamic_cast<Linear*>(m)) l->precision = MatmulPrecision::bf16;
+            if (auto* l = dynamic_cast<Linear*>(m)) l->precision = nn::MatmulPrecision::bf16;
         return;
     }
     Float8LinearOptions o;
     o.recipe = parse_recipe(recipe);  // fp8kit::Error for an unknown name
-    const LinearFilter base = default_filter();
+    const LinearFilter base = nn::default_filter();
     const LinearFilter filter = [&](const Linear& l, const std::string& name, std::string& why) {
         if (name == "lm_head") {
             why = "the output layer stays in high precision";
@@ -93,8 +102,8 @@ void apply_recipe(GPT& model, const std::string& recipe, const std::optional<Pol
     };
     // A policy decides for the layers it has entries for (FP8 or not, and the recipe); the
     // others follow the filter with this run's recipe.
-    const ConversionReport rep = policy ? convert_to_float8_training(model, policy_plan(*policy, o, filter))
-                                        : convert_to_float8_training(model, filter, o);
+    const ConversionReport rep = policy ? nn::convert_to_float8_training(model, nn::policy_plan(*policy, o, filter))
+                                        : nn::convert_to_float8_training(model, filter, o);
     r.conversion = policy ? policy_report(model, *policy, rep) : rep.text();
 }
 
@@ -115,7 +124,7 @@ TrainResult train_gpt(std::string_view text, const TrainConfig& c, const std::st
     const int64_t split = int64_t(text.size()) * 9 / 10;
     const bool known = std::find(training_recipes().begin(), training_recipes().end(), recipe) != training_recipes().end() ||
                        recipe == "mxfp8";
-    if (!known) throw Error("fp8kit::nn::train_gpt: unknown recipe '" + recipe + "' (f32, bf16, tensorwise, rowwise, block, delayed, mxfp8)");
+    if (!known) throw Error("fp8kit::gpt::train_gpt: unknown recipe '" + recipe + "' (f32, bf16, tensorwise, rowwise, block, delayed, mxfp8)");
     TrainResult r;
     r.recipe = recipe;
     r.model = std::make_unique<GPT>(c.model, c.seed);
@@ -160,7 +169,7 @@ TrainResult train_gpt(std::string_view text, const TrainConfig& c, const std::st
 }
 
 std::string generate(GPT& model, const std::string& prompt, int64_t tokens, uint64_t seed) {
-    if (tokens < 0) throw Error("fp8kit::nn::generate: tokens must be >= 0, got " + std::to_string(tokens));
+    if (tokens < 0) throw Error("fp8kit::gpt::generate: tokens must be >= 0, got " + std::to_string(tokens));
     const int64_t ctx = model.config().context, v = model.config().vocab;
     std::vector<int32_t> seq;
     for (unsigned char ch : prompt) seq.push_back(int32_t(ch));
@@ -193,4 +202,4 @@ std::string generate(GPT& model, const std::string& prompt, int64_t tokens, uint
     return out;
 }
 
-}  // namespace fp8kit::nn
+}  // namespace fp8kit::gpt
