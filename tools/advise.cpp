@@ -21,7 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint.hpp"
+#include "checkpoint_commands.hpp"
 #include "commands.hpp"
 #include "common.hpp"
 #include "fp8kit/error.hpp"

@@ -8,7 +8,7 @@
 // tests/python/test_checkpoint_ecosystem.py (bit for bit against compressed-tensors).
 #include <memory>
 
-#include "checkpoint.hpp"
+#include "checkpoint_commands.hpp"
 #include "commands.hpp"
 #include "fp8kit/error.hpp"
 

@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint.hpp"
+#include "checkpoint_commands.hpp"
 #include "commands.hpp"
 
 namespace fp8kit::tools {

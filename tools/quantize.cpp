@@ -24,7 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint.hpp"
+#include "checkpoint_commands.hpp"
 #include "commands.hpp"
 #include "fp8kit/error.hpp"
 #include "fp8kit/format.hpp"

@@ -1,11 +1,11 @@
-// tools/skip.cpp: SkipRule (tools/checkpoint.hpp) - which weights stay in high precision, by
+// tools/skip.cpp: SkipRule (tools/checkpoint_commands.hpp) - which weights stay in high precision, by
 // regular expressions over their names: the default (embeddings, norms, output head) plus the
 // user's --skip ones. The one file of the command that uses <regex> (tools/CMakeLists.txt says
 // why that matters to GCC 12). Checked by tests/e2e/test_checkpoint.sh (--skip, a bad --skip
 // regex, the default rule in quantize and advise).
 #include <regex>
 
-#include "checkpoint.hpp"
+#include "checkpoint_commands.hpp"
 #include "fp8kit/error.hpp"
 
 namespace fp8kit::tools {

@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint.hpp"
+#include "checkpoint_commands.hpp"
 #include "commands.hpp"
 #include "fp8kit/error.hpp"
 

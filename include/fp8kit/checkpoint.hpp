@@ -22,7 +22,7 @@
 // dequantization, policies applied by quantize), tests/e2e/test_checkpoint_safety.sh (outputs
 // never over inputs, interrupts), tests/python/test_checkpoint_ecosystem.py (llm-compressor's
 // checkpoints read bit for bit as compressed-tensors decompresses them),
-// tests/nn/test_checkpoint.cpp (every layout loaded into a model) and tests/nn/test_convert.cpp
+// tests/nn/test_parameters.cpp (every layout loaded into a model) and tests/nn/test_model_conversion.cpp
 // (policies applied to a model).
 #pragma once
 

@@ -1,7 +1,7 @@
 // src/io/checkpoint.cpp: FP8 weight layouts (recognising a stored FP8 weight and its scale as a
 // QTensor) and the conversion policy file (fp8kit/checkpoint.hpp).
 // Checked by tests/e2e/test_checkpoint.sh (through the fp8kit command, against PyTorch),
-// tests/nn/test_checkpoint.cpp (FP8 checkpoints loaded into a model) and tests/nn/test_convert.cpp
+// tests/nn/test_parameters.cpp (FP8 checkpoints loaded into a model) and tests/nn/test_model_conversion.cpp
 // (policies read and applied).
 #include "fp8kit/checkpoint.hpp"
 

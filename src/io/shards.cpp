@@ -4,7 +4,7 @@
 // appears whole or not at all, interrupts included (src/platform's temporaries).
 // Checked by tests/e2e/test_checkpoint.sh (shard directories, outputs, failures leaving nothing),
 // tests/e2e/test_checkpoint_safety.sh (OUT = IN through links and relative paths, --force, SIGINT,
-// SIGTERM and SIGKILL) and tests/nn/test_checkpoint.cpp (models loaded from shards).
+// SIGTERM and SIGKILL) and tests/nn/test_parameters.cpp (models loaded from shards).
 #include <algorithm>
 #include <filesystem>
 

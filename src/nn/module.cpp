@@ -1,5 +1,5 @@
 // src/nn/module.cpp: the module tree (qualified names, replacement) and Parameter storage.
-// Checked by tests/nn/test_convert.cpp (names, replacement, bytes).
+// Checked by tests/nn/test_model_conversion.cpp (names, replacement, bytes).
 #include <string>
 
 #include "fp8kit/nn.hpp"

@@ -104,7 +104,7 @@ TEST(Train, Bf16RecipeKeepsFloat32MasterWeights) {
     EXPECT_GT(below_half_step, int64_t(before.size()) / 2) << moved << " of " << before.size() << " weights moved";
 }
 
-// A policy (as `fp8kit advise` writes; reading the file: tests/nn/test_convert.cpp) decides for
+// A policy (as `fp8kit advise` writes; reading the file: tests/nn/test_model_conversion.cpp) decides for
 // the layers it names, the others get the run's recipe, lm_head stays float32; the report says
 // per Linear which precision it ran in and why.
 TEST(Train, PolicyConvertsPerLayerAndTheReportSaysWhy) {

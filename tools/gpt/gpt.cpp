@@ -4,7 +4,7 @@
 // nn::save_parameters / nn::load_parameters).
 // Checked against the same model in PyTorch on the same weights and tokens
 // (tests/nn/test_torch_gpt.cpp: logits, loss and every gradient); the model files by
-// tests/nn/test_checkpoint.cpp (bit-exact round trip, each malformed file, FP8 files).
+// tests/nn/test_parameters.cpp (bit-exact round trip, each malformed file, FP8 files).
 #include <cmath>
 #include <numbers>
 #include <random>

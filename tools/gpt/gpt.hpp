@@ -5,7 +5,7 @@
 // command and its tests).
 //
 // Checked by tests/nn/test_torch_gpt.cpp (the float32 model against PyTorch), tests/nn/test_train.cpp
-// and tests/nn/test_train_e2e.cpp (training), tests/nn/test_checkpoint.cpp (model files, FP8 ones
+// and tests/nn/test_train_e2e.cpp (training), tests/nn/test_parameters.cpp (model files, FP8 ones
 // included) and tests/e2e/test_cli.sh (the commands).
 #pragma once
 

@@ -1,4 +1,4 @@
-// src/nn/checkpoint.cpp: a module's parameters as a safetensors file (fp8kit/safetensors.hpp):
+// src/nn/parameters.cpp: a module's parameters as a safetensors file (fp8kit/safetensors.hpp):
 // one float32 tensor per parameter under its qualified name ("blocks.0.attn.qkv.weight"), and
 // the caller's metadata in __metadata__ (what it needs to rebuild the module; the GPT app of
 // tools/gpt writes its shape). save_safetensors writes through a temporary file renamed over the
@@ -10,7 +10,7 @@
 // file and the problem: a parameter's tensor missing, of the wrong shape or dtype (FP8 without a
 // scale, or a scale no layout explains), a tensor the module has no parameter for. The module
 // keeps no view of the file: every tensor is copied out of the mapping.
-// Checked by tests/nn/test_checkpoint.cpp (a module's round trip; through the GPT app's model
+// Checked by tests/nn/test_parameters.cpp (a module's round trip; through the GPT app's model
 // files: bit-exact round trip, each malformed file, every FP8 layout of a trained model above
 // the SQNR floors of docs/NUMERICS.md against its float32 logits) and the CLI e2e tests (train, then generate from the saved file
 // and from its quantized copy).

@@ -1,4 +1,4 @@
-// tests/nn/test_checkpoint.cpp: nn::save_parameters / nn::load_parameters over safetensors, for
+// tests/nn/test_parameters.cpp: nn::save_parameters / nn::load_parameters over safetensors, for
 // any module and through the GPT app's model files (gpt::save_model / gpt::load_model,
 // tools/gpt/gpt.hpp) (label nn). A module's parameters round-trip bit for bit with its metadata;
 // a saved model reloads with bit-identical logits and every parameter under its qualified name as

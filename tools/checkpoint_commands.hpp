@@ -1,4 +1,4 @@
-// tools/checkpoint.hpp: what the checkpoint subcommands (quantize, inspect, dequantize, verify,
+// tools/checkpoint_commands.hpp: what the checkpoint subcommands (quantize, inspect, dequantize, verify,
 // advise) share beyond the library's fp8kit/checkpoint.hpp (checkpoints on disk, FP8 layouts,
 // stored weights, the policy file): the skip rule, values as float32, SQNR, non-finite values,
 // the options every writing command takes, and progress on a terminal.

@@ -1,4 +1,4 @@
-// tests/nn/test_convert.cpp: convert_to_float8_training and enable_layerwise_casting on a model
+// tests/nn/test_model_conversion.cpp: convert_to_float8_training and enable_layerwise_casting on a model
 // with odd shapes: which modules are converted / cast / skipped and why, the default, user and
 // auto filters, skip patterns and classes, the capability table, and weight memory counted
 // independently from the shapes. Layerwise-cast outputs are checked against the float32 model.

@@ -1,8 +1,8 @@
-// tools/checkpoint.cpp: values as float32, non-finite values, SQNR, output options and progress
-// for the checkpoint subcommands (checkpoint.hpp).
+// tools/checkpoint_commands.cpp: values as float32, non-finite values, SQNR, output options and progress
+// for the checkpoint subcommands (checkpoint_commands.hpp).
 // Checked by tests/e2e/test_checkpoint.sh, tests/e2e/test_checkpoint_safety.sh and
 // tests/e2e/check_checkpoint.py.
-#include "checkpoint.hpp"
+#include "checkpoint_commands.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -1,9 +1,9 @@
-// src/nn/convert.cpp: model conversion policies - convert_to_float8_training (swap Linear for
+// src/nn/model_conversion.cpp: model conversion policies - convert_to_float8_training (swap Linear for
 // Float8Linear where a filter allows; torchao's convert_to_float8_training) and
 // enable_layerwise_casting (weights stored in FP8, upcast per layer; Diffusers'
 // enable_layerwise_casting, with the same default skip patterns), each also driven by a policy
 // file (fp8kit/checkpoint.hpp: per layer FP8 or not, and the recipe). Checked on a model with odd
-// shapes in tests/nn/test_convert.cpp (report, skip rules, policies, bytes).
+// shapes in tests/nn/test_model_conversion.cpp (report, skip rules, policies, bytes).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
