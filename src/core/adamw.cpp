@@ -25,7 +25,7 @@ void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& m, cons
     // float32 powers, as torch.optim.AdamW's float32 step count gives them.
     const float c1 = 1.0f - std::pow(u.beta1, float(u.step)), c2 = 1.0f - std::pow(u.beta2, float(u.step));
     const detail::Dispatch d = detail::dispatch(op, {{"param", &param}, {"grad", &grad}, {"m", &m}, {"v", &v}});
-    d.ops.adamw_update({dt, param.numel(), param.raw_data(), m.raw_data(), v.raw_data(), g.raw_data(), u.lr,
+    d.ops.adamw_update({dt, param.numel(), param.raw_data(), m.raw_data(), v.raw_data(), g.const_raw_data(), u.lr,
                                       u.beta1, u.beta2, u.eps, u.weight_decay, c1, c2, d.ctx});
 }
 

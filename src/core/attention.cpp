@@ -19,7 +19,7 @@ detail::AttentionJob attention_job(const char* op, const Tensor& qkv, int64_t he
         throw Error(std::string("fp8kit::") + op + ": heads is " + std::to_string(heads) + ", expected a divisor of C = " +
                     std::to_string(c));
     }
-    return {dt, qkv.size(0), qkv.size(1), c, heads, nullptr, nullptr, nullptr, nullptr, nullptr};
+    return {dt, qkv.size(0), qkv.size(1), c, heads, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
 }
 
 }  // namespace
@@ -29,7 +29,7 @@ void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, 
     const Tensor q = qkv.contiguous();
     detail::output("attention_forward", "out", out, j.dtype, {j.b, j.t, j.c});
     detail::output("attention_forward", "att", att, j.dtype, {j.b, j.nh, j.t, j.t});
-    j.qkv = q.raw_data();
+    j.qkv = q.const_raw_data();
     j.out = out.raw_data();
     j.att = att.raw_data();
     const detail::Dispatch d = detail::dispatch("attention_forward", {{"out", &out}, {"att", &att}, {"qkv", &qkv}});
@@ -43,9 +43,9 @@ void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qk
     const Tensor g = detail::input("attention_backward", "dout", dout, j.dtype, {j.b, j.t, j.c});
     const Tensor a = detail::input("attention_backward", "att", att, j.dtype, {j.b, j.nh, j.t, j.t});
     detail::output("attention_backward", "dqkv", dqkv, j.dtype, qkv.shape());
-    j.qkv = q.raw_data();
-    j.att = a.raw_data();
-    j.dout = g.raw_data();
+    j.qkv = q.const_raw_data();
+    j.saved_att = a.const_raw_data();
+    j.dout = g.const_raw_data();
     j.dqkv = dqkv.raw_data();
     const detail::Dispatch d = detail::dispatch("attention_backward", {{"dqkv", &dqkv}, {"dout", &dout}, {"qkv", &qkv}, {"att", &att}});
     j.ctx = d.ctx;

@@ -11,7 +11,7 @@ void gelu_forward(const Tensor& out, const Tensor& inp) {
     const Tensor x = inp.contiguous();
     detail::output("gelu_forward", "out", out, dt, inp.shape());
     const detail::Dispatch d = detail::dispatch("gelu_forward", {{"out", &out}, {"inp", &inp}});
-    d.ops.gelu_forward({dt, x.numel(), x.raw_data(), nullptr, out.raw_data(), d.ctx});
+    d.ops.gelu_forward({dt, x.numel(), x.const_raw_data(), nullptr, out.raw_data(), d.ctx});
 }
 
 void gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout) {
@@ -20,7 +20,7 @@ void gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout) {
     const Tensor g = detail::input("gelu_backward", "dout", dout, dt, inp.shape());
     detail::output("gelu_backward", "dinp", dinp, dt, inp.shape());
     const detail::Dispatch d = detail::dispatch("gelu_backward", {{"dinp", &dinp}, {"inp", &inp}, {"dout", &dout}});
-    d.ops.gelu_backward({dt, x.numel(), x.raw_data(), g.raw_data(), dinp.raw_data(), d.ctx});
+    d.ops.gelu_backward({dt, x.numel(), x.const_raw_data(), g.const_raw_data(), dinp.raw_data(), d.ctx});
 }
 
 }  // namespace fp8kit

@@ -60,7 +60,7 @@ inline Tensor indices(const char* op, const char* arg, const Tensor& t, int64_t 
         throw Error(std::string("fp8kit::") + op + ": " + arg + " is " + describe(t) + ", expected an i32 host tensor");
     }
     Tensor c = t.contiguous();
-    const int32_t* p = c.data<int32_t>();
+    const int32_t* p = c.data<const int32_t>();
     for (int64_t i = 0; i < c.numel(); ++i) {
         if (p[i] < 0 || p[i] >= bound) {
             throw Error(std::string("fp8kit::") + op + ": " + arg + "[" + std::to_string(i) + "] is " + std::to_string(p[i]) +

@@ -44,7 +44,7 @@ void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd
     detail::output(op, "rstd", rstd, dt, {rows});
     const detail::Dispatch d = detail::dispatch(op, {{"out", &out}, {"mean", &mean}, {"rstd", &rstd}, {"inp", &inp}, {"weight", &weight}, {"bias", &bias}});
     d.ops.layernorm_forward(
-        {dt, rows, c, eps, x.raw_data(), w.raw_data(), b.raw_data(), out.raw_data(), mean.raw_data(), rstd.raw_data(), d.ctx});
+        {dt, rows, c, eps, x.const_raw_data(), w.const_raw_data(), b.const_raw_data(), out.raw_data(), mean.raw_data(), rstd.raw_data(), d.ctx});
 }
 
 void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
@@ -58,8 +58,8 @@ void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor&
     detail::output(op, "dweight", dweight, dt, {c});
     detail::output(op, "dbias", dbias, dt, {c});
     const detail::Dispatch d = detail::dispatch(op, {{"dinp", &dinp}, {"dweight", &dweight}, {"dbias", &dbias}, {"dout", &dout}, {"inp", &inp}, {"weight", &weight}, {"mean", &mean}, {"rstd", &rstd}});
-    d.ops.layernorm_backward({dt, rows, c, g.raw_data(), x.raw_data(), w.raw_data(), mu.raw_data(),
-                                            rs.raw_data(), dinp.raw_data(), dweight.raw_data(), dbias.raw_data(), d.ctx});
+    d.ops.layernorm_backward({dt, rows, c, g.const_raw_data(), x.const_raw_data(), w.const_raw_data(), mu.const_raw_data(),
+                                            rs.const_raw_data(), dinp.raw_data(), dweight.raw_data(), dbias.raw_data(), d.ctx});
 }
 
 void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp, const Tensor& weight, double eps) {
@@ -71,7 +71,7 @@ void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp, c
     detail::output(op, "rstd", rstd, dt, {rows});
     const detail::Dispatch d = detail::dispatch(op, {{"out", &out}, {"rstd", &rstd}, {"inp", &inp}, {"weight", &weight}});
     d.ops.rmsnorm_forward(
-        {dt, rows, c, eps, x.raw_data(), w.raw_data(), nullptr, out.raw_data(), nullptr, rstd.raw_data(), d.ctx});
+        {dt, rows, c, eps, x.const_raw_data(), w.const_raw_data(), nullptr, out.raw_data(), nullptr, rstd.raw_data(), d.ctx});
 }
 
 void rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
@@ -84,7 +84,7 @@ void rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& d
     detail::output(op, "dinp", dinp, dt, inp.shape());
     detail::output(op, "dweight", dweight, dt, {c});
     const detail::Dispatch d = detail::dispatch(op, {{"dinp", &dinp}, {"dweight", &dweight}, {"dout", &dout}, {"inp", &inp}, {"weight", &weight}, {"rstd", &rstd}});
-    d.ops.rmsnorm_backward({dt, rows, c, g.raw_data(), x.raw_data(), w.raw_data(), nullptr, rs.raw_data(),
+    d.ops.rmsnorm_backward({dt, rows, c, g.const_raw_data(), x.const_raw_data(), w.const_raw_data(), nullptr, rs.const_raw_data(),
                                           dinp.raw_data(), dweight.raw_data(), nullptr, d.ctx});
 }
 

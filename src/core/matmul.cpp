@@ -32,7 +32,7 @@ detail::MatmulJob matmul_job(const char* op, const Tensor& out, const Tensor& a,
     }
     detail::output(op, "out", out, dt, {m, n});
     if (bias.defined()) detail::expect_tensor(op, "bias", bias, dt, {n});
-    return {dt, m, n, k, keep_a.raw_data(), a.dtype(), o.transpose_a, keep_b.raw_data(), b.dtype(), o.transpose_b,
+    return {dt, m, n, k, keep_a.const_raw_data(), a.dtype(), o.transpose_a, keep_b.const_raw_data(), b.dtype(), o.transpose_b,
             o.accumulate, nullptr, out.raw_data()};
 }
 
@@ -58,7 +58,7 @@ void linear_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, 
     const Tensor b = bias.defined() ? detail::input("linear_forward", "bias", bias, dt, {w.size(0)}) : Tensor();
     detail::MatmulJob job =
         matmul_job("linear_forward", out.reshape({-1, w.size(0)}), x, w, {.transpose_b = true}, b, x, w);
-    job.bias = b.defined() ? b.raw_data() : nullptr;
+    job.bias = b.defined() ? b.const_raw_data() : nullptr;
     const detail::Dispatch d =
         detail::dispatch("linear_forward", {{"out", &out}, {"inp", &inp}, {"weight", &weight}, {"bias", &bias}});
     job.ctx = d.ctx;
@@ -100,7 +100,7 @@ void linear_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& db
     detail::MatmulJob job = matmul_job(op, dweight, g, x, {.transpose_a = true, .accumulate = true}, Tensor(), g, x);
     job.ctx = d.ctx;
     d.ops.matmul(job);
-    if (dbias.defined()) d.ops.bias_grad({dt, rows, oc, g.raw_data(), dbias.raw_data(), d.ctx});
+    if (dbias.defined()) d.ops.bias_grad({dt, rows, oc, g.const_raw_data(), dbias.raw_data(), d.ctx});
 }
 
 void bias_backward(const Tensor& dbias, const Tensor& dout) {
@@ -112,7 +112,7 @@ void bias_backward(const Tensor& dbias, const Tensor& dout) {
     detail::output("bias_backward", "dbias", dbias, dt, dbias.shape());
     const Tensor g = detail::input("bias_backward", "dout", dout, dt, dout.shape());
     const detail::Dispatch d = detail::dispatch("bias_backward", {{"dbias", &dbias}, {"dout", &dout}});
-    d.ops.bias_grad({dt, detail::leading_rows(g), dbias.size(0), g.raw_data(), dbias.raw_data(), d.ctx});
+    d.ops.bias_grad({dt, detail::leading_rows(g), dbias.size(0), g.const_raw_data(), dbias.raw_data(), d.ctx});
 }
 
 }  // namespace fp8kit

@@ -235,9 +235,9 @@ struct AttentionJob {
     DType dtype;
     int64_t b, t, c, nh;
     const void* qkv;
-    void *out, *att;
-    const void* dout;
-    void* dqkv;
+    void *out, *att;         // forward: written
+    const void *dout, *saved_att;  // backward: read (saved_att: the forward's att)
+    void* dqkv;              // backward: written
     ExecContext ctx = {};  // last, so the positional initializers of src/core need not name it
 };
 
@@ -245,9 +245,10 @@ struct CrossEntropyJob {
     DType dtype;
     int64_t rows, v;
     const int32_t* targets;  // [rows], each in [0, v)
-    const void* logits;      // forward
-    void *losses, *probs;    // forward: written; backward: probs read
-    void* dlogits;           // backward
+    const void* logits;      // forward: read
+    void *losses, *probs;    // forward: written
+    const void* saved_probs; // backward: read (the forward's probs)
+    void* dlogits;           // backward: written
     double dloss;            // backward
     ExecContext ctx = {};  // last, so the positional initializers of src/core need not name it
 };

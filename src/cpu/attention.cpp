@@ -55,7 +55,7 @@ void attention_bwd(const detail::AttentionJob& j) {
     T* dqkv = static_cast<T*>(j.dqkv);
     const T* dout = static_cast<const T*>(j.dout);
     const T* qkv = static_cast<const T*>(j.qkv);
-    const T* att = static_cast<const T*>(j.att);
+    const T* att = static_cast<const T*>(j.saved_att);
     const int64_t b = j.b, t = j.t, c = j.c, nh = j.nh;
     const int64_t hs = c / nh;
     const double scale = 1.0 / std::sqrt(double(hs));

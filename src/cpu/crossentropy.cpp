@@ -34,7 +34,7 @@ void crossentropy_fwd(const detail::CrossEntropyJob& j) {
 template <class T>
 void crossentropy_bwd(const detail::CrossEntropyJob& j) {
     T* dlogits = static_cast<T*>(j.dlogits);
-    const T* probs = static_cast<const T*>(j.probs);
+    const T* probs = static_cast<const T*>(j.saved_probs);
     const T dloss = T(j.dloss);
     const int64_t rows = j.rows, v = j.v;
 #pragma omp parallel for schedule(static) if (rows * v > parallel_min_work)

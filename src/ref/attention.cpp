@@ -56,7 +56,7 @@ void attention_fwd(const detail::AttentionJob& j) {
 template <class T>
 void attention_bwd(const detail::AttentionJob& j) {
     const T* qkv = static_cast<const T*>(j.qkv);
-    const T* att = static_cast<const T*>(j.att);
+    const T* att = static_cast<const T*>(j.saved_att);
     const T* dout = static_cast<const T*>(j.dout);
     const int64_t t = j.t, c = j.c, hs = c / j.nh;
     const double scale = 1.0 / std::sqrt(double(hs));

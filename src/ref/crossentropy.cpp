@@ -26,7 +26,7 @@ void crossentropy_fwd(const detail::CrossEntropyJob& j) {
 
 template <class T>
 void crossentropy_bwd(const detail::CrossEntropyJob& j) {
-    const T* probs = static_cast<const T*>(j.probs);
+    const T* probs = static_cast<const T*>(j.saved_probs);
     for (int64_t r = 0; r < j.rows; ++r)
         for (int64_t i = 0; i < j.v; ++i) {
             const double y = i == j.targets[r] ? 1.0 : 0.0;

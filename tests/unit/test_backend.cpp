@@ -108,6 +108,80 @@ TEST(Tensor, ReadOnlyMemoryIsReadableAndRefusesWritesNamingTheTensor) {
     expect_error([&] { gemm({Tensor::full({2, 2}, 1.0f), QuantizeOptions{}}, PackedWeight(q), {}, t); }, "read-only");
 }
 
+// Runs every layer op, forward and backward, on fixed inputs that are read-only views of host
+// vectors (inputs_read_only) or writable copies of the same values; returns all outputs.
+std::vector<float> layer_ops_outputs(bool inputs_read_only) {
+    std::vector<float> x(48 * 3), w(8), b(8), g(48), logits(2 * 8), bias6(6, 0.5f);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * float(i)) * 2.0f;
+    for (size_t i = 0; i < w.size(); ++i) w[i] = 1.0f + 0.125f * float(i), b[i] = 0.25f * float(i) - 1.0f;
+    for (size_t i = 0; i < g.size(); ++i) g[i] = std::cos(0.21f * float(i));
+    for (size_t i = 0; i < logits.size(); ++i) logits[i] = std::sin(1.3f * float(i)) * 3.0f;
+    const std::vector<int32_t> ids{1, 7, 0, 3, 3, 5};
+    std::vector<std::vector<float>> saved;  // values an op wrote, handed to a backward as input
+    const auto in = [&](const std::vector<float>& v, Shape s) {
+        return inputs_read_only ? Tensor::view_of(nullptr, v.data(), std::move(s), DType::f32, "in")
+                                : Tensor::from(v, std::move(s));
+    };
+    const auto in_of = [&](const Tensor& t) {
+        saved.emplace_back(t.data<const float>(), t.data<const float>() + t.numel());
+        return in(saved.back(), t.shape());
+    };
+    const auto in_ids = [&](size_t n) {
+        return inputs_read_only ? Tensor::view_of(nullptr, ids.data(), {int64_t(n)}, DType::i32, "ids")
+                                : Tensor::from(std::vector<int32_t>(ids.begin(), ids.begin() + int64_t(n)), {int64_t(n)});
+    };
+    saved.reserve(8);  // in_of's views point into it
+    const std::vector<float> x48(x.begin(), x.begin() + 48), x48b(x.begin() + 48, x.begin() + 96),
+        x64(x.begin(), x.begin() + 64);
+    const Tensor rows = in(x48, {6, 8}), wt = in(w, {8}), gt = in(g, {6, 8});
+    const Tensor out = Tensor::empty({6, 8}, DType::f32), mean = Tensor::empty({6}, DType::f32),
+                 rstd = Tensor::empty({6}, DType::f32), dinp = Tensor::empty({6, 8}, DType::f32),
+                 dw = Tensor::zeros({8}, DType::f32), db = Tensor::zeros({8}, DType::f32);
+    layernorm_forward(out, mean, rstd, rows, wt, in(b, {8}));
+    layernorm_backward(dinp, dw, db, gt, rows, wt, in_of(mean), in_of(rstd));
+    const Tensor act = Tensor::empty({6, 8}, DType::f32), dact = Tensor::empty({6, 8}, DType::f32);
+    gelu_forward(act, rows);
+    gelu_backward(dact, rows, gt);
+    const Tensor qkv = in(x, {2, 3, 24});  // [B, T, 3C], C = 8, two heads
+    const Tensor att_out = Tensor::empty({2, 3, 8}, DType::f32), att = Tensor::empty({2, 2, 3, 3}, DType::f32),
+                 dqkv = Tensor::empty({2, 3, 24}, DType::f32);
+    attention_forward(att_out, att, qkv, 2);
+    attention_backward(dqkv, in(g, {2, 3, 8}), qkv, in_of(att), 2);
+    const Tensor lin = Tensor::empty({6, 6}, DType::f32), dlin = Tensor::empty({6, 6}, DType::f32);
+    linear_forward(lin, rows, in(x48b, {6, 8}), in(bias6, {6}));
+    const Tensor dwl = Tensor::zeros({6, 8}, DType::f32), dbl = Tensor::zeros({6}, DType::f32);
+    linear_backward(Tensor(), dwl, dbl, in_of(lin), rows, in(x48b, {6, 8}));
+    const Tensor emb = Tensor::empty({6, 8}, DType::f32), demb = Tensor::zeros({8, 8}, DType::f32);
+    embedding_forward(emb, in_ids(6), in(x64, {8, 8}));
+    embedding_backward(demb, gt, in_ids(6));
+    const Tensor losses = Tensor::empty({2}, DType::f32), probs = Tensor::empty({2, 8}, DType::f32),
+                 dlogits = Tensor::empty({2, 8}, DType::f32);
+    crossentropy_forward(losses, probs, in(logits, {2, 8}), in_ids(2));
+    crossentropy_backward(dlogits, in_of(probs), in_ids(2), 0.5f);
+    const Tensor param = Tensor::from(w, {8}), m = Tensor::zeros({8}, DType::f32), v = Tensor::zeros({8}, DType::f32);
+    adamw_update(param, in(b, {8}), m, v, {});
+    std::vector<float> all;
+    for (const Tensor* t : {&out, &mean, &rstd, &dinp, &dw, &db, &act, &dact, &att_out, &att, &dqkv, &lin, &dwl, &dbl,
+                            &emb, &demb, &losses, &probs, &dlogits, &param, &m, &v}) {
+        all.insert(all.end(), t->data<const float>(), t->data<const float>() + t->numel());
+    }
+    return all;
+}
+
+// A layer op only reads its inputs, so it takes them from read-only memory (weights that view a
+// mapped checkpoint, a read-only numpy array) with the same results as from writable copies; its
+// outputs are written, so a read-only output is refused, naming it.
+TEST(Tensor, LayerOpsReadInputsFromReadOnlyMemory) {
+    const std::vector<float> from_read_only = layer_ops_outputs(true), from_writable = layer_ops_outputs(false);
+    ASSERT_EQ(from_read_only.size(), from_writable.size());
+    for (size_t i = 0; i < from_writable.size(); ++i) {
+        EXPECT_TRUE(same_float(from_read_only[i], from_writable[i])) << "output value " << i;
+    }
+    const std::vector<float> ones(8, 1.0f), frozen(8, 0.0f);
+    expect_error([&] { gelu_forward(Tensor::view_of(nullptr, frozen.data(), {8}, DType::f32, "frozen"), Tensor::from(ones, {8})); },
+                 "'frozen'");
+}
+
 TEST(Tensor, ExternalStridedMemoryWithOwner) {
     // A column-major [3, 4] array (numpy's order='F'): strides {1, 3}.
     auto storage = std::make_shared<std::vector<float>>(12);
