@@ -39,7 +39,7 @@ if [ ! -x "$venv/bin/python3" ]; then
     echo "setup: creating $venv"
     python3 -m venv "$venv"
 fi
-if ! "$venv/bin/python3" -c "import ml_dtypes, numpy, safetensors" 2>/dev/null; then
+if ! "$venv/bin/python3" -c "import ml_dtypes, numpy, safetensors, pytest" 2>/dev/null; then
     echo "setup: installing Python test oracles: $(tr '\n' ' ' < tests/requirements.txt)"
     "$venv/bin/python3" -m pip install -q --disable-pip-version-check -r tests/requirements.txt
 else
@@ -81,3 +81,13 @@ else
     echo "setup: installing transformers, compressed-tensors, llm-compressor (tests/requirements-checkpoints.txt, ~450 MB)"
     "$venv/bin/python3" -m pip install -q --disable-pip-version-check --no-deps -r tests/requirements-checkpoints.txt
 fi
+
+# The Python package (pyproject.toml, python/): its pinned build requirements, then `pip install .`
+# without build isolation (nothing fetched at build time), built by CMake in build/python. Run every
+# time, so that .venv holds the package of this checkout; an unchanged tree rebuilds nothing.
+if ! "$venv/bin/python3" -c "import scikit_build_core, nanobind" 2>/dev/null; then
+    echo "setup: installing the Python package's build requirements: $(grep -v '^#' python/requirements-build.txt | tr '\n' ' ')"
+    "$venv/bin/python3" -m pip install -q --disable-pip-version-check -r python/requirements-build.txt
+fi
+echo "setup: building the fp8kit Python package into $venv (build/python)"
+"$venv/bin/python3" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps .

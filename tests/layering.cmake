@@ -7,7 +7,7 @@
 # app, tools/gpt, on the public headers only): its header "gpt/gpt.hpp" is for the command alone,
 # never for the library (src/, the public headers in include/), bench/ or examples/.
 # Run by ctest (label unit) two ways:
-#   cmake -DROOT=<source tree> -P layering.cmake        checks src/ include/ tools/ bench/ examples/;
+#   cmake -DROOT=<source tree> -P layering.cmake        checks src/ include/ tools/ bench/ examples/ python/;
 #   cmake -DSELF_TEST=<scratch> -P layering.cmake       plants each kind of violation in a scratch
 #       tree and fails unless every one is caught (and a clean include passes).
 cmake_minimum_required(VERSION 3.25)
@@ -23,6 +23,7 @@ set(internal_nn "nn")
 set(internal_tools "gpt")  # the GPT app's header (tools/gpt/gpt.hpp)
 set(internal_bench "")
 set(internal_examples "")
+set(internal_python "")  # the Python extension (python/): public headers only
 set(internal_include "")  # the public headers include only each other
 # layer -> the public headers it must not include (those of the layers above it).
 set(upper_io "nn")
@@ -33,8 +34,8 @@ endforeach()
 
 function(check_tree root out)
     set(bad "")
-    foreach(layer core ref cpu cuda platform io nn include tools bench examples)
-        if(layer MATCHES "^(include|tools|bench|examples)$")
+    foreach(layer core ref cpu cuda platform io nn include tools bench examples python)
+        if(layer MATCHES "^(include|tools|bench|examples|python)$")
             set(dir "${root}/${layer}")
         else()
             set(dir "${root}/src/${layer}")
@@ -93,6 +94,8 @@ if(DEFINED SELF_TEST)
     expect_check(bench/planted.cpp "#include \"gpt/gpt.hpp\"" TRUE)
     expect_check(examples/planted.cpp "#include \"gpt/gpt.hpp\"" TRUE)
     expect_check(tools/gpt/planted.cpp "#include \"nn/layer_args.hpp\"" TRUE)
+    expect_check(python/planted.cpp "#include \"core/ops.hpp\"" TRUE)
+    expect_check(python/planted.cpp "#include \"gpt/gpt.hpp\"" TRUE)
     # What the layering allows.
     expect_check(src/nn/planted.cpp "#include \"fp8kit/checkpoint.hpp\"" FALSE)
     expect_check(src/nn/planted.cpp "#include \"nn/layer_args.hpp\"" FALSE)
@@ -102,6 +105,7 @@ if(DEFINED SELF_TEST)
     expect_check(tools/planted.cpp "#include \"commands.hpp\"" FALSE)
     expect_check(tools/planted.cpp "#include \"gpt/gpt.hpp\"" FALSE)
     expect_check(tools/gpt/planted.cpp "#include \"fp8kit/nn.hpp\"" FALSE)
+    expect_check(python/planted.cpp "#include \"fp8kit/nn.hpp\"" FALSE)
     expect_check(include/fp8kit/planted.hpp "#include \"fp8kit/tensor.hpp\"" FALSE)
     file(REMOVE_RECURSE "${tree}")
     return()

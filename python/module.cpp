@@ -1,0 +1,258 @@
+// python/module.cpp: the nanobind extension fp8kit._fp8kit - the formats, bulk encode/decode,
+// quantize / cast_transpose / dequantize and QTensor of the C++ API, over numpy arrays and
+// anything else that speaks DLPack (torch tensors). python/fp8kit/__init__.py wraps it (torch
+// FP8 dtypes in and out); tests/python/test_package.py checks it against ml_dtypes, PyTorch and a
+// float32 numpy implementation of docs/NUMERICS.md.
+//
+// Memory: inputs are viewed, never copied (Tensor::from_external with the array's strides; a
+// kernel that needs rows in order copies a strided view itself, as in C++). Outputs are fp8kit
+// tensors handed to numpy without a copy: the array's owner is a capsule holding the Tensor, so
+// the memory lives as long as either side uses it. The GIL is released around every kernel.
+// Errors: fp8kit::Error arrives as fp8kit.Error, a ValueError, with the C++ message.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <span>
+#include <string>
+#include <vector>
+
+#include "fp8kit/fp8kit.hpp"
+#include "fp8kit/version.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace fp8kit::python {
+namespace {
+
+using Array = nb::ndarray<nb::ro>;              // any dtype, shape, strides; read only
+using NumpyArray = nb::ndarray<nb::numpy>;
+
+// The fp8kit dtype of a DLPack dtype; fp8kit::Error naming the argument when there is none.
+DType dtype_from_dlpack(const Array& a, const char* arg) {
+    const nb::dlpack::dtype d = a.dtype();
+    using code = nb::dlpack::dtype_code;
+    if (d.lanes == 1) {
+        switch (code(d.code)) {
+            case code::Float:
+                if (d.bits == 32) return DType::f32;
+                if (d.bits == 16) return DType::f16;
+                if (d.bits == 64) return DType::f64;
+                break;
+            case code::Bfloat: if (d.bits == 16) return DType::bf16; break;
+            case code::UInt: if (d.bits == 8) return DType::u8; break;
+            case code::Int: if (d.bits == 32) return DType::i32; break;
+            case code::Float8_E4M3FN: return DType::e4m3fn;
+            case code::Float8_E5M2: return DType::e5m2;
+            case code::Float8_E4M3FNUZ: return DType::e4m3fnuz;
+            case code::Float8_E5M2FNUZ: return DType::e5m2fnuz;
+            case code::Float8_E8M0FNU: return DType::e8m0fnu;
+            default: break;
+        }
+    }
+    throw Error(std::string("fp8kit: ") + arg + " has a dtype fp8kit does not take (DLPack code " +
+                std::to_string(int(d.code)) + ", " + std::to_string(int(d.bits)) + " bits)");
+}
+
+// A view of the array's memory as an fp8kit tensor (no copy). `keep` holds the array while the
+// tensor lives; inside a call the argument itself keeps it alive.
+Tensor view(const Array& a, const char* arg) {
+    if (a.device_type() != nb::device::cpu::value) {
+        throw Error(std::string("fp8kit: ") + arg + " is on a device this fp8kit was not built for (DLPack device " +
+                    std::to_string(a.device_type()) + "); move it to the CPU");
+    }
+    Tensor::External e;
+    e.data = const_cast<void*>(a.data());
+    e.dtype = dtype_from_dlpack(a, arg);
+    e.read_only = true;
+    e.name = arg;
+    for (size_t i = 0; i < a.ndim(); ++i) {
+        e.shape.push_back(int64_t(a.shape(i)));
+        e.strides.push_back(a.stride(i));
+    }
+    return Tensor::from_external(nullptr, std::move(e));
+}
+
+// The numpy dtype of an fp8kit tensor's elements: FP8 codes and bf16 travel as their bits
+// (uint8, uint16); the Python side re-views them (torch float8_*, ml_dtypes).
+nb::dlpack::dtype numpy_dtype(DType d) {
+    switch (d) {
+        case DType::f32: return nb::dtype<float>();
+        case DType::f16: return {uint8_t(nb::dlpack::dtype_code::Float), 16, 1};
+        case DType::f64: return nb::dtype<double>();
+        case DType::i32: return nb::dtype<int32_t>();
+        case DType::bf16: return nb::dtype<uint16_t>();
+        default: return nb::dtype<uint8_t>();  // u8 and the FP8 formats
+    }
+}
+
+// A numpy array over the tensor's memory (no copy): the capsule owning the array holds the
+// tensor's storage. A QTensor's fields come out read-only (nb::ro): writing to them would change
+// the QTensor behind its scales.
+template <class... Flags>
+nb::ndarray<nb::numpy, Flags...> to_numpy(const Tensor& t) {
+    const Tensor c = t.contiguous();
+    std::vector<size_t> shape(c.shape().begin(), c.shape().end());
+    auto* owner = new Tensor(c);
+    nb::capsule keep(owner, [](void* p) noexcept { delete static_cast<Tensor*>(p); });
+    return {const_cast<void*>(c.const_raw_data()), shape.size(), shape.data(), keep, nullptr, numpy_dtype(c.dtype())};
+}
+
+using FrozenArray = nb::ndarray<nb::numpy, nb::ro>;
+
+// The optional fields of a QTensor (data_t, scale_inv_t, amax): None when undefined.
+std::optional<FrozenArray> to_numpy_if_defined(const Tensor& t) {
+    if (!t.defined()) return std::nullopt;
+    return to_numpy<nb::ro>(t);
+}
+
+NumpyArray encode_array(const Array& x, const std::string& format, const std::string& overflow) {
+    const Format f = parse_format(format);
+    const Overflow o = parse_overflow(overflow);
+    const Tensor in = view(x, "x");
+    if (in.dtype() != DType::f32 && in.dtype() != DType::bf16 && in.dtype() != DType::f16) {
+        throw Error("fp8kit.encode: x is " + std::string(to_string(in.dtype())) +
+                    "; encode takes float32, bfloat16 or float16 (FP8 is one rounding from float32: cast "
+                    "float64 to float32 first, knowing that rounds twice)");
+    }
+    Tensor out = Tensor::empty(in.shape(), dtype_of(f));
+    {
+        nb::gil_scoped_release nogil;
+        const Tensor c = in.contiguous();
+        const auto n = size_t(c.numel());
+        const std::span<uint8_t> codes(static_cast<uint8_t*>(out.raw_data()), n);
+        if (c.dtype() == DType::f32) {
+            encode(std::span<const float>(c.data<const float>(), n), codes, f, o);
+        } else if (c.dtype() == DType::bf16) {
+            encode(std::span<const bf16>(c.data<const bf16>(), n), codes, f, o);
+        } else {
+            encode(std::span<const f16>(c.data<const f16>(), n), codes, f, o);
+        }
+    }
+    return to_numpy(out);
+}
+
+NumpyArray decode_array(const Array& codes, const std::string& format, const std::string& dtype) {
+    const Tensor in = view(codes, "codes");
+    if (in.dtype() != DType::u8 && !is_fp8(in.dtype())) {
+        throw Error("fp8kit.decode: codes is " + std::string(to_string(in.dtype())) + ", expected uint8 FP8 codes");
+    }
+    const Format f = parse_format(format);
+    if (is_fp8(in.dtype()) && in.dtype() != dtype_of(f)) {
+        throw Error("fp8kit.decode: codes are " + std::string(to_string(in.dtype())) + " but format is " + format);
+    }
+    const DType out_dtype = parse_dtype(dtype);
+    if (out_dtype != DType::f32 && out_dtype != DType::bf16 && out_dtype != DType::f16) {
+        throw Error("fp8kit.decode: dtype is " + dtype + ", expected float32, bfloat16 or float16");
+    }
+    Tensor out = Tensor::empty(in.shape(), out_dtype);
+    {
+        nb::gil_scoped_release nogil;
+        const Tensor c = in.contiguous();
+        const auto n = size_t(c.numel());
+        const std::span<const uint8_t> src(static_cast<const uint8_t*>(c.const_raw_data()), n);
+        switch (out_dtype) {
+            case DType::f32: decode(src, std::span<float>(out.data<float>(), n), f); break;
+            case DType::bf16: decode(src, std::span<bf16>(out.data<bf16>(), n), f); break;
+            default: decode(src, std::span<f16>(out.data<f16>(), n), f); break;
+        }
+    }
+    return to_numpy(out);
+}
+
+QuantizeOptions quantize_options(const std::string& format, const std::string& scaling, const std::string& overflow,
+                                 bool power_of_two, float amax_epsilon, const std::string& mx_rounding,
+                                 const std::string& non_finite) {
+    QuantizeOptions o;
+    o.format = parse_format(format);
+    o.scaling = parse_scaling(scaling);
+    o.overflow = parse_overflow(overflow);
+    o.power_of_two = power_of_two;
+    o.amax_epsilon = amax_epsilon;
+    if (mx_rounding != "floor" && mx_rounding != "up") {
+        throw Error("fp8kit.quantize: mx_rounding is '" + mx_rounding + "', expected floor or up");
+    }
+    o.mx_rounding = mx_rounding == "up" ? MxRounding::up : MxRounding::floor;
+    if (non_finite != "propagate" && non_finite != "error") {
+        throw Error("fp8kit.quantize: non_finite is '" + non_finite + "', expected propagate or error");
+    }
+    o.non_finite = non_finite == "error" ? NonFinite::error : NonFinite::propagate;
+    return o;
+}
+
+QTensor quantize_array(const Array& x, const QuantizeOptions& o) {
+    const Tensor in = view(x, "x");
+    nb::gil_scoped_release nogil;
+    return quantize(in, o);
+}
+
+}  // namespace
+}  // namespace fp8kit::python
+
+NB_MODULE(_fp8kit, m) {
+    using namespace fp8kit;
+    using namespace fp8kit::python;
+    m.doc() = "fp8kit: exact FP8 formats, scaling and quantization (the C++ library, through nanobind)";
+    m.attr("__version__") = FP8KIT_VERSION_STRING;
+    nb::exception<Error>(m, "Error", PyExc_ValueError);
+
+    m.def("formats", [] {
+        std::vector<std::string> names;
+        for (const Format f : all_formats) names.emplace_back(to_string(f));
+        return names;
+    }, "The FP8 formats: e4m3fn, e5m2, e4m3fnuz, e5m2fnuz, e8m0fnu.");
+    m.def("format_max", [](const std::string& format) { return format_info(parse_format(format)).max; }, "format"_a,
+          "The largest finite value of a format.");
+    m.def("encode", &encode_array, "x"_a, "format"_a = "e4m3fn", "overflow"_a = "saturate",
+          "FP8 codes (uint8, x's shape) of float32 / bfloat16 / float16 x: round to nearest even, one rounding; "
+          "overflow 'saturate' (+-max) or 'nonsaturating' (Inf or NaN, as ml_dtypes and torch casts).");
+    m.def("decode", &decode_array, "codes"_a, "format"_a = "e4m3fn", "dtype"_a = "float32",
+          "The values of FP8 codes: float32 (exact), or bfloat16 / float16 bits (uint16 / float16).");
+
+    // The arrays own their memory through the capsule of to_numpy: returned as they are, not tied
+    // to the QTensor's lifetime (nanobind's default for properties, reference_internal).
+    const auto owned = nb::rv_policy::automatic;
+    nb::class_<QTensor>(m, "QTensor", "FP8 codes and the scales that bring them back (fp8kit::QTensor).")
+        .def_prop_ro("data", [](const QTensor& q) { return to_numpy<nb::ro>(q.data); }, owned,
+                     "FP8 codes (uint8), the input's shape")
+        .def_prop_ro("format", [](const QTensor& q) { return std::string(to_string(q.format())); })
+        .def_prop_ro("scaling", [](const QTensor& q) { return to_string(q.scaling); })
+        .def_prop_ro("scale_inv", [](const QTensor& q) { return to_numpy<nb::ro>(q.scale_inv); }, owned,
+                     "[scale rows, scale cols] float32, or e8m0 codes (uint8) for mx32: value = decode(code) * scale_inv")
+        .def_prop_ro("amax", [](const QTensor& q) { return to_numpy_if_defined(q.amax); }, owned, "[1] float32: max |x|")
+        .def_prop_ro("data_t", [](const QTensor& q) { return to_numpy_if_defined(q.data_t); }, owned,
+                     "the transposed codes, or None")
+        .def_prop_ro("scale_inv_t", [](const QTensor& q) { return to_numpy_if_defined(q.scale_inv_t); }, owned)
+        .def("__repr__", [](const QTensor& q) {
+            return "fp8kit.QTensor(" + std::string(to_string(q.format())) + ", " + to_string(q.data.shape()) + ", " +
+                   to_string(q.scaling) + (q.has_transpose() ? ", with transpose)" : ")");
+        });
+
+    m.def("quantize", [](const Array& x, const std::string& format, const std::string& scaling,
+                         const std::string& overflow, bool power_of_two, float amax_epsilon,
+                         const std::string& mx_rounding, const std::string& non_finite, bool transpose) {
+              QuantizeOptions o = quantize_options(format, scaling, overflow, power_of_two, amax_epsilon, mx_rounding,
+                                                   non_finite);
+              o.transpose = transpose;
+              return quantize_array(x, o);
+          },
+          "x"_a, "format"_a = "e4m3fn", "scaling"_a = "tensor", "overflow"_a = "saturate", "power_of_two"_a = false,
+          "amax_epsilon"_a = 0.0f, "mx_rounding"_a = "floor", "non_finite"_a = "propagate", "transpose"_a = false,
+          "Scale per group (tensor, row, column, block(RxC), mx32) and cast: code = encode(float32(x * scale)), "
+          "scale = fp8_max / amax (docs/NUMERICS.md). transpose=True also gives quantize(x.T) (cast_transpose).");
+    m.def("dequantize", [](const QTensor& q, const std::string& dtype) {
+              const DType d = parse_dtype(dtype);
+              Tensor out;
+              {
+                  nb::gil_scoped_release nogil;
+                  out = dequantize(q, d);
+              }
+              return to_numpy(out);
+          },
+          "q"_a, "dtype"_a = "float32", "decode(code) * scale_inv of its group, as float32 (or bfloat16 / float16 bits).");
+    m.def("set_num_threads", &set_num_threads, "n"_a, "Threads for fp8kit's kernels (n >= 1).");
+    m.def("num_threads", &num_threads);
+}
