@@ -11,10 +11,11 @@ cd "$(dirname "$0")/.."
 # checkpoint producers and loaders transformers, compressed-tensors, llm-compressor, from
 # tests/requirements-checkpoints.txt), pkg-config for the install test, librsvg2-bin (rsvg-convert)
 # to render `fp8kit train`'s losses.svg as a person sees it.
+# The Python package: python3-dev (Python.h, for the nanobind extension).
 # Benchmarks only (bench_gemm's peers; the library never links them): OpenBLAS in its OpenMP
 # build - on libgomp, as g++ builds fp8kit, so peers and fp8kit share one thread team instead of
 # two spinning against each other (found through pkg-config) - and oneDNN.
-packages="cmake ninja-build g++ clang libomp-dev libgtest-dev libcli11-dev nlohmann-json3-dev pkg-config python3 python3-venv librsvg2-bin libopenblas-openmp-dev libdnnl-dev"
+packages="cmake ninja-build g++ clang libomp-dev libgtest-dev libcli11-dev nlohmann-json3-dev pkg-config python3 python3-venv python3-dev librsvg2-bin libopenblas-openmp-dev libdnnl-dev"
 # Cross builds (presets windows-cross, arm64-cross): MinGW-w64 g++ with POSIX threads (it has
 # OpenMP) and Wine to run its programs; aarch64 g++ and qemu-user to run its programs.
 packages="$packages g++-mingw-w64-x86-64-posix wine wine64 g++-aarch64-linux-gnu qemu-user"
