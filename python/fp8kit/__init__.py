@@ -29,12 +29,12 @@ def _torch():
     return sys.modules.get("torch")  # torch is optional: only a caller holding tensors has it loaded
 
 
-def _format_name(format):
-    """A format given as a name ("e4m3fn", "e4m3", "float8_e4m3fn") or a torch / ml_dtypes dtype."""
-    if isinstance(format, str):
-        return format
-    name = getattr(format, "__name__", None) or str(format).rsplit(".", 1)[-1]
-    return name
+def _name(kind):
+    """A format or dtype given as a name ("e4m3fn", "float8_e4m3fn", "bfloat16") or as a torch,
+    numpy or ml_dtypes dtype: its name."""
+    if isinstance(kind, str):
+        return kind
+    return getattr(kind, "__name__", None) or str(kind).rsplit(".", 1)[-1]
 
 
 def _is_torch(x):
@@ -44,7 +44,7 @@ def _is_torch(x):
 
 def _torch_fp8_dtype(format):
     torch = _torch()
-    name = "float8_" + _format_name(format).removeprefix("float8_")
+    name = "float8_" + _name(format).removeprefix("float8_")
     name = {"float8_e4m3": "float8_e4m3fn", "float8_e8m0": "float8_e8m0fnu"}.get(name, name)
     dtype = getattr(torch, name, None)
     if dtype is None:
@@ -85,7 +85,7 @@ def encode(x, format="e4m3fn", overflow="saturate"):
     ml_dtypes' astype and torch's .to(float8) give). A NaN or Inf input is never made finite.
     Returns uint8 codes for numpy input, a torch.float8_* tensor for torch input.
     """
-    codes = _fp8kit.encode(_to_extension(x), _format_name(format), overflow)
+    codes = _fp8kit.encode(_to_extension(x), _name(format), overflow)
     if _is_torch(x):
         return _torch().from_numpy(codes).view(_torch_fp8_dtype(format))
     return codes
@@ -97,9 +97,9 @@ def decode(codes, format=None, dtype="float32"):
     if format is None:
         if not _is_torch(codes) or codes.dtype.itemsize != 1 or not codes.dtype.is_floating_point:
             raise Error("fp8kit.decode: format is required unless codes is a torch.float8_* tensor")
-        format = str(codes.dtype).rsplit(".", 1)[-1]
-    dtype_name = str(dtype).rsplit(".", 1)[-1]
-    values = _fp8kit.decode(_to_extension(codes), _format_name(format), dtype_name)
+        format = codes.dtype
+    dtype_name = _name(dtype)
+    values = _fp8kit.decode(_to_extension(codes), _name(format), dtype_name)
     if dtype_name == "bfloat16":
         return _bf16_out(values, _is_torch(codes))
     return _torch().from_numpy(values) if _is_torch(codes) else values
@@ -114,12 +114,12 @@ def quantize(x, format="e4m3fn", scaling="tensor", *, overflow="saturate", power
     "mx32". transpose=True also keeps quantize(x.T) in .data_t / .scale_inv_t (cast_transpose).
     non_finite="error" raises naming the first NaN / Inf instead of propagating it.
     """
-    return _fp8kit.quantize(_to_extension(x), _format_name(format), scaling, overflow, power_of_two, amax_epsilon,
+    return _fp8kit.quantize(_to_extension(x), _name(format), scaling, overflow, power_of_two, amax_epsilon,
                             mx_rounding, non_finite, transpose)
 
 
 def dequantize(q, dtype="float32"):
     """decode(code) * scale_inv of its group: float32, or rounded once to bfloat16 / float16."""
-    dtype_name = str(dtype).rsplit(".", 1)[-1]
+    dtype_name = _name(dtype)
     values = _fp8kit.dequantize(q, dtype_name)
     return _bf16_out(values, False) if dtype_name == "bfloat16" else values
