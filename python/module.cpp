@@ -1,8 +1,10 @@
 // python/module.cpp: the nanobind extension fp8kit._fp8kit - the formats, bulk encode/decode,
-// quantize / cast_transpose / dequantize and QTensor of the C++ API, over numpy arrays and
-// anything else that speaks DLPack (torch tensors). python/fp8kit/__init__.py wraps it (torch
-// FP8 dtypes in and out); tests/python/test_package.py checks it against ml_dtypes, PyTorch and a
-// float32 numpy implementation of docs/NUMERICS.md.
+// quantize / cast_transpose / dequantize, QTensor, PackedWeight and the scaled GEMM (FP8 A, or A
+// cast inside the GEMM) of the C++ API, over numpy arrays and anything else that speaks DLPack
+// (torch tensors). python/fp8kit/__init__.py wraps it (torch FP8 dtypes in and out, scaled_mm).
+// Checked by tests/python/test_package.py (against ml_dtypes, PyTorch's casts and a float32 numpy
+// implementation of docs/NUMERICS.md) and tests/python/test_gemm.py (float64 products within the
+// float32 sum bound, torch._scaled_mm).
 //
 // Memory: inputs are viewed, never copied (Tensor::from_external with the array's strides; a
 // kernel that needs rows in order copies a strided view itself, as in C++). Outputs are fp8kit
@@ -15,6 +17,8 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -57,9 +61,20 @@ DType dtype_from_dlpack(const Array& a, const char* arg) {
                 std::to_string(int(d.code)) + ", " + std::to_string(int(d.bits)) + " bits)");
 }
 
-// A view of the array's memory as an fp8kit tensor (no copy). `keep` holds the array while the
-// tensor lives; inside a call the argument itself keeps it alive.
-Tensor view(const Array& a, const char* arg) {
+// The owner of a view that outlives the call: a reference to the array, dropped with the GIL held
+// (the last user of the tensor may be C++ code that released it).
+std::shared_ptr<const void> hold(const Array& a) {
+    return std::shared_ptr<const void>(new Array(a), [](const void* p) {
+        nb::gil_scoped_acquire gil;
+        delete static_cast<const Array*>(p);
+    });
+}
+
+// A view of the array's memory as an fp8kit tensor (no copy), read-only. Without an owner the
+// tensor must not outlive the call (the argument keeps the array alive until it returns); with
+// one (hold(a)) it may. `as`: the dtype to read uint8 codes as (an FP8 format), else the array's.
+Tensor view(const Array& a, const char* arg, std::shared_ptr<const void> owner = nullptr,
+            std::optional<DType> as = std::nullopt) {
     if (a.device_type() != nb::device::cpu::value) {
         throw Error(std::string("fp8kit: ") + arg + " is on a device this fp8kit was not built for (DLPack device " +
                     std::to_string(a.device_type()) + "); move it to the CPU");
@@ -67,13 +82,20 @@ Tensor view(const Array& a, const char* arg) {
     Tensor::External e;
     e.data = const_cast<void*>(a.data());
     e.dtype = dtype_from_dlpack(a, arg);
+    if (as && *as != e.dtype) {
+        if (e.dtype != DType::u8) {
+            throw Error(std::string("fp8kit: ") + arg + " is " + std::string(to_string(e.dtype)) + ", expected " +
+                        std::string(to_string(*as)) + " codes (or uint8)");
+        }
+        e.dtype = *as;
+    }
     e.read_only = true;
     e.name = arg;
     for (size_t i = 0; i < a.ndim(); ++i) {
         e.shape.push_back(int64_t(a.shape(i)));
         e.strides.push_back(a.stride(i));
     }
-    return Tensor::from_external(nullptr, std::move(e));
+    return Tensor::from_external(std::move(owner), std::move(e));
 }
 
 // The numpy dtype of an fp8kit tensor's elements: FP8 codes and bf16 travel as their bits
@@ -189,6 +211,61 @@ QTensor quantize_array(const Array& x, const QuantizeOptions& o) {
     return quantize(in, o);
 }
 
+// A QTensor over a caller's FP8 codes and scales (what torch._scaled_mm and checkpoints hand
+// over): viewed, not copied, and held for as long as the QTensor lives. The GEMM checks it as an
+// operand (2-d, unit column stride, scale_inv's shape and dtype for the scaling) when it is used.
+QTensor qtensor_from(const Array& data, const Array& scale_inv, const std::string& scaling, const std::string& format) {
+    const Scaling s = parse_scaling(scaling);
+    const Format f = parse_format(format);
+    const DType scale_dtype = s.granularity == Granularity::mx32 ? DType::e8m0fnu : DType::f32;
+    QTensor q;
+    q.data = view(data, "data", hold(data), dtype_of(f));
+    q.scaling = s;
+    q.scale_inv = view(scale_inv, "scale_inv", hold(scale_inv), scale_dtype == DType::f32 ? std::nullopt
+                                                                                           : std::optional(scale_dtype));
+    if (q.scale_inv.dtype() != scale_dtype) {
+        throw Error("fp8kit.QTensor: scale_inv is " + std::string(to_string(q.scale_inv.dtype())) + ", expected " +
+                    std::string(to_string(scale_dtype)) + " for " + to_string(s) + " scaling");
+    }
+    if (q.data.dim() == 2) {  // the shape rule of quantize(); other ranks are refused where used
+        const GroupShape want = s.scale_shape(q.data.size(0), q.data.size(1));
+        if (q.scale_inv.shape() != Shape{want.rows, want.cols}) {
+            throw Error("fp8kit.QTensor: scale_inv has shape " + to_string(q.scale_inv.shape()) + ", expected " +
+                        to_string(Shape{want.rows, want.cols}) + " for " + to_string(s) + " scaling of " +
+                        to_string(q.data.shape()));
+        }
+    }
+    return q;
+}
+
+GemmOptions gemm_options(const std::string& out_dtype, float alpha, float beta, const std::optional<Array>& c,
+                         const std::optional<Array>& bias, const std::string& activation) {
+    GemmOptions o;
+    try {
+        o.out_dtype = parse_dtype(out_dtype);
+    } catch (const Error& e) {
+        throw Error(std::string("fp8kit.gemm: out_dtype: ") + e.what());
+    }
+    o.alpha = alpha;
+    o.beta = beta;
+    if (c) o.c = view(*c, "c");
+    if (bias) o.bias = view(*bias, "bias");
+    if (activation != "none" && activation != "gelu") {
+        throw Error("fp8kit.gemm: activation is '" + activation + "', expected none or gelu");
+    }
+    o.activation = activation == "gelu" ? Activation::gelu : Activation::none;
+    return o;
+}
+
+NumpyArray gemm_array(const GemmA& a, const PackedWeight& b, const GemmOptions& o) {
+    Tensor d;
+    {
+        nb::gil_scoped_release nogil;
+        d = gemm(a, b, o);
+    }
+    return to_numpy(d);
+}
+
 }  // namespace
 }  // namespace fp8kit::python
 
@@ -253,6 +330,41 @@ NB_MODULE(_fp8kit, m) {
               return to_numpy(out);
           },
           "q"_a, "dtype"_a = "float32", "decode(code) * scale_inv of its group, as float32 (or bfloat16 / float16 bits).");
+    m.def("qtensor", &qtensor_from, "data"_a, "scale_inv"_a, "scaling"_a = "tensor", "format"_a = "e4m3fn",
+          "A QTensor over existing FP8 codes [rows, cols] and their scale_inv (viewed, not copied).");
+
+    nb::class_<PackedWeight>(m, "PackedWeight",
+                             "A weight B [N, K] (out, in) packed once for fp8kit's GEMM (fp8kit::PackedWeight).")
+        .def(nb::init<const QTensor&>(), "q"_a, nb::call_guard<nb::gil_scoped_release>())
+        .def_prop_ro("n", &PackedWeight::n)
+        .def_prop_ro("k", &PackedWeight::k)
+        .def_prop_ro("packed_bytes", &PackedWeight::packed_bytes, "memory the packed layout takes beyond the codes")
+        .def_prop_ro("source", &PackedWeight::source, "the QTensor it was packed from")
+        .def("__repr__", [](const PackedWeight& w) {
+            return "fp8kit.PackedWeight(" + std::string(to_string(w.source().format())) + ", [" + std::to_string(w.n()) +
+                   ", " + std::to_string(w.k()) + "], " + to_string(w.source().scaling) + ")";
+        });
+    nb::implicitly_convertible<QTensor, PackedWeight>();
+
+    m.def("gemm", [](const QTensor& a, const PackedWeight& b, const std::string& out_dtype, float alpha, float beta,
+                     const std::optional<Array>& c, const std::optional<Array>& bias, const std::string& activation) {
+              return gemm_array(a, b, gemm_options(out_dtype, alpha, beta, c, bias, activation));
+          },
+          "a"_a, "b"_a, "out_dtype"_a = "float32", "alpha"_a = 1.0f, "beta"_a = 0.0f, "c"_a = nb::none(),
+          "bias"_a = nb::none(), "activation"_a = "none",
+          "D[M, N] = act(alpha * deq(a) . deq(b)^T (+ beta * c) (+ bias)), a an FP8 QTensor [M, K].");
+    m.def("gemm_fused", [](const Array& a, const PackedWeight& b, const std::string& format, const std::string& scaling,
+                           const std::string& overflow, bool power_of_two, float amax_epsilon,
+                           const std::string& mx_rounding, const std::string& non_finite, const std::string& out_dtype,
+                           float alpha, float beta, const std::optional<Array>& c, const std::optional<Array>& bias,
+                           const std::string& activation) {
+              const QuantizeOptions q = quantize_options(format, scaling, overflow, power_of_two, amax_epsilon,
+                                                         mx_rounding, non_finite);
+              return gemm_array(GemmA(view(a, "a"), q), b, gemm_options(out_dtype, alpha, beta, c, bias, activation));
+          },
+          "a"_a, "b"_a, "format"_a, "scaling"_a, "overflow"_a, "power_of_two"_a, "amax_epsilon"_a, "mx_rounding"_a,
+          "non_finite"_a, "out_dtype"_a, "alpha"_a, "beta"_a, "c"_a.none(), "bias"_a.none(), "activation"_a,
+          "The GEMM with a given in float32 / bfloat16 / float16 [M, K] and cast to FP8 inside it.");
     m.def("set_num_threads", &set_num_threads, "n"_a, "Threads for fp8kit's kernels (n >= 1).");
     m.def("num_threads", &num_threads);
 }

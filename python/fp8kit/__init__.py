@@ -3,12 +3,16 @@
 The C++ library through its extension (fp8kit._fp8kit), with the dtypes users hold: numpy arrays
 in, numpy arrays out; torch tensors in, torch tensors out - FP8 codes as torch.float8_* tensors,
 which DLPack cannot carry, so they cross as uint8 views (no copy either way). Bit for bit what
-ml_dtypes and torch's casts give (tests/python/test_package.py).
+ml_dtypes and torch's casts give (tests/python/test_package.py); the GEMM within the float32 sum
+bound of float64 and beside torch._scaled_mm (tests/python/test_gemm.py).
 
     import fp8kit, torch
     codes = fp8kit.encode(torch.randn(4, 8), "e4m3fn")        # torch.float8_e4m3fn
     q = fp8kit.quantize(x, scaling="row")                       # QTensor: data, scale_inv, amax
     y = fp8kit.dequantize(q)
+    w = fp8kit.PackedWeight(fp8kit.quantize(weight, scaling="row"))  # [out, in], packed once
+    d = fp8kit.gemm(x, w, scaling="row")                        # x cast to FP8 inside the GEMM
+    d = fp8kit.scaled_mm(a8, b8, scale_a, scale_b, out_dtype=torch.bfloat16)  # torch._scaled_mm's call
 
 Errors are fp8kit.Error, a ValueError carrying the library's message.
 """
@@ -17,12 +21,12 @@ import sys
 import numpy as np
 
 from . import _fp8kit
-from ._fp8kit import Error, QTensor, format_max, formats, num_threads, set_num_threads
+from ._fp8kit import Error, PackedWeight, QTensor, format_max, formats, num_threads, set_num_threads
 
 __version__ = _fp8kit.__version__
-Error.__module__ = QTensor.__module__ = "fp8kit"  # as users name them
-__all__ = ["Error", "QTensor", "decode", "dequantize", "encode", "format_max", "formats", "num_threads",
-           "quantize", "set_num_threads"]
+Error.__module__ = QTensor.__module__ = PackedWeight.__module__ = "fp8kit"  # as users name them
+__all__ = ["Error", "PackedWeight", "QTensor", "decode", "dequantize", "encode", "format_max", "formats", "gemm",
+           "num_threads", "qtensor", "quantize", "scaled_mm", "set_num_threads"]
 
 
 def _torch():
@@ -61,7 +65,20 @@ def _to_extension(x):
         if x.dtype.itemsize == 1 and x.dtype.is_floating_point:
             return x.view(torch.uint8)
         return x
-    if isinstance(x, np.ndarray) or hasattr(x, "__dlpack__"):
+    if isinstance(x, np.ndarray):
+        name = x.dtype.name
+        if name.startswith("float8_"):  # ml_dtypes' FP8: the codes (the format travels beside them)
+            return x.view(np.uint8)
+        if name == "bfloat16":  # ml_dtypes' bfloat16: numpy cannot export it, torch can (no copy)
+            torch = _torch()
+            if torch is None:
+                raise Error("fp8kit: a numpy bfloat16 (ml_dtypes) array crosses as a torch tensor: import torch, "
+                            "or pass float32")
+            return torch.from_numpy(x.view(np.uint16)).view(torch.bfloat16)
+        if x.dtype.kind == "V":
+            raise Error(f"fp8kit: numpy dtype {name} is not one fp8kit takes")
+        return x
+    if hasattr(x, "__dlpack__"):
         return x
     raise Error(f"fp8kit: expected a numpy array or a torch tensor, got {type(x).__name__}")
 
@@ -92,14 +109,10 @@ def encode(x, format="e4m3fn", overflow="saturate"):
 
 
 def decode(codes, format=None, dtype="float32"):
-    """The values of FP8 codes (uint8 with a format, or a torch.float8_* tensor): float32 exact,
-    or rounded once to bfloat16 / float16."""
-    if format is None:
-        if not _is_torch(codes) or codes.dtype.itemsize != 1 or not codes.dtype.is_floating_point:
-            raise Error("fp8kit.decode: format is required unless codes is a torch.float8_* tensor")
-        format = codes.dtype
+    """The values of FP8 codes (uint8 with a format, or torch / ml_dtypes float8 codes, which carry
+    theirs): float32 exact, or rounded once to bfloat16 / float16."""
     dtype_name = _name(dtype)
-    values = _fp8kit.decode(_to_extension(codes), _name(format), dtype_name)
+    values = _fp8kit.decode(_to_extension(codes), _format_of(codes, format), dtype_name)
     if dtype_name == "bfloat16":
         return _bf16_out(values, _is_torch(codes))
     return _torch().from_numpy(values) if _is_torch(codes) else values
@@ -123,3 +136,102 @@ def dequantize(q, dtype="float32"):
     dtype_name = _name(dtype)
     values = _fp8kit.dequantize(q, dtype_name)
     return _bf16_out(values, False) if dtype_name == "bfloat16" else values
+
+
+def _format_of(codes, format):
+    """The FP8 format of codes: their torch / ml_dtypes float8 dtype's, or the one given (which
+    must agree with such a dtype)."""
+    dtype = getattr(codes, "dtype", None)
+    carried = _name(dtype).removeprefix("float8_") if dtype is not None and _name(dtype).startswith("float8_") else None
+    given = None if format is None else _name(format).removeprefix("float8_")
+    given = {"e4m3": "e4m3fn", "e8m0": "e8m0fnu"}.get(given, given)  # the short names parse_format takes
+    if carried is not None and given is not None and carried != given:
+        raise Error(f"fp8kit: the codes are float8_{carried} but format is {given}")
+    if carried is None and given is None:
+        raise Error(f"fp8kit: codes of dtype {_name(dtype) if dtype is not None else type(codes).__name__} "
+                    "need a format (e4m3fn, e5m2, ...)")
+    return given or carried
+
+
+def qtensor(data, scale_inv, scaling="tensor", format=None):
+    """A QTensor over existing FP8 codes [rows, cols] (a torch.float8_* tensor, an ml_dtypes float8
+    array, or uint8 with a format) and their scale_inv: dequantized = decode(code) * scale_inv[group].
+    Viewed, not copied; the QTensor keeps them alive."""
+    fmt = _format_of(data, format)
+    return _fp8kit.qtensor(_to_extension(data), _to_extension(scale_inv), scaling, fmt)
+
+
+def _out(values, out_dtype, like_torch):
+    """The GEMM's output array (float32, float16, or bfloat16 bits) as the caller's kind of array."""
+    if _name(out_dtype) == "bfloat16":
+        return _bf16_out(values, like_torch)
+    return _torch().from_numpy(values) if like_torch else values
+
+
+def gemm(a, b, *, out_dtype="float32", alpha=1.0, beta=0.0, c=None, bias=None, activation="none",
+         format="e4m3fn", scaling="tensor", overflow="saturate", power_of_two=False, amax_epsilon=0.0,
+         mx_rounding="floor", non_finite="propagate"):
+    """D[M, N] = act(alpha * deq(a)[M, K] . deq(b)[N, K]^T (+ beta * c) (+ bias)), float32 sums.
+
+    a: a QTensor, or float32 / bfloat16 / float16 [M, K] cast to FP8 inside the GEMM with the
+    quantize options given here (format, scaling, ...: as fp8kit.quantize), never written out.
+    b: a PackedWeight, or a QTensor [N, K] (packed for this call). out_dtype: float32, bfloat16 or
+    float16. Returns numpy, or torch when a is a torch tensor.
+    """
+    if not isinstance(b, (PackedWeight, QTensor)):
+        raise Error(f"fp8kit.gemm: b must be a PackedWeight or a QTensor, got {type(b).__name__} "
+                    "(quantize the weight first: fp8kit.PackedWeight(fp8kit.quantize(w, scaling=...)))")
+    ext = lambda t: None if t is None else _to_extension(t)  # noqa: E731
+    out_name = _name(out_dtype)
+    if isinstance(a, QTensor):
+        values = _fp8kit.gemm(a, b, out_name, alpha, beta, ext(c), ext(bias), activation)
+    else:
+        values = _fp8kit.gemm_fused(_to_extension(a), b, _name(format), scaling, overflow, power_of_two,
+                                    amax_epsilon, mx_rounding, non_finite, out_name, alpha, beta, ext(c), ext(bias),
+                                    activation)
+    return _out(values, out_name, _is_torch(a))
+
+
+def _scale_granularity(scale, rows, name, rows_dim):
+    """tensor for a one-element scale, row for one scale per row of the operand (torch's rowwise
+    shapes: [M, 1] for a, [1, N] for b), else an error naming the argument."""
+    shape = tuple(scale.shape)
+    if len(shape) <= 2 and all(d == 1 for d in shape):
+        return "tensor", (1, 1)
+    want = (rows, 1) if rows_dim == 0 else (1, rows)
+    if shape == want:
+        return "row", (rows, 1)
+    raise Error(f"fp8kit.scaled_mm: {name} has shape {list(shape)}; expected one element (tensorwise) "
+                f"or {list(want)} (rowwise)")
+
+
+def scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False):
+    """torch._scaled_mm(a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum) on
+    fp8kit's GEMM: D = (a * scale_a) @ (b * scale_b) (+ bias), float32 sums, one rounding to out_dtype.
+
+    a [M, K] and b [K, N] FP8 (torch.float8_* tensors or ml_dtypes float8 arrays; b in any layout -
+    torch asks for column-major, fp8kit reads b.T as its [N, K] weight without a copy then).
+    scale_a / scale_b: float32 dequantization scales, one element (tensorwise) or [M, 1] / [1, N]
+    (rowwise). out_dtype: float32, bfloat16 or float16; None or a float8 dtype: FP8 output (None: a's
+    format), float32(D / scale_result) cast saturating - what torch's CPU _scaled_mm gives with a
+    float8 out_dtype spelled out (oneDNN's destination scale divides; torch 2.15 ignores
+    scale_result when out_dtype is None, fp8kit does not). use_fast_accum is accepted and changes nothing: fp8kit always sums
+    in float32 (what use_fast_accum=False asks of cuBLASLt).
+    """
+    del use_fast_accum
+    if len(getattr(a, "shape", ())) != 2 or len(getattr(b, "shape", ())) != 2:
+        raise Error("fp8kit.scaled_mm: a and b must be 2-d (a [M, K], b [K, N])")
+    m, n = a.shape[0], b.shape[1]
+    ga, sa = _scale_granularity(scale_a, m, "scale_a", 0)
+    gb, sb = _scale_granularity(scale_b, n, "scale_b", 1)
+    qa = qtensor(a, scale_a.reshape(sa), ga)
+    qb = qtensor(b.T, scale_b.reshape(sb), gb)
+    fp8_out = out_dtype is None or _name(out_dtype).startswith("float8_")
+    out_name = "float32" if fp8_out else _name(out_dtype)
+    values = _fp8kit.gemm(qa, qb, out_name, 1.0, 0.0, None, None if bias is None else _to_extension(bias), "none")
+    d = _out(values, out_name, _is_torch(a))
+    if not fp8_out:
+        return d
+    if scale_result is not None:
+        d = d / (scale_result.item() if hasattr(scale_result, "item") else float(scale_result))
+    return encode(d, _format_of(a, None) if out_dtype is None else _name(out_dtype), "saturate")

@@ -82,6 +82,15 @@ def test_encode_takes_float16_and_refuses_float64_naming_it():
     assert isinstance(err.value, ValueError)
 
 
+def test_ml_dtypes_float8_codes_carry_their_format():
+    codes = np.arange(256, dtype=np.uint8)
+    for fmt in FORMATS:
+        typed = codes.view(ML[fmt])
+        assert np.array_equal(fp8kit.decode(typed).view(np.uint32), fp8kit.decode(codes, fmt).view(np.uint32))
+    with pytest.raises(fp8kit.Error, match="e4m3fn"):  # a format that contradicts the dtype
+        fp8kit.decode(codes.view(ML["e5m2"]), "e4m3fn")
+
+
 def test_read_only_and_strided_arrays_are_read_in_place():
     rng = np.random.default_rng(1)
     x = (rng.standard_normal((64, 96)) * 100).astype(np.float32)
@@ -182,6 +191,7 @@ def test_non_finite_inputs_propagate_or_raise_naming_the_index():
     (lambda: fp8kit.decode(np.zeros(4, np.float32), "e4m3fn"), "codes"),
     (lambda: fp8kit.encode(np.zeros(4, np.int8)), "x"),
     (lambda: fp8kit.encode([1.0, 2.0]), "list"),
+    (lambda: fp8kit.decode(np.zeros(4, np.uint8)), "need a format"),
 ])
 def test_bad_input_raises_fp8kit_error_naming_it(call, needle):
     with pytest.raises(fp8kit.Error, match=needle):

@@ -1,0 +1,210 @@
+"""tests/python/test_gemm.py: the scaled GEMM from Python (fp8kit.gemm, PackedWeight, qtensor,
+scaled_mm) against float64 sums of the dequantized operands, with the float32 error bound of
+docs/NUMERICS.md, and against torch._scaled_mm on the CPU (the call users already make).
+
+Error bound of a float32 sum of K exact products p_k (tensor and row scaling: one K group):
+|fl(sum) - sum| <= gamma_K * sum |p_k|, gamma_K = K u / (1 - K u), u = 2^-24; the scales then add
+two roundings (sa * sb, and the product), 2 u |D|. Each test also shows that the nearest wrong
+answer (D rounded to bfloat16, a scale applied the other way) breaks the bound it asserts.
+
+Run by scripts/test.sh (pytest, on the package scripts/setup.sh installed into .venv).
+"""
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import fp8kit
+
+U = 2.0 ** -24
+
+
+def gamma(n):
+    return n * U / (1 - n * U)
+
+
+def dequantized(q, rows_per_scale, cols_per_scale):
+    """float64 values of a QTensor: decode(code) * scale_inv of its group (exact in float64)."""
+    codes = q.data.view(getattr(ml_dtypes, "float8_" + q.format)).astype(np.float64)
+    s = np.repeat(np.repeat(q.scale_inv.astype(np.float64), rows_per_scale, 0), cols_per_scale, 1)
+    return codes * s[:codes.shape[0], :codes.shape[1]]
+
+
+def bound(a64, b64, d64):
+    """Per element of D = a64 . b64^T: gamma_K sum|a_k b_k| + 2u |D| (+ u |D| for the last rounding)."""
+    k = a64.shape[1]
+    return gamma(k) * (np.abs(a64) @ np.abs(b64).T) + 3 * U * np.abs(d64)
+
+
+def operands(m, n, k, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    x *= np.float32(2.0) ** rng.integers(-6, 6, size=(m, 1)).astype(np.float32)  # rows of different scale
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    return x, w
+
+
+@pytest.mark.parametrize("scaling", ["tensor", "row"])
+def test_gemm_is_the_float64_product_within_the_float32_sum_bound(scaling):
+    x, w = operands(33, 70, 515, seed=1)  # odd sizes: partial tiles in every direction
+    qx, qw = fp8kit.quantize(x, scaling=scaling), fp8kit.quantize(w, scaling=scaling)
+    per = (x.shape[0], x.shape[1]) if scaling == "tensor" else (1, x.shape[1])
+    a64 = dequantized(qx, *per)
+    b64 = dequantized(qw, *((w.shape[0], w.shape[1]) if scaling == "tensor" else (1, w.shape[1])))
+    d64 = a64 @ b64.T
+    tol = bound(a64, b64, d64)
+    d = fp8kit.gemm(qx, fp8kit.PackedWeight(qw))
+    assert d.dtype == np.float32 and d.shape == (33, 70)
+    assert np.all(np.abs(d - d64) <= tol)
+    # The nearest wrong answer - D rounded to bfloat16 - does not pass this bound.
+    wrong = d64.astype(ml_dtypes.bfloat16).astype(np.float64)
+    assert np.any(np.abs(wrong - d64) > tol)
+    # A QTensor as b is packed for the call: the same bytes.
+    assert np.array_equal(fp8kit.gemm(qx, qw).view(np.uint32), d.view(np.uint32))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fused_cast_gives_the_codes_quantize_gives(dtype):
+    # The cast inside the GEMM is quantize() (tests/python/test_package.py checks quantize against
+    # numpy): the GEMM of x equals the GEMM of quantize(x), bit for bit.
+    x, w = operands(40, 48, 256, seed=2)
+    if dtype == "bfloat16":  # numpy's bfloat16 (ml_dtypes) crosses through torch
+        pytest.importorskip("torch")
+        x = x.astype(ml_dtypes.bfloat16)
+    pw = fp8kit.PackedWeight(fp8kit.quantize(w, scaling="row"))
+    fused = fp8kit.gemm(x, pw, scaling="row")
+    apart = fp8kit.gemm(fp8kit.quantize(x, scaling="row"), pw)
+    assert np.array_equal(fused.view(np.uint32), apart.view(np.uint32))
+    assert pw.n == 48 and pw.k == 256 and pw.packed_bytes > 0 and "row" in repr(pw)
+
+
+def test_epilogue_alpha_beta_c_bias_and_gelu():
+    x, w = operands(16, 24, 128, seed=3)
+    rng = np.random.default_rng(4)
+    c = rng.standard_normal((16, 24)).astype(np.float32)
+    bias = rng.standard_normal(24).astype(np.float32)
+    qx, qw = fp8kit.quantize(x, scaling="row"), fp8kit.quantize(w, scaling="row")
+    a64, b64 = dequantized(qx, 1, 128), dequantized(qw, 1, 128)
+    ab = a64 @ b64.T
+    want = 0.5 * ab + 2.0 * c.astype(np.float64) + bias
+    # alpha's product, beta's product and two additions round once each on top of the sum's bound.
+    tol = 0.5 * bound(a64, b64, ab) + 4 * U * (np.abs(0.5 * ab) + np.abs(2.0 * c) + np.abs(bias) + np.abs(want))
+    d = fp8kit.gemm(qx, qw, alpha=0.5, beta=2.0, c=c, bias=bias)
+    assert np.all(np.abs(d - want) <= tol)
+    assert np.any(np.abs(d - (0.5 * ab + 2.0 * c + 2 * bias)) > tol)  # bias added twice is caught
+    # GELU (tanh form) on the float32 pre-activation, within docs/NUMERICS.md's GELU bound.
+    v = d.astype(np.float64)
+    g = fp8kit.gemm(qx, qw, alpha=0.5, beta=2.0, c=c, bias=bias, activation="gelu").astype(np.float64)
+    s, cc = math.sqrt(2 / math.pi), 0.044715
+    t = np.tanh(s * (v + cc * v ** 3))
+    g64 = 0.5 * v * (1 + t)
+    z = s * (np.abs(v) + cc * np.abs(v) ** 3)
+    dt = (1 - t ** 2) * gamma(7) * z + 4 * U * np.abs(t)
+    assert np.all(np.abs(g - g64) <= 0.5 * np.abs(v) * (dt + U * (1 + np.abs(t))) + 2 * U * np.abs(g64))
+    assert np.any(np.abs(g - v) > 1e-3)  # the activation ran
+
+
+# ---- torch._scaled_mm, the call users make ----
+
+def fp8_pair(torch, m, n, k, seed):
+    g = torch.Generator().manual_seed(seed)
+    a = (torch.randn(m, k, generator=g) * 40).to(torch.float8_e4m3fn)
+    b = (torch.randn(n, k, generator=g) * 40).to(torch.float8_e4m3fn).t()  # [K, N] column-major, as torch asks
+    return a, b
+
+
+@pytest.mark.parametrize("rowwise", [False, True])
+@pytest.mark.parametrize("out", ["float32", "bfloat16", "float16"])
+def test_scaled_mm_matches_torch_scaled_mm(rowwise, out):
+    torch = pytest.importorskip("torch")
+    m, n, k = 24, 40, 512
+    a, b = fp8_pair(torch, m, n, k, seed=5)
+    # Scales that keep |D| (up to ~1e4 here) inside float16's range.
+    if rowwise:
+        sa = (torch.rand(m, 1, generator=torch.Generator().manual_seed(6)) + 0.5) * 0.05
+        sb = (torch.rand(1, n, generator=torch.Generator().manual_seed(7)) + 0.5) * 0.05
+    else:
+        sa, sb = torch.tensor(0.037), torch.tensor(0.019)
+    out_dtype = getattr(torch, out)
+    ours = fp8kit.scaled_mm(a, b, sa, sb, out_dtype=out_dtype)
+    theirs = torch._scaled_mm(a, b, sa, sb, out_dtype=out_dtype)
+    assert isinstance(ours, torch.Tensor) and ours.dtype == out_dtype and ours.shape == (m, n)
+    # Both are float32 sums of the same exact products, each within the bound of the float64
+    # product, then rounded once to out_dtype: they differ by at most the two bounds plus one unit
+    # in the last place of out_dtype.
+    a64 = a.double() * sa.double().reshape(-1, 1) if rowwise else a.double() * float(sa)
+    b64 = b.t().double() * (sb.double().reshape(-1, 1) if rowwise else float(sb))
+    d64 = (a64 @ b64.T).numpy()
+    tol = bound(a64.numpy(), b64.numpy(), d64)
+    ulp = {"float32": U, "bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}[out] * np.abs(d64)
+    assert np.all(np.abs(ours.double().numpy() - d64) <= tol + ulp)
+    assert np.all(np.abs(ours.double().numpy() - theirs.double().numpy()) <= 2 * (tol + ulp))
+    # b's scale taken as a quantization scale (multiplying by 1 / scale_b) is caught.
+    inverse = b.t().double() / (sb.double().reshape(-1, 1) if rowwise else float(sb))
+    assert np.any(np.abs((a64 @ inverse.T).numpy() - d64) > tol + ulp)
+
+
+def test_scaled_mm_fp8_output_divides_by_scale_result_and_saturates_as_torch():
+    torch = pytest.importorskip("torch")
+    a, b = fp8_pair(torch, 16, 32, 64, seed=8)
+    sa, sb = torch.tensor(0.5), torch.tensor(0.25)
+    fp8 = torch.float8_e4m3fn
+    for scale_result in (None, torch.tensor(4.0), torch.tensor(1e-3)):  # 1e-3: most of D past 448
+        # out_dtype None is a's format. (torch 2.15's CPU path then ignores scale_result; with the
+        # dtype spelled out it divides, and fp8kit does that either way.)
+        ours = fp8kit.scaled_mm(a, b, sa, sb, scale_result=scale_result)
+        assert torch.equal(ours.view(torch.uint8),
+                           fp8kit.scaled_mm(a, b, sa, sb, scale_result=scale_result, out_dtype=fp8).view(torch.uint8))
+        theirs = torch._scaled_mm(a, b, sa, sb, scale_result=scale_result, out_dtype=fp8)
+        assert ours.dtype == fp8
+        # The float32 D of both may differ in its last bits; once cast to FP8 (3 mantissa bits)
+        # they are the same code or neighbours.
+        diff = ours.view(torch.uint8).int() - theirs.view(torch.uint8).int()
+        assert diff.abs().max() <= 1 and (diff == 0).float().mean() > 0.9
+    assert ours.float().abs().max() == 448.0  # saturated, not NaN
+    d = fp8kit.scaled_mm(a, b, sa, sb, out_dtype=torch.float32)
+    times = fp8kit.encode(d * 4.0)  # scale_result multiplying instead: another answer
+    theirs = torch._scaled_mm(a, b, sa, sb, scale_result=torch.tensor(4.0), out_dtype=fp8)
+    assert not torch.equal(times.view(torch.uint8), theirs.view(torch.uint8))
+
+
+def test_scaled_mm_bias_and_numpy_operands():
+    torch = pytest.importorskip("torch")
+    a, b = fp8_pair(torch, 8, 16, 64, seed=9)
+    sa, sb = torch.tensor(0.5), torch.tensor(0.25)
+    bias = torch.randn(16, generator=torch.Generator().manual_seed(10)).to(torch.bfloat16)
+    ours = fp8kit.scaled_mm(a, b, sa, sb, bias=bias, out_dtype=torch.bfloat16)
+    theirs = torch._scaled_mm(a, b, sa, sb, bias=bias, out_dtype=torch.bfloat16)
+    assert torch.equal(ours, theirs)  # K = 64 products of 4-bit mantissas: both sums are exact here
+    # ml_dtypes float8 arrays carry their format; numpy in, numpy out.
+    an = a.view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn)
+    bn = b.t().contiguous().view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn).T
+    d = fp8kit.scaled_mm(an, bn, np.float32(0.5).reshape(1), np.float32(0.25).reshape(1), out_dtype="float32")
+    assert isinstance(d, np.ndarray)
+    assert np.array_equal(d, torch._scaled_mm(a, b, sa, sb, out_dtype=torch.float32).numpy())
+
+
+def test_qtensor_over_caller_memory_outlives_the_caller_reference():
+    codes = np.arange(64, dtype=np.uint8).reshape(4, 16)
+    q = fp8kit.qtensor(codes, np.full((4, 1), 2.0, np.float32), scaling="row", format="e4m3fn")
+    want = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float32) * 2
+    del codes  # the QTensor holds the array
+    assert np.array_equal(fp8kit.dequantize(q), want)
+
+
+@pytest.mark.parametrize("call,needle", [
+    (lambda t: fp8kit.scaled_mm(*fp8_pair(t, 4, 8, 32, 1), t.ones(3), t.tensor(1.0)), r"scale_a has shape \[3\]"),
+    (lambda t: fp8kit.scaled_mm(*fp8_pair(t, 4, 8, 32, 1), t.tensor(1.0), t.ones(8, 1)), r"scale_b has shape \[8, 1\]"),
+    (lambda t: fp8kit.qtensor(fp8_pair(t, 4, 8, 32, 1)[0], t.ones(2, 2)), r"scale_inv has shape \[2, 2\]"),
+    (lambda t: fp8kit.qtensor(t.zeros(4, 4, dtype=t.uint8), t.ones(1, 1)), "need a format"),
+    (lambda t: fp8kit.gemm(t.randn(4, 32), t.randn(8, 32)), "b must be a PackedWeight or a QTensor"),
+    (lambda t: fp8kit.gemm(t.randn(4, 32), fp8kit.quantize(t.randn(8, 16))), "K mismatch"),
+    (lambda t: fp8kit.gemm(t.randn(4, 32), fp8kit.quantize(t.randn(8, 32)), bias=t.randn(7)), r"bias has shape \[7\]"),
+    (lambda t: fp8kit.gemm(t.randn(4, 32), fp8kit.quantize(t.randn(8, 32)), activation="relu"), "activation"),
+    (lambda t: fp8kit.gemm(t.randn(4, 32), fp8kit.quantize(t.randn(8, 32)), out_dtype="int8"), "out_dtype"),
+])
+def test_bad_gemm_input_raises_fp8kit_error_naming_it(call, needle):
+    torch = pytest.importorskip("torch")
+    with pytest.raises(fp8kit.Error, match=needle):
+        call(torch)
