@@ -4,7 +4,9 @@ docs/NUMERICS.md, and against torch._scaled_mm on the CPU (the call users alread
 
 Error bound of a float32 sum of K exact products p_k (tensor and row scaling: one K group):
 |fl(sum) - sum| <= gamma_K * sum |p_k|, gamma_K = K u / (1 - K u), u = 2^-24; the scales then add
-two roundings (sa * sb, and the product), 2 u |D|. Each test also shows that the nearest wrong
+two roundings (sa * sb, and the product), 2 u |D|. With K groups of g (block scaling, G = K / g
+groups): each group's sum gamma_g, its scaling 2 u, the float32 sum of the G scaled partials
+gamma_G - at most gamma_(g + G + 2) <= gamma_(K + 3) of sum |p_k| in all, the bound used here. Each test also shows that the nearest wrong
 answer (D rounded to bfloat16, a scale applied the other way) breaks the bound it asserts.
 
 Run by scripts/test.sh (pytest, on the package scripts/setup.sh installed into .venv).
@@ -32,9 +34,9 @@ def dequantized(q, rows_per_scale, cols_per_scale):
 
 
 def bound(a64, b64, d64):
-    """Per element of D = a64 . b64^T: gamma_K sum|a_k b_k| + 2u |D| (+ u |D| for the last rounding)."""
+    """Per element of D = a64 . b64^T: gamma_(K + 3) sum|a_k b_k| + 2u |D| (+ u |D| for the last rounding)."""
     k = a64.shape[1]
-    return gamma(k) * (np.abs(a64) @ np.abs(b64).T) + 3 * U * np.abs(d64)
+    return gamma(k + 3) * (np.abs(a64) @ np.abs(b64).T) + 3 * U * np.abs(d64)
 
 
 def operands(m, n, k, seed):
