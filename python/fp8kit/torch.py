@@ -19,6 +19,7 @@ from typing import Optional
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 import fp8kit
 
@@ -43,17 +44,28 @@ def _packed(weight, weight_scale_inv, weight_scaling):
     return cached[1]
 
 
-@torch.library.custom_op("fp8kit::linear", mutates_args=())
-def linear(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor, bias: Optional[torch.Tensor],
-           input_scaling: str, weight_scaling: str) -> torch.Tensor:
+def _linear(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling):
     """y[M, N] = deq(fp8(x))[M, K] . deq(weight)[N, K]^T (+ bias[N]), x float32 / bfloat16 / float16,
     y in x's dtype: x quantized with input_scaling inside the GEMM, float32 sums."""
     if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise fp8kit.Error(f"fp8kit.torch: the input is {x.dtype}; Float8Linear takes float32, bfloat16 or float16")
-    out_dtype = str(x.dtype).removeprefix("torch.")
-    y = fp8kit.gemm(x, _packed(weight, weight_scale_inv, weight_scaling), scaling=input_scaling,
-                    out_dtype=out_dtype, bias=bias)
-    return y
+    return fp8kit.gemm(x, _packed(weight, weight_scale_inv, weight_scaling), scaling=input_scaling,
+                       out_dtype=str(x.dtype).removeprefix("torch."), bias=bias)
+
+
+@torch.library.custom_op("fp8kit::linear", mutates_args=())
+def linear(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor, bias: Optional[torch.Tensor],
+           input_scaling: str, weight_scaling: str) -> torch.Tensor:
+    """_linear as a torch operator: what torch.compile and torch.export see."""
+    return _linear(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling)
+
+
+def _plain_eager(x):
+    """Whether nothing traces or transforms this call (no torch.compile, no export, no dispatch
+    mode, no autograd through x): the operator's dispatch, 60-90 us a call from Python, can be
+    skipped then - the same function runs either way."""
+    return (type(x) is torch.Tensor and not torch.compiler.is_compiling() and _get_current_dispatch_mode() is None
+            and not (x.requires_grad and torch.is_grad_enabled()))
 
 
 @linear.register_fake
@@ -83,7 +95,7 @@ class Float8Linear(nn.Module):
         self.input_scaling, self.weight_scaling = RECIPES[recipe]
         self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=getattr(torch, "float8_" + format)))
         self.register_buffer("weight_scale_inv", torch.ones(_scale_shape(self.weight_scaling, out_features, in_features)))
-        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+        self.bias = nn.Parameter(torch.zeros(out_features), requires_grad=False) if bias else None
 
     @classmethod
     def from_linear(cls, linear_module, recipe="rowwise", format="e4m3fn"):
@@ -93,7 +105,7 @@ class Float8Linear(nn.Module):
         m.weight = torch.from_numpy(q.data.copy()).view(getattr(torch, "float8_" + format))
         m.weight_scale_inv = torch.from_numpy(q.scale_inv.copy())
         if linear_module.bias is not None:
-            m.bias = nn.Parameter(linear_module.bias.detach().clone(), requires_grad=False)
+            m.bias = nn.Parameter(linear_module.bias.detach().clone(), requires_grad=False)  # inference only
         return m
 
     def forward(self, x):
@@ -101,11 +113,10 @@ class Float8Linear(nn.Module):
         if x.dim() == 0 or x.shape[-1] != self.in_features:
             raise fp8kit.Error(f"fp8kit.torch.Float8Linear: the input has shape {list(x.shape)}, but in_features "
                                f"{self.in_features}")
-        rows = x.reshape(-1, self.in_features)
-        bias = None if self.bias is None else self.bias.detach()
-        y = torch.ops.fp8kit.linear(rows, self.weight, self.weight_scale_inv, bias, self.input_scaling,
-                                    self.weight_scaling)
-        return y.reshape(*x.shape[:-1], self.out_features)
+        rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)
+        op = _linear if _plain_eager(rows) else torch.ops.fp8kit.linear
+        y = op(rows, self.weight, self.weight_scale_inv, self.bias, self.input_scaling, self.weight_scaling)
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
