@@ -28,6 +28,7 @@ import json
 import math
 import time
 
+import numpy as np
 import torch
 
 import fp8kit
@@ -46,7 +47,9 @@ def best_seconds(call, budget, flush=False):
     weights come from memory, as in a model larger than the caches."""
     global FLUSH
     if flush and FLUSH is None:
-        FLUSH = torch.ones(64 << 20)
+        # numpy reads on one thread: a torch read could leave torch's OpenMP team spinning on
+        # both cores when the next, timed call starts another runtime's team (fp8kit's).
+        FLUSH = np.ones(64 << 20, np.float32)
     call()
     best, calls = math.inf, 0
     start = time.perf_counter()
