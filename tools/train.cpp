@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <iostream>
 #include <iterator>
@@ -198,14 +199,22 @@ void run_train(const TrainArgs& a) {
         for (const auto& r : recipes)
             if (!is_fp8_recipe(r)) std::cerr << "fp8kit train: --policy applies to the FP8 recipes; " << r << " ignores it\n";
     std::vector<gpt::TrainResult> runs;
+    // The bar redraws itself with \r: only on a terminal. Into a file or a CI log each recipe
+    // gets one line when it ends.
+    const bool bar = stderr_is_terminal();
     for (const auto& recipe : recipes) {
         const auto progress = [&](int64_t step, float loss) {
             const int width = 30, done = int(double(width) * double(step + 1) / double(c.steps));
             std::fprintf(stderr, "\r%-10s [%s%s] %5lld/%lld loss %.3f", recipe.c_str(), std::string(size_t(done), '#').c_str(),
                          std::string(size_t(width - done), '.').c_str(), (long long)(step + 1), (long long)c.steps, double(loss));
         };
-        runs.push_back(gpt::train_gpt(text, c, recipe, progress));
-        std::fprintf(stderr, " (%.1f s)\n", runs.back().seconds);
+        runs.push_back(gpt::train_gpt(text, c, recipe, bar ? progress : std::function<void(int64_t, float)>()));
+        if (bar) {
+            std::fprintf(stderr, " (%.1f s)\n", runs.back().seconds);
+        } else {
+            std::fprintf(stderr, "%-10s %lld steps, loss %.3f (%.1f s)\n", recipe.c_str(), (long long)c.steps,
+                         double(runs.back().losses.back()), runs.back().seconds);
+        }
         gpt::save_model(*runs.back().model, a.out + "/model_" + recipe + ".safetensors");
     }
     // The table

@@ -1,8 +1,9 @@
 #!/bin/sh
 # tests/e2e/test_cli.sh FP8KIT: the command line as a user meets it - help, version, the formats
 # table (values from NUMERICS.md), bad input giving one line on stderr and exit code 2, and
-# `bench quantize --quick --json` printing JSON lines; `train` (its table, files, losses.svg
-# rendered to PNG where rsvg-convert is installed, --policy's per-layer report), `generate`, and
+# `bench quantize --quick --json` printing JSON lines; `train` (its table, files, no progress bar
+# into a file, losses.svg rendered to PNG where rsvg-convert is installed, --policy's per-layer
+# report), `generate`, and
 # every refused argument of train, generate and advise: exit 2, one line naming the flag, nothing
 # on stdout and nothing written.
 set -u
@@ -48,6 +49,7 @@ check "bench quantize --quick --json: JSON lines of bench quantize" "[ $rc -eq 0
 # numerics are tests/nn's), then generate from the saved model.
 "$fp8kit" train --steps 4 --layers 1 --width 32 --batch 2 --recipe f32,tensorwise --out "$out/train" >"$out/t" 2>"$out/e"; rc=$?
 check "train: table with f32 and tensorwise, CSV, SVG and models written" "[ $rc -eq 0 ] && grep -Eq '^tensorwise +\|? *[0-9.]+' '$out/t' && [ \$(wc -l <'$out/train/losses.csv') -eq 5 ] && grep -q '<svg' '$out/train/losses.svg' && [ -s '$out/train/model_tensorwise.safetensors' ]"
+check "train: stderr not a terminal - no progress bar, one line per recipe" "! grep -q \"\$(printf '\\r')\" '$out/e' && grep -Eq '^tensorwise +4 steps, loss [0-9.]+ \\([0-9.]+ s\\)\$' '$out/e' && [ \$(wc -l <'$out/e') -le 4 ]"
 "$fp8kit" generate --model "$out/train/model_f32.safetensors" --prompt "The " --tokens 10 >"$out/g" 2>"$out/e"; rc=$?
 check "generate: the prompt and 10 more bytes" "[ $rc -eq 0 ] && grep -q '^The ' '$out/g'"
 # The saved model is a checkpoint like any other: quantized to FP8 (mx32), generate runs on it.
