@@ -330,6 +330,17 @@ NB_MODULE(_fp8kit, m) {
               return to_numpy(out);
           },
           "q"_a, "dtype"_a = "float32", "decode(code) * scale_inv of its group, as float32 (or bfloat16 / float16 bits).");
+    m.def("recipe_scalings", [](const std::string& recipe) {
+              const Recipe r = parse_recipe(recipe);
+              return std::vector<std::string>{to_string(r.options(Role::input).scaling),
+                                              to_string(r.options(Role::weight).scaling)};
+          },
+          "recipe"_a, "The scalings a recipe quantizes a Linear's input and weight with: [input, weight].");
+    m.def("scale_shape", [](const std::string& scaling, int64_t rows, int64_t cols) {
+              const GroupShape g = parse_scaling(scaling).scale_shape(rows, cols);
+              return std::vector<int64_t>{g.rows, g.cols};
+          },
+          "scaling"_a, "rows"_a, "cols"_a, "The shape of scale_inv for a scaling of [rows, cols].");
     m.def("qtensor", &qtensor_from, "data"_a, "scale_inv"_a, "scaling"_a = "tensor", "format"_a = "e4m3fn",
           "A QTensor over existing FP8 codes [rows, cols] and their scale_inv (viewed, not copied).");
 

@@ -46,10 +46,16 @@ def _is_torch(x):
     return torch is not None and isinstance(x, torch.Tensor)
 
 
+def _format_name(format):
+    """A format given as a name ("e4m3fn", "float8_e4m3fn", the short "e4m3") or a float8 dtype:
+    its full name ("e4m3fn")."""
+    name = _name(format).removeprefix("float8_")
+    return {"e4m3": "e4m3fn", "e8m0": "e8m0fnu"}.get(name, name)  # the short names parse_format takes
+
+
 def _torch_fp8_dtype(format):
     torch = _torch()
-    name = "float8_" + _name(format).removeprefix("float8_")
-    name = {"float8_e4m3": "float8_e4m3fn", "float8_e8m0": "float8_e8m0fnu"}.get(name, name)
+    name = "float8_" + _format_name(format)
     dtype = getattr(torch, name, None)
     if dtype is None:
         raise Error(f"fp8kit: torch {torch.__version__} has no dtype for format {format!r}")
@@ -146,9 +152,8 @@ def _format_of(codes, format):
     """The FP8 format of codes: their torch / ml_dtypes float8 dtype's, or the one given (which
     must agree with such a dtype)."""
     dtype = getattr(codes, "dtype", None)
-    carried = _name(dtype).removeprefix("float8_") if dtype is not None and _name(dtype).startswith("float8_") else None
-    given = None if format is None else _name(format).removeprefix("float8_")
-    given = {"e4m3": "e4m3fn", "e8m0": "e8m0fnu"}.get(given, given)  # the short names parse_format takes
+    carried = _format_name(dtype) if dtype is not None and _name(dtype).startswith("float8_") else None
+    given = None if format is None else _format_name(format)
     if carried is not None and given is not None and carried != given:
         raise Error(f"fp8kit: the codes are float8_{carried} but format is {given}")
     if carried is None and given is None:
@@ -238,4 +243,4 @@ def scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=No
         return d
     if scale_result is not None:
         d = d / (scale_result.item() if hasattr(scale_result, "item") else float(scale_result))
-    return encode(d, _format_of(a, None) if out_dtype is None else _name(out_dtype), "saturate")
+    return encode(d, _format_of(a, None) if out_dtype is None else _format_name(out_dtype), "saturate")

@@ -23,12 +23,10 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 import fp8kit
 
-# The recipes of quantize_: the scaling of the activation (cast in the GEMM) and of the weight.
-RECIPES = {
-    "tensorwise": ("tensor", "tensor"),
-    "rowwise": ("row", "row"),
-    "block": ("block(1x128)", "block(128x128)"),  # DeepSeek-V3's: 1x128 activations, 128x128 weights
-}
+# The recipes of quantize_: stateless ones (delayed scaling keeps an amax history per layer, not
+# kept here). Their scalings - of the activation, cast in the GEMM, and of the weight - are the
+# library's (fp8kit::Recipe): block is DeepSeek-V3's 1x128 activations, 128x128 weights.
+RECIPES = ("rowwise", "tensorwise", "block")
 
 
 def _packed(weight, weight_scale_inv, weight_scaling):
@@ -73,16 +71,6 @@ def _(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling):
     return x.new_empty((x.shape[0], weight.shape[0]))
 
 
-def _scale_shape(scaling, rows, cols):
-    """The shape of scale_inv for a scaling of [rows, cols] (docs/NUMERICS.md: one scale per group)."""
-    if scaling == "tensor":
-        return (1, 1)
-    if scaling == "row":
-        return (rows, 1)
-    r, c = (int(v) for v in scaling.removeprefix("block(").removesuffix(")").split("x"))
-    return (-(-rows // r), -(-cols // c))
-
-
 class Float8Linear(nn.Module):
     """An nn.Linear for inference with an FP8 weight [out, in] (buffer `weight`, torch.float8_*)
     and its scale_inv (buffer `weight_scale_inv`): y = x W^T + b with x cast to FP8 in the GEMM."""
@@ -92,9 +80,9 @@ class Float8Linear(nn.Module):
         if recipe not in RECIPES:
             raise fp8kit.Error(f"fp8kit.torch: recipe '{recipe}', expected one of {', '.join(RECIPES)}")
         self.in_features, self.out_features, self.recipe = in_features, out_features, recipe
-        self.input_scaling, self.weight_scaling = RECIPES[recipe]
+        self.input_scaling, self.weight_scaling = fp8kit._fp8kit.recipe_scalings(recipe)
         self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=getattr(torch, "float8_" + format)))
-        self.register_buffer("weight_scale_inv", torch.ones(_scale_shape(self.weight_scaling, out_features, in_features)))
+        self.register_buffer("weight_scale_inv", torch.ones(fp8kit._fp8kit.scale_shape(self.weight_scaling, out_features, in_features)))
         self.bias = nn.Parameter(torch.zeros(out_features), requires_grad=False) if bias else None
 
     @classmethod

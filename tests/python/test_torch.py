@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")  # fp8kit.torch is for torch users: without torch there is nothing to test
 import fp8kit  # noqa: E402
 import fp8kit.torch as f8  # noqa: E402
-from test_gemm import U, bound  # noqa: E402  (the float32 sum bound, shared with the GEMM tests)
+from test_gemm import U, bound, dequantized  # noqa: E402  (numpy dequantization and the float32 sum bound)
 
 
 def mlp(seed, width=96, hidden=160):
@@ -24,7 +24,9 @@ def mlp(seed, width=96, hidden=160):
     return torch.nn.Sequential(torch.nn.Linear(width, hidden), torch.nn.GELU(), torch.nn.Linear(hidden, width))
 
 
-# The weight's scale groups per recipe (rows, cols; None: the whole dimension).
+# Per recipe: the activation's and the weight's scaling (torchao's and DeepSeek-V3's meanings),
+# and the weight's scale groups (rows, cols; None: the whole dimension).
+SCALINGS = {"rowwise": ("row", "row"), "tensorwise": ("tensor", "tensor"), "block": ("block(1x128)", "block(128x128)")}
 WEIGHT_GROUPS = {"rowwise": (1, None), "tensorwise": (None, None), "block": (128, 128)}
 
 
@@ -32,11 +34,9 @@ def expected(layer, x, input_scaling):
     """float64 y = deq(quantize(x)) . deq(W)^T + b of one Float8Linear, with its bound."""
     qx = fp8kit.quantize(x, scaling=input_scaling)
     a64 = fp8kit.dequantize(qx).astype(np.float64)
-    w_codes = layer.weight.float().double().numpy()
-    n, k = w_codes.shape
+    n, k = layer.weight.shape
     gr, gc = WEIGHT_GROUPS[layer.recipe]
-    s = layer.weight_scale_inv.double().numpy()
-    b64 = w_codes * np.repeat(np.repeat(s, gr or n, 0), gc or k, 1)[:n, :k]
+    b64 = dequantized(fp8kit.qtensor(layer.weight, layer.weight_scale_inv, layer.weight_scaling), gr or n, gc or k)
     d64 = a64 @ b64.T
     tol = bound(a64, b64, d64)
     if layer.bias is not None:
@@ -53,11 +53,12 @@ def test_quantize_replaces_linears_and_matches_float64(recipe):
     first, last = model[0], model[2]
     assert isinstance(first, f8.Float8Linear) and isinstance(last, f8.Float8Linear)
     assert first.weight.dtype == torch.float8_e4m3fn and first.weight_scale_inv.dtype == torch.float32
+    assert (first.input_scaling, first.weight_scaling) == SCALINGS[recipe]
     with torch.no_grad():
         y = model(x)
         h = torch.nn.functional.gelu(first(x))
     assert y.shape == (2, 7, 96) and y.dtype == torch.float32
-    want, tol = expected(last, h.reshape(-1, 160).numpy(), f8.RECIPES[recipe][0])
+    want, tol = expected(last, h.reshape(-1, 160).numpy(), SCALINGS[recipe][0])
     got = y.reshape(-1, 96).double().numpy()
     assert np.all(np.abs(got - want) <= tol)
     # The nearest wrong answer: the same layer without its bias breaks the bound.
