@@ -238,6 +238,13 @@ QTensor qtensor_from(const Array& data, const Array& scale_inv, const std::strin
     return q;
 }
 
+Role parse_role(const std::string& role) {
+    if (role == "input") return Role::input;
+    if (role == "weight") return Role::weight;
+    if (role == "grad_output") return Role::grad_output;
+    throw Error("fp8kit: role is '" + role + "', expected input, weight or grad_output");
+}
+
 GemmOptions gemm_options(const std::string& out_dtype, float alpha, float beta, const std::optional<Array>& c,
                          const std::optional<Array>& bias, const std::string& activation) {
     GemmOptions o;
@@ -303,6 +310,8 @@ NB_MODULE(_fp8kit, m) {
         .def_prop_ro("data_t", [](const QTensor& q) { return to_numpy_if_defined(q.data_t); }, owned,
                      "the transposed codes, or None")
         .def_prop_ro("scale_inv_t", [](const QTensor& q) { return to_numpy_if_defined(q.scale_inv_t); }, owned)
+        .def("transposed", &QTensor::transposed, nb::call_guard<nb::gil_scoped_release>(),
+             "The transposed copy (quantize(x.T) with the same options) as a QTensor of its own; an error if none.")
         .def("__repr__", [](const QTensor& q) {
             return "fp8kit.QTensor(" + std::string(to_string(q.format())) + ", " + to_string(q.data.shape()) + ", " +
                    to_string(q.scaling) + (q.has_transpose() ? ", with transpose)" : ")");
@@ -336,6 +345,32 @@ NB_MODULE(_fp8kit, m) {
                                               to_string(r.options(Role::weight).scaling)};
           },
           "recipe"_a, "The scalings a recipe quantizes a Linear's input and weight with: [input, weight].");
+    m.def("recipe_quantize", [](const Array& x, const std::string& recipe, const std::string& role, bool transpose) {
+              QuantizeOptions o = parse_recipe(recipe).options(parse_role(role));
+              o.transpose = transpose;
+              return quantize_array(x, o);
+          },
+          "x"_a, "recipe"_a, "role"_a, "transpose"_a = false,
+          "x quantized as a recipe quantizes a Linear's operand of this role (input, weight, grad_output): "
+          "its format, scaling and options (fp8kit::Recipe::options). Not for delayed (see DelayedScaling).");
+    nb::class_<DelayedScaling>(m, "DelayedScaling",
+                               "Delayed scaling of one tensor (fp8kit::DelayedScaling): quantize() uses the scale of "
+                               "earlier steps and records this amax; step() derives the next scale.")
+        .def("__init__", [](DelayedScaling* self, const std::string& role, int history_length, int margin) {
+                 new (self) DelayedScaling(Recipe::delayed(history_length, AmaxCompute::max, margin), parse_role(role));
+             },
+             "role"_a, "history_length"_a = 1024, "margin"_a = 0)
+        .def("quantize", [](DelayedScaling& d, const Array& x, bool transpose) {
+                 const Tensor in = view(x, "x");
+                 nb::gil_scoped_release nogil;
+                 return d.quantize(in, transpose);
+             },
+             "x"_a, "transpose"_a = false)
+        .def("step", &DelayedScaling::step, nb::call_guard<nb::gil_scoped_release>())
+        .def_prop_ro("fresh", &DelayedScaling::fresh, "no amax recorded and no step taken yet (scale 1)")
+        .def_prop_ro("scale", [](const DelayedScaling& d) { return to_numpy<nb::ro>(d.scale().clone()); }, owned)
+        .def_prop_ro("amax_history", [](const DelayedScaling& d) { return to_numpy<nb::ro>(d.amax_history().clone()); },
+                     owned);
     m.def("scale_shape", [](const std::string& scaling, int64_t rows, int64_t cols) {
               const GroupShape g = parse_scaling(scaling).scale_shape(rows, cols);
               return std::vector<int64_t>{g.rows, g.cols};

@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 # nlohmann-json (safetensors headers).
 # Tests: python3 + venv for the oracles (ml_dtypes, numpy, safetensors from PyPI; PyTorch; and the FP8
 # checkpoint producers and loaders transformers, compressed-tensors, llm-compressor, from
-# tests/requirements-checkpoints.txt), pkg-config for the install test, librsvg2-bin (rsvg-convert)
+# tests/requirements-checkpoints.txt; the PyTorch FP8 peers torchao, optimum-quanto, Diffusers, from
+# tests/requirements-peers.txt), pkg-config for the install test, librsvg2-bin (rsvg-convert)
 # to render `fp8kit train`'s losses.svg as a person sees it.
 # The Python package: python3-dev (Python.h, for the nanobind extension).
 # Benchmarks only (bench_gemm's peers; the library never links them): OpenBLAS in its OpenMP
@@ -81,6 +82,17 @@ elif "$venv/bin/python3" -c "import transformers, compressed_tensors, llmcompres
 else
     echo "setup: installing transformers, compressed-tensors, llm-compressor (tests/requirements-checkpoints.txt, ~450 MB)"
     "$venv/bin/python3" -m pip install -q --disable-pip-version-check --no-deps -r tests/requirements-checkpoints.txt
+fi
+
+# The PyTorch FP8 peers (torchao, optimum-quanto, Diffusers) for tests/python and bench/bench_torch.py,
+# --no-deps for the same reason: tests/requirements-peers.txt. Needs torch.
+if [ "${FP8KIT_NO_TORCH:-0}" = 1 ]; then
+    echo "setup: FP8KIT_NO_TORCH=1: not installing torchao / optimum-quanto / diffusers"
+elif "$venv/bin/python3" -c "import torchao, optimum.quanto, diffusers" >/dev/null 2>&1; then
+    echo "setup: torchao, optimum-quanto, diffusers present"
+else
+    echo "setup: installing torchao, optimum-quanto, diffusers (tests/requirements-peers.txt, ~100 MB)"
+    "$venv/bin/python3" -m pip install -q --disable-pip-version-check --no-deps -r tests/requirements-peers.txt
 fi
 
 # The Python package (pyproject.toml, python/): its pinned build requirements, then `pip install .`
