@@ -15,10 +15,14 @@ torchao's signature and recipe names (tensorwise, rowwise, rowwise_with_gw_hp, p
 delayed) makes nn.Linear layers Float8TrainingLinear: the same Parameters, with the three GEMMs
 of forward and backward (y, dX, dW) in FP8 through fp8kit under autograd (and DDP).
 
+Layerwise casting: enable_layerwise_casting(model, storage_dtype, compute_dtype, ...) with Diffusers'
+signature and default skip patterns stores weights in FP8; Linear layers then compute on the FP8
+weight directly (no upcast copy), other layers are upcast per forward as Diffusers does.
+
 The inference forward is a registered torch custom op, torch.ops.fp8kit.linear, with a fake (meta)
 implementation, so torch.compile and torch.export trace through it. state_dict holds the FP8
 weight (torch.float8_e4m3fn) and its scale_inv; loading one repacks on the next call.
-Checked by tests/python/test_torch.py and test_training.py.
+Checked by tests/python/test_torch.py, test_training.py and test_layerwise.py.
 """
 from typing import Optional
 
@@ -271,3 +275,99 @@ def convert_to_float8_training(module, *, module_filter_fn=None, config=None):
         parent = module.get_submodule(parent_name) if parent_name else module
         setattr(parent, child, Float8TrainingLinear.from_linear(m, config))
     return module
+
+
+# ---- layerwise casting (Diffusers' enable_layerwise_casting) ----
+
+# Diffusers' defaults (diffusers.hooks.layerwise_casting): the modules whose names match one of
+# these are left alone, and only these layer kinds have their weights stored in FP8.
+DEFAULT_SKIP_MODULES_PATTERN = ("pos_embed", "patch_embed", "norm", "^proj_in$", "^proj_out$")
+CASTABLE_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d,
+                   nn.Linear, nn.Embedding)
+
+
+class LayerwiseCastingReport:
+    """What enable_layerwise_casting did: `native` Linear layers compute on their FP8 weight
+    (fp8kit's GEMM), `cast` layers are upcast to compute_dtype at each forward (Diffusers' hook),
+    `skipped` (name, why) stay as they were."""
+
+    def __init__(self):
+        self.native, self.cast, self.skipped = [], [], []
+
+    def __str__(self):
+        lines = [f"native FP8 ({len(self.native)}): {', '.join(self.native) or '-'}",
+                 f"upcast per forward ({len(self.cast)}): {', '.join(self.cast) or '-'}"]
+        lines += [f"skipped {name}: {why}" for name, why in self.skipped]
+        return "\n".join(lines)
+
+
+def _cast_hooks(module, storage_dtype, compute_dtype, non_blocking):
+    """Diffusers' LayerwiseCastingHook: stored in storage_dtype, compute_dtype for each forward."""
+    def upcast(m, args):
+        m.to(dtype=compute_dtype, non_blocking=non_blocking)
+
+    def store(m, args, out):
+        m.to(dtype=storage_dtype, non_blocking=non_blocking)
+
+    module.to(dtype=storage_dtype, non_blocking=non_blocking)
+    module.register_forward_pre_hook(upcast)
+    module.register_forward_hook(store)
+
+
+def _native_linear(linear_module, storage_dtype, compute_dtype, scaled):
+    """A Float8Linear (tensor scaling) holding the Linear's weight in storage_dtype: with a
+    per-tensor scale (scaled), or cast as it is, scale 1 (Diffusers' storage). The bias stays in
+    compute_dtype (N values; Diffusers rounds it to FP8 too)."""
+    fmt = str(storage_dtype).removeprefix("torch.float8_")
+    if scaled:
+        m = Float8Linear.from_linear(linear_module, "tensorwise", fmt)
+    else:
+        m = Float8Linear(linear_module.in_features, linear_module.out_features, linear_module.bias is not None,
+                         "tensorwise", fmt)
+        m.weight = linear_module.weight.detach().to(storage_dtype)
+    if linear_module.bias is not None:
+        m.bias = nn.Parameter(linear_module.bias.detach().to(compute_dtype), requires_grad=False)
+    return m
+
+
+def enable_layerwise_casting(model, storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16,
+                             skip_modules_pattern="auto", skip_modules_classes=None, non_blocking=False, *,
+                             native_fp8=True, scaled=True):
+    """Diffusers' layerwise casting (ModelMixin.enable_layerwise_casting, apply_layerwise_casting):
+    the weights of the layers below model that no pattern (re.search on the qualified name;
+    "auto": DEFAULT_SKIP_MODULES_PATTERN) or class skips are stored in storage_dtype. Convolutions
+    and embeddings are upcast to compute_dtype around each forward, as Diffusers does; nn.Linear
+    layers (native_fp8) instead compute on the FP8 weight directly - the activation cast to FP8
+    with one scale inside fp8kit's GEMM, float32 sums, output in the input's dtype - and keep no
+    upcast copy. scaled: Linear weights stored with a per-tensor scale (fp8_max / amax), or False
+    as Diffusers stores them (cast as they are: small weights lose bits in FP8's subnormals).
+    Returns a LayerwiseCastingReport saying which layer went which way."""
+    import re
+
+    if not (storage_dtype.is_floating_point and storage_dtype.itemsize == 1):
+        raise fp8kit.Error(f"fp8kit.torch.enable_layerwise_casting: storage_dtype {storage_dtype} is not an FP8 dtype")
+    patterns = DEFAULT_SKIP_MODULES_PATTERN if skip_modules_pattern == "auto" else (
+        (skip_modules_pattern,) if isinstance(skip_modules_pattern, str) else tuple(skip_modules_pattern or ()))
+    classes = tuple(skip_modules_classes or ())
+    report = LayerwiseCastingReport()
+
+    def visit(module, prefix, parent, child):
+        if classes and isinstance(module, classes):
+            report.skipped.append((prefix, f"class {type(module).__name__}"))
+            return
+        hit = next((p for p in patterns if re.search(p, prefix)), None)
+        if hit is not None:
+            report.skipped.append((prefix, f"pattern {hit!r}"))
+            return
+        if type(module) is nn.Linear and native_fp8 and parent is not None:
+            setattr(parent, child, _native_linear(module, storage_dtype, compute_dtype, scaled))
+            report.native.append(prefix)
+        elif isinstance(module, CASTABLE_LAYERS):
+            _cast_hooks(module, storage_dtype, compute_dtype, non_blocking)
+            report.cast.append(prefix or "(model)")
+        else:
+            for name, sub in list(module.named_children()):
+                visit(sub, f"{prefix}.{name}" if prefix else name, module, name)
+
+    visit(model, "", None, None)
+    return report

@@ -1,0 +1,105 @@
+"""tests/python/test_layerwise.py: fp8kit.torch.enable_layerwise_casting against Diffusers'
+apply_layerwise_casting on the same model.
+
+Oracles: Diffusers itself (which layers are stored in FP8 under its default skip patterns; the
+upcast layers' outputs, bit for bit), and for the Linear layers that compute on their FP8 weight
+directly, the float64 product of the activation cast to FP8 (one scale, fp8kit.quantize - checked
+against numpy in test_package.py) and the stored weight, within the float32 sum bound of
+test_gemm.py. The nearest wrong answer - the activation not cast - fails that bound.
+
+Run by scripts/test.sh (pytest, on the package scripts/setup.sh installed into .venv).
+"""
+import copy
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")  # fp8kit.torch is for torch users: without torch there is nothing to test
+import fp8kit  # noqa: E402
+import fp8kit.torch as f8  # noqa: E402
+from test_gemm import U, bound  # noqa: E402
+
+
+class Block(torch.nn.Module):
+    """A diffusion-transformer-like block: names that Diffusers' default patterns skip (norm,
+    proj_in, proj_out) beside ones they cast (conv, ff.*)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj_in = torch.nn.Linear(32, 64)
+        self.conv = torch.nn.Conv1d(64, 64, 3, padding=1)
+        self.norm = torch.nn.LayerNorm(64)
+        self.ff = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64))
+        self.proj_out = torch.nn.Linear(64, 32)
+
+    def forward(self, x):  # x [B, T, 32]
+        h = self.proj_in(x)
+        h = h + self.conv(h.transpose(1, 2)).transpose(1, 2)
+        return self.proj_out(self.ff(self.norm(h)))
+
+
+def model_and_input():
+    torch.manual_seed(5)
+    return Block().to(torch.bfloat16), torch.randn(2, 48, 32).to(torch.bfloat16)
+
+
+def test_same_layers_as_diffusers_and_conv_bit_for_bit():
+    hooks = pytest.importorskip("diffusers.hooks")  # the peer (tests/requirements-peers.txt)
+    ours, x = model_and_input()
+    theirs = copy.deepcopy(ours)
+    hooks.apply_layerwise_casting(theirs, torch.float8_e4m3fn, torch.bfloat16)
+    report = f8.enable_layerwise_casting(ours, torch.float8_e4m3fn, torch.bfloat16, scaled=False)
+    stored = {name for name, m in theirs.named_modules()
+              if any(p.dtype == torch.float8_e4m3fn for p in m.parameters(recurse=False))}
+    assert set(report.native) | set(report.cast) == stored == {"conv", "ff.0", "ff.2"}
+    assert report.native == ["ff.0", "ff.2"] and report.cast == ["conv"]
+    assert {name for name, _ in report.skipped} == {"proj_in", "norm", "proj_out"}
+    assert ours.conv.weight.dtype == torch.float8_e4m3fn and ours.ff[0].weight.dtype == torch.float8_e4m3fn
+    with torch.no_grad():
+        h = theirs.proj_in(x).transpose(1, 2)
+        assert torch.equal(ours.conv(h).view(torch.int16), theirs.conv(h).view(torch.int16))
+        assert ours.conv.weight.dtype == torch.float8_e4m3fn  # stored again after the forward
+        # Unscaled storage holds Diffusers' codes: weight.to(float8), the same bytes.
+        assert torch.equal(ours.ff[0].weight.view(torch.uint8), theirs.ff[0].weight.view(torch.uint8))
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+def test_native_linear_is_the_float64_product_of_its_fp8_operands(scaled):
+    model, x = model_and_input()
+    with torch.no_grad():  # small weights (std 0.002, as deep residual projections): nearly all below
+        model.ff[0].weight.normal_(0, 0.002)  # e4m3's smallest normal 2^-6, many below its subnormals
+    original = model.ff[0].weight.detach().double().numpy()
+    f8.enable_layerwise_casting(model, scaled=scaled)
+    layer = model.ff[0]
+    h = torch.randn(96, 64).to(torch.bfloat16)
+    with torch.no_grad():
+        y = layer(h)
+    assert y.dtype == torch.bfloat16
+    a64 = fp8kit.dequantize(fp8kit.quantize(h, scaling="tensor")).astype(np.float64)  # exact: tensor scale, 1 product
+    w8 = layer.weight.view(torch.uint8).numpy()
+    b64 = fp8kit.decode(w8, "e4m3fn").astype(np.float64) * np.float64(layer.weight_scale_inv.item())
+    d64 = a64 @ b64.T + layer.bias.double().numpy()
+    # float32 sums and bias, then one rounding to bfloat16 (u = 2^-8).
+    tol = bound(a64, b64, d64) + 2 * U * np.abs(d64) + 2.0 ** -8 * np.abs(d64)
+    assert np.all(np.abs(y.double().numpy() - d64) <= tol)
+    wrong = h.double().numpy() @ b64.T + layer.bias.double().numpy()  # the activation left unquantized
+    assert np.any(np.abs(wrong - d64) > tol)
+    if scaled:  # a per-tensor scale keeps small weights out of FP8's subnormals: an error some ten times
+        # smaller than the unscaled cast's here (3 mantissa bits on every weight, against 0-2 on most)
+        unscaled = fp8kit.decode(fp8kit.encode(original.astype(np.float32), "e4m3fn"), "e4m3fn").astype(np.float64)
+        assert np.linalg.norm(b64 - original) < 0.25 * np.linalg.norm(unscaled - original)
+
+
+def test_whole_model_runs_and_bad_storage_dtype_is_refused():
+    model, x = model_and_input()
+    with torch.no_grad():
+        ref = model(x).double()
+    report = f8.enable_layerwise_casting(model)
+    with torch.no_grad():
+        y = model(x).double()
+    # SQNR of the FP8 model against its bfloat16 self: e4m3 keeps 3 mantissa bits (about 25-30 dB
+    # per cast); two casts per GEMM and three layers stay above 15 dB, a wrong scale or layout far below.
+    assert 10 * torch.log10(ref.square().sum() / (y - ref).square().sum()) > 15
+    assert "native FP8 (2): ff.0, ff.2" in str(report)
+    with pytest.raises(fp8kit.Error, match="storage_dtype torch.bfloat16"):
+        f8.enable_layerwise_casting(Block(), storage_dtype=torch.bfloat16)
