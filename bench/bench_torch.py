@@ -9,8 +9,12 @@ Rows, per Linear shape y[M, N] = x[M, K] W[N, K]^T + b (x float32):
   torch.bf16          nn.Linear in bfloat16 (x and W bfloat16, as a bf16 model runs)
   torch.scaled_mm     torch._scaled_mm on e4m3 tensorwise codes: x's amax, scale and cast every
                       call (dynamic scaling, as torchao's float8 inference does), W quantized once
-  fp8kit.<recipe>     fp8kit.torch.quantize_ (rowwise, tensorwise): W quantized and packed once,
-                      x cast inside the GEMM
+  torchao.f8wo       torchao quantize_(Float8WeightOnlyConfig()) (the seed projects, where installed:
+  quanto.qfloat8      optimum-quanto quantize(weights=qfloat8) + freeze   tests/requirements-peers.txt)
+  diffusers.lwc       Diffusers' apply_layerwise_casting (e4m3 storage, bfloat16 compute, x bfloat16)
+  fp8kit.<recipe>     fp8kit.torch.quantize_ (rowwise, tensorwise, block): W quantized and packed
+                      once, x cast inside the GEMM
+  fp8kit.lwc          fp8kit.torch.enable_layerwise_casting (e4m3 storage, the Linear on FP8 directly)
 Columns: gflops = 2 M N K / seconds (the best call; for M <= 16 each call after reading 256 MiB,
 so the weights come from memory); vs_f32 = gflops / torch.f32's; sqnr_db = 10 log10
 (sum y64^2 / sum (y - y64)^2) against the float64 product of the float32 x and W (every row checks
@@ -19,13 +23,24 @@ call on a 16 x 16 layer at M = 1, where the arithmetic is negligible: what a cal
 Python, fp8kit's Float8Linear beside nn.Linear.
 
 Shapes: M in {1, 16, 128, 2048} x (N, K) in {(4096, 4096), (11008, 4096), (4096, 11008)};
---quick: M in {1, 16, 128} x (4096, 4096) (~1 minute on 2 cores). Results: docs/PERF.md.
+--quick: M in {1, 16, 128} x (4096, 4096).
+
+--section train: one training step (forward, backward, AdamW) of x -> Linear(d, d) -> GELU ->
+Linear(d, d) -> MSE on 512 tokens, d in {1024, 2048, 4096} (--quick: 1024): torch float32,
+torchao convert_to_float8_training on the CPU, fp8kit.torch.convert_to_float8_training, per
+recipe; tokens/s, and sqnr_db of the first step's weight gradient against torch float32's.
+--section model: transformers' LlamaForCausalLM from a config (551M parameters: hidden 1536,
+16 layers, random weights, nothing downloaded): prefill of 128 tokens and decode tokens/s, with
+sqnr_db of the prefill's last logits against the float32 model's.
+Default: all three sections (about 25 minutes on 2 cores). Results: docs/PERF.md.
 Not run by the tests (speed is never asserted in tests).
 """
 import argparse
 import copy
+import importlib
 import json
 import math
+import sys
 import time
 
 import numpy as np
@@ -83,21 +98,67 @@ def scaled_mm_linear(linear):
     return forward
 
 
+def peer(name):
+    """A seed project's module, or None (said once) where it is not installed."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        if name not in MISSING:
+            MISSING.add(name)
+            print(f"bench_torch: {name} is not installed: its rows are left out (tests/requirements-peers.txt)",
+                  file=sys.stderr)
+        return None
+
+
+MISSING = set()
+
+
+def converted(model, how):
+    """A copy of model (float32) as each project makes it FP8, and the dtype its input takes; None
+    where the project is not installed."""
+    model = copy.deepcopy(model)
+    if how == "torch.bf16":
+        return model.to(torch.bfloat16), torch.bfloat16
+    if how.startswith("fp8kit.") and how != "fp8kit.lwc":
+        f8.quantize_(model, how.removeprefix("fp8kit."))
+        return model, torch.float32
+    if how == "fp8kit.lwc":
+        f8.enable_layerwise_casting(model.to(torch.bfloat16), skip_modules_pattern=None)
+        return model, torch.bfloat16
+    if how == "torchao.f8wo":
+        ao = peer("torchao.quantization")
+        return (ao.quantize_(model, ao.Float8WeightOnlyConfig()) or model, torch.float32) if ao else None
+    if how == "quanto.qfloat8":
+        quanto = peer("optimum.quanto")
+        if quanto is None:
+            return None
+        quanto.quantize(model, weights=quanto.qfloat8)
+        quanto.freeze(model)
+        return model, torch.float32
+    if how == "diffusers.lwc":
+        hooks = peer("diffusers.hooks")
+        if hooks is None:
+            return None
+        hooks.apply_layerwise_casting(model.to(torch.bfloat16), torch.float8_e4m3fn, torch.bfloat16,
+                                      skip_modules_pattern=None)
+        return model, torch.bfloat16
+    raise ValueError(how)
+
+
+LINEAR_IMPLS = ("torch.bf16", "torchao.f8wo", "quanto.qfloat8", "diffusers.lwc", "fp8kit.rowwise",
+                "fp8kit.tensorwise", "fp8kit.block", "fp8kit.lwc")
+
+
 def run_shape(m, n, k, budget, rows):
     torch.manual_seed(0)
     linear = torch.nn.Linear(k, n)
     x = torch.randn(m, k)
     ref = x.double() @ linear.weight.detach().double().T + linear.bias.detach().double()
-    impls = {"torch.f32": linear}
-    bf16 = copy.deepcopy(linear).to(torch.bfloat16)
-    x_bf16 = x.to(torch.bfloat16)
-    impls["torch.bf16"] = lambda _x: bf16(x_bf16)
-    impls["torch.scaled_mm"] = scaled_mm_linear(linear)
-    for recipe in ("rowwise", "tensorwise"):
-        model = torch.nn.Sequential(torch.nn.Linear(k, n))
-        model.load_state_dict({"0.weight": linear.weight, "0.bias": linear.bias})
-        f8.quantize_(model, recipe)
-        impls["fp8kit." + recipe] = model
+    impls = {"torch.f32": linear, "torch.scaled_mm": scaled_mm_linear(linear)}
+    for how in LINEAR_IMPLS:
+        made = converted(torch.nn.Sequential(linear), how)
+        if made is not None:
+            impls[how] = lambda _x, model=made[0], xin=x.to(made[1]): model(xin)
     base = None
     with torch.no_grad():
         for name, f in impls.items():
@@ -123,33 +184,128 @@ def call_overhead(budget, rows):
                          "call_overhead_us": round(s * 1e6, 2)})
 
 
+TRAIN_TOKENS = 512
+
+
+def train_step_impls(d):
+    """name -> a fresh model (same initial weights) for each training implementation."""
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.GELU(), torch.nn.Linear(d, d))
+    impls = {"torch.f32": lambda: copy.deepcopy(base)}
+    ao = peer("torchao.float8")
+    for recipe in ("tensorwise", "rowwise"):
+        if ao is not None:
+            impls["torchao." + recipe] = lambda r=recipe: ao.convert_to_float8_training(
+                copy.deepcopy(base), config=ao.Float8LinearConfig.from_recipe_name(r))
+    for recipe in ("tensorwise", "rowwise", "rowwise_with_gw_hp"):
+        impls["fp8kit." + recipe] = lambda r=recipe: f8.convert_to_float8_training(copy.deepcopy(base), config=r)
+    return impls
+
+
+def run_train(d, budget, rows):
+    g = torch.Generator().manual_seed(1)
+    x, target = torch.randn(TRAIN_TOKENS, d, generator=g), torch.randn(TRAIN_TOKENS, d, generator=g)
+    ref_grad, base = None, None
+    for name, make in train_step_impls(d).items():
+        model = make()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step():
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), target).backward()
+            opt.step()
+        step()  # the first step's gradient, from the shared initial weights, is the check
+        grad = model[0].weight.grad.double()
+        ref_grad = grad if ref_grad is None else ref_grad
+        s = best_seconds(step, budget)
+        base = base or s
+        rows.append({"bench": "torch_train", "impl": name, "m": TRAIN_TOKENS, "n": d, "k": d,
+                     "threads": torch.get_num_threads(), "seconds": s, "tokens_per_s": round(TRAIN_TOKENS / s, 1),
+                     "vs_f32": round(base / s, 3), "sqnr_db": round(sqnr_db(grad, ref_grad), 2)})
+
+
+LLAMA = dict(vocab_size=32000, hidden_size=1536, intermediate_size=4096, num_hidden_layers=16, num_attention_heads=12,
+             num_key_value_heads=12, max_position_embeddings=512)
+PROMPT, DECODE = 128, 8
+
+
+def run_model(rows):
+    transformers = peer("transformers")
+    if transformers is None:
+        return
+    torch.manual_seed(0)
+    base = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA)).eval()
+    ids = torch.randint(0, LLAMA["vocab_size"], (1, PROMPT), generator=torch.Generator().manual_seed(2))
+    ref = None
+    for how in ("torch.f32",) + LINEAR_IMPLS:
+        made = (base, torch.float32) if how == "torch.f32" else converted(base, how)
+        if made is None:
+            continue
+        model = made[0]
+        # Peers that run a decode step at ~0.4 GFLOP/s (1.1 GFLOP a token) get fewer tokens.
+        steps = 2 if how in ("torchao.f8wo", "quanto.qfloat8", "diffusers.lwc") else DECODE
+        with torch.no_grad():
+            model(ids[:, :8])  # warm-up
+            t0 = time.perf_counter()
+            out = model(ids, use_cache=True)
+            prefill = time.perf_counter() - t0
+            logits = out.logits[0, -1].double()
+            past, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                out = model(tok, past_key_values=past, use_cache=True)
+                past, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+            decode = (time.perf_counter() - t0) / steps
+        ref = logits if ref is None else ref
+        rows.append({"bench": "torch_model", "impl": how, "params_m": round(sum(p.numel() for p in base.parameters()) / 1e6),
+                     "threads": torch.get_num_threads(), "prefill_s": round(prefill, 3),
+                     "decode_tokens_per_s": round(1 / decode, 2), "sqnr_db": round(sqnr_db(logits, ref), 2)})
+        if model is not base:
+            del model, made
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--section", choices=("linear", "train", "model"), action="append",
+                    help="linear, train or model (repeatable; default: all three)")
     a = ap.parse_args()
+    sections = a.section or ["linear", "train", "model"]
     torch.set_num_threads(a.threads)
     fp8kit.set_num_threads(a.threads)
-    if a.quick:
-        shapes = [(m, 4096, 4096) for m in (1, 16, 128)]
-    else:
-        shapes = [(m, n, k) for n, k in ((4096, 4096), (11008, 4096), (4096, 11008)) for m in (1, 16, 128, 2048)]
     budget = 0.3 if a.quick else 1.0
     rows = []
-    for m, n, k in shapes:
-        run_shape(m, n, k, budget, rows)
-    call_overhead(budget, rows)
+    if "linear" in sections:
+        if a.quick:
+            shapes = [(m, 4096, 4096) for m in (1, 16, 128)]
+        else:
+            shapes = [(m, n, k) for n, k in ((4096, 4096), (11008, 4096), (4096, 11008)) for m in (1, 16, 128, 2048)]
+        for m, n, k in shapes:
+            run_shape(m, n, k, budget, rows)
+        call_overhead(budget, rows)
+    if "train" in sections:
+        for d in (1024,) if a.quick else (1024, 2048, 4096):
+            run_train(d, budget, rows)
+    if "model" in sections:
+        run_model(rows)
     if a.json:
         for r in rows:
             print(json.dumps(r))
         return
     print(f"fp8kit bench torch: torch {torch.__version__}, fp8kit {fp8kit.__version__}, {a.threads} threads, "
           f"{cpu_model()}")
-    print("| impl | M | N | K | GFLOP/s | vs f32 | SQNR dB | call us |\n|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['impl']} | {r['m']} | {r['n']} | {r['k']} | {r.get('gflops', '')} | {r.get('vs_f32', '')} | "
-              f"{r.get('sqnr_db', '')} | {r.get('call_overhead_us', '')} |")
+    tables = {"torch": ("impl m n k gflops vs_f32 sqnr_db call_overhead_us", "GFLOP/s of y = x W^T + b"),
+              "torch_train": ("impl m n k tokens_per_s vs_f32 sqnr_db", "training step, m tokens, width n"),
+              "torch_model": ("impl params_m prefill_s decode_tokens_per_s sqnr_db", "LlamaForCausalLM")}
+    for bench, (cols, title) in tables.items():
+        table = [r for r in rows if r["bench"] == bench]
+        if table:
+            cols = cols.split()
+            print(f"\n{title}\n| {' | '.join(cols)} |\n|{'---|' * len(cols)}")
+            for r in table:
+                print("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
 
 
 if __name__ == "__main__":

@@ -38,26 +38,34 @@ import fp8kit
 RECIPES = ("rowwise", "tensorwise", "block")
 
 
-def _packed(weight, weight_scale_inv, weight_scaling):
-    """The PackedWeight of a Float8Linear's buffers, packed on first use and again only after
-    either buffer is written (load_state_dict, copy_): kept on the weight tensor, keyed by the
-    buffers' version counters."""
-    key = (weight._version, weight_scale_inv._version, weight_scaling)
+def _packed(weight, weight_scale_inv, weight_scaling, bias):
+    """The PackedWeight of a Float8Linear's buffers and the extension's view of its bias, made on
+    first use and again only after a buffer or the bias is written (load_state_dict, copy_): kept
+    on the weight tensor, keyed by the version counters."""
+    key = (weight._version, weight_scale_inv._version, weight_scaling, None if bias is None else bias._version)
     cached = getattr(weight, "_fp8kit_packed", None)
-    if cached is None or cached[0] != key:
+    if cached is None or cached[0] != key or cached[3] is not bias:  # (a new bias Parameter: its own view)
         q = fp8kit.qtensor(weight, weight_scale_inv, weight_scaling)
-        cached = (key, fp8kit.PackedWeight(q))
+        cached = (key, fp8kit.PackedWeight(q), None if bias is None else fp8kit._to_extension(bias), bias)
         weight._fp8kit_packed = cached
-    return cached[1]
+    return cached[1], cached[2]
+
+
+_OUT_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def _linear(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling):
     """y[M, N] = deq(fp8(x))[M, K] . deq(weight)[N, K]^T (+ bias[N]), x float32 / bfloat16 / float16,
-    y in x's dtype: x quantized with input_scaling inside the GEMM, float32 sums."""
-    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+    y in x's dtype: x quantized with input_scaling (e4m3fn, saturating) inside the GEMM, float32
+    sums. The extension is called directly, with the bias's view cached beside the packed weight:
+    fp8kit.gemm's argument handling costs more than the GEMM of a decode step's small layer."""
+    out = _OUT_DTYPES.get(x.dtype)
+    if out is None:
         raise fp8kit.Error(f"fp8kit.torch: the input is {x.dtype}; Float8Linear takes float32, bfloat16 or float16")
-    return fp8kit.gemm(x, _packed(weight, weight_scale_inv, weight_scaling), scaling=input_scaling,
-                       out_dtype=str(x.dtype).removeprefix("torch."), bias=bias)
+    packed, bias_view = _packed(weight, weight_scale_inv, weight_scaling, bias)
+    values = fp8kit._fp8kit.gemm_fused(fp8kit._to_extension(x), packed, "e4m3fn", input_scaling, "saturate", False, 0.0,
+                                       "floor", "propagate", out, 1.0, 0.0, None, bias_view, "none")
+    return fp8kit._out(values, out, True)
 
 
 @torch.library.custom_op("fp8kit::linear", mutates_args=())
@@ -92,7 +100,7 @@ class Float8Linear(nn.Module):
         self.input_scaling, self.weight_scaling = fp8kit._fp8kit.recipe_scalings(recipe)
         self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=getattr(torch, "float8_" + format)))
         self.register_buffer("weight_scale_inv", torch.ones(fp8kit._fp8kit.scale_shape(self.weight_scaling, out_features, in_features)))
-        self.bias = nn.Parameter(torch.zeros(out_features), requires_grad=False) if bias else None
+        self.register_parameter("bias", nn.Parameter(torch.zeros(out_features), requires_grad=False) if bias else None)
 
     @classmethod
     def from_linear(cls, linear_module, recipe="rowwise", format="e4m3fn"):
@@ -112,7 +120,11 @@ class Float8Linear(nn.Module):
                                f"{self.in_features}")
         rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         op = _linear if _plain_eager(rows) else torch.ops.fp8kit.linear
-        y = op(rows, self.weight, self.weight_scale_inv, self.bias, self.input_scaling, self.weight_scaling)
+        # The tensors through the module's dicts: Module.__getattr__ costs about 1 us a name, a
+        # tenth of a decode step's small layer.
+        buffers = self._buffers
+        y = op(rows, buffers["weight"], buffers["weight_scale_inv"], self._parameters["bias"], self.input_scaling,
+               self.weight_scaling)
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self):
