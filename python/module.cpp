@@ -14,6 +14,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -21,6 +22,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "fp8kit/fp8kit.hpp"
@@ -411,6 +413,24 @@ NB_MODULE(_fp8kit, m) {
           "a"_a, "b"_a, "format"_a, "scaling"_a, "overflow"_a, "power_of_two"_a, "amax_epsilon"_a, "mx_rounding"_a,
           "non_finite"_a, "out_dtype"_a, "alpha"_a, "beta"_a, "c"_a.none(), "bias"_a.none(), "activation"_a,
           "The GEMM with a given in float32 / bfloat16 / float16 [M, K] and cast to FP8 inside it.");
+    m.def("write_policy", [](const std::string& path, const std::vector<std::tuple<std::string, bool, std::optional<std::string>, std::string>>& layers) {
+              Policy p;
+              for (const auto& [name, fp8, recipe, reason] : layers) {
+                  PolicyLayer l;
+                  l.name = name;
+                  l.fp8 = fp8;
+                  if (recipe) l.scheme = scheme_of_recipe(*recipe);
+                  if (l.fp8 && !l.scheme) throw Error("fp8kit.write_policy: layer '" + name + "' is fp8 but names no recipe");
+                  l.reason = reason;
+                  p.layers.push_back(std::move(l));
+              }
+              write_policy(path, p);
+          },
+          "path"_a, "layers"_a,
+          "Writes a policy file (docs/CHECKPOINTS.md) of (weight name, fp8, recipe or None, reason) entries, "
+          "replace-on-write.");
+    m.def("read_policy", [](const std::string& path) { return policy_json(read_policy(path)); }, "path"_a,
+          "A policy file as the library reads it (its JSON, normalized); fp8kit.Error naming what is malformed.");
     m.def("set_num_threads", &set_num_threads, "n"_a, "Threads for fp8kit's kernels (n >= 1).");
     m.def("num_threads", &num_threads);
 }

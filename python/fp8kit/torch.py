@@ -19,11 +19,17 @@ Layerwise casting: enable_layerwise_casting(model, storage_dtype, compute_dtype,
 signature and default skip patterns stores weights in FP8; Linear layers then compute on the FP8
 weight directly (no upcast copy), other layers are upcast per forward as Diffusers does.
 
+advise(model, example_inputs, path): per Linear, FP8 or not and which recipe, from paired timings
+on this machine and SQNR; writes the policy file the C++ side reads.
+
 The inference forward is a registered torch custom op, torch.ops.fp8kit.linear, with a fake (meta)
 implementation, so torch.compile and torch.export trace through it. state_dict holds the FP8
 weight (torch.float8_e4m3fn) and its scale_inv; loading one repacks on the next call.
-Checked by tests/python/test_torch.py, test_training.py and test_layerwise.py.
+Checked by tests/python/test_torch.py, test_training.py, test_layerwise.py and test_advise.py.
 """
+import math
+import statistics
+import time
 from typing import Optional
 
 import torch
@@ -184,10 +190,11 @@ class _Casts:
         return d.quantize(t, transpose)
 
 
-def _gemm(a, b, out_dtype):
-    """D = deq(a) . deq(b)^T of two QTensors, as a torch tensor of out_dtype."""
-    name = str(out_dtype).removeprefix("torch.")
-    return fp8kit._out(fp8kit._fp8kit.gemm(a, b, name, 1.0, 0.0, None, None, "none"), name, True)
+def _gemm(a, b, out_dtype, bias=None):
+    """D = deq(a) . deq(b)^T (+ bias) of two QTensors, as a torch tensor of out_dtype."""
+    name = _OUT_DTYPES[out_dtype]
+    bias = None if bias is None else fp8kit._to_extension(bias)
+    return fp8kit._out(fp8kit._fp8kit.gemm(a, b, name, 1.0, 0.0, None, bias, "none"), name, True)
 
 
 class _Float8LinearFunction(torch.autograd.Function):
@@ -201,17 +208,17 @@ class _Float8LinearFunction(torch.autograd.Function):
     backward."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, casts, fp8_grad_weight):
-        keep_x8 = fp8_grad_weight and weight.requires_grad
+    def forward(ctx, x, weight, bias, casts, fp8_grad_weight, grad_enabled):
+        # What backward will need (nothing under torch.no_grad): the transposed casts it reads.
+        need_dx, need_dw = grad_enabled and x.requires_grad, grad_enabled and weight.requires_grad
+        keep_x8 = fp8_grad_weight and need_dw
         qx = casts(x, "input", keep_x8)
-        qw = casts(weight, "weight", x.requires_grad)
-        y = fp8kit._out(fp8kit._fp8kit.gemm(qx, qw, str(x.dtype).removeprefix("torch."), 1.0, 0.0, None,
-                                            None if bias is None else fp8kit._to_extension(bias), "none"),
-                        str(x.dtype).removeprefix("torch."), True)
+        qw = casts(weight, "weight", need_dx)
+        y = _gemm(qx, qw, x.dtype, bias)
         ctx.casts, ctx.weight_dtype, ctx.has_bias = casts, weight.dtype, bias is not None
-        ctx.qw_t = qw.transposed() if x.requires_grad else None
+        ctx.qw_t = qw.transposed() if need_dx else None
         ctx.qx_t = qx.transposed() if keep_x8 else None
-        ctx.save_for_backward(x if weight.requires_grad and not fp8_grad_weight else None)
+        ctx.save_for_backward(x if need_dw and not fp8_grad_weight else None)
         return y
 
     @staticmethod
@@ -226,7 +233,7 @@ class _Float8LinearFunction(torch.autograd.Function):
             dw = _gemm(qdy.transposed(), ctx.qx_t, ctx.weight_dtype) if ctx.qx_t is not None else (dy.t() @ x).to(ctx.weight_dtype)
         db = dy.sum(0) if need_db and ctx.has_bias else None
         ctx.qx_t = ctx.qw_t = None  # the FP8 casts go now, not when the graph does
-        return dx, dw, db, None, None
+        return dx, dw, db, None, None, None
 
 
 class Float8TrainingLinear(nn.Linear):
@@ -258,7 +265,8 @@ class Float8TrainingLinear(nn.Linear):
             raise fp8kit.Error(f"fp8kit.torch.Float8TrainingLinear: the input is {x.dtype}; it takes float32, "
                                "bfloat16 or float16")
         rows = x.reshape(-1, self.in_features)
-        y = _Float8LinearFunction.apply(rows, self.weight, self.bias, self._casts, self.fp8_grad_weight)
+        y = _Float8LinearFunction.apply(rows, self.weight, self.bias, self._casts, self.fp8_grad_weight,
+                                        torch.is_grad_enabled())
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self):
@@ -383,3 +391,88 @@ def enable_layerwise_casting(model, storage_dtype=torch.float8_e4m3fn, compute_d
 
     visit(model, "", None, None)
     return report
+
+
+# ---- advise: which Linear layers pay in FP8 on this machine ----
+
+def _seconds_per_call(call, target=2e-3):
+    """One timing sample: enough calls in a row to last about `target` seconds (a small layer's
+    call is microseconds: below the clock's and the scheduler's noise), per call."""
+    calls, elapsed = 1, 0.0
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            call()
+        elapsed = time.perf_counter() - t0
+        if elapsed >= target:
+            return elapsed / calls
+        calls *= 2
+
+
+def advise(model, example_inputs, path=None, *, recipes=("rowwise", "tensorwise", "block"), rounds=7,
+           min_speedup=1.0, sqnr_floor=25.0):
+    """Per nn.Linear of model: FP8 or not, and with which recipe, measured on this machine at the
+    shapes the model runs. example_inputs (a tuple of model's arguments) runs once to capture each
+    Linear's input; then, per layer, `rounds` rounds each time the float32 layer and one
+    Float8Linear per recipe on that input, in turn (so a burst of noise hits both sides of a
+    round), and take the median of the per-round speedups; the confidence is how many rounds
+    agree with the decision. SQNR: the FP8 output against the float64 product of the same input
+    and weight. A layer goes FP8 with the fastest recipe whose median speedup is at least
+    min_speedup and whose SQNR is at least sqnr_floor (25 dB: the NUMERICS.md floor of an FP8
+    GEMM). Returns the policy entries (docs/CHECKPOINTS.md); path: also written there as the
+    policy file that `fp8kit quantize --policy`, `fp8kit train --policy` and the library read."""
+    if rounds < 1:
+        raise fp8kit.Error(f"fp8kit.torch.advise: rounds is {rounds}, expected >= 1")
+    for r in recipes:
+        if r not in RECIPES:
+            raise fp8kit.Error(f"fp8kit.torch.advise: recipe '{r}', expected some of {', '.join(RECIPES)}")
+    linears = [(fqn, m) for fqn, m in model.named_modules() if type(m) is nn.Linear]
+    seen = {}  # fqn -> the layer's first input
+
+    def capture(fqn):
+        def hook(module, args, out):  # returns None: a forward hook's return value replaces the output
+            seen.setdefault(fqn, args[0].detach())
+        return hook
+
+    handles = [m.register_forward_hook(capture(fqn)) for fqn, m in linears]
+    try:
+        with torch.no_grad():
+            model(*example_inputs) if isinstance(example_inputs, tuple) else model(example_inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    entries = []
+    with torch.no_grad():
+        for fqn, m in linears:
+            if fqn not in seen:
+                entries.append({"name": fqn + ".weight", "fp8": False, "recipe": None,
+                                "reason": "not run by the example inputs: nothing measured"})
+                continue
+            x = seen[fqn].float().reshape(-1, m.in_features)
+            ref = x.double() @ m.weight.double().T + (0 if m.bias is None else m.bias.double())
+            base = m.float() if m.weight.dtype != torch.float32 else m
+            candidates = {r: Float8Linear.from_linear(base, r) for r in recipes}
+            ratios = {r: [] for r in recipes}
+            for i in range(rounds):
+                order = list(recipes[i % len(recipes):] + recipes[:i % len(recipes)])
+                f32 = _seconds_per_call(lambda: base(x))
+                for r in order:
+                    ratios[r].append(f32 / _seconds_per_call(lambda c=candidates[r]: c(x)))
+            rows = []
+            for r in recipes:
+                y = candidates[r](x).double()
+                err = (y - ref).square().sum().item()
+                sqnr = math.inf if err == 0 else 10 * math.log10(ref.square().sum().item() / err)
+                rows.append((statistics.median(ratios[r]), sqnr, r))
+            good = [row for row in rows if row[0] >= min_speedup and row[1] >= sqnr_floor]
+            speed, sqnr, recipe = max(good) if good else max(rows)
+            agree = sum((s >= min_speedup) == bool(good) for s in ratios[recipe])
+            what = ("faster and accurate" if good else
+                    "not accurate" if speed >= min_speedup else "not faster")
+            entries.append({"name": fqn + ".weight", "fp8": bool(good), "recipe": recipe if good else None,
+                            "reason": f"{what}: {recipe} {speed:.2f}x f32 at M={x.shape[0]} (median of {rounds} rounds, "
+                                      f"{agree}/{rounds} agree; need {min_speedup:.2f}x), sqnr {sqnr:.1f} dB "
+                                      f"(floor {sqnr_floor:g})"})
+    if path is not None:
+        fp8kit._fp8kit.write_policy(str(path), [(e["name"], e["fp8"], e["recipe"], e["reason"]) for e in entries])
+    return entries

@@ -291,3 +291,13 @@ def test_ddp_two_ranks_follow_one_rank_step_for_step(tmp_path):
     # The nearest wrong answer: the same ranks without DDP's gradient all-reduce.
     apart = two_ranks(False, tmp_path)
     assert not np.allclose(apart[1:], one[1:], rtol=1e-3, atol=0)
+
+
+def test_no_grad_forward_is_the_training_forward():
+    # Under torch.no_grad nothing is kept for backward (no transposed casts); y is the same bytes.
+    lin, x, _ = layer_and_data(5)
+    layer = f8.convert_to_float8_training(lin, config="rowwise")
+    with torch.no_grad():
+        y0 = layer(x)
+    y1 = layer(x.clone().requires_grad_())
+    assert y1.requires_grad and torch.equal(y0.view(torch.int32), y1.detach().view(torch.int32))
