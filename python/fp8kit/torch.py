@@ -17,7 +17,8 @@ of forward and backward (y, dX, dW) in FP8 through fp8kit under autograd (and DD
 
 Layerwise casting: enable_layerwise_casting(model, storage_dtype, compute_dtype, ...) with Diffusers'
 signature and default skip patterns stores weights in FP8; Linear layers then compute on the FP8
-weight directly (no upcast copy), other layers are upcast per forward as Diffusers does.
+weight directly (no upcast copy) and embeddings decode only the rows they read; convolutions are
+upcast per forward as Diffusers does.
 
 advise(model, example_inputs, path): per Linear, FP8 or not and which recipe, from paired timings
 on this machine and SQNR; writes the policy file the C++ side reads.
@@ -350,17 +351,49 @@ def _native_linear(linear_module, storage_dtype, compute_dtype, scaled):
     return m
 
 
+class Float8Embedding(nn.Module):
+    """An nn.Embedding whose table [num, dim] is stored in FP8 (buffer `weight`) with a per-tensor
+    `weight_scale_inv`: a lookup decodes only the rows it reads, to compute_dtype - where Diffusers'
+    hook upcasts the whole table and casts it back at every forward (for a 32000 x 1536 table,
+    0.2 s a call on 2 cores)."""
+
+    def __init__(self, weight, weight_scale_inv, compute_dtype, padding_idx=None):
+        super().__init__()
+        self.register_buffer("weight", weight)
+        self.register_buffer("weight_scale_inv", weight_scale_inv)
+        self.compute_dtype, self.padding_idx = compute_dtype, padding_idx
+
+    @classmethod
+    def from_embedding(cls, embedding, storage_dtype, compute_dtype, scaled):
+        w = embedding.weight.detach()
+        if scaled:  # scale = fp8_max / amax, in float32 as fp8kit's tensor scaling (docs/NUMERICS.md)
+            q = fp8kit.quantize(w.float(), str(storage_dtype).removeprefix("torch.float8_"), "tensor")
+            codes, scale_inv = torch.from_numpy(q.data.copy()).view(storage_dtype), torch.from_numpy(q.scale_inv.copy())
+        else:  # Diffusers' storage: the values cast as they are
+            codes, scale_inv = w.to(storage_dtype), torch.ones(1, 1)
+        return cls(codes, scale_inv, compute_dtype, embedding.padding_idx)
+
+    def forward(self, ids):
+        # ids [...] -> [..., dim]: decode(code) * scale_inv in float32 (exact for scale 1), then compute_dtype.
+        rows = nn.functional.embedding(ids, self.weight, self.padding_idx)
+        return (rows.float() * self.weight_scale_inv[0, 0]).to(self.compute_dtype)
+
+    def extra_repr(self):
+        return f"{self.weight.shape[0]}, {self.weight.shape[1]}, weight={self.weight.dtype}, compute={self.compute_dtype}"
+
+
 def enable_layerwise_casting(model, storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16,
                              skip_modules_pattern="auto", skip_modules_classes=None, non_blocking=False, *,
                              native_fp8=True, scaled=True):
     """Diffusers' layerwise casting (ModelMixin.enable_layerwise_casting, apply_layerwise_casting):
     the weights of the layers below model that no pattern (re.search on the qualified name;
     "auto": DEFAULT_SKIP_MODULES_PATTERN) or class skips are stored in storage_dtype. Convolutions
-    and embeddings are upcast to compute_dtype around each forward, as Diffusers does; nn.Linear
-    layers (native_fp8) instead compute on the FP8 weight directly - the activation cast to FP8
-    with one scale inside fp8kit's GEMM, float32 sums, output in the input's dtype - and keep no
-    upcast copy. scaled: Linear weights stored with a per-tensor scale (fp8_max / amax), or False
-    as Diffusers stores them (cast as they are: small weights lose bits in FP8's subnormals).
+    are upcast to compute_dtype around each forward, as Diffusers does; with native_fp8, nn.Linear
+    layers instead compute on the FP8 weight directly - the activation cast to FP8 with one scale
+    inside fp8kit's GEMM, float32 sums, output in the input's dtype - and keep no upcast copy, and
+    nn.Embedding layers become Float8Embedding, whose lookup decodes only the rows it reads.
+    scaled: weights stored with a per-tensor scale (fp8_max / amax), or False as Diffusers stores
+    them (cast as they are: small weights lose bits in FP8's subnormals).
     Returns a LayerwiseCastingReport saying which layer went which way."""
     import re
 
@@ -381,6 +414,10 @@ def enable_layerwise_casting(model, storage_dtype=torch.float8_e4m3fn, compute_d
             return
         if type(module) is nn.Linear and native_fp8 and parent is not None:
             setattr(parent, child, _native_linear(module, storage_dtype, compute_dtype, scaled))
+            report.native.append(prefix)
+        elif (type(module) is nn.Embedding and native_fp8 and parent is not None and module.max_norm is None
+              and not module.sparse):
+            setattr(parent, child, Float8Embedding.from_embedding(module, storage_dtype, compute_dtype, scaled))
             report.native.append(prefix)
         elif isinstance(module, CASTABLE_LAYERS):
             _cast_hooks(module, storage_dtype, compute_dtype, non_blocking)

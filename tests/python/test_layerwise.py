@@ -103,3 +103,28 @@ def test_whole_model_runs_and_bad_storage_dtype_is_refused():
     assert "native FP8 (2): ff.0, ff.2" in str(report)
     with pytest.raises(fp8kit.Error, match="storage_dtype torch.bfloat16"):
         f8.enable_layerwise_casting(Block(), storage_dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+def test_embedding_decodes_only_the_rows_it_reads(scaled):
+    torch.manual_seed(6)
+    table = torch.nn.Embedding(1000, 64, padding_idx=0)
+    ids = torch.tensor([[0, 5, 999], [17, 5, 3]])
+    ours = torch.nn.Sequential(copy.deepcopy(table))
+    report = f8.enable_layerwise_casting(ours, torch.float8_e4m3fn, torch.bfloat16, skip_modules_pattern=None,
+                                         scaled=scaled)
+    assert report.native == ["0"] and isinstance(ours[0], f8.Float8Embedding)
+    with torch.no_grad():
+        got = ours(ids)
+    assert got.dtype == torch.bfloat16 and got.shape == (2, 3, 64)
+    if not scaled:  # Diffusers' unscaled storage: its upcast table, looked up - the same bits
+        hooks = pytest.importorskip("diffusers.hooks")
+        theirs = torch.nn.Sequential(copy.deepcopy(table))
+        hooks.apply_layerwise_casting(theirs, torch.float8_e4m3fn, torch.bfloat16, skip_modules_pattern=None)
+        with torch.no_grad():
+            assert torch.equal(got.view(torch.int16), theirs(ids).view(torch.int16))
+    else:  # decode(code) * scale_inv in float32 (exact), one rounding to bfloat16: the codes' own values
+        q = fp8kit.quantize(table.weight.detach(), "e4m3fn", "tensor")
+        rows = fp8kit.decode(q.data, "e4m3fn")[ids.numpy()] * q.scale_inv[0, 0]
+        assert torch.equal(got, torch.from_numpy(rows).to(torch.bfloat16))
+        assert torch.equal(got[0, 0], torch.zeros(64, dtype=torch.bfloat16))  # the padding row stays zero
