@@ -72,28 +72,24 @@ else
     fi
 fi
 
-# The FP8 checkpoint ecosystem (transformers, compressed-tensors, llm-compressor) for
-# tests/python/test_checkpoint_ecosystem.py, with --no-deps so that torch stays at its pin:
-# tests/requirements-checkpoints.txt says why and lists what their imports need. Needs torch.
-if [ "${FP8KIT_NO_TORCH:-0}" = 1 ]; then
-    echo "setup: FP8KIT_NO_TORCH=1: not installing transformers / compressed-tensors / llm-compressor"
-elif "$venv/bin/python3" -c "import transformers, compressed_tensors, llmcompressor" >/dev/null 2>&1; then
-    echo "setup: transformers, compressed-tensors, llm-compressor present"
-else
-    echo "setup: installing transformers, compressed-tensors, llm-compressor (tests/requirements-checkpoints.txt, ~450 MB)"
-    "$venv/bin/python3" -m pip install -q --disable-pip-version-check --no-deps -r tests/requirements-checkpoints.txt
-fi
-
-# The PyTorch FP8 peers (torchao, optimum-quanto, Diffusers) for tests/python and bench/bench_torch.py,
-# --no-deps for the same reason: tests/requirements-peers.txt. Needs torch.
-if [ "${FP8KIT_NO_TORCH:-0}" = 1 ]; then
-    echo "setup: FP8KIT_NO_TORCH=1: not installing torchao / optimum-quanto / diffusers"
-elif "$venv/bin/python3" -c "import torchao, optimum.quanto, diffusers" >/dev/null 2>&1; then
-    echo "setup: torchao, optimum-quanto, diffusers present"
-else
-    echo "setup: installing torchao, optimum-quanto, diffusers (tests/requirements-peers.txt, ~100 MB)"
-    "$venv/bin/python3" -m pip install -q --disable-pip-version-check --no-deps -r tests/requirements-peers.txt
-fi
+# Packages that run on torch, installed --no-deps so that torch stays at its pin (their
+# requirements file says why and lists what their imports need): a group is installed unless its
+# imports already work, or FP8KIT_NO_TORCH=1 leaves torch out.
+torch_group() {  # names, import statement, requirements file, size
+    if [ "${FP8KIT_NO_TORCH:-0}" = 1 ]; then
+        echo "setup: FP8KIT_NO_TORCH=1: not installing $1"
+    elif "$venv/bin/python3" -c "import $2" >/dev/null 2>&1; then
+        echo "setup: $1 present"
+    else
+        echo "setup: installing $1 ($3, $4)"
+        "$venv/bin/python3" -m pip install -q --disable-pip-version-check --no-deps -r "$3"
+    fi
+}
+# The FP8 checkpoint ecosystem, for tests/python/test_checkpoint_ecosystem.py.
+torch_group "transformers, compressed-tensors, llm-compressor" "transformers, compressed_tensors, llmcompressor" \
+    tests/requirements-checkpoints.txt "~450 MB"
+# The PyTorch FP8 peers, for tests/python and bench/bench_torch.py.
+torch_group "torchao, optimum-quanto, diffusers" "torchao, optimum.quanto, diffusers" tests/requirements-peers.txt "~100 MB"
 
 # The Python package (pyproject.toml, python/): its pinned build requirements, then `pip install .`
 # without build isolation (nothing fetched at build time), built by CMake in build/python. Run every
