@@ -1,4 +1,4 @@
-"""fp8kit.torch: FP8 inference Linear layers for PyTorch models, on fp8kit's kernels.
+"""fp8kit.torch: FP8 Linear layers for PyTorch models - inference, training, layerwise casting - on fp8kit's kernels.
 
 torchao's `quantize_(model, Float8DynamicActivationFloat8WeightConfig())` and optimum-quanto's
 `qfloat8`, but running FP8 on a CPU: every chosen nn.Linear becomes a Float8Linear whose weight
@@ -29,6 +29,7 @@ weight (torch.float8_e4m3fn) and its scale_inv; loading one repacks on the next 
 Checked by tests/python/test_torch.py, test_training.py, test_layerwise.py and test_advise.py.
 """
 import math
+import re
 import statistics
 import time
 from typing import Optional
@@ -395,8 +396,6 @@ def enable_layerwise_casting(model, storage_dtype=torch.float8_e4m3fn, compute_d
     scaled: weights stored with a per-tensor scale (fp8_max / amax), or False as Diffusers stores
     them (cast as they are: small weights lose bits in FP8's subnormals).
     Returns a LayerwiseCastingReport saying which layer went which way."""
-    import re
-
     if not (storage_dtype.is_floating_point and storage_dtype.itemsize == 1):
         raise fp8kit.Error(f"fp8kit.torch.enable_layerwise_casting: storage_dtype {storage_dtype} is not an FP8 dtype")
     patterns = DEFAULT_SKIP_MODULES_PATTERN if skip_modules_pattern == "auto" else (

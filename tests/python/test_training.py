@@ -17,7 +17,6 @@ Oracles:
 
 Run by scripts/test.sh (pytest, on the package scripts/setup.sh installed into .venv).
 """
-import os
 import socket
 
 import ml_dtypes
