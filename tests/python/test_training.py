@@ -300,3 +300,15 @@ def test_no_grad_forward_is_the_training_forward():
         y0 = layer(x)
     y1 = layer(x.clone().requires_grad_())
     assert y1.requires_grad and torch.equal(y0.view(torch.int32), y1.detach().view(torch.int32))
+
+
+def test_a_tensor_on_another_device_is_an_error_naming_it():
+    # fp8kit's package computes on the CPU: a tensor elsewhere (here torch's meta device, present in
+    # every torch build) is refused by name, in every entry point, before any work.
+    x = torch.empty(4, 64, device="meta")
+    layer = f8.convert_to_float8_training(torch.nn.Sequential(torch.nn.Linear(64, 32)))
+    inference = torch.nn.Sequential(torch.nn.Linear(64, 32))
+    f8.quantize_(inference)
+    for call in (lambda: fp8kit.quantize(x), lambda: layer(x), lambda: inference(x)):
+        with pytest.raises(fp8kit.Error, match="device 'meta'"):
+            call()
