@@ -206,17 +206,34 @@ def gemm(a, b, *, out_dtype="float32", alpha=1.0, beta=0.0, c=None, bias=None, a
     return _out(values, out_name, _is_torch(a))
 
 
-def _scale_granularity(scale, rows, name, rows_dim):
-    """tensor for a one-element scale, row for one scale per row of the operand (torch's rowwise
-    shapes: [M, 1] for a, [1, N] for b), else an error naming the argument."""
+def _operand_scaling(scale, name, rows, k):
+    """The scaling of one scaled_mm operand (a [M, K]; b^T [N, K], whose scale torch gives in b's
+    [K, N] orientation), from its scale's shape - torch._scaled_mm's rules - and the scale laid
+    out for fp8kit's [rows, K] operand:
+      one element                                  tensor
+      a: [M, 1]        b: [1, N]                   row (torch's rowwise)
+      a: [M, K/128]    b: [K/128, N]               block(1x128)    (DeepSeek-V3 activations)
+      a: [M/128, K/128] b: [K/128, N/128]          block(128x128)  (DeepSeek-V3 weights)
+    (/ rounds up). Else an error naming the argument and the shapes it could have."""
+    kb, rb = -(-k // 128), -(-rows // 128)
     shape = tuple(scale.shape)
     if len(shape) <= 2 and all(d == 1 for d in shape):
-        return "tensor", (1, 1)
-    want = (rows, 1) if rows_dim == 0 else (1, rows)
-    if shape == want:
-        return "row", (rows, 1)
-    raise Error(f"fp8kit.scaled_mm: {name} has shape {list(shape)}; expected one element (tensorwise) "
-                f"or {list(want)} (rowwise)")
+        return "tensor", scale.reshape(1, 1)
+    oriented = shape if name == "scale_a" else shape[::-1]  # b's scale as [N, ...]
+    t = scale if name == "scale_a" else scale.T
+    if len(shape) == 2 and oriented == (rows, 1):
+        return "row", t.reshape(rows, 1)
+    if len(shape) == 2 and oriented == (rows, kb):
+        return "block(1x128)", _contiguous(t)
+    if len(shape) == 2 and oriented == (rb, kb):
+        return "block(128x128)", _contiguous(t)
+    want = ([rows, 1], [rows, kb], [rb, kb]) if name == "scale_a" else ([1, rows], [kb, rows], [kb, rb])
+    raise Error(f"fp8kit.scaled_mm: {name} has shape {list(shape)}; expected one element (tensorwise), "
+                f"{want[0]} (rowwise), {want[1]} (1x128 blocks) or {want[2]} (128x128 blocks)")
+
+
+def _contiguous(t):
+    return t.contiguous() if _is_torch(t) else np.ascontiguousarray(t)
 
 
 def scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False):
@@ -225,8 +242,9 @@ def scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=No
 
     a [M, K] and b [K, N] FP8 (torch.float8_* tensors or ml_dtypes float8 arrays; b in any layout -
     torch asks for column-major, fp8kit reads b.T as its [N, K] weight without a copy then).
-    scale_a / scale_b: float32 dequantization scales, one element (tensorwise) or [M, 1] / [1, N]
-    (rowwise). out_dtype: float32, bfloat16 or float16; None or a float8 dtype: FP8 output (None: a's
+    scale_a / scale_b: float32 dequantization scales, one element (tensorwise), [M, 1] / [1, N]
+    (rowwise), or torch's block shapes: [M, K/128] / [K/128, N] (1x128 blocks) and [M/128, K/128] /
+    [K/128, N/128] (128x128 blocks), sums scaled per 128-wide K group. out_dtype: float32, bfloat16 or float16; None or a float8 dtype: FP8 output (None: a's
     format), float32(D / scale_result) cast saturating - what torch's CPU _scaled_mm gives with a
     float8 out_dtype spelled out (oneDNN's destination scale divides; torch 2.15 ignores
     scale_result when out_dtype is None, fp8kit does not). use_fast_accum is accepted and changes nothing: fp8kit always sums
@@ -235,11 +253,11 @@ def scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=No
     del use_fast_accum
     if len(getattr(a, "shape", ())) != 2 or len(getattr(b, "shape", ())) != 2:
         raise Error("fp8kit.scaled_mm: a and b must be 2-d (a [M, K], b [K, N])")
-    m, n = a.shape[0], b.shape[1]
-    ga, sa = _scale_granularity(scale_a, m, "scale_a", 0)
-    gb, sb = _scale_granularity(scale_b, n, "scale_b", 1)
-    qa = qtensor(a, scale_a.reshape(sa), ga)
-    qb = qtensor(b.T, scale_b.reshape(sb), gb)
+    m, k, n = a.shape[0], a.shape[1], b.shape[1]
+    ga, sa = _operand_scaling(scale_a, "scale_a", m, k)
+    gb, sb = _operand_scaling(scale_b, "scale_b", n, k)
+    qa = qtensor(a, sa, ga)
+    qb = qtensor(b.T, sb, gb)
     fp8_out = out_dtype is None or _name(out_dtype).startswith("float8_")
     out_name = "float32" if fp8_out else _name(out_dtype)
     values = _fp8kit.gemm(qa, qb, out_name, 1.0, 0.0, None, None if bias is None else _to_extension(bias), "none")

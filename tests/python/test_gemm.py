@@ -210,3 +210,32 @@ def test_bad_gemm_input_raises_fp8kit_error_naming_it(call, needle):
     torch = pytest.importorskip("torch")
     with pytest.raises(fp8kit.Error, match=needle):
         call(torch)
+
+
+@pytest.mark.parametrize("a_block,b_block", [("1x128", "128x128"), ("1x128", "1x128"), ("128x128", "1x128")])
+def test_scaled_mm_block_scales_in_torchs_shapes(a_block, b_block):
+    # Block scales as torch._scaled_mm takes them (its shape rules: torch checks our shapes on the
+    # meta device, where every torch build has the check), against float64 within the bound of
+    # K groups; the nearest wrong answer - b's block scales read transposed - fails it.
+    torch = pytest.importorskip("torch")
+    m, n, k = 136, 208, 384  # partial blocks along M and N (torch wants N a multiple of 16)
+    x, w = operands(m, n, k, seed=9)
+    qa = fp8kit.quantize(x, scaling=f"block({a_block})")
+    qb = fp8kit.quantize(w, scaling=f"block({b_block})")  # w: b^T [N, K]
+    a = torch.from_numpy(qa.data.copy()).view(torch.float8_e4m3fn)
+    b = torch.from_numpy(qb.data.copy()).view(torch.float8_e4m3fn).t()  # [K, N] column-major
+    sa, sb = torch.from_numpy(qa.scale_inv.copy()), torch.from_numpy(qb.scale_inv.copy()).t()  # b's: [K/128, ...]
+    meta = torch._scaled_mm(a.to("meta"), b.to("meta"), sa.to("meta"), sb.to("meta"), out_dtype=torch.float32)
+    assert meta.shape == (m, n)  # torch accepts these shapes for this block pair
+    d = fp8kit.scaled_mm(a, b, sa, sb, out_dtype=torch.float32)
+    rows = lambda blk: int(blk.split("x")[0])  # noqa: E731
+    a64, b64 = dequantized(qa, rows(a_block), 128), dequantized(qb, rows(b_block), 128)
+    d64 = a64 @ b64.T
+    tol = bound(a64, b64, d64)
+    assert np.all(np.abs(d.double().numpy() - d64) <= tol)
+    swapped = np.repeat(np.repeat(qb.scale_inv.astype(np.float64), rows(b_block), 0), 128, 1)[:n, :k]
+    codes = qb.data.view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    wrong = a64 @ (codes * swapped[::-1]).T  # scales of the wrong blocks
+    assert np.any(np.abs(wrong - d64) > tol)
+    with pytest.raises(fp8kit.Error, match=r"scale_b has shape \[2, 3\]; .* \[3, 208\] \(1x128 blocks\)"):
+        fp8kit.scaled_mm(a, b, sa, torch.ones(2, 3))
