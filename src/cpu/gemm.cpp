@@ -308,23 +308,38 @@ std::shared_ptr<const void> pack_weight(const ExecContext&, const GemmOperand& b
     pb.codes.assign(size_t(pb.strips * kl.padded * gemm_tile), 0);
     pb.scales.assign(size_t(kl.groups * pb.strips * gemm_tile), 0.0f);
     pb.strip_has_nan.assign(size_t(pb.strips), 0);
+    bool nan_code[256];
+    for (int v = 0; v < 256; ++v) nan_code[v] = is_nan(uint8_t(v), b.format);
     parallel_tasks(pb.strips, size_t(b.rows * b.k), [&](int64_t s, int) {
+        // One strip: B's rows 16 s ... 16 s + 15 (fewer in the last). The packed K position of group
+        // g's element e is kp = g * group_padded + e (group_padded even), and its byte for column c
+        // is 32 (kp / 2) + 2 c + kp % 2: each K pair of the strip's rows is one 32-byte row of the
+        // strip, written in order from a 2-byte read of each row (an odd group length leaves the
+        // last pair's high byte as padding, 0).
         uint8_t* out = pb.codes.data() + s * kl.padded * gemm_tile;
-        for (int64_t c = 0; c < gemm_tile; ++c) {
-            const int64_t j = s * gemm_tile + c;
-            if (j >= b.rows) break;
-            const uint8_t* row = b.data + j * b.ld;
-            for (int64_t g = 0; g < kl.groups; ++g) {
+        const int64_t cols = std::min(gemm_tile, b.rows - s * gemm_tile);
+        const uint8_t* rows[gemm_tile];
+        bool nan = false;
+        for (int64_t c = 0; c < cols; ++c) {
+            rows[c] = b.data + (s * gemm_tile + c) * b.ld;
+            for (int64_t e = 0; e < b.k; ++e) nan |= nan_code[rows[c][e]];
+        }
+        for (int64_t g = 0; g < kl.groups; ++g) {
+            for (int64_t c = 0; c < cols; ++c) {
+                const int64_t j = s * gemm_tile + c;
                 pb.scales[size_t(g * pb.strips * gemm_tile + j)] = b.scale(j, g * kl.group);
-                for (int64_t e = 0; e < (b.k > 0 ? kl.len(g) : 0); ++e) {
-                    const int64_t kp = g * kl.group_padded + e;  // packed K position
-                    const int64_t chunk = kp / gemm_chunk, in = kp % gemm_chunk;
-                    const uint8_t code = row[g * kl.group + e];
-                    out[chunk * gemm_chunk_codes + (in / 2) * 2 * gemm_tile + c * 2 + in % 2] = code;
-                    if (is_nan(code, b.format)) pb.strip_has_nan[size_t(s)] = 1;
-                }
+            }
+            const int64_t len = b.k > 0 ? kl.len(g) : 0, k0 = g * kl.group;
+            uint8_t* dst = out + g * kl.group_padded * gemm_tile;  // = 32 * (kp / 2) at e = 0
+            int64_t e = 0;
+            for (; e + 1 < len; e += 2, dst += 2 * gemm_tile) {
+                for (int64_t c = 0; c < cols; ++c) std::memcpy(dst + 2 * c, rows[c] + k0 + e, 2);
+            }
+            if (e < len) {
+                for (int64_t c = 0; c < cols; ++c) dst[2 * c] = rows[c][k0 + e];
             }
         }
+        pb.strip_has_nan[size_t(s)] = nan ? 1 : 0;
     });
     *bytes = pb.codes.size() + pb.scales.size() * sizeof(float);
     return p;
