@@ -42,8 +42,9 @@ import fp8kit
 
 # The recipes of quantize_: stateless ones (delayed scaling keeps an amax history per layer, not
 # kept here). Their scalings - of the activation, cast in the GEMM, and of the weight - are the
-# library's (fp8kit::Recipe): block is DeepSeek-V3's 1x128 activations, 128x128 weights.
-RECIPES = ("rowwise", "tensorwise", "block")
+# library's (fp8kit::Recipe): block is DeepSeek-V3's 1x128 activations, 128x128 weights; mxfp8 is
+# OCP MX's 1x32 blocks with e8m0 scales (held as torch.float8_e8m0fnu).
+RECIPES = ("rowwise", "tensorwise", "block", "mxfp8")
 
 
 def _packed(weight, weight_scale_inv, weight_scaling, bias):
@@ -96,6 +97,16 @@ def _(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling):
     return x.new_empty((x.shape[0], weight.shape[0]))
 
 
+def _scale_tensor(scale_inv, scaling):
+    """scale_inv as a Float8Linear holds it: float32, or for mx32 torch.float8_e8m0fnu - from its
+    e8m0 codes (uint8, what quantize returns) or from float32 values (powers of two)."""
+    if scaling != "mx32":
+        return scale_inv
+    if scale_inv.dtype == torch.uint8:
+        return scale_inv.view(torch.float8_e8m0fnu)
+    return scale_inv.to(torch.float8_e8m0fnu)
+
+
 class Float8Linear(nn.Module):
     """An nn.Linear for inference with an FP8 weight [out, in] (buffer `weight`, torch.float8_*)
     and its scale_inv (buffer `weight_scale_inv`): y = x W^T + b with x cast to FP8 in the GEMM."""
@@ -107,7 +118,8 @@ class Float8Linear(nn.Module):
         self.in_features, self.out_features, self.recipe = in_features, out_features, recipe
         self.input_scaling, self.weight_scaling = fp8kit._fp8kit.recipe_scalings(recipe)
         self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=getattr(torch, "float8_" + format)))
-        self.register_buffer("weight_scale_inv", torch.ones(fp8kit._fp8kit.scale_shape(self.weight_scaling, out_features, in_features)))
+        shape = fp8kit._fp8kit.scale_shape(self.weight_scaling, out_features, in_features)
+        self.register_buffer("weight_scale_inv", _scale_tensor(torch.ones(shape), self.weight_scaling))
         self.register_parameter("bias", nn.Parameter(torch.zeros(out_features), requires_grad=False) if bias else None)
 
     @classmethod
@@ -116,7 +128,7 @@ class Float8Linear(nn.Module):
         m = cls(linear_module.in_features, linear_module.out_features, linear_module.bias is not None, recipe, format)
         q = fp8kit.quantize(linear_module.weight.detach().float(), format, m.weight_scaling)
         m.weight = torch.from_numpy(q.data.copy()).view(getattr(torch, "float8_" + format))
-        m.weight_scale_inv = torch.from_numpy(q.scale_inv.copy())
+        m.weight_scale_inv = _scale_tensor(torch.from_numpy(q.scale_inv.copy()), m.weight_scaling)
         if linear_module.bias is not None:
             m.bias = nn.Parameter(linear_module.bias.detach().clone(), requires_grad=False)  # inference only
         return m
@@ -143,7 +155,7 @@ class Float8Linear(nn.Module):
 def quantize_(model, config=None, filter_fn=None):
     """Replaces, in place, every nn.Linear of model that filter_fn(module, fqn) accepts (all when
     None) by a Float8Linear. config: a recipe name - "rowwise" (the default), "tensorwise",
-    "block" - as torchao's quantize_(model, config, filter_fn)."""
+    "block", "mxfp8" - as torchao's quantize_(model, config, filter_fn)."""
     recipe = config or "rowwise"
     if recipe not in RECIPES:
         raise fp8kit.Error(f"fp8kit.torch.quantize_: config '{recipe}', expected one of {', '.join(RECIPES)}")

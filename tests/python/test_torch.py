@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")  # fp8kit.torch is for torch users: without torch there is nothing to test
 import fp8kit  # noqa: E402
 import fp8kit.torch as f8  # noqa: E402
-from test_gemm import U, bound, dequantized  # noqa: E402  (numpy dequantization and the float32 sum bound)
+from test_gemm import U, bound  # noqa: E402  (the float32 sum bound)
 
 
 def mlp(seed, width=96, hidden=160):
@@ -26,17 +26,26 @@ def mlp(seed, width=96, hidden=160):
 
 # Per recipe: the activation's and the weight's scaling (torchao's and DeepSeek-V3's meanings),
 # and the weight's scale groups (rows, cols; None: the whole dimension).
-SCALINGS = {"rowwise": ("row", "row"), "tensorwise": ("tensor", "tensor"), "block": ("block(1x128)", "block(128x128)")}
-WEIGHT_GROUPS = {"rowwise": (1, None), "tensorwise": (None, None), "block": (128, 128)}
+SCALINGS = {"rowwise": ("row", "row"), "tensorwise": ("tensor", "tensor"), "block": ("block(1x128)", "block(128x128)"),
+            "mxfp8": ("mx32", "mx32")}
+WEIGHT_GROUPS = {"rowwise": (1, None), "tensorwise": (None, None), "block": (128, 128), "mxfp8": (1, 32)}
+
+
+def weight64(layer):
+    """float64 values of a Float8Linear's weight: torch's decode of its codes times the scale_inv of
+    each code's group (e8m0 codes e of mxfp8 stand for 2^(e - 127))."""
+    n, k = layer.weight.shape
+    gr, gc = WEIGHT_GROUPS[layer.recipe]
+    scale = layer.weight_scale_inv
+    scale = torch.exp2(scale.view(torch.uint8).double() - 127) if scale.dtype == torch.float8_e8m0fnu else scale.double()
+    return layer.weight.double().numpy() * np.repeat(np.repeat(scale.numpy(), gr or n, 0), gc or k, 1)[:n, :k]
 
 
 def expected(layer, x, input_scaling):
     """float64 y = deq(quantize(x)) . deq(W)^T + b of one Float8Linear, with its bound."""
     qx = fp8kit.quantize(x, scaling=input_scaling)
     a64 = fp8kit.dequantize(qx).astype(np.float64)
-    n, k = layer.weight.shape
-    gr, gc = WEIGHT_GROUPS[layer.recipe]
-    b64 = dequantized(fp8kit.qtensor(layer.weight, layer.weight_scale_inv, layer.weight_scaling), gr or n, gc or k)
+    b64 = weight64(layer)
     d64 = a64 @ b64.T
     tol = bound(a64, b64, d64)
     if layer.bias is not None:
@@ -45,14 +54,15 @@ def expected(layer, x, input_scaling):
     return d64, tol
 
 
-@pytest.mark.parametrize("recipe", ["rowwise", "tensorwise", "block"])
+@pytest.mark.parametrize("recipe", ["rowwise", "tensorwise", "block", "mxfp8"])
 def test_quantize_replaces_linears_and_matches_float64(recipe):
     model = mlp(1)
     x = torch.randn(2, 7, 96)  # [batch, tokens, width]: Float8Linear flattens the leading dims
     f8.quantize_(model, recipe)
     first, last = model[0], model[2]
     assert isinstance(first, f8.Float8Linear) and isinstance(last, f8.Float8Linear)
-    assert first.weight.dtype == torch.float8_e4m3fn and first.weight_scale_inv.dtype == torch.float32
+    scale_dtype = torch.float8_e8m0fnu if recipe == "mxfp8" else torch.float32  # mx: e8m0 codes, as OCP MX
+    assert first.weight.dtype == torch.float8_e4m3fn and first.weight_scale_inv.dtype == scale_dtype
     assert (first.input_scaling, first.weight_scaling) == SCALINGS[recipe]
     with torch.no_grad():
         y = model(x)
@@ -93,10 +103,12 @@ def test_export_and_compile_trace_the_custom_op():
         assert torch.equal(compiled(x), eager)
 
 
-def test_state_dict_round_trip_repacks_the_loaded_weight():
+@pytest.mark.parametrize("recipe,scale_shape,scale_dtype", [("rowwise", (160, 1), torch.float32),
+                                                            ("mxfp8", (160, 3), torch.float8_e8m0fnu)])
+def test_state_dict_round_trip_repacks_the_loaded_weight(recipe, scale_shape, scale_dtype):
     source, target = mlp(4), mlp(5)
-    f8.quantize_(source)
-    f8.quantize_(target)
+    f8.quantize_(source, recipe)
+    f8.quantize_(target, recipe)
     x = torch.randn(3, 96)
     with torch.no_grad():
         stale = target(x)  # packs target's own weights
@@ -104,7 +116,8 @@ def test_state_dict_round_trip_repacks_the_loaded_weight():
         torch.save(source.state_dict(), buffer)
         buffer.seek(0)
         state = torch.load(buffer)
-        assert state["0.weight"].dtype == torch.float8_e4m3fn and state["0.weight_scale_inv"].shape == (160, 1)
+        assert state["0.weight"].dtype == torch.float8_e4m3fn
+        assert state["0.weight_scale_inv"].shape == scale_shape and state["0.weight_scale_inv"].dtype == scale_dtype
         target.load_state_dict(state)
         assert torch.equal(target(x), source(x))  # the loaded weight, not the packed stale one
         assert not torch.equal(stale, source(x))
