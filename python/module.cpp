@@ -413,14 +413,18 @@ NB_MODULE(_fp8kit, m) {
           "a"_a, "b"_a, "format"_a, "scaling"_a, "overflow"_a, "power_of_two"_a, "amax_epsilon"_a, "mx_rounding"_a,
           "non_finite"_a, "out_dtype"_a, "alpha"_a, "beta"_a, "c"_a.none(), "bias"_a.none(), "activation"_a,
           "The GEMM with a given in float32 / bfloat16 / float16 [M, K] and cast to FP8 inside it.");
-    m.def("write_policy", [](const std::string& path, const std::vector<std::tuple<std::string, bool, std::optional<std::string>, std::string>>& layers) {
+    // (name, fp8, recipe, reason) per layer
+    using PolicyEntry = std::tuple<std::string, bool, std::optional<std::string>, std::string>;
+    m.def("write_policy", [](const std::string& path, const std::vector<PolicyEntry>& layers) {
               Policy p;
               for (const auto& [name, fp8, recipe, reason] : layers) {
                   PolicyLayer l;
                   l.name = name;
                   l.fp8 = fp8;
                   if (recipe) l.scheme = scheme_of_recipe(*recipe);
-                  if (l.fp8 && !l.scheme) throw Error("fp8kit.write_policy: layer '" + name + "' is fp8 but names no recipe");
+                  if (l.fp8 && !l.scheme) {
+                      throw Error("fp8kit.write_policy: layer '" + name + "' is fp8 but names no recipe");
+                  }
                   l.reason = reason;
                   p.layers.push_back(std::move(l));
               }

@@ -244,11 +244,12 @@ def scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=No
     torch asks for column-major, fp8kit reads b.T as its [N, K] weight without a copy then).
     scale_a / scale_b: float32 dequantization scales, one element (tensorwise), [M, 1] / [1, N]
     (rowwise), or torch's block shapes: [M, K/128] / [K/128, N] (1x128 blocks) and [M/128, K/128] /
-    [K/128, N/128] (128x128 blocks), sums scaled per 128-wide K group. out_dtype: float32, bfloat16 or float16; None or a float8 dtype: FP8 output (None: a's
-    format), float32(D / scale_result) cast saturating - what torch's CPU _scaled_mm gives with a
-    float8 out_dtype spelled out (oneDNN's destination scale divides; torch 2.15 ignores
-    scale_result when out_dtype is None, fp8kit does not). use_fast_accum is accepted and changes nothing: fp8kit always sums
-    in float32 (what use_fast_accum=False asks of cuBLASLt).
+    [K/128, N/128] (128x128 blocks), sums scaled per 128-wide K group. out_dtype: float32, bfloat16
+    or float16; None or a float8 dtype: FP8 output (None: a's format), float32(D / scale_result)
+    cast saturating - what torch's CPU _scaled_mm gives with a float8 out_dtype spelled out
+    (oneDNN's destination scale divides; torch 2.15 ignores scale_result when out_dtype is None,
+    fp8kit does not). use_fast_accum is accepted and changes nothing: fp8kit always sums in
+    float32 (what use_fast_accum=False asks of cuBLASLt).
     """
     del use_fast_accum
     if len(getattr(a, "shape", ())) != 2 or len(getattr(b, "shape", ())) != 2:

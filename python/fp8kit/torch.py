@@ -240,11 +240,15 @@ class _Float8LinearFunction(torch.autograd.Function):
         dy = dy.contiguous()  # autograd may hand a broadcast (stride 0) gradient
         x, = ctx.saved_tensors
         need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
-        qdy = ctx.casts(dy, "grad_output", ctx.qx_t is not None and need_dw) if need_dx or ctx.qx_t is not None else None
+        fp8_dw = need_dw and ctx.qx_t is not None
+        qdy = ctx.casts(dy, "grad_output", fp8_dw) if need_dx or fp8_dw else None
         dx = _gemm(qdy, ctx.qw_t, dy.dtype) if need_dx else None
-        dw = None
-        if need_dw:
-            dw = _gemm(qdy.transposed(), ctx.qx_t, ctx.weight_dtype) if ctx.qx_t is not None else (dy.t() @ x).to(ctx.weight_dtype)
+        if not need_dw:
+            dw = None
+        elif fp8_dw:
+            dw = _gemm(qdy.transposed(), ctx.qx_t, ctx.weight_dtype)
+        else:  # rowwise_with_gw_hp: dY^T x in the input's precision
+            dw = (dy.t() @ x).to(ctx.weight_dtype)
         db = dy.sum(0) if need_db and ctx.has_bias else None
         ctx.qx_t = ctx.qw_t = None  # the FP8 casts go now, not when the graph does
         return dx, dw, db, None, None, None
