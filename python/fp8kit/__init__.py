@@ -66,20 +66,17 @@ def _to_extension(x):
     """What the extension reads, never a copy: numpy arrays as they are; torch tensors as numpy
     views of their memory where numpy has the dtype - the extension takes a numpy array in about
     half the time of a DLPack capsule, some 4 us a tensor - else (bfloat16) through DLPack; a tensor
-    on another device is an Error naming it. FP8 crosses as its codes (uint8): DLPack readers differ on float8."""
-    torch = _torch()
-    if torch is not None and type(x) is torch.Tensor and x.dtype is torch.float32 and x.device.type == "cpu":
-        return x.detach().numpy()  # the common case first: ~1 us
+    on another device is an Error naming it. FP8 crosses as its codes (uint8): DLPack readers
+    differ on float8."""
     if _is_torch(x):
+        torch = _torch()
         if x.device.type != "cpu":  # nanobind would answer with a TypeError listing signatures
             raise Error(f"fp8kit: a tensor on device '{x.device}': this package computes on the CPU (move it "
                         "with .cpu())")
         x = x.detach()
         if x.dtype.itemsize == 1 and x.dtype.is_floating_point:
             x = x.view(torch.uint8)
-        if x.device.type == "cpu" and x.dtype != torch.bfloat16:
-            return x.numpy()
-        return x
+        return x.numpy() if x.dtype != torch.bfloat16 else x
     if isinstance(x, np.ndarray):
         name = x.dtype.name
         if name.startswith("float8_"):  # ml_dtypes' FP8: the codes (the format travels beside them)

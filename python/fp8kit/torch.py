@@ -28,6 +28,7 @@ implementation, so torch.compile and torch.export trace through it. state_dict h
 weight (torch.float8_e4m3fn) and its scale_inv; loading one repacks on the next call.
 Checked by tests/python/test_torch.py, test_training.py, test_layerwise.py and test_advise.py.
 """
+import copy
 import math
 import re
 import statistics
@@ -97,6 +98,23 @@ def _(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling):
     return x.new_empty((x.shape[0], weight.shape[0]))
 
 
+def _fp8_weight(w, storage_dtype, scaling, scaled=True):
+    """A weight stored in FP8 as the torch.nn modules here hold it: (codes as storage_dtype,
+    scale_inv). scaled: quantized with `scaling` (fp8kit.quantize: scale = fp8_max / amax per
+    group); else cast as it is with scale 1, as Diffusers stores weights."""
+    if not scaled:
+        return w.detach().to(storage_dtype), torch.ones(1, 1)
+    q = fp8kit.quantize(w.detach().float(), str(storage_dtype).removeprefix("torch.float8_"), scaling)
+    return (torch.from_numpy(q.data.copy()).view(storage_dtype),
+            _scale_tensor(torch.from_numpy(q.scale_inv.copy()), scaling))
+
+
+def _replace(model, fqn, module):
+    """Puts module where model's submodule fqn ("blocks.0.mlp.fc1") is."""
+    parent_name, _, child = fqn.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, module)
+
+
 def _scale_tensor(scale_inv, scaling):
     """scale_inv as a Float8Linear holds it: float32, or for mx32 torch.float8_e8m0fnu - from its
     e8m0 codes (uint8, what quantize returns) or from float32 values (powers of two)."""
@@ -126,9 +144,8 @@ class Float8Linear(nn.Module):
     def from_linear(cls, linear_module, recipe="rowwise", format="e4m3fn"):
         """The FP8 twin of an nn.Linear: its weight quantized with the recipe's weight scaling."""
         m = cls(linear_module.in_features, linear_module.out_features, linear_module.bias is not None, recipe, format)
-        q = fp8kit.quantize(linear_module.weight.detach().float(), format, m.weight_scaling)
-        m.weight = torch.from_numpy(q.data.copy()).view(getattr(torch, "float8_" + format))
-        m.weight_scale_inv = _scale_tensor(torch.from_numpy(q.scale_inv.copy()), m.weight_scaling)
+        m.weight, m.weight_scale_inv = _fp8_weight(linear_module.weight, getattr(torch, "float8_" + format),
+                                                   m.weight_scaling)
         if linear_module.bias is not None:
             m.bias = nn.Parameter(linear_module.bias.detach().clone(), requires_grad=False)  # inference only
         return m
@@ -165,9 +182,7 @@ def quantize_(model, config=None, filter_fn=None):
         if not fqn:
             raise fp8kit.Error("fp8kit.torch.quantize_: the model is itself an nn.Linear; quantize_ replaces the "
                                "Linear layers inside a model (wrap it: nn.Sequential(linear))")
-        parent_name, _, child = fqn.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, Float8Linear.from_linear(m, recipe))
+        _replace(model, fqn, Float8Linear.from_linear(m, recipe))
 
 
 # ---- training: convert_to_float8_training ----
@@ -309,9 +324,7 @@ def convert_to_float8_training(module, *, module_filter_fn=None, config=None):
     if eligible(module, ""):
         return Float8TrainingLinear.from_linear(module, config)
     for fqn, m in [(fqn, m) for fqn, m in module.named_modules() if fqn and eligible(m, fqn)]:
-        parent_name, _, child = fqn.rpartition(".")
-        parent = module.get_submodule(parent_name) if parent_name else module
-        setattr(parent, child, Float8TrainingLinear.from_linear(m, config))
+        _replace(module, fqn, Float8TrainingLinear.from_linear(m, config))
     return module
 
 
@@ -356,13 +369,9 @@ def _native_linear(linear_module, storage_dtype, compute_dtype, scaled):
     """A Float8Linear (tensor scaling) holding the Linear's weight in storage_dtype: with a
     per-tensor scale (scaled), or cast as it is, scale 1 (Diffusers' storage). The bias stays in
     compute_dtype (N values; Diffusers rounds it to FP8 too)."""
-    fmt = str(storage_dtype).removeprefix("torch.float8_")
-    if scaled:
-        m = Float8Linear.from_linear(linear_module, "tensorwise", fmt)
-    else:
-        m = Float8Linear(linear_module.in_features, linear_module.out_features, linear_module.bias is not None,
-                         "tensorwise", fmt)
-        m.weight = linear_module.weight.detach().to(storage_dtype)
+    m = Float8Linear(linear_module.in_features, linear_module.out_features, linear_module.bias is not None,
+                     "tensorwise", str(storage_dtype).removeprefix("torch.float8_"))
+    m.weight, m.weight_scale_inv = _fp8_weight(linear_module.weight, storage_dtype, "tensor", scaled)
     if linear_module.bias is not None:
         m.bias = nn.Parameter(linear_module.bias.detach().to(compute_dtype), requires_grad=False)
     return m
@@ -382,12 +391,7 @@ class Float8Embedding(nn.Module):
 
     @classmethod
     def from_embedding(cls, embedding, storage_dtype, compute_dtype, scaled):
-        w = embedding.weight.detach()
-        if scaled:  # scale = fp8_max / amax, in float32 as fp8kit's tensor scaling (docs/NUMERICS.md)
-            q = fp8kit.quantize(w.float(), str(storage_dtype).removeprefix("torch.float8_"), "tensor")
-            codes, scale_inv = torch.from_numpy(q.data.copy()).view(storage_dtype), torch.from_numpy(q.scale_inv.copy())
-        else:  # Diffusers' storage: the values cast as they are
-            codes, scale_inv = w.to(storage_dtype), torch.ones(1, 1)
+        codes, scale_inv = _fp8_weight(embedding.weight, storage_dtype, "tensor", scaled)
         return cls(codes, scale_inv, compute_dtype, embedding.padding_idx)
 
     def forward(self, ids):
@@ -502,7 +506,7 @@ def advise(model, example_inputs, path=None, *, recipes=("rowwise", "tensorwise"
                 continue
             x = seen[fqn].float().reshape(-1, m.in_features)
             ref = x.double() @ m.weight.double().T + (0 if m.bias is None else m.bias.double())
-            base = m.float() if m.weight.dtype != torch.float32 else m
+            base = m if m.weight.dtype == torch.float32 else copy.deepcopy(m).float()  # (.float() is in place)
             candidates = {r: Float8Linear.from_linear(base, r) for r in recipes}
             ratios = {r: [] for r in recipes}
             for i in range(rounds):

@@ -73,3 +73,10 @@ def test_bad_arguments_are_refused_naming_them(tmp_path):
     bad.write_text('{"format": "fp8kit-policy", "version": 1, "layers": [{"name": "a.weight", "fp8": true}]}')
     with pytest.raises(fp8kit.Error, match="fp8 but names no recipe"):
         fp8kit._fp8kit.read_policy(str(bad))
+
+
+def test_a_bfloat16_model_is_measured_not_converted():
+    # advise times a float32 copy of a bfloat16 layer: the model itself stays bfloat16.
+    net = Net().to(torch.bfloat16)
+    entries = f8.advise(net, (torch.randn(16, 128).to(torch.bfloat16),), rounds=1, recipes=("tensorwise",))
+    assert len(entries) == 3 and all(p.dtype == torch.bfloat16 for p in net.parameters())
