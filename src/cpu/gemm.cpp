@@ -6,12 +6,13 @@
 // into bf16 rows - the fused cast quantizes A here, a 64-row panel at a time, with the cast
 // kernels quantize() uses, so the codes and scales are exactly quantize()'s and no FP8 copy of
 // A is ever written. Tasks are panels of 8 strips (128 columns) times a range of A's rows; a
-// task widens a window of its B panel (<= 1024 of K, 256 KiB of bf16: L2) once and sweeps all
-// its rows of A over it in 32x32 blocks, accumulating in a float32 buffer of its own.
+// task widens a window of its B panel (256 KiB: <= 1024 of K in bf16, 512 in float32; L2) once
+// and sweeps all its rows of A over it in 32x32 blocks, accumulating in a float32 buffer of its own.
 // With one K group (tensor, row scaling) the tiles sum all of K; with narrower groups each
 // group's partial sums are promoted into the accumulator as partial * (sa * sb).
 #include <bit>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -79,8 +80,9 @@ void tile_portable(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ch
     }
 }
 
-void block_portable(int mi, int nj, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t b_strip,
+void block_portable(int mi, int nj, const uint16_t* a, int64_t lda, const void* bw, int64_t b_strip,
                     int64_t chunks, float* c, int64_t ldc, bool accumulate) {
+    const auto* b = static_cast<const uint16_t*>(bw);
     for (int i = 0; i < mi; ++i) {
         for (int j = 0; j < nj; ++j) {
             tile_portable(a + i * gemm_tile * lda, lda, b + j * b_strip, chunks, c + i * gemm_tile * ldc + j * gemm_tile,
@@ -89,7 +91,7 @@ void block_portable(int mi, int nj, const uint16_t* a, int64_t lda, const uint16
     }
 }
 
-constexpr GemmKernels portable_kernels{&expand_portable, &block_portable, &promote_loop, &no_tile_state, &no_tile_state,
+constexpr GemmKernels portable_kernels{&expand_portable, &widen_bf16<&expand_portable>, 2, &block_portable, &promote_loop, &no_tile_state, &no_tile_state,
                                        nullptr, 0, &matmul_f32_portable};
 
 // ---- packing A ----
@@ -184,8 +186,8 @@ struct Task {
     const ExpandTable& table;
 };
 
-// Rows [r0, r0 + rows) x strips [s0, s1) on 16x16 tiles into acc: windows of B widened to bf16
-// once per task and reused by every pair of row tiles.
+// Rows [r0, r0 + rows) x strips [s0, s1) on 16x16 tiles into acc: windows of B widened (bf16
+// or float32, the kernel's choice) once per task and reused by every pair of row tiles.
 void run_tiles(const Task& t, int64_t r0, int64_t rows, int64_t s0, int64_t s1, float* acc_out, int64_t ldacc) {
     const KLayout& kl = t.b.kl;
     const int64_t ns = s1 - s0;
@@ -193,10 +195,13 @@ void run_tiles(const Task& t, int64_t r0, int64_t rows, int64_t s0, int64_t s1, 
     const int64_t cpg = kl.chunks_per_group();
     // A window: whole K groups, up to window_chunks chunks (one group may be longer: then the
     // window is that group, in pieces accumulated in the tiles).
-    const int64_t groups_per_window = std::max<int64_t>(1, window_chunks / cpg);
-    const int64_t wchunks = one_group ? std::min(window_chunks, cpg) : groups_per_window * cpg;
-    const int64_t b_strip = wchunks * gemm_chunk_codes;
-    Scratch<uint16_t> bexp(ns * b_strip);
+    // window_chunks is for bf16; a float32 window spans half the K in the same bytes (L2).
+    const int64_t max_chunks = window_chunks * 2 / t.kern.widened_bytes;
+    const int64_t groups_per_window = std::max<int64_t>(1, max_chunks / cpg);
+    const int64_t wchunks = one_group ? std::min(max_chunks, cpg) : groups_per_window * cpg;
+    const int64_t b_strip = wchunks * gemm_chunk_codes;  // elements of the window per strip
+    const int64_t eb = t.kern.widened_bytes;
+    Scratch<std::byte> bexp(ns * b_strip * eb);
     Scratch<float> part(4 * gemm_tile * gemm_tile);
     const int64_t total_chunks = kl.padded / gemm_chunk;
 
@@ -204,8 +209,8 @@ void run_tiles(const Task& t, int64_t r0, int64_t rows, int64_t s0, int64_t s1, 
     for (int64_t w0 = 0; w0 < total_chunks; w0 += wchunks) {
         const int64_t wc = std::min(wchunks, total_chunks - w0);
         for (int64_t s = 0; s < ns; ++s) {
-            t.kern.expand(t.b.strip(s0 + s) + w0 * gemm_chunk_codes, wc * gemm_chunk_codes, t.table,
-                          bexp.get() + s * b_strip);
+            t.kern.widen_b(t.b.strip(s0 + s) + w0 * gemm_chunk_codes, wc * gemm_chunk_codes, t.table,
+                           bexp.get() + s * b_strip * eb);
         }
         for (int64_t i = 0; i < rows; i += 2 * gemm_tile) {
             const int mi = rows - i > gemm_tile ? 2 : 1;
@@ -213,14 +218,14 @@ void run_tiles(const Task& t, int64_t r0, int64_t rows, int64_t s0, int64_t s1, 
             for (int64_t s = 0; s < ns; s += 2) {
                 const int nj = ns - s > 1 ? 2 : 1;
                 float* c = acc_out + i * ldacc + s * gemm_tile;
-                const uint16_t* b = bexp.get() + s * b_strip;
+                const std::byte* b = bexp.get() + s * b_strip * eb;
                 if (one_group) {
                     t.kern.block(mi, nj, a, t.lda, b, b_strip, wc, c, ldacc, w0 > 0);
                     continue;
                 }
                 for (int64_t q = 0; q < wc; q += cpg) {
                     const int64_t g = (w0 + q) / cpg;
-                    t.kern.block(mi, nj, a + q * gemm_chunk, t.lda, b + q * gemm_chunk_codes, b_strip, cpg, part.get(),
+                    t.kern.block(mi, nj, a + q * gemm_chunk, t.lda, b + q * gemm_chunk_codes * eb, b_strip, cpg, part.get(),
                                  2 * gemm_tile, false);
                     const float* sb = t.b.scales.data() + g * t.b.strips * gemm_tile + (s0 + s) * gemm_tile;
                     t.kern.promote(part.get(), mi * gemm_tile, nj * gemm_tile, t.sa + (r0 + i) * kl.groups + g,

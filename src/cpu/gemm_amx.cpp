@@ -177,8 +177,9 @@ void block_amx(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t b_stri
     if constexpr (MI > 1 && NJ > 1) _tile_stored(3, c1 + gemm_tile, sc);
 }
 
-void block_dispatch(int mi, int nj, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t b_strip,
+void block_dispatch(int mi, int nj, const uint16_t* a, int64_t lda, const void* bw, int64_t b_strip,
                     int64_t chunks, float* c, int64_t ldc, bool accumulate) {
+    const auto* b = static_cast<const uint16_t*>(bw);
     if (mi == 2 && nj == 2) return block_amx<2, 2>(a, lda, b, b_strip, chunks, c, ldc, accumulate);
     if (mi == 2) return block_amx<2, 1>(a, lda, b, b_strip, chunks, c, ldc, accumulate);
     if (nj == 2) return block_amx<1, 2>(a, lda, b, b_strip, chunks, c, ldc, accumulate);
@@ -208,9 +209,9 @@ bool avx512_bf16() {
 // bench_gemm on a Xeon with AMX: M = 3 and 4 ran 20% and 60% slower than on the tiles).
 constexpr int64_t amx_small_m_max = 2;
 // The float32 matmul of the layer ops is AVX2's (no AMX tile computes in float32).
-constexpr GemmKernels amx_kernels{&expand_vbmi, &block_dispatch, &promote_loop, &amx_begin, &amx_end, nullptr, 0,
+constexpr GemmKernels amx_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, &block_dispatch, &promote_loop, &amx_begin, &amx_end, nullptr, 0,
                                   &matmul_f32_avx2};
-constexpr GemmKernels amx_bf16_kernels{&expand_vbmi, &block_dispatch, &promote_loop, &amx_begin, &amx_end,
+constexpr GemmKernels amx_bf16_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, &block_dispatch, &promote_loop, &amx_begin, &amx_end,
                                        &small_dispatch, amx_small_m_max, &matmul_f32_avx2};
 
 }  // namespace

@@ -6,7 +6,7 @@
 // Why the same numbers as the tiles: every FP8 value is exact in bf16 and in float32, and a
 // product of two of them is exact in float32, so fma(a, b, acc) = acc + a*b rounded once - the
 // float32 addition of an exact product that TDPBF16PS and the portable kernel perform. The tile
-// kernel adds the two products of each K pair in the same order as they do.
+// kernel adds each element's products in K order, as they do.
 #include <immintrin.h>
 
 #include <bit>
@@ -20,68 +20,6 @@
 namespace fp8kit::cpu {
 
 namespace {
-
-// ---- tiles: A rows widened to float32 once per block, bf16 B tiles widened in registers ----
-// A 32-bit word of a packed tile holds one K pair (element 2p in the low half, 2p + 1 in the
-// high half); bf16 is the upper half of a float32, so `word << 16` is element 2p and
-// `word & 0xffff0000` element 2p + 1, exactly, in two integer operations.
-inline __m256 even_half(__m256i w) { return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)); }
-inline __m256 odd_half(__m256i w) { return _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(int(0xffff0000u)))); }
-
-// Rows [0, 4) x one 16-column strip over `chunks` K chunks: 8 accumulators, 4 widened B vectors
-// and one A broadcast in the 16 ymm registers. A is float32 (af, row stride ldaf), so its
-// broadcasts are loads and the integer work per 16 FMAs is B's 4 operations.
-void micro_4x16(const float* af, int64_t ldaf, const uint16_t* b, int64_t chunks, float* c, int64_t ldc,
-                bool accumulate) {
-    __m256 acc[4][2];
-    for (int r = 0; r < 4; ++r) {
-        acc[r][0] = accumulate ? _mm256_loadu_ps(c + r * ldc) : _mm256_setzero_ps();
-        acc[r][1] = accumulate ? _mm256_loadu_ps(c + r * ldc + 8) : _mm256_setzero_ps();
-    }
-    for (int64_t q = 0; q < chunks; ++q) {
-        const uint16_t* bt = b + q * gemm_chunk_codes;
-        const float* aq = af + q * gemm_chunk;
-        for (int p = 0; p < gemm_chunk / 2; ++p) {
-            const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(bt + p * 2 * gemm_tile));
-            const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(bt + p * 2 * gemm_tile + 16));
-            const __m256 b0e = even_half(w0), b0o = odd_half(w0), b1e = even_half(w1), b1o = odd_half(w1);
-            for (int r = 0; r < 4; ++r) {
-                const __m256 ae = _mm256_broadcast_ss(aq + r * ldaf + 2 * p);
-                acc[r][0] = _mm256_fmadd_ps(ae, b0e, acc[r][0]);
-                acc[r][1] = _mm256_fmadd_ps(ae, b1e, acc[r][1]);
-                const __m256 ao = _mm256_broadcast_ss(aq + r * ldaf + 2 * p + 1);
-                acc[r][0] = _mm256_fmadd_ps(ao, b0o, acc[r][0]);
-                acc[r][1] = _mm256_fmadd_ps(ao, b1o, acc[r][1]);
-            }
-        }
-    }
-    for (int r = 0; r < 4; ++r) {
-        _mm256_storeu_ps(c + r * ldc, acc[r][0]);
-        _mm256_storeu_ps(c + r * ldc + 8, acc[r][1]);
-    }
-}
-
-// The block's A rows (mi x 16 rows of chunks x 32 bf16) are widened to float32 once, in a
-// per-thread buffer (at most 32 x 1024 floats, 128 KiB: L2), and serve every strip of the block;
-// each accumulator still adds a K pair's two products in order, as the tiles do.
-void block_avx2(int mi, int nj, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t b_strip, int64_t chunks,
-                float* c, int64_t ldc, bool accumulate) {
-    const int64_t rows = mi * gemm_tile, ldaf = chunks * gemm_chunk;
-    thread_local std::vector<float> afv;
-    if (afv.size() < size_t(rows * ldaf)) afv.resize(size_t(rows * ldaf));
-    float* af = afv.data();
-    for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t k = 0; k < ldaf; k += 8) {
-            const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + r * lda + k));
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(af + r * ldaf + k), _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-        }
-    }
-    for (int j = 0; j < nj; ++j) {
-        for (int64_t r = 0; r < rows; r += 4) {
-            micro_4x16(af + r * ldaf, ldaf, b + j * b_strip, chunks, c + r * ldc + j * gemm_tile, ldc, accumulate);
-        }
-    }
-}
 
 // ---- FP8 codes to float32 in registers, for every GEMM format ----
 // A code's exponent and mantissa bits, shifted to the top of float32's exponent field, read as a
@@ -131,7 +69,11 @@ struct Decode {
 
     template <bool Specials>
     static void sixteen(const uint8_t* codes, const ExpandTable& t, __m256& lo, __m256& hi) {
-        const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes));
+        sixteen<Specials>(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)), t, lo, hi);
+    }
+
+    template <bool Specials>
+    static void sixteen(__m128i c, const ExpandTable& t, __m256& lo, __m256& hi) {
         if constexpr (F == Format::e5m2 || F == Format::e4m3fn) {
             __m256i h;
             if constexpr (F == Format::e5m2) {
@@ -152,6 +94,135 @@ struct Decode {
         }
     }
 };
+
+// ---- tiles: B windows widened to float32 rows, A rows widened once per block ----
+// The window of a strip holds, per K chunk, 32 rows of 16 float32 (B[16 s + c, 32 chunk + k] at
+// element 16 k + c), so a K step of the kernel is two aligned loads of B and one broadcast per
+// row of A, and the FMAs take no integer work. Twice the bytes of a bf16 window, so the window
+// spans half the K (run_tiles); widening each element into two registers in the loop instead ran
+// the kernel at 0.8 of the FMA peak, this at 0.94 (one thread, in L1/L2).
+
+// 32 codes of one K pair row of a packed tile (byte 2 c + e: column c, element e of the pair)
+// into two rows of 16 float32: even (e = 0) and odd (e = 1) elements, each in column order.
+template <Format F>
+void widen_pair_row(const uint8_t* codes, const ExpandTable& t, float* even, float* odd) {
+    // Even bytes to the low 8 of each 128-bit half, odd bytes to the high 8; the 64-bit permute
+    // then gathers the 16 even codes in the low half and the 16 odd codes in the high half.
+    const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                                           0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    const __m256i x = _mm256_permute4x64_epi64(
+        _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes)), split), 0xd8);
+    const __m256 unit = _mm256_set1_ps(std::ldexp(1.0f, Decode<F>::unit_log2));
+    __m256 lo, hi;
+    Decode<F>::template sixteen<true>(_mm256_castsi256_si128(x), t, lo, hi);
+    _mm256_store_ps(even, _mm256_mul_ps(lo, unit));
+    _mm256_store_ps(even + 8, _mm256_mul_ps(hi, unit));
+    Decode<F>::template sixteen<true>(_mm256_extracti128_si256(x, 1), t, lo, hi);
+    _mm256_store_ps(odd, _mm256_mul_ps(lo, unit));
+    _mm256_store_ps(odd + 8, _mm256_mul_ps(hi, unit));
+}
+
+template <Format F>
+void widen_format(const uint8_t* codes, int64_t n, const ExpandTable& t, float* out) {
+    for (int64_t i = 0; i < n; i += 2 * gemm_tile) {  // one K pair of 16 columns
+        widen_pair_row<F>(codes + i, t, out + i, out + i + gemm_tile);
+    }
+}
+
+void widen_b_avx2(const uint8_t* codes, int64_t n, const ExpandTable& t, void* out) {
+    float* f = static_cast<float*>(out);
+    switch (t.format) {
+        case Format::e4m3fn: return widen_format<Format::e4m3fn>(codes, n, t, f);
+        case Format::e5m2: return widen_format<Format::e5m2>(codes, n, t, f);
+        case Format::e4m3fnuz: return widen_format<Format::e4m3fnuz>(codes, n, t, f);
+        default: return widen_format<Format::e5m2fnuz>(codes, n, t, f);
+    }
+}
+
+// Rows [0, R) x one 16-column strip over `kn` of K: 2R accumulators, each element's products
+// added in K order (fma: the exact product added, one rounding - the tiles' sum). A is float32
+// (row stride ldaf), so its broadcasts are loads. R = 6: 12 accumulators, the two B vectors and
+// one broadcast fill the 16 ymm registers, and 12 independent chains cover the FMA latency
+// (4 cycles x 2 pipes) with room. GCC keeps the accumulator array in registers only when the
+// row loops are unrolled (else it stores them every step: 35 instead of 96 GFLOP/s).
+template <int R>
+void micro(const float* af, int64_t ldaf, const float* b, int64_t kn, float* c, int64_t ldc, bool accumulate) {
+    __m256 acc[R][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+        acc[r][0] = accumulate ? _mm256_loadu_ps(c + r * ldc) : _mm256_setzero_ps();
+        acc[r][1] = accumulate ? _mm256_loadu_ps(c + r * ldc + 8) : _mm256_setzero_ps();
+    }
+#pragma GCC unroll 4
+    for (int64_t k = 0; k < kn; ++k) {
+        const __m256 b0 = _mm256_load_ps(b + k * gemm_tile), b1 = _mm256_load_ps(b + k * gemm_tile + 8);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+            const __m256 a = _mm256_broadcast_ss(af + r * ldaf + k);
+            acc[r][0] = _mm256_fmadd_ps(a, b0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(a, b1, acc[r][1]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+        _mm256_storeu_ps(c + r * ldc, acc[r][0]);
+        _mm256_storeu_ps(c + r * ldc + 8, acc[r][1]);
+    }
+}
+
+// The block's A rows (mi x 16 rows, chunks x 32 bf16) widened to float32, per thread (at most
+// 32 x 512 floats, 64 KiB). run_tiles calls block for every pair of strips with the same rows of
+// A, so the widened rows are kept until a block asks for others; begin() (the start of a task)
+// forgets them, since packed A lives only for one GEMM. Widening per call took 11% of a 2048^3
+// GEMM.
+struct WidenedA {
+    const uint16_t* a = nullptr;
+    int64_t lda = 0, rows = 0, kn = 0;
+    std::vector<float> f;
+
+    const float* get(const uint16_t* a_, int64_t lda_, int64_t rows_, int64_t kn_) {
+        if (a_ == a && lda_ == lda && rows_ == rows && kn_ == kn) return f.data();
+        a = a_, lda = lda_, rows = rows_, kn = kn_;
+        if (f.size() < size_t(rows_ * kn_)) f.resize(size_t(rows_ * kn_));
+        float* out = f.data();  // locals: the vector stores may alias the members
+        for (int64_t r = 0; r < rows_; ++r) {
+            const uint16_t* in = a_ + r * lda_;
+            for (int64_t k = 0; k < kn_; k += 8) {
+                // The next block's rows (the next call's, after this block's strips) into L2.
+                if (k % 32 == 0) _mm_prefetch(reinterpret_cast<const char*>(in + rows_ * lda_ + k), _MM_HINT_T1);
+                const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + k));
+                _mm256_storeu_ps(out + r * kn_ + k, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+            }
+        }
+        return out;
+    }
+};
+thread_local WidenedA widened_a;
+
+void begin_avx2() { widened_a.a = nullptr; }
+
+// K is swept in slices of 256: a strip's slice of B (16 KiB) stays in L1 while every row group
+// passes over it; the accumulators go through c between slices, which keeps each element's sum
+// in K order. Rows: 16 = 6 + 6 + 4, 32 = 6 x 4 + 4 + 4.
+void block_avx2(int mi, int nj, const uint16_t* a, int64_t lda, const void* bw, int64_t b_strip, int64_t chunks,
+                float* c, int64_t ldc, bool accumulate) {
+    constexpr int64_t slice = 8 * gemm_chunk;
+    const auto* b = static_cast<const float*>(bw);
+    const int64_t rows = mi * gemm_tile, kn = chunks * gemm_chunk;
+    const float* af = widened_a.get(a, lda, rows, kn);
+    const int64_t sixes = mi == 2 ? 4 : 2;
+    for (int64_t k0 = 0; k0 < kn; k0 += slice) {
+        const int64_t len = std::min(slice, kn - k0);
+        const bool add = accumulate || k0 > 0;
+        for (int j = 0; j < nj; ++j) {
+            const float* bj = b + j * b_strip + k0 * gemm_tile;
+            float* cj = c + j * gemm_tile;
+            int64_t r = 0;
+            for (int64_t g = 0; g < sixes; ++g, r += 6) micro<6>(af + r * kn + k0, kn, bj, len, cj + r * ldc, ldc, add);
+            for (; r < rows; r += 4) micro<4>(af + r * kn + k0, kn, bj, len, cj + r * ldc, ldc, add);
+        }
+    }
+}
 
 // ---- small M: B's codes widened in registers, streamed once ----
 // A 32-byte row of a packed chunk holds one K pair p for the strip's 16 columns (byte 32 p + 2 c
@@ -298,7 +369,7 @@ void expand_avx2(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t
 // adds 4 FMAs per 8 codes on top, while the tiles decode B once into a widened copy and then run at
 // FMA speed. 4 is an estimate of where the two meet, not a measured crossover: bench_gemm's M = 1
 // (small kernel) and M = 16 (tiles) rows bracket it (docs/PERF.md).
-constexpr GemmKernels avx2_kernels{&expand_avx2, &block_avx2, &promote_loop, &no_tile_state, &no_tile_state, &small_avx2, 4,
+constexpr GemmKernels avx2_kernels{&expand_avx2, &widen_b_avx2, 4, &block_avx2, &promote_loop, &begin_avx2, &no_tile_state, &small_avx2, 4,
                                     &matmul_f32_avx2};
 
 }  // namespace

@@ -66,16 +66,22 @@ const ExpandTable& expand_table(Format f);
 struct GemmKernels {
     // out[i] = t.bf16[codes[i]] for i < n: FP8 codes to bf16 bits.
     void (*expand)(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t* out);
+    // B's codes (n a multiple of 512: whole tiles) into the window block() reads, `widened_bytes`
+    // per element: bf16 tiles in the codes' pair order for the tile kernels (expand itself),
+    // float32 rows of 16 columns in K order for the AVX2 kernel.
+    void (*widen_b)(const uint8_t* codes, int64_t n, const ExpandTable& t, void* out);
+    int64_t widened_bytes;
     // C block of (mi x nj) 16x16 tiles, mi, nj in {1, 2}: c[r * ldc + col] (+)= sum over `chunks`
-    // K chunks of A rows (a + r * lda, chunk q at + 32 q) times B strip tiles (strip t at
-    // b + t * b_strip, chunk q at + 512 q). accumulate: add to c, else overwrite it.
-    void (*block)(int mi, int nj, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t b_strip, int64_t chunks,
+    // K chunks of A rows (a + r * lda, chunk q at + 32 q) times B strip tiles of the widened
+    // window (strip t at b + t * b_strip elements, chunk q at + 512 q elements). accumulate: add
+    // to c, else overwrite it.
+    void (*block)(int mi, int nj, const uint16_t* a, int64_t lda, const void* b, int64_t b_strip, int64_t chunks,
                   float* c, int64_t ldc, bool accumulate);
     // acc[r * ldacc + col] (=, when first, else +=) part[r * 32 + col] * (sa[r * sa_stride] * sb[col])
     // for r < rows, col < cols: one K group's partial sums promoted into the accumulator.
     void (*promote)(const float* part, int64_t rows, int64_t cols, const float* sa, int64_t sa_stride,
                     const float* sb, float* acc, int64_t ldacc, bool first);
-    void (*begin)();  // per thread, before block (tile configuration)
+    void (*begin)();  // per thread, at the start of a task (AMX: tile configuration; AVX2: forget widened A)
     void (*end)();
     // Small M (null where the kernel set has none): rows <= small_m_max rows of packed A times
     // strips [s0, s1) of b over all of K, FP8 codes widened in registers as they are read (B
@@ -115,6 +121,12 @@ inline void promote_loop(const float* part, int64_t rows, int64_t cols, const fl
             for (int64_t c = 0; c < cols; ++c) out[c] += p[c] * (s * sb[c]);
         }
     }
+}
+
+// widen_b for the kernels whose window is bf16 tiles in the codes' order: their expand.
+template <void (*Expand)(const uint8_t*, int64_t, const ExpandTable&, uint16_t*)>
+void widen_bf16(const uint8_t* codes, int64_t n, const ExpandTable& t, void* out) {
+    Expand(codes, n, t, static_cast<uint16_t*>(out));
 }
 
 // begin / end for kernels that keep no per-thread state.
