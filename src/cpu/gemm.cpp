@@ -210,7 +210,7 @@ void run_tiles(const Task& t, int64_t r0, int64_t rows, int64_t s0, int64_t s1, 
         const int64_t wc = std::min(wchunks, total_chunks - w0);
         for (int64_t s = 0; s < ns; ++s) {
             t.kern.widen_b(t.b.strip(s0 + s) + w0 * gemm_chunk_codes, wc * gemm_chunk_codes, t.table,
-                           bexp.get() + s * b_strip * eb);
+                           t.b.strip_has_nan[size_t(s0 + s)] != 0, bexp.get() + s * b_strip * eb);
         }
         for (int64_t i = 0; i < rows; i += 2 * gemm_tile) {
             const int mi = rows - i > gemm_tile ? 2 : 1;

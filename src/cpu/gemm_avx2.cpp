@@ -104,7 +104,7 @@ struct Decode {
 
 // 32 codes of one K pair row of a packed tile (byte 2 c + e: column c, element e of the pair)
 // into two rows of 16 float32: even (e = 0) and odd (e = 1) elements, each in column order.
-template <Format F>
+template <Format F, bool Specials>
 void widen_pair_row(const uint8_t* codes, const ExpandTable& t, float* even, float* odd) {
     // Even bytes to the low 8 of each 128-bit half, odd bytes to the high 8; the 64-bit permute
     // then gathers the 16 even codes in the low half and the 16 odd codes in the high half.
@@ -114,28 +114,36 @@ void widen_pair_row(const uint8_t* codes, const ExpandTable& t, float* even, flo
         _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes)), split), 0xd8);
     const __m256 unit = _mm256_set1_ps(std::ldexp(1.0f, Decode<F>::unit_log2));
     __m256 lo, hi;
-    Decode<F>::template sixteen<true>(_mm256_castsi256_si128(x), t, lo, hi);
+    Decode<F>::template sixteen<Specials>(_mm256_castsi256_si128(x), t, lo, hi);
     _mm256_store_ps(even, _mm256_mul_ps(lo, unit));
     _mm256_store_ps(even + 8, _mm256_mul_ps(hi, unit));
-    Decode<F>::template sixteen<true>(_mm256_extracti128_si256(x, 1), t, lo, hi);
+    Decode<F>::template sixteen<Specials>(_mm256_extracti128_si256(x, 1), t, lo, hi);
     _mm256_store_ps(odd, _mm256_mul_ps(lo, unit));
     _mm256_store_ps(odd + 8, _mm256_mul_ps(hi, unit));
 }
 
-template <Format F>
+template <Format F, bool Specials>
 void widen_format(const uint8_t* codes, int64_t n, const ExpandTable& t, float* out) {
     for (int64_t i = 0; i < n; i += 2 * gemm_tile) {  // one K pair of 16 columns
-        widen_pair_row<F>(codes + i, t, out + i, out + i + gemm_tile);
+        widen_pair_row<F, Specials>(codes + i, t, out + i, out + i + gemm_tile);
     }
 }
 
-void widen_b_avx2(const uint8_t* codes, int64_t n, const ExpandTable& t, void* out) {
+// nan false (a strip with no NaN code): the decode's fix-up is skipped, 6 of its ~22 operations
+// per 16 codes (M = 16: 115 -> 122 GFLOP/s).
+template <Format F>
+void widen_format(const uint8_t* codes, int64_t n, const ExpandTable& t, bool nan, float* out) {
+    if (nan) return widen_format<F, true>(codes, n, t, out);
+    widen_format<F, false>(codes, n, t, out);
+}
+
+void widen_b_avx2(const uint8_t* codes, int64_t n, const ExpandTable& t, bool nan, void* out) {
     float* f = static_cast<float*>(out);
     switch (t.format) {
-        case Format::e4m3fn: return widen_format<Format::e4m3fn>(codes, n, t, f);
-        case Format::e5m2: return widen_format<Format::e5m2>(codes, n, t, f);
-        case Format::e4m3fnuz: return widen_format<Format::e4m3fnuz>(codes, n, t, f);
-        default: return widen_format<Format::e5m2fnuz>(codes, n, t, f);
+        case Format::e4m3fn: return widen_format<Format::e4m3fn>(codes, n, t, nan, f);
+        case Format::e5m2: return widen_format<Format::e5m2>(codes, n, t, nan, f);
+        case Format::e4m3fnuz: return widen_format<Format::e4m3fnuz>(codes, n, t, nan, f);
+        default: return widen_format<Format::e5m2fnuz>(codes, n, t, nan, f);
     }
 }
 

@@ -68,8 +68,9 @@ struct GemmKernels {
     void (*expand)(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t* out);
     // B's codes (n a multiple of 512: whole tiles) into the window block() reads, `widened_bytes`
     // per element: bf16 tiles in the codes' pair order for the tile kernels (expand itself),
-    // float32 rows of 16 columns in K order for the AVX2 kernel.
-    void (*widen_b)(const uint8_t* codes, int64_t n, const ExpandTable& t, void* out);
+    // float32 rows of 16 columns in K order for the AVX2 kernel. nan: whether a code may be NaN
+    // (PackedB::strip_has_nan); false lets a kernel skip its fix-up for NaN codes.
+    void (*widen_b)(const uint8_t* codes, int64_t n, const ExpandTable& t, bool nan, void* out);
     int64_t widened_bytes;
     // C block of (mi x nj) 16x16 tiles, mi, nj in {1, 2}: c[r * ldc + col] (+)= sum over `chunks`
     // K chunks of A rows (a + r * lda, chunk q at + 32 q) times B strip tiles of the widened
@@ -125,7 +126,7 @@ inline void promote_loop(const float* part, int64_t rows, int64_t cols, const fl
 
 // widen_b for the kernels whose window is bf16 tiles in the codes' order: their expand.
 template <void (*Expand)(const uint8_t*, int64_t, const ExpandTable&, uint16_t*)>
-void widen_bf16(const uint8_t* codes, int64_t n, const ExpandTable& t, void* out) {
+void widen_bf16(const uint8_t* codes, int64_t n, const ExpandTable& t, bool, void* out) {
     Expand(codes, n, t, static_cast<uint16_t*>(out));
 }
 
