@@ -215,18 +215,20 @@ void run_tiles(const Task& t, int64_t r0, int64_t rows, int64_t s0, int64_t s1, 
         for (int64_t i = 0; i < rows; i += 2 * gemm_tile) {
             const int mi = rows - i > gemm_tile ? 2 : 1;
             const uint16_t* a = t.apk + (r0 + i) * t.lda + w0 * gemm_chunk;
-            for (int64_t s = 0; s < ns; s += 2) {
-                const int nj = ns - s > 1 ? 2 : 1;
-                float* c = acc_out + i * ldacc + s * gemm_tile;
-                const std::byte* b = bexp.get() + s * b_strip * eb;
-                if (one_group) {
-                    t.kern.block(mi, nj, a, t.lda, b, b_strip, wc, c, ldacc, w0 > 0);
-                    continue;
-                }
-                for (int64_t q = 0; q < wc; q += cpg) {
-                    const int64_t g = (w0 + q) / cpg;
-                    t.kern.block(mi, nj, a + q * gemm_chunk, t.lda, b + q * gemm_chunk_codes * eb, b_strip, cpg, part.get(),
-                                 2 * gemm_tile, false);
+            // One K group at a time across the strips, so that consecutive blocks read the same
+            // rows of A (the AVX2 kernel widens them once for all strips).
+            const int64_t step = one_group ? wc : cpg;
+            for (int64_t q = 0; q < wc; q += step) {
+                const int64_t g = (w0 + q) / cpg;
+                for (int64_t s = 0; s < ns; s += 2) {
+                    const int nj = ns - s > 1 ? 2 : 1;
+                    float* c = acc_out + i * ldacc + s * gemm_tile;
+                    const std::byte* b = bexp.get() + (s * b_strip + q * gemm_chunk_codes) * eb;
+                    if (one_group) {
+                        t.kern.block(mi, nj, a, t.lda, b, b_strip, wc, c, ldacc, w0 > 0);
+                        continue;
+                    }
+                    t.kern.block(mi, nj, a + q * gemm_chunk, t.lda, b, b_strip, cpg, part.get(), 2 * gemm_tile, false);
                     const float* sb = t.b.scales.data() + g * t.b.strips * gemm_tile + (s0 + s) * gemm_tile;
                     t.kern.promote(part.get(), mi * gemm_tile, nj * gemm_tile, t.sa + (r0 + i) * kl.groups + g,
                                    kl.groups, sb, c, ldacc, g == 0);

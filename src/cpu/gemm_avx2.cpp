@@ -196,7 +196,7 @@ struct WidenedA {
         for (int64_t r = 0; r < rows_; ++r) {
             const uint16_t* in = a_ + r * lda_;
             for (int64_t k = 0; k < kn_; k += 8) {
-                // The next block's rows (the next call's, after this block's strips) into L2.
+                // The next rows of A (read once this block's strips and groups are done) into L2.
                 if (k % 32 == 0) _mm_prefetch(reinterpret_cast<const char*>(in + rows_ * lda_ + k), _MM_HINT_T1);
                 const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + k));
                 _mm256_storeu_ps(out + r * kn_ + k, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
