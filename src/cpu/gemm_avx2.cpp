@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "cpu/gemm_kernels.hpp"
-#include "cpu/matmul_kernel.hpp"
+#include "cpu/layer_parallel.hpp"
 
 namespace fp8kit::cpu {
 
@@ -97,7 +97,7 @@ struct Decode {
 
 // ---- tiles: B windows widened to float32 rows, A rows widened once per block ----
 // The window of a strip holds, per K chunk, 32 rows of 16 float32 (B[16 s + c, 32 chunk + k] at
-// element 16 k + c), so a K step of the kernel is two aligned loads of B and one broadcast per
+// element 16 k + c), so a K step of the kernel is two loads of B and one broadcast per
 // row of A, and the FMAs take no integer work. Twice the bytes of a bf16 window, so the window
 // spans half the K (run_tiles); widening each element into two registers in the loop instead ran
 // the kernel at 0.8 of the FMA peak, this at 0.94 (one thread, in L1/L2).
@@ -163,7 +163,7 @@ void micro(const float* af, int64_t ldaf, const float* b, int64_t kn, float* c, 
     }
 #pragma GCC unroll 4
     for (int64_t k = 0; k < kn; ++k) {
-        const __m256 b0 = _mm256_load_ps(b + k * gemm_tile), b1 = _mm256_load_ps(b + k * gemm_tile + 8);
+        const __m256 b0 = _mm256_loadu_ps(b + k * gemm_tile), b1 = _mm256_loadu_ps(b + k * gemm_tile + 8);
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
             const __m256 a = _mm256_broadcast_ss(af + r * ldaf + k);
@@ -384,9 +384,62 @@ constexpr GemmKernels avx2_kernels{&expand_avx2, &widen_b_avx2, 4, &block_avx2, 
 
 const GemmKernels* avx2_gemm_kernels() { return &avx2_kernels; }
 
+// The layer ops' float32 matmul on the tile kernel (micro above): B packed into 16-column panels
+// of K-order rows (zero-padded at the right edge), A as float32 rows (a transposed copy when it
+// is stored [k, m]). A task is 48 rows x 8 panels (128 columns): K is swept in slices of 256, a
+// panel's slice (16 KiB) stays in L1 while the task's row groups pass over it and the rows' slice
+// (48 KiB) stays in L2 across the panels. Each element is one float32 sum in k order, one
+// rounding per fma, then c added once when accumulating: the sum matmul_kernel computes with
+// contracted multiply-adds, within the same bound (tests/ops/test_matmul.cpp). Tasks split M and
+// N, never K, so the result does not depend on the thread count.
 void matmul_f32_avx2(float* c, const float* a, bool ta, const float* b, bool tb, int64_t m, int64_t n, int64_t k,
                      bool accumulate) {
-    matmul_kernel(c, a, ta, b, tb, m, n, k, accumulate);
+    constexpr int64_t task_rows = 48, task_panels = 8, slice = 256, ldacc = task_panels * gemm_tile;
+    if (m <= 0 || n <= 0) return;
+    std::vector<float> a_packed;
+    if (ta) {
+        a_packed.resize(size_t(m * k));
+        for (int64_t kk = 0; kk < k; ++kk)
+            for (int64_t i = 0; i < m; ++i) a_packed[size_t(i * k + kk)] = a[kk * m + i];
+        a = a_packed.data();
+    }
+    const int64_t panels = (n + gemm_tile - 1) / gemm_tile;
+    std::vector<float> bp(size_t(panels * k * gemm_tile), 0.0f);
+#pragma omp parallel for schedule(static) if (k * n > 4 * parallel_min_work)
+    for (int64_t p = 0; p < panels; ++p) {
+        const int64_t cols = std::min(gemm_tile, n - p * gemm_tile);
+        float* dst = bp.data() + p * k * gemm_tile;
+        for (int64_t kk = 0; kk < k; ++kk)
+            for (int64_t j = 0; j < cols; ++j) {
+                const int64_t col = p * gemm_tile + j;
+                dst[kk * gemm_tile + j] = tb ? b[col * k + kk] : b[kk * n + col];
+            }
+    }
+    using Micro = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, bool);
+    static constexpr Micro micros[7] = {nullptr, &micro<1>, &micro<2>, &micro<3>, &micro<4>, &micro<5>, &micro<6>};
+    const int64_t row_tasks = (m + task_rows - 1) / task_rows, col_tasks = (panels + task_panels - 1) / task_panels;
+#pragma omp parallel for schedule(static) if (m * n * k > 32 * parallel_min_work)
+    for (int64_t task = 0; task < row_tasks * col_tasks; ++task) {
+        const int64_t i0 = task / col_tasks * task_rows, rows = std::min(task_rows, m - i0);
+        const int64_t p0 = task % col_tasks * task_panels, np = std::min(task_panels, panels - p0);
+        float acc[task_rows * ldacc] = {};  // stays zero where k == 0
+        for (int64_t k0 = 0; k0 < k; k0 += slice) {
+            const int64_t len = std::min(slice, k - k0);
+            for (int64_t p = 0; p < np; ++p) {
+                const float* panel = bp.data() + (p0 + p) * k * gemm_tile + k0 * gemm_tile;
+                for (int64_t r = 0; r < rows; r += 6) {
+                    micros[std::min<int64_t>(6, rows - r)](a + (i0 + r) * k + k0, k, panel, len,
+                                                           acc + r * ldacc + p * gemm_tile, ldacc, k0 > 0);
+                }
+            }
+        }
+        const int64_t cols = std::min(np * gemm_tile, n - p0 * gemm_tile);
+        for (int64_t r = 0; r < rows; ++r) {
+            float* crow = c + (i0 + r) * n + p0 * gemm_tile;
+            const float* v = acc + r * ldacc;
+            for (int64_t j = 0; j < cols; ++j) crow[j] = accumulate ? crow[j] + v[j] : v[j];
+        }
+    }
 }
 
 }  // namespace fp8kit::cpu

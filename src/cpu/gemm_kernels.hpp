@@ -95,7 +95,7 @@ struct GemmKernels {
     int64_t small_m_max;
     // The layer ops' float32 matmul (src/cpu/matmul.cpp): c[m, n] (+)= op(a)[m, k] . op(b)[k, n],
     // a stored [m, k] or [k, m] (ta), b [k, n] or [n, k] (tb); each element one float32 sum in k
-    // order (src/cpu/matmul_kernel.hpp built with the table's flags).
+    // order (src/cpu/matmul_kernel.hpp; on AVX2 the FP8 tiles' float32 kernel).
     void (*matmul_f32)(float* c, const float* a, bool ta, const float* b, bool tb, int64_t m, int64_t n, int64_t k,
                        bool accumulate);
 };

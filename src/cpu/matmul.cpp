@@ -1,6 +1,6 @@
 // src/cpu/matmul.cpp: the cpu backend's f32/bf16 matmul (the layer ops' Linear) and Linear's bias
-// gradient. float32 runs on the GEMM engine's kernel table (src/cpu/gemm_kernels.hpp: the kernel
-// of matmul_kernel.hpp built for the active ISA path, chosen with the FP8 GEMM's kernels); bf16
+// gradient. float32 runs on the GEMM engine's kernel table (src/cpu/gemm_kernels.hpp: on AVX2
+// the FP8 tiles' float32 kernel, else the portable build of matmul_kernel.hpp); bf16
 // operands are widened to float32 first (exact), float64 runs the portable build. The bias is
 // added after the product and the bias gradient sums rows in order, on one thread.
 // Checked against the reference backend by tests/ops/test_matmul.cpp, on every ISA path.

@@ -2,11 +2,11 @@
 // layer ops, float64 for the finite-difference checks), written as plain C++ that g++ / clang -O3
 // vectorize: both operands are packed so the inner loop reads contiguous memory, and each task
 // keeps a 4 x 16 tile of C in registers (8 AVX2 registers for float) over the whole K - every C
-// element is one sum in k order, so the result does not depend on threads or tiling. Compiled
-// into the GEMM kernel tables (src/cpu/gemm_kernels.hpp): with portable flags in
-// src/cpu/matmul.cpp, with -mavx2 -mfma in src/cpu/gemm_avx2.cpp (where the compiler may fuse
-// each multiply-add: one rounding instead of two); internal linkage, so the copies never merge
-// at link time. Checked against the reference backend on odd shapes by tests/ops/test_matmul.cpp.
+// element is one sum in k order, so the result does not depend on threads or tiling. The
+// portable kernel table's float32 matmul and every ISA's float64 one (src/cpu/matmul.cpp); on
+// AVX2 the float32 matmul runs on the FP8 GEMM's 6x16 tile kernel (src/cpu/gemm_avx2.cpp), the
+// same sum in the same order with fused multiply-adds. Checked against the reference backend on
+// odd shapes by tests/ops/test_matmul.cpp.
 #pragma once
 
 #include <algorithm>

@@ -1,7 +1,7 @@
 // tests/ops/test_matmul.cpp: the f32/bf16 matmul, Linear forward/backward and bias gradient of
 // the cpu backend against the reference backend, on every ISA path (the cpu matmul runs on the
 // GEMM engine's kernel table), every transpose, accumulate or not, f32 and bf16 operands, shapes
-// with 1, primes and sizes that are not multiples of the 4 x 16 tile, within the bound of
+// with 1, primes and sizes that are not multiples of the kernels' tiles, within the bound of
 // docs/NUMERICS.md ("Layer ops"):
 //   |d - ref| <= (gamma_{K+2} + u) (|c0| + sum_k |a_ik b_kj| + |bias_j|),  u = 2^-24
 // (K float32 roundings of products and partial sums, one more for the accumulated c0, one for the
@@ -55,7 +55,10 @@ Tensor run_matmul(Backend backend, const MatmulCase& c, const Tensor& a, const T
 }
 
 TEST(MatmulOps, CpuMatchesRefWithinTheBoundOnEveryPath) {
-    const int64_t sizes[][3] = {{1, 1, 1}, {1, 17, 5}, {5, 1, 33}, {4, 16, 64}, {17, 33, 40}, {31, 7, 131}, {64, 48, 1}};
+    // 50 x 150 x 300: the AVX2 kernel's tasks (48 rows x 128 columns) in both directions, a
+    // 2-row remainder, a 6-column edge panel and two K slices of 256.
+    const int64_t sizes[][3] = {{1, 1, 1},    {1, 17, 5},    {5, 1, 33}, {4, 16, 64},
+                                {17, 33, 40}, {31, 7, 131},  {64, 48, 1}, {50, 150, 300}};
     int cases = 0;
     for (const auto& s : sizes)
         for (bool ta : {false, true})
@@ -73,7 +76,7 @@ TEST(MatmulOps, CpuMatchesRefWithinTheBoundOnEveryPath) {
                         test::for_each_isa([&](Isa) { test::expect_within("out", run_matmul(Backend::cpu, c, a, b, c0), ref, bound); });
                         ++cases;
                     }
-    EXPECT_EQ(cases, 7 * 2 * 2 * 2 * 4);
+    EXPECT_EQ(cases, 8 * 2 * 2 * 2 * 4);
 }
 
 TEST(MatmulOps, ADroppedTermExceedsTheBound) {
