@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "cpu/gemm_kernels.hpp"
-#include "cpu/layer_parallel.hpp"
+#include "cpu/matmul_kernel.hpp"
 
 namespace fp8kit::cpu {
 
@@ -397,24 +397,10 @@ void matmul_f32_avx2(float* c, const float* a, bool ta, const float* b, bool tb,
     constexpr int64_t task_rows = 48, task_panels = 8, slice = 256, ldacc = task_panels * gemm_tile;
     if (m <= 0 || n <= 0) return;
     std::vector<float> a_packed;
-    if (ta) {
-        a_packed.resize(size_t(m * k));
-        for (int64_t kk = 0; kk < k; ++kk)
-            for (int64_t i = 0; i < m; ++i) a_packed[size_t(i * k + kk)] = a[kk * m + i];
-        a = a_packed.data();
-    }
+    a = matmul_rows_of_a(a, ta, m, k, a_packed);
+    const std::vector<float> bp = matmul_panels_of_b(b, tb, n, k);
+    static_assert(matmul_tile_cols == gemm_tile, "a panel of B is one strip of the tile kernel");
     const int64_t panels = (n + gemm_tile - 1) / gemm_tile;
-    std::vector<float> bp(size_t(panels * k * gemm_tile), 0.0f);
-#pragma omp parallel for schedule(static) if (k * n > 4 * parallel_min_work)
-    for (int64_t p = 0; p < panels; ++p) {
-        const int64_t cols = std::min(gemm_tile, n - p * gemm_tile);
-        float* dst = bp.data() + p * k * gemm_tile;
-        for (int64_t kk = 0; kk < k; ++kk)
-            for (int64_t j = 0; j < cols; ++j) {
-                const int64_t col = p * gemm_tile + j;
-                dst[kk * gemm_tile + j] = tb ? b[col * k + kk] : b[kk * n + col];
-            }
-    }
     using Micro = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, bool);
     static constexpr Micro micros[7] = {nullptr, &micro<1>, &micro<2>, &micro<3>, &micro<4>, &micro<5>, &micro<6>};
     const int64_t row_tasks = (m + task_rows - 1) / task_rows, col_tasks = (panels + task_panels - 1) / task_panels;

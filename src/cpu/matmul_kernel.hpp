@@ -20,20 +20,23 @@ namespace {
 
 constexpr int64_t matmul_tile_rows = 4, matmul_tile_cols = 16;
 
-// c[m, n] (+)= op(a)[m, k] . op(b)[k, n]; a stored [m, k] or [k, m] (ta), b [k, n] or [n, k] (tb).
+// The operands as the matmul kernels read them (this one and the AVX2 tile kernel's in
+// src/cpu/gemm_avx2.cpp). A as [m, k] rows: a itself, or a transposed copy in `keep` when it is
+// stored [k, m] (ta).
 template <class T>
-void matmul_kernel(T* c, const T* a, bool ta, const T* b, bool tb, int64_t m, int64_t n, int64_t k, bool accumulate) {
-    if (m <= 0 || n <= 0) return;
-    // A as [m, k] row-major (a transposed copy when A is stored [k, m]).
-    std::vector<T> a_packed;
-    if (ta) {
-        a_packed.resize(size_t(m * k));
-        for (int64_t kk = 0; kk < k; ++kk)
-            for (int64_t i = 0; i < m; ++i) a_packed[size_t(i * k + kk)] = a[kk * m + i];
-        a = a_packed.data();
-    }
-    // B as panels of 16 columns: panel p holds B[:, 16p .. 16p+15] as [k][16], zero-padded at the
-    // right edge so the kernel always runs full tiles and stores only the valid columns.
+const T* matmul_rows_of_a(const T* a, bool ta, int64_t m, int64_t k, std::vector<T>& keep) {
+    if (!ta) return a;
+    keep.resize(size_t(m * k));
+    for (int64_t kk = 0; kk < k; ++kk)
+        for (int64_t i = 0; i < m; ++i) keep[size_t(i * k + kk)] = a[kk * m + i];
+    return keep.data();
+}
+
+// B (stored [k, n], or [n, k] when tb) as panels of 16 columns: panel p holds B[:, 16p .. 16p+15]
+// as [k][16], zero-padded at the right edge so a kernel always runs full tiles and stores only the
+// valid columns.
+template <class T>
+std::vector<T> matmul_panels_of_b(const T* b, bool tb, int64_t n, int64_t k) {
     const int64_t panels = (n + matmul_tile_cols - 1) / matmul_tile_cols;
     std::vector<T> bp(size_t(panels * k * matmul_tile_cols), T(0));
 #pragma omp parallel for schedule(static) if (k * n > 4 * parallel_min_work)
@@ -46,6 +49,17 @@ void matmul_kernel(T* c, const T* a, bool ta, const T* b, bool tb, int64_t m, in
                 dst[kk * matmul_tile_cols + j] = tb ? b[col * k + kk] : b[kk * n + col];
             }
     }
+    return bp;
+}
+
+// c[m, n] (+)= op(a)[m, k] . op(b)[k, n]; a stored [m, k] or [k, m] (ta), b [k, n] or [n, k] (tb).
+template <class T>
+void matmul_kernel(T* c, const T* a, bool ta, const T* b, bool tb, int64_t m, int64_t n, int64_t k, bool accumulate) {
+    if (m <= 0 || n <= 0) return;
+    std::vector<T> a_packed;
+    a = matmul_rows_of_a(a, ta, m, k, a_packed);
+    const std::vector<T> bp = matmul_panels_of_b(b, tb, n, k);
+    const int64_t panels = (n + matmul_tile_cols - 1) / matmul_tile_cols;
     const int64_t row_tiles = (m + matmul_tile_rows - 1) / matmul_tile_rows;
     const int64_t tasks = row_tiles * panels;
 #pragma omp parallel for schedule(static) if (m * n * k > 32 * parallel_min_work)
