@@ -1,14 +1,16 @@
 // src/cpu/gemm_kernels.hpp: the packed operand layouts of the cpu GEMM and the kernel table
-// that computes on them: Intel AMX tiles (src/cpu/gemm_amx.cpp) where the CPU and OS allow, a
-// portable float32 kernel (src/cpu/gemm.cpp) elsewhere. Both are checked against the reference
-// backend by tests/ops/test_gemm.cpp, on every ISA path.
+// that computes on them: Intel AMX tiles (src/cpu/gemm_amx.cpp) where the CPU and OS allow,
+// AVX2 + FMA float32 tiles (src/cpu/gemm_avx2.cpp) on other x86-64 CPUs, a portable float32
+// kernel (src/cpu/gemm.cpp) elsewhere. All are checked against the reference backend by
+// tests/ops/test_gemm.cpp, on every ISA path.
 //
 // Why bf16: every e4m3 / e5m2 value is exact in bf16, and the product of two of them is exact
 // in float32 (at most 4 x 4 significant bits, exponents within float32's range), so a
 // bf16 x bf16 -> float32 dot product (AMX TDPBF16PS) computes FP8 products exactly and
 // accumulates them in float32: the numerics of NUMERICS.md at the speed of the tile unit.
-// Codes are widened to bf16 only in cache-sized pieces; B stays FP8 (one byte per weight) in
-// memory, so the decode (small M) case streams a quarter of what f32 weights would take.
+// Codes are widened (to bf16, or to float32 for the AVX2 tiles: exact too) only in cache-sized
+// pieces; B stays FP8 (one byte per weight) in memory, so the decode (small M) case streams a
+// quarter of what f32 weights would take.
 #pragma once
 
 #include <algorithm>
@@ -62,7 +64,7 @@ struct ExpandTable {
 const ExpandTable& expand_table(Format f);
 
 // The computing kernels. A is packed as bf16 rows [Mp][lda] in the K layout above; B pieces are
-// widened to bf16 tiles of 512 elements (same order as the codes).
+// widened by widen_b into windows of 512-element tiles, in the layout the block kernel reads.
 struct GemmKernels {
     // out[i] = t.bf16[codes[i]] for i < n: FP8 codes to bf16 bits.
     void (*expand)(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t* out);
