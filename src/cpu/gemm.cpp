@@ -91,8 +91,9 @@ void block_portable(int mi, int nj, const uint16_t* a, int64_t lda, const void* 
     }
 }
 
-constexpr GemmKernels portable_kernels{&expand_portable, &widen_bf16<&expand_portable>, 2, &block_portable, &promote_loop, &no_tile_state, &no_tile_state,
-                                       nullptr, 0, &matmul_f32_portable};
+constexpr GemmKernels portable_kernels{&expand_portable, &widen_bf16<&expand_portable>, 2, &block_portable,
+                                       &promote_loop, &no_tile_state, &no_tile_state, nullptr, 0,
+                                       &matmul_f32_portable};
 
 // ---- packing A ----
 

@@ -209,10 +209,10 @@ bool avx512_bf16() {
 // bench_gemm on a Xeon with AMX: M = 3 and 4 ran 20% and 60% slower than on the tiles).
 constexpr int64_t amx_small_m_max = 2;
 // The float32 matmul of the layer ops is AVX2's (no AMX tile computes in float32).
-constexpr GemmKernels amx_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, &block_dispatch, &promote_loop, &amx_begin, &amx_end, nullptr, 0,
-                                  &matmul_f32_avx2};
-constexpr GemmKernels amx_bf16_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, &block_dispatch, &promote_loop, &amx_begin, &amx_end,
-                                       &small_dispatch, amx_small_m_max, &matmul_f32_avx2};
+constexpr GemmKernels amx_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, &block_dispatch, &promote_loop,
+                                  &amx_begin, &amx_end, nullptr, 0, &matmul_f32_avx2};
+constexpr GemmKernels amx_bf16_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, &block_dispatch, &promote_loop,
+                                       &amx_begin, &amx_end, &small_dispatch, amx_small_m_max, &matmul_f32_avx2};
 
 }  // namespace
 

@@ -199,7 +199,8 @@ struct WidenedA {
                 // The next rows of A (read once this block's strips and groups are done) into L2.
                 if (k % 32 == 0) _mm_prefetch(reinterpret_cast<const char*>(in + rows_ * lda_ + k), _MM_HINT_T1);
                 const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + k));
-                _mm256_storeu_ps(out + r * kn_ + k, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+                const __m256i widened = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);  // bf16 -> float32
+                _mm256_storeu_ps(out + r * kn_ + k, _mm256_castsi256_ps(widened));
             }
         }
         return out;
@@ -377,8 +378,8 @@ void expand_avx2(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t
 // adds 4 FMAs per 8 codes on top, while the tiles decode B once into a widened copy and then run at
 // FMA speed. 4 is an estimate of where the two meet, not a measured crossover: bench_gemm's M = 1
 // (small kernel) and M = 16 (tiles) rows bracket it (docs/PERF.md).
-constexpr GemmKernels avx2_kernels{&expand_avx2, &widen_b_avx2, 4, &block_avx2, &promote_loop, &begin_avx2, &no_tile_state, &small_avx2, 4,
-                                    &matmul_f32_avx2};
+constexpr GemmKernels avx2_kernels{&expand_avx2, &widen_b_avx2, 4, &block_avx2, &promote_loop, &begin_avx2,
+                                    &no_tile_state, &small_avx2, 4, &matmul_f32_avx2};
 
 }  // namespace
 
