@@ -17,6 +17,15 @@
 #include "cpu/gemm_kernels.hpp"
 #include "cpu/matmul_kernel.hpp"
 
+// Loop unrolling asked of GCC and clang (both read `#pragma GCC unroll`); other compilers
+// choose themselves, and would warn about the unknown pragma.
+#if defined(__GNUC__)
+#define FP8KIT_PRAGMA(x) _Pragma(#x)
+#define FP8KIT_UNROLL(n) FP8KIT_PRAGMA(GCC unroll n)
+#else
+#define FP8KIT_UNROLL(n)
+#endif
+
 namespace fp8kit::cpu {
 
 namespace {
@@ -152,26 +161,27 @@ void widen_b_avx2(const uint8_t* codes, int64_t n, const ExpandTable& t, bool na
 // (row stride ldaf), so its broadcasts are loads. R = 6: 12 accumulators, the two B vectors and
 // one broadcast fill the 16 ymm registers, and 12 independent chains cover the FMA latency
 // (4 cycles x 2 pipes) with room. GCC keeps the accumulator array in registers only when the
-// row loops are unrolled (else it stores them every step: 35 instead of 96 GFLOP/s).
+// row loops are unrolled (else it stores them every step: 35 instead of 96 GFLOP/s), hence
+// FP8KIT_UNROLL.
 template <int R>
 void micro(const float* af, int64_t ldaf, const float* b, int64_t kn, float* c, int64_t ldc, bool accumulate) {
     __m256 acc[R][2];
-#pragma GCC unroll 8
+    FP8KIT_UNROLL(8)
     for (int r = 0; r < R; ++r) {
         acc[r][0] = accumulate ? _mm256_loadu_ps(c + r * ldc) : _mm256_setzero_ps();
         acc[r][1] = accumulate ? _mm256_loadu_ps(c + r * ldc + 8) : _mm256_setzero_ps();
     }
-#pragma GCC unroll 4
+    FP8KIT_UNROLL(4)
     for (int64_t k = 0; k < kn; ++k) {
         const __m256 b0 = _mm256_loadu_ps(b + k * gemm_tile), b1 = _mm256_loadu_ps(b + k * gemm_tile + 8);
-#pragma GCC unroll 8
+        FP8KIT_UNROLL(8)
         for (int r = 0; r < R; ++r) {
             const __m256 a = _mm256_broadcast_ss(af + r * ldaf + k);
             acc[r][0] = _mm256_fmadd_ps(a, b0, acc[r][0]);
             acc[r][1] = _mm256_fmadd_ps(a, b1, acc[r][1]);
         }
     }
-#pragma GCC unroll 8
+    FP8KIT_UNROLL(8)
     for (int r = 0; r < R; ++r) {
         _mm256_storeu_ps(c + r * ldc, acc[r][0]);
         _mm256_storeu_ps(c + r * ldc + 8, acc[r][1]);
