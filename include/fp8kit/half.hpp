@@ -21,28 +21,24 @@ namespace fp8kit {
 namespace detail {
 
 // std::bit_cast is host-only under nvcc (without --expt-relaxed-constexpr, which fp8kit does not
-// ask of its users), so device code at run time uses CUDA's own reinterpretation intrinsics;
-// constant evaluation (also in nvcc's device pass) keeps std::bit_cast. nvcc still reports that
-// branch (diagnostics 20013, 20015) although it never runs on the device: silenced here, for nvcc only.
-#if defined(__CUDACC__)
-#pragma nv_diagnostic push
-#pragma nv_diag_suppress 20013, 20015
-#endif
+// ask of its users): a device function that reaches it is undefined, and nvcc's device pass drops
+// the whole kernel body (seen: a kernel calling decode() compiled to a bare `ret`). So the device
+// pass uses CUDA's reinterpretation intrinsics, always; host code and constant evaluation on the
+// host keep std::bit_cast. (tests/cuda/test_format_device.cu checks every code on a GPU.)
 FP8KIT_HD constexpr uint32_t f32_bits(float x) noexcept {
 #if defined(__CUDA_ARCH__)
-    if (!std::is_constant_evaluated()) return __float_as_uint(x);
-#endif
+    return __float_as_uint(x);
+#else
     return std::bit_cast<uint32_t>(x);
+#endif
 }
 FP8KIT_HD constexpr float f32_from_bits(uint32_t b) noexcept {
 #if defined(__CUDA_ARCH__)
-    if (!std::is_constant_evaluated()) return __uint_as_float(b);
-#endif
+    return __uint_as_float(b);
+#else
     return std::bit_cast<float>(b);
-}
-#if defined(__CUDACC__)
-#pragma nv_diagnostic pop
 #endif
+}
 
 inline constexpr uint32_t f32_sign_bit = 0x80000000u;
 inline constexpr uint32_t f32_inf_bits = 0x7f800000u;
