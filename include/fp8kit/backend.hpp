@@ -30,11 +30,14 @@ enum class Backend : uint8_t { ref, cpu, cuda };
 
 std::string_view to_string(Backend b) noexcept;
 std::optional<Backend> try_parse_backend(std::string_view name) noexcept;
+// cuda: built with it, and a GPU with its driver is present.
 bool backend_available(Backend b) noexcept;
+// The backends that run host tensors (ref, cpu): what BackendOverride accepts.
 std::span<const Backend> available_backends() noexcept;
 
 // The backend that runs tensors on `device` on this thread. Reads FP8KIT_BACKEND (ref or cpu) on
-// first use: a bad value is an fp8kit::Error. Device::cuda: fp8kit::Error in a build without CUDA.
+// first use: a bad value is an fp8kit::Error. Device::cuda: fp8kit::Error in a build without CUDA
+// or on a machine without a usable GPU (saying which).
 Backend backend_for(Device device);
 
 // Runs host tensors on `b` on this thread while it lives (tests, debugging); nests, and leaves

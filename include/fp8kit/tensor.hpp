@@ -7,6 +7,9 @@
 // contiguous() / clone() copy. Element access (get/set, at) is for tests and small programs,
 // not for inner loops: use data<T>() there.
 //
+// Tensors on Device::cuda live in device memory (the CUDA backend's, stream-ordered on the current
+// ExecContext's stream): views, to() and clone() work; element access and data<T>() are host only.
+//
 // Read-only storage (a read-only file mapping, a read-only numpy array): data<const T>() and every
 // operation that only reads work; data<T>() with a non-const T, set() and at() throw fp8kit::Error
 // naming the tensor - writing through such a view would crash the process.
@@ -102,9 +105,13 @@ public:
     Tensor reshape(Shape shape) const;                            // contiguous only; one -1 allowed
     Tensor slice(int64_t d, int64_t begin, int64_t end) const;   // [begin, end) of dimension d
     Tensor transpose() const;                                     // 2-D: swaps the dimensions
-    // Copies.
+    // Copies. On device cuda, clone() copies tensors of at most 2 dimensions whose last stride is 1
+    // (fp8kit::Error otherwise: make it contiguous on the host first).
     Tensor contiguous() const;  // itself if already contiguous
     Tensor clone() const;
+    // A contiguous copy on `device` (itself when it is already there and contiguous): moves
+    // inputs to a GPU and results back. Waits for the copy: the data is there on return.
+    Tensor to(Device device) const;
 
     // One element as float (FP8 codes decoded, integers and f64 converted), and set from float
     // (FP8: encoded round-to-nearest, saturating; integers and bool: must be an integer in range).
@@ -118,6 +125,7 @@ public:
 private:
     void check_access(bool type_ok, size_t elem_size, bool write) const;
     void check_writable(const char* fn) const;
+    void copy_from_device(const Tensor& src) const;
     int64_t element_offset(std::initializer_list<int64_t> index) const;  // from data(), checked
 
     std::shared_ptr<std::byte> storage_;

@@ -9,6 +9,9 @@
 
 #include "core/ops.hpp"
 #include "fp8kit/error.hpp"
+#ifdef FP8KIT_HAS_CUDA
+#include "cuda/device.hpp"
+#endif
 
 namespace fp8kit {
 
@@ -63,15 +66,23 @@ std::optional<Backend> try_parse_backend(std::string_view name) noexcept {
     return std::nullopt;
 }
 
-bool backend_available(Backend b) noexcept { return b != Backend::cuda; }
+bool backend_available(Backend b) noexcept {
+#ifdef FP8KIT_HAS_CUDA
+    return b != Backend::cuda || cuda::available();
+#else
+    return b != Backend::cuda;
+#endif
+}
 
 std::span<const Backend> available_backends() noexcept { return host_backends; }
 
 Backend backend_for(Device device) {
     if (device == Device::cuda) {
-        if (!backend_available(Backend::cuda)) {
-            throw Error("fp8kit: a tensor is on device cuda, but this build has no CUDA backend (-DFP8KIT_CUDA=ON)");
-        }
+#ifdef FP8KIT_HAS_CUDA
+        if (!cuda::available()) throw Error("fp8kit: a tensor is on device cuda, but " + cuda::unavailable_reason());
+#else
+        throw Error("fp8kit: a tensor is on device cuda, but this build has no CUDA backend (-DFP8KIT_CUDA=ON)");
+#endif
         return Backend::cuda;
     }
     const Backend env = environment_host_backend();  // a bad FP8KIT_BACKEND fails even under an override
@@ -98,7 +109,13 @@ const detail::BackendOps& detail::backend_ops(Backend b) {
     switch (b) {
         case Backend::ref: return ref_ops;
         case Backend::cpu: return cpu_ops;
-        case Backend::cuda: break;
+        case Backend::cuda:
+#ifdef FP8KIT_HAS_CUDA
+            if (cuda::available()) return cuda::ops();
+            throw Error("fp8kit: backend cuda is not available: " + cuda::unavailable_reason());
+#else
+            break;
+#endif
     }
     throw Error("fp8kit: backend cuda is not available in this build");
 }

@@ -216,7 +216,7 @@ Tensor run_gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, 
         job.bias_dtype = bias.dtype();
     }
     job.out = out.raw_data();
-    if (k == 0) {  // an empty sum: D = beta * C + bias (then the activation); no scale exists to read
+    if (k == 0 && d.device == Device::cpu) {  // an empty sum: D = beta * C + bias (then the activation); no scale to read
         std::vector<float> row(static_cast<size_t>(n));
         for (int64_t i = 0; i < m; ++i) {
             std::fill(row.begin(), row.end(), 0.0f);
@@ -238,10 +238,8 @@ Tensor run_gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, 
 
     if (m > 0 && n > 0) {
         // NonFinite::error must leave a caller's out untouched: A is checked before the GEMM.
-        if (job.fuse != nullptr && a.quantize.non_finite == NonFinite::error && d.device == Device::cpu) {
-            float a_max = 0.0f;
-            d.ops.amax(d.ctx, x.ref, &a_max);
-            if (!std::isfinite(a_max)) detail::throw_non_finite(x.ref, *a.hp, "fp8kit::gemm: A: ");
+        if (job.fuse != nullptr && a.quantize.non_finite == NonFinite::error) {
+            detail::refuse_non_finite(d, x.ref, *a.hp, "fp8kit::gemm: A: ");
         }
         d.ops.gemm(job);
     }

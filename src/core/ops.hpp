@@ -63,6 +63,13 @@ FP8KIT_HD constexpr GroupScale group_scale(float amax, const ScaleRule& r) noexc
     return {scale, 1.0f / scale, 0};
 }
 
+struct Dispatch;
+struct MatrixRef;
+// NonFinite::error, before anything is written: an amax pass over x (the matrix of `tensor`, on
+// d's device: there the amax is read back, and only when it is not finite x too), then
+// throw_non_finite if the amax is not finite.
+void refuse_non_finite(const Dispatch& d, const MatrixRef& x, const Tensor& tensor, const std::string& where);
+
 // A matrix of f32 / bf16 / f16 elements; element (i, j) is at data + (i * ld + j) * size.
 struct MatrixRef {
     const void* data;

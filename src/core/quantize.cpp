@@ -110,6 +110,21 @@ void detail::check_quantize_options(const QuantizeOptions& o, const std::string&
     (void)o.scaling.group_shape(1, 1);  // checks block dimensions
 }
 
+void detail::refuse_non_finite(const Dispatch& d, const MatrixRef& x, const Tensor& tensor, const std::string& where) {
+    if (x.rows == 0 || x.cols == 0) return;
+    if (d.device == Device::cpu) {
+        float a = 0.0f;
+        d.ops.amax(d.ctx, x, &a);
+        if (!std::isfinite(a)) throw_non_finite(x, tensor, where);
+        return;
+    }
+    const Tensor a = Tensor::empty({1}, DType::f32, d.device);
+    d.ops.amax(d.ctx, x, static_cast<float*>(a.raw_data()));
+    if (std::isfinite(a.to(Device::cpu).get({0}))) return;
+    const Tensor host = tensor.to(Device::cpu);
+    throw_non_finite(as_matrix(host, "quantize").ref, tensor, where);
+}
+
 detail::ScaleRule detail::scale_rule(const QuantizeOptions& o) {
     return {o.format, o.scaling.granularity == Granularity::mx32, o.mx_rounding, format_info(o.format).max,
             o.amax_epsilon, o.power_of_two,
@@ -141,7 +156,7 @@ QTensor QTensor::transposed() const {
 
 float amax(const Tensor& x) {
     const detail::Dispatch d = detail::dispatch("amax", {{"x", &x}});
-    if (d.device != Device::cpu) return amax(x, Scaling::tensor()).contiguous().get({0, 0});  // needs a copy to host
+    if (d.device != Device::cpu) return amax(x, Scaling::tensor()).to(Device::cpu).get({0, 0});  // a copy to the host
     const detail::Matrix m = detail::as_matrix(x, "amax");
     float result = 0.0f;
     if (m.ref.rows > 0 && m.ref.cols > 0) d.ops.amax(d.ctx, m.ref, &result);
@@ -170,13 +185,8 @@ QTensor& quantize(const Tensor& x, const QuantizeOptions& o, QTensor& out) {
     const detail::Matrix m = detail::as_matrix(x, fn);
     const int64_t rows = m.ref.rows, cols = m.ref.cols;
     // NonFinite::error refuses before anything is written (an amax pass first: the policy of the
-    // checkpoint tools, where one more read of a weight costs nothing). A device backend raises it
-    // in its own kernels.
-    if (o.non_finite == NonFinite::error && d.device == Device::cpu && rows > 0 && cols > 0) {
-        float a = 0.0f;
-        d.ops.amax(d.ctx, m.ref, &a);
-        if (!std::isfinite(a)) detail::throw_non_finite(m.ref, x, where);
-    }
+    // checkpoint tools, where one more read of a weight costs nothing).
+    if (o.non_finite == NonFinite::error) detail::refuse_non_finite(d, m.ref, x, where);
     const bool mx = o.scaling.granularity == Granularity::mx32;
 
     // Built aside and moved into `out` when complete: `out` describes what it did before until then.
@@ -202,6 +212,8 @@ QTensor& quantize(const Tensor& x, const QuantizeOptions& o, QTensor& out) {
         d.ops.quantize(job);
     } else if (d.device == Device::cpu) {
         *amax_out = 0.0f;
+    } else {
+        q.amax = Tensor::zeros({1}, DType::f32, d.device);
     }
     out = std::move(q);
     return out;

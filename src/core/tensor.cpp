@@ -8,6 +8,9 @@
 
 #include "fp8kit/convert.hpp"
 #include "fp8kit/tensor.hpp"
+#ifdef FP8KIT_HAS_CUDA
+#include "cuda/device.hpp"
+#endif
 
 namespace fp8kit {
 
@@ -84,15 +87,20 @@ void check_shape(const Shape& shape, const char* fn) {
 
 Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
     check_shape(shape, "empty");
-    if (device != Device::cpu) {
-        throw Error("fp8kit::Tensor::empty: device cuda needs the CUDA backend, which this build does not have");
-    }
     Tensor t;
     // At least one aligned line, so that an empty tensor is still defined().
     const size_t bytes = std::max<size_t>(size_t(count(shape)) * dtype_size(dtype), tensor_alignment);
     const size_t rounded = (bytes + tensor_alignment - 1) / tensor_alignment * tensor_alignment;
-    auto* p = static_cast<std::byte*>(::operator new(rounded, std::align_val_t{tensor_alignment}));
-    t.storage_ = std::shared_ptr<std::byte>(p, [](std::byte* q) { ::operator delete(q, std::align_val_t{tensor_alignment}); });
+    if (device != Device::cpu) {
+#ifdef FP8KIT_HAS_CUDA
+        t.storage_ = cuda::allocate(rounded);
+#else
+        throw Error("fp8kit::Tensor::empty: device cuda needs the CUDA backend, which this build does not have");
+#endif
+    } else {
+        auto* p = static_cast<std::byte*>(::operator new(rounded, std::align_val_t{tensor_alignment}));
+        t.storage_ = std::shared_ptr<std::byte>(p, [](std::byte* q) { ::operator delete(q, std::align_val_t{tensor_alignment}); });
+    }
     t.strides_ = row_major_strides(shape);
     t.shape_ = std::move(shape);
     t.dtype_ = dtype;
@@ -102,6 +110,12 @@ Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
 
 Tensor Tensor::zeros(Shape shape, DType dtype, Device device) {
     Tensor t = empty(std::move(shape), dtype, device);
+#ifdef FP8KIT_HAS_CUDA
+    if (device != Device::cpu) {
+        cuda::zero(t.raw_data(), t.nbytes());
+        return t;
+    }
+#endif
     std::memset(t.raw_data(), 0, t.nbytes());
     return t;
 }
@@ -276,6 +290,10 @@ Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
 
 Tensor Tensor::clone() const {
     Tensor t = empty(shape_, dtype_, device_);
+    if (device_ != Device::cpu) {
+        t.copy_from_device(*this);
+        return t;
+    }
     const size_t es = dtype_size(dtype_);
     const auto* src = static_cast<const std::byte*>(const_raw_data());
     auto* dst = static_cast<std::byte*>(t.raw_data());
@@ -294,6 +312,36 @@ Tensor Tensor::clone() const {
         }
     }
     return t;
+}
+
+Tensor Tensor::to(Device device) const {
+    if (!defined()) throw Error("fp8kit::Tensor::to: the tensor is undefined");
+    if (device == device_) return contiguous();
+    const Tensor src = contiguous();  // on its own device
+    Tensor t = empty(shape_, dtype_, device);
+#ifdef FP8KIT_HAS_CUDA
+    cuda::copy_2d(t.raw_data(), src.nbytes(), src.const_raw_data(), src.nbytes(), src.nbytes(), 1);
+#endif
+    return t;
+}
+
+// A device tensor's rows (at most 2 dimensions, unit last stride) copied into this contiguous one.
+void Tensor::copy_from_device(const Tensor& src) const {
+    const size_t es = dtype_size(src.dtype_);
+    const bool rows_ok = src.dim() <= 1 ? (src.dim() == 0 || src.strides_[0] == 1 || src.shape_[0] <= 1)
+                                        : src.dim() == 2 && (src.strides_[1] == 1 || src.shape_[1] <= 1);
+    if (!rows_ok) {
+        throw Error("fp8kit::Tensor::clone: a device tensor of shape " + to_string(src.shape_) +
+                    " with these strides is not copied on the device; copy it to the host first");
+    }
+    if (src.numel() == 0) return;
+#ifdef FP8KIT_HAS_CUDA
+    const int64_t rows = src.dim() == 2 ? src.shape_[0] : 1, cols = src.dim() == 0 ? 1 : src.shape_.back();
+    const int64_t ld = src.dim() == 2 ? src.strides_[0] : cols;
+    cuda::copy_2d(raw_data(), size_t(cols) * es, src.const_raw_data(), size_t(ld) * es, size_t(cols) * es, size_t(rows));
+#else
+    (void)es;
+#endif
 }
 
 int64_t Tensor::element_offset(std::initializer_list<int64_t> index) const {

@@ -1,0 +1,525 @@
+// src/cuda/gemm.cu: the CUDA backend's scaled FP8 GEMM, D[m, n] = epilogue(alpha * sum over K
+// groups of (A_g . B_g^T) * sa * sb), with B [n, k] as a Linear weight (TN):
+//  - cuBLASLt FP8 with a plain epilogue, for the scalings it takes: tensor x tensor, row x row
+//    (outer-vector scales) and block 1x128 x 128x128 (VEC128 / BLK128x128 scales, DeepSeek-V3's
+//    recipe), dimensions multiples of 16 (K of 128 for blocks); its scale pointers take the device
+//    scale_inv of each operand (A's 1x128 scales transposed on the device): no host round trip;
+//  - an own tensor-core kernel (mma.sync m16n8k32 on e4m3/e5m2, sm_89 and sm_90a) for every other
+//    K group of 32 to 128 or all of K (block 1x128 x 128x128 with DeepGEMM's numerics, mx32,
+//    rowwise, any shape and epilogue): products summed by the tensor cores over at most 128 of K,
+//    then promoted into a float32 accumulator with their group's scales, every K group;
+//  - a plain CUDA-core kernel for the rest (e4m3fnuz / e5m2fnuz, which the tensor cores do not
+//    take; K groups narrower than 32 or not a multiple of it; unaligned rows).
+// The epilogue (beta C, bias, GELU, rounding to f32/bf16/f16) is that of NUMERICS.md in float32.
+// High-precision A (the fused cast): A is quantized first by the cuda quantize (the same codes,
+// scales and amax as quantize()) into a stream-ordered temporary, then multiplied.
+// Checked by tests/ops/test_gemm.cpp (cuda against float64 within the derived bound) when a GPU is
+// present; timed by bench/bench_gemm_cuda.cpp against cuBLASLt and torch._scaled_mm.
+//
+// The tensor-core instructions are reached through PTX (mma.sync, ldmatrix, cp.async): CUDA C++
+// has no intrinsic for FP8 matrix instructions. This is device code only; nvcc assembles it for
+// every host platform.
+#include <cublasLt.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include "cuda/common.cuh"
+#include "cuda/device.hpp"
+#include "fp8kit/error.hpp"
+
+namespace fp8kit::cuda {
+
+namespace {
+
+using detail::GemmJob;
+using detail::GemmOperand;
+
+// ---- shared pieces: scales and the epilogue ----
+
+__device__ inline float scale_at(const GemmOperand& op, int64_t at) {
+    return op.e8m0 ? decode(static_cast<const uint8_t*>(op.scale_inv)[at], Format::e8m0fnu)
+                   : static_cast<const float*>(op.scale_inv)[at];
+}
+// The scale of element (row, kk) of an operand.
+__device__ inline float operand_scale(const GemmOperand& op, int64_t row, int64_t kk) {
+    return scale_at(op, (row / op.group.rows) * op.scale_cols + kk / op.group.cols);
+}
+
+__device__ inline float load_any(const void* p, DType t, int64_t at) {
+    switch (t) {
+        case DType::bf16: return float(static_cast<const bf16*>(p)[at]);
+        case DType::f16: return float(static_cast<const f16*>(p)[at]);
+        default: return static_cast<const float*>(p)[at];
+    }
+}
+
+// out[i, j] from v = alpha * (scaled product), as detail::gemm_epilogue / gemm_store do on the host.
+__device__ inline void epilogue_store(const GemmJob& j, int64_t i, int64_t col, float v) {
+    if (j.c.data != nullptr) v += j.beta * load_any(j.c.data, j.c.dtype, i * j.c.ld + col);
+    if (j.bias != nullptr) v += load_any(j.bias, j.bias_dtype, col);
+    if (j.activation == Activation::gelu) v = 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+    const int64_t at = i * j.n + col;
+    switch (j.out_dtype) {
+        case DType::bf16: static_cast<bf16*>(j.out)[at] = bf16(v); break;
+        case DType::f16: static_cast<f16*>(j.out)[at] = f16(v); break;
+        default: static_cast<float*>(j.out)[at] = v; break;
+    }
+}
+
+// ---- CUDA cores: any format, any K group ----
+
+constexpr int simt_tile = 64, simt_k = 16;
+
+// A 64 x 64 tile of D per block of 256 threads (4 x 4 elements each); A and B staged decoded in
+// shared memory 16 of K at a time; each K group's partial sum promoted as partial * (sa * sb).
+__global__ void gemm_simt_kernel(GemmJob j) {
+    __shared__ float as[simt_k][simt_tile], bs[simt_k][simt_tile];
+    const int64_t i0 = int64_t(blockIdx.y) * simt_tile, j0 = int64_t(blockIdx.x) * simt_tile;
+    const int tr = threadIdx.x / 16, tc = threadIdx.x % 16;
+    float acc[4][4] = {}, part[4][4] = {};
+    const bool one_group = j.kgroup >= j.k;
+    for (int64_t k0 = 0; k0 < j.k; k0 += simt_k) {
+        for (int e = threadIdx.x; e < simt_k * simt_tile; e += 256) {
+            const int r = e / simt_k, kk = e % simt_k;
+            const int64_t k = k0 + kk;
+            const bool in_k = k < j.k;
+            as[kk][r] = in_k && i0 + r < j.m ? decode(j.a.data[(i0 + r) * j.a.ld + k], j.a.format) : 0.0f;
+            bs[kk][r] = in_k && j0 + r < j.n ? decode(j.b.data[(j0 + r) * j.b.ld + k], j.b.format) : 0.0f;
+        }
+        __syncthreads();
+        for (int kk = 0; kk < simt_k && k0 + kk < j.k; ++kk) {
+            for (int x = 0; x < 4; ++x) {
+                for (int y = 0; y < 4; ++y) part[x][y] = fmaf(as[kk][tr * 4 + x], bs[kk][tc * 4 + y], part[x][y]);
+            }
+            const int64_t k = k0 + kk;
+            if (!one_group && ((k + 1) % j.kgroup == 0 || k + 1 == j.k)) {  // the end of a K group: promote
+                for (int x = 0; x < 4; ++x) {
+                    const int64_t i = min(i0 + tr * 4 + x, j.m - 1);
+                    const float sa = operand_scale(j.a, i, k);
+                    for (int y = 0; y < 4; ++y) {
+                        const float sb = operand_scale(j.b, min(j0 + tc * 4 + y, j.n - 1), k);
+                        acc[x][y] = fmaf(part[x][y], sa * sb, acc[x][y]);
+                        part[x][y] = 0.0f;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+    for (int x = 0; x < 4; ++x) {
+        const int64_t i = i0 + tr * 4 + x;
+        if (i >= j.m) continue;
+        for (int y = 0; y < 4; ++y) {
+            const int64_t col = j0 + tc * 4 + y;
+            if (col >= j.n) continue;
+            // K = 0: an empty sum, and no scale exists to read.
+            const float v = j.k == 0    ? 0.0f
+                            : one_group ? j.alpha * (part[x][y] * (operand_scale(j.a, i, 0) * operand_scale(j.b, col, 0)))
+                                        : j.alpha * acc[x][y];
+            epilogue_store(j, i, col, v);
+        }
+    }
+}
+
+// ---- tensor cores: mma.sync m16n8k32, FP8 operands, float32 accumulators ----
+
+// 16 warps as 4 x 4, each 32 x 32 of D (2 x 4 mma tiles of 16 x 8): 128 x 128 per block. Why 16
+// warps of 32 x 32 rather than 8 of 64 x 32: an H100 issues a warp's mma.sync only every few cycles,
+// so the tensor pipe needs several warps per scheduler - 8 warps at 255 registers kept it 16%
+// busy (ncu); at 32 x 32 a thread needs under 128 registers and 16 warps fit.
+constexpr int tc_warps_m = 4, tc_warps_n = 4, tc_mt = 2, tc_nt = 4;
+constexpr int tc_bm = tc_warps_m * tc_mt * 16, tc_bn = tc_warps_n * tc_nt * 8, tc_bk = 128, tc_stages = 3;
+constexpr int tc_threads = 32 * tc_warps_m * tc_warps_n;
+constexpr int tc_rows_per_pass = tc_threads / 8;  // rows one pass of the block copies (16 bytes a thread)
+constexpr int tc_stage_bytes = (tc_bm + tc_bn) * tc_bk;
+constexpr int tc_smem = tc_stages * tc_stage_bytes;
+
+// Shared memory rows are 128 bytes (8 chunks of 16); chunk c of row r sits at chunk c ^ (r % 8),
+// so the 8 rows an ldmatrix reads at one chunk fall in 8 different bank groups.
+__device__ inline uint32_t swizzled(int row, int chunk) { return uint32_t(row * tc_bk + ((chunk ^ (row & 7)) << 4)); }
+
+__device__ inline void cp_async_16(uint32_t dst, const void* src, bool valid) {
+    // src-size 0 fills the 16 bytes with zeros (rows past m or n, K past k): zero codes add nothing.
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int pending>
+__device__ inline void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(pending)); }
+
+__device__ inline void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+
+template <Format FA, Format FB>
+__device__ inline void mma_fp8(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    if constexpr (FA == Format::e4m3fn && FB == Format::e4m3fn) {
+        asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    } else if constexpr (FA == Format::e4m3fn && FB == Format::e5m2) {
+        asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e5m2.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    } else {
+        static_assert(FA == Format::e5m2 && FB == Format::e4m3fn, "two e5m2 operands are refused by core");
+        asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e5m2.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+#else
+    (void)d, (void)a, (void)b;
+    __trap();  // never launched below sm_89 (gemm() checks the device)
+#endif
+}
+
+// What one thread copies into each pipeline stage: chunk tid % 8 (16 bytes of K) of rows
+// tid / 8 + tc_rows_per_pass i of the A tile and of the B tile, with zero fill past m, n and k.
+struct StageLoader {
+    const uint8_t *a, *b;     // this thread's first row of each tile, at its chunk
+    int64_t a_step, b_step;   // tc_rows_per_pass rows on
+    int row, a_rows, b_rows;  // the first row, and the rows of each tile inside m / n
+    uint32_t smem;            // offset of its first chunk in a stage (swizzled, so +rows * 128 per pass)
+
+    __device__ StageLoader(const GemmJob& j, int64_t i0, int64_t j0) {
+        row = int(threadIdx.x / 8);
+        const int c = int(threadIdx.x % 8);
+        a_rows = int(min(int64_t(tc_bm), j.m - i0));
+        b_rows = int(min(int64_t(tc_bn), j.n - j0));
+        a = j.a.data + (i0 + row) * j.a.ld + c * 16;
+        b = j.b.data + (j0 + row) * j.b.ld + c * 16;
+        a_step = tc_rows_per_pass * j.a.ld;
+        b_step = tc_rows_per_pass * j.b.ld;
+        smem = swizzled(row, c);
+    }
+
+    __device__ void load(uint32_t stage, int64_t kb, int64_t k, const GemmJob& j) const {
+        const int64_t kk = kb * tc_bk;
+        const bool in_k = kk + int64_t(threadIdx.x % 8) * 16 < k;
+#pragma unroll
+        for (int i = 0; i < tc_bm / tc_rows_per_pass; ++i) {
+            const int r = row + tc_rows_per_pass * i;
+            const bool va = in_k && r < a_rows, vb = in_k && r < b_rows;
+            cp_async_16(stage + smem + i * tc_rows_per_pass * tc_bk, va ? a + i * a_step + kk : j.a.data, va);
+            cp_async_16(stage + tc_bm * tc_bk + smem + i * tc_rows_per_pass * tc_bk, vb ? b + i * b_step + kk : j.b.data, vb);
+        }
+    }
+};
+
+// A 128 x 128 tile of D per block of 16 warps (4 x 4, each 32 x 32: 2 x 4 mma tiles of 16 x 8).
+// K in blocks of 128 through a 3-stage cp.async pipeline. The mma's float32 sums run over
+// `steps` k32 steps (a K group, at most 128 of K) and are then promoted: acc += part * (sa * sb)
+// for groups narrower than K; with one group, acc += part and the scales multiply at the end.
+template <Format FA, Format FB>
+__global__ void __launch_bounds__(tc_threads, 1) gemm_mma_kernel(GemmJob j, int steps) {
+    extern __shared__ __align__(128) uint8_t smem[];
+    const uint32_t sbase = uint32_t(__cvta_generic_to_shared(smem));
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wm = warp / tc_warps_n, wn = warp % tc_warps_n;  // the warp's piece of D
+    const int64_t i0 = int64_t(blockIdx.y) * tc_bm, j0 = int64_t(blockIdx.x) * tc_bn;
+    const int64_t kblocks = (j.k + tc_bk - 1) / tc_bk;
+    const bool one_group = j.kgroup >= j.k;
+
+    // Where each of this thread's rows of A and rows of B (columns of D) starts in its scales.
+    int a_at[tc_mt][2], b_at[tc_nt][2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int t = 0; t < tc_mt; ++t) {
+            const int64_t i = min(i0 + wm * tc_mt * 16 + t * 16 + (lane >> 2) + h * 8, j.m - 1);
+            a_at[t][h] = int(i / j.a.group.rows * j.a.scale_cols);
+        }
+#pragma unroll
+        for (int t = 0; t < tc_nt; ++t) {
+            const int64_t col = min(j0 + wn * tc_nt * 8 + t * 8 + (lane & 3) * 2 + h, j.n - 1);
+            b_at[t][h] = int(col / j.b.group.rows * j.b.scale_cols);
+        }
+    }
+    const StageLoader loader(j, i0, j0);
+    float acc[tc_mt][tc_nt][4] = {}, part[tc_mt][tc_nt][4] = {};
+    for (int s = 0; s < tc_stages - 1; ++s) {
+        if (s < kblocks) loader.load(sbase + s * tc_stage_bytes, s, j.k, j);
+        cp_async_commit();
+    }
+    int64_t kstep = 0;  // k32 steps done
+    for (int64_t kb = 0; kb < kblocks; ++kb) {
+        cp_async_wait<tc_stages - 2>();
+        __syncthreads();
+        const int64_t next = kb + tc_stages - 1;
+        if (next < kblocks) loader.load(sbase + uint32_t(next % tc_stages) * tc_stage_bytes, next, j.k, j);
+        cp_async_commit();
+        const uint32_t sa_base = sbase + (kb % tc_stages) * tc_stage_bytes, sb_base = sa_base + tc_bm * tc_bk;
+        #pragma unroll 1
+        for (int ks = 0; ks < tc_bk / 32; ++ks, ++kstep) {
+            if (kstep * 32 >= j.k) break;
+            uint32_t a[tc_mt][4], b[tc_nt][2];
+            #pragma unroll
+            for (int mt = 0; mt < tc_mt; ++mt) {
+                const int row = wm * tc_mt * 16 + mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+                ldmatrix_x4(sa_base + swizzled(row, 2 * ks + (lane >> 4)), a[mt][0], a[mt][1], a[mt][2], a[mt][3]);
+            }
+            #pragma unroll
+            for (int np = 0; np < tc_nt / 2; ++np) {
+                const int row = wn * tc_nt * 8 + np * 16 + (lane & 7) + (lane >> 4) * 8;
+                ldmatrix_x4(sb_base + swizzled(row, 2 * ks + ((lane >> 3) & 1)), b[2 * np][0], b[2 * np][1],
+                            b[2 * np + 1][0], b[2 * np + 1][1]);
+            }
+            #pragma unroll
+            for (int mt = 0; mt < tc_mt; ++mt) {
+                #pragma unroll
+                for (int nt = 0; nt < tc_nt; ++nt) mma_fp8<FA, FB>(part[mt][nt], a[mt], b[nt]);
+            }
+            // Promotion at the end of each K group (or every 128 of K with one group), and at the end of K.
+            if ((kstep + 1) % steps != 0 && (kstep + 1) * 32 < j.k) continue;
+            float sb[tc_nt][2] = {};  // this K group's scales of the thread's columns
+            if (!one_group) {
+                const int gb = int(kstep * 32 / j.b.group.cols);
+#pragma unroll
+                for (int nt = 0; nt < tc_nt; ++nt) {
+#pragma unroll
+                    for (int c = 0; c < 2; ++c) sb[nt][c] = scale_at(j.b, b_at[nt][c] + gb);
+                }
+            }
+            const int ga = int(kstep * 32 / j.a.group.cols);
+#pragma unroll
+            for (int mt = 0; mt < tc_mt; ++mt) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const float sa = one_group ? 1.0f : scale_at(j.a, a_at[mt][h] + ga);
+#pragma unroll
+                    for (int nt = 0; nt < tc_nt; ++nt) {
+#pragma unroll
+                        for (int c = 0; c < 2; ++c) {
+                            float& p = part[mt][nt][h * 2 + c];
+                            float& a = acc[mt][nt][h * 2 + c];
+                            a = one_group ? a + p : fmaf(p, sa * sb[nt][c], a);
+                            p = 0.0f;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+    #pragma unroll
+    for (int mt = 0; mt < tc_mt; ++mt) {
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int64_t i = i0 + wm * tc_mt * 16 + mt * 16 + (lane >> 2) + h * 8;
+            if (i >= j.m) continue;
+            const float sa = one_group ? scale_at(j.a, a_at[mt][h]) : 1.0f;
+            #pragma unroll
+            for (int nt = 0; nt < tc_nt; ++nt) {
+                #pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int64_t col = j0 + wn * tc_nt * 8 + nt * 8 + (lane & 3) * 2 + c;
+                    if (col >= j.n) continue;
+                    const float v = acc[mt][nt][h * 2 + c];
+                    epilogue_store(j, i, col, one_group ? j.alpha * (v * (sa * scale_at(j.b, b_at[nt][c]))) : j.alpha * v);
+                }
+            }
+        }
+    }
+}
+
+bool tensor_core_format(Format f) { return f == Format::e4m3fn || f == Format::e5m2; }
+
+// The device's compute capability (major * 10 + minor) of the current device.
+int compute_capability() {
+    int dev = 0, major = 0, minor = 0;
+    FP8KIT_CUDA_CHECK(cudaGetDevice(&dev));
+    FP8KIT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    FP8KIT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    return major * 10 + minor;
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The tensor-core kernel takes: e4m3/e5m2 operands, rows 16-byte aligned (cp.async), K groups of a
+// multiple of 32 up to 128, or all of K, on sm_89 or newer.
+bool mma_fits(const GemmJob& j) {
+    static const int cc = compute_capability();
+    const bool groups_ok = j.kgroup >= j.k || (j.kgroup % 32 == 0 && j.kgroup <= 128);
+    return cc >= 89 && tensor_core_format(j.a.format) && tensor_core_format(j.b.format) && groups_ok && j.k % 16 == 0 &&
+           j.a.ld % 16 == 0 && j.b.ld % 16 == 0 && aligned16(j.a.data) && aligned16(j.b.data);
+}
+
+template <Format FA, Format FB>
+void launch_mma(const GemmJob& j, cudaStream_t s) {
+    auto kernel = gemm_mma_kernel<FA, FB>;
+    FP8KIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, tc_smem));
+    const int steps = j.kgroup >= j.k ? tc_bk / 32 : int(j.kgroup / 32);
+    const dim3 grid(unsigned((j.n + tc_bn - 1) / tc_bn), unsigned((j.m + tc_bm - 1) / tc_bm));
+    kernel<<<grid, tc_threads, tc_smem, s>>>(j, steps);
+    check_launch("gemm_mma_kernel");
+}
+
+// ---- cuBLASLt: tensor scaling of both operands, a plain epilogue ----
+
+cudaDataType_t lt_type(Format f) { return f == Format::e4m3fn ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
+cudaDataType_t lt_type(DType t) { return t == DType::bf16 ? CUDA_R_16BF : t == DType::f16 ? CUDA_R_16F : CUDA_R_32F; }
+
+void check_lt(cublasStatus_t st, const char* call) {
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        throw Error(std::string("fp8kit cuda: ") + call + " failed: " + cublasLtGetStatusName(st) + " (" +
+                    cublasLtGetStatusString(st) + ")");
+    }
+}
+#define FP8KIT_LT_CHECK(call) check_lt((call), #call)
+
+// How cuBLASLt reads each operand's scales (fp8kit's scale_inv layouts; the one exception, A's
+// 1x128 scales, is transposed for it: cuBLASLt reads them M-major, [k / 128][m]).
+enum class LtScales { none, tensor, row, block };
+
+// The scalings cuBLASLt FP8 takes on Hopper and Ada, with a plain epilogue: tensor x tensor, row x
+// row (its outer-vector scales), block 1x128 x 128x128 (its VEC128 and BLK128x128 scales; K a
+// multiple of 128). Dimensions multiples of 16, rows contiguous and 16-byte aligned.
+LtScales lt_scales(const GemmJob& j) {
+    if (!tensor_core_format(j.a.format) || !tensor_core_format(j.b.format) || j.a.e8m0 || j.b.e8m0 ||
+        j.c.data != nullptr || j.bias != nullptr || j.activation != Activation::none || j.m % 16 != 0 ||
+        j.n % 16 != 0 || j.k % 16 != 0 || j.a.ld != j.k || j.b.ld != j.k || !aligned16(j.a.data) ||
+        !aligned16(j.b.data) || !aligned16(j.out) || !mma_fits(j)) {
+        return LtScales::none;
+    }
+    const GroupShape ga = j.a.group, gb = j.b.group;
+    if (ga.rows >= j.m && ga.cols >= j.k && gb.rows >= j.n && gb.cols >= j.k) return LtScales::tensor;
+    if (ga.rows == 1 && ga.cols >= j.k && gb.rows == 1 && gb.cols >= j.k) return LtScales::row;
+    if (ga == GroupShape{1, 128} && gb == GroupShape{128, 128} && j.k % 128 == 0) return LtScales::block;
+    return LtScales::none;
+}
+
+// scale_t[kb][i] = scale[i][kb]: A's 1x128 scales as cuBLASLt's VEC128 reads them.
+__global__ void transpose_scales_kernel(const float* scale, int64_t rows, int64_t cols, float* scale_t) {
+    for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < rows * cols; e += int64_t(gridDim.x) * blockDim.x) {
+        scale_t[(e % cols) * rows + e / cols] = scale[e];
+    }
+}
+
+struct Lt {
+    cublasLtHandle_t handle = nullptr;
+    void* workspace = nullptr;
+    size_t workspace_bytes = 32u << 20;
+    std::map<std::tuple<int64_t, int64_t, int64_t, int, int, int, int>, cublasLtMatmulAlgo_t> algos;
+    std::mutex mutex;
+};
+
+Lt& lt() {
+    static Lt* l = [] {
+        auto* r = new Lt;  // lives until exit: cuBLASLt must not be torn down after the driver
+        FP8KIT_LT_CHECK(cublasLtCreate(&r->handle));
+        FP8KIT_CUDA_CHECK(cudaMalloc(&r->workspace, r->workspace_bytes));
+        return r;
+    }();
+    return *l;
+}
+
+// D^T [n, m] (column-major: D row-major) = op(B)^T-layout x A: cuBLASLt's "TN" with B as its A.
+void launch_lt(const GemmJob& j, LtScales scales, cudaStream_t s) {
+    Lt& l = lt();
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+    cublasLtMatmulPreference_t pref = nullptr;
+    struct Cleanup {
+        cublasLtMatmulDesc_t& d;
+        cublasLtMatrixLayout_t &a, &b, &c;
+        cublasLtMatmulPreference_t& p;
+        ~Cleanup() {
+            if (p) cublasLtMatmulPreferenceDestroy(p);
+            if (c) cublasLtMatrixLayoutDestroy(c);
+            if (b) cublasLtMatrixLayoutDestroy(b);
+            if (a) cublasLtMatrixLayoutDestroy(a);
+            if (d) cublasLtMatmulDescDestroy(d);
+        }
+    } cleanup{desc, la, lb, ld, pref};
+    FP8KIT_LT_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
+    FP8KIT_LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
+    FP8KIT_LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof(n)));
+    const void* scale_b = j.b.scale_inv;  // cuBLASLt's A is fp8kit's B
+    const void* scale_a = j.a.scale_inv;
+    std::shared_ptr<std::byte> a_scales_t;
+    int32_t mode_b = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F, mode_a = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+    if (scales == LtScales::row) {
+        mode_a = mode_b = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    } else if (scales == LtScales::block) {
+        mode_b = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+        mode_a = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+        const int64_t kb = j.k / 128;
+        a_scales_t = allocate(size_t(j.m * kb) * sizeof(float));
+        transpose_scales_kernel<<<blocks_for(j.m * kb, 256, 4096), 256, 0, s>>>(
+            static_cast<const float*>(j.a.scale_inv), j.m, kb, reinterpret_cast<float*>(a_scales_t.get()));
+        check_launch("transpose_scales_kernel");
+        scale_a = a_scales_t.get();
+    }
+    FP8KIT_LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_b, sizeof(mode_b)));
+    FP8KIT_LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_a, sizeof(mode_a)));
+    FP8KIT_LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_b, sizeof(scale_b)));
+    FP8KIT_LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_a, sizeof(scale_a)));
+    FP8KIT_LT_CHECK(cublasLtMatrixLayoutCreate(&la, lt_type(j.b.format), uint64_t(j.k), uint64_t(j.n), j.b.ld));
+    FP8KIT_LT_CHECK(cublasLtMatrixLayoutCreate(&lb, lt_type(j.a.format), uint64_t(j.k), uint64_t(j.m), j.a.ld));
+    FP8KIT_LT_CHECK(cublasLtMatrixLayoutCreate(&ld, lt_type(j.out_dtype), uint64_t(j.n), uint64_t(j.m), j.n));
+    cublasLtMatmulAlgo_t algo;
+    {
+        std::lock_guard<std::mutex> lock(l.mutex);
+        const auto key = std::make_tuple(j.m, j.n, j.k, int(j.a.format), int(j.b.format), int(j.out_dtype), int(scales));
+        auto it = l.algos.find(key);
+        if (it == l.algos.end()) {
+            FP8KIT_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+            FP8KIT_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                                 &l.workspace_bytes, sizeof(l.workspace_bytes)));
+            cublasLtMatmulHeuristicResult_t result{};
+            int found = 0;
+            FP8KIT_LT_CHECK(cublasLtMatmulAlgoGetHeuristic(l.handle, desc, la, lb, ld, ld, pref, 1, &result, &found));
+            if (found == 0) throw Error("fp8kit cuda: cuBLASLt has no FP8 algorithm for this GEMM (" + std::to_string(j.m) + " x " +
+                                        std::to_string(j.n) + " x " + std::to_string(j.k) + ")");
+            it = l.algos.emplace(key, result.algo).first;
+        }
+        algo = it->second;
+    }
+    const float alpha = j.alpha, beta = 0.0f;
+    FP8KIT_LT_CHECK(cublasLtMatmul(l.handle, desc, &alpha, j.b.data, la, j.a.data, lb, &beta, j.out, ld, j.out, ld, &algo,
+                                   l.workspace, l.workspace_bytes, s));
+}
+
+}  // namespace
+
+std::shared_ptr<const void> pack_weight(const ExecContext&, const GemmOperand&, int64_t, size_t* bytes) {
+    *bytes = 0;  // the kernels read B as it is ([n, k], K contiguous)
+    return nullptr;
+}
+
+void gemm(GemmJob& job) {
+    const cudaStream_t s = stream_of(job.ctx);
+    std::shared_ptr<std::byte> a_codes;  // the fused cast's A, quantized here
+    if (job.fuse != nullptr && job.k == 0) {
+        zero(job.fuse->amax, sizeof(float));  // A is [m, 0]: nothing to cast
+    } else if (job.fuse != nullptr) {
+        a_codes = allocate(size_t(job.m * job.k));
+        detail::QuantizeJob q = *job.fuse;
+        q.data = reinterpret_cast<uint8_t*>(a_codes.get());
+        quantize(q);
+        job.a.data = q.data;
+        job.a.ld = job.k;
+    }
+    const LtScales lt = job.k > 0 ? lt_scales(job) : LtScales::none;
+    if (lt != LtScales::none) {
+        launch_lt(job, lt, s);
+    } else if (job.k > 0 && mma_fits(job)) {
+        switch (job.a.format == Format::e5m2 ? 2 : job.b.format == Format::e5m2 ? 1 : 0) {
+            case 0: launch_mma<Format::e4m3fn, Format::e4m3fn>(job, s); break;
+            case 1: launch_mma<Format::e4m3fn, Format::e5m2>(job, s); break;
+            default: launch_mma<Format::e5m2, Format::e4m3fn>(job, s); break;
+        }
+    } else {
+        const dim3 grid(unsigned((job.n + simt_tile - 1) / simt_tile), unsigned((job.m + simt_tile - 1) / simt_tile));
+        gemm_simt_kernel<<<grid, 256, 0, s>>>(job);
+        check_launch("gemm_simt_kernel");
+    }
+}
+
+}  // namespace fp8kit::cuda
