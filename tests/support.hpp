@@ -17,6 +17,7 @@
 #include "fp8kit/backend.hpp"
 #include "fp8kit/error.hpp"
 #include "fp8kit/format.hpp"
+#include "fp8kit/quantize.hpp"
 #include "fp8kit/runtime.hpp"
 
 namespace fp8kit::test {
@@ -110,6 +111,40 @@ void for_each_backend(Body&& body) {
             return 0;
         });
     }
+}
+
+// Why the cuda backend cannot run here - this build has no CUDA backend, or the machine has no
+// GPU or no NVIDIA driver - or "" when it can. Any other failure (a driver that is there but
+// fails) is a test failure, not a reason to skip.
+inline std::string cuda_absent_reason() {
+    if (backend_available(Backend::cuda)) return "";
+    try {
+        (void)backend_for(Device::cuda);
+    } catch (const Error& e) {
+        const std::string m = e.what();
+        for (const char* absent : {"has no CUDA backend", "no CUDA device", "no NVIDIA driver"}) {
+            if (m.find(absent) != std::string::npos) return m;
+        }
+        ADD_FAILURE() << "the cuda backend failed: " << m;
+        return m;
+    }
+    ADD_FAILURE() << "backend_available(cuda) is false, yet backend_for(cuda) succeeds";
+    return "inconsistent";
+}
+// At the top of a cuda test: skips it, saying why, when the cuda backend is absent.
+#define FP8KIT_SKIP_WITHOUT_CUDA()                                              \
+    do {                                                                        \
+        const std::string fp8kit_absent = ::fp8kit::test::cuda_absent_reason(); \
+        if (!fp8kit_absent.empty()) GTEST_SKIP() << fp8kit_absent;              \
+    } while (0)
+
+// A QTensor with every tensor it holds copied to `device`.
+inline QTensor qtensor_to(const QTensor& q, Device device) {
+    QTensor r = q;
+    for (Tensor* t : {&r.data, &r.scale_inv, &r.amax, &r.data_t, &r.scale_inv_t}) {
+        if (t->defined()) *t = t->to(device);
+    }
+    return r;
 }
 
 // Codes agree: identical, or both NaN in format f (any NaN code is a correct NaN).

@@ -332,6 +332,63 @@ void check_gemm(const QTensor& qa, const QTensor& qb, const Product64& p, const 
     });
 }
 
+// The options of a call with C and bias on `device` (C copied contiguous).
+GemmOptions options_on(const GemmOptions& o, Device device) {
+    GemmOptions r = o;
+    if (r.c) r.c = r.c->to(device);
+    if (r.bias) r.bias = r.bias->to(device);
+    return r;
+}
+
+// The cuda backend's largest error beyond the float32 model, in units of |alpha| sum|a b|, for
+// GEMMs on its own kernels and on cuBLASLt (printed at the end of a grid test, so a log shows how
+// close each runs to its bound).
+double& cuda_worst_excess(bool lt) {
+    static double worst[2] = {0.0, 0.0};
+    return worst[lt ? 1 : 0];
+}
+
+// NUMERICS.md's rule for the GEMMs the cuda backend hands to cuBLASLt: e4m3/e5m2 operands, a plain
+// epilogue, m, n, k multiples of 16, and tensor x tensor (one scale each), row x row, or block
+// 1x128 x 128x128 with K a multiple of 128.
+bool runs_on_cublaslt(const QTensor& qa, const QTensor& qb, const GemmOptions& o) {
+    const auto tc = [](Format f) { return f == Format::e4m3fn || f == Format::e5m2; };
+    const int64_t m = qa.data.size(0), n = qb.data.size(0), k = qa.data.size(1);
+    if (!tc(qa.format()) || !tc(qb.format()) || o.c || o.bias || o.activation != Activation::none || m % 16 != 0 ||
+        n % 16 != 0 || k % 16 != 0) {
+        return false;
+    }
+    const GroupShape ga = qa.scaling.group_shape(m, k), gb = qb.scaling.group_shape(n, k);
+    if (qa.scale_inv.numel() == 1 && qb.scale_inv.numel() == 1) return true;
+    if (ga.rows == 1 && ga.cols >= k && gb.rows == 1 && gb.cols >= k) return true;
+    return ga == GroupShape{1, 128} && gb == GroupShape{128, 128} && k % 128 == 0;
+}
+
+// Runs gemm(qa, qb, call) on the cuda backend (operands, C and bias copied to the device) and
+// checks D against the float64 model. Its own kernels: the cpu bound - the tensor cores sum the
+// exact FP8 products of at most 128 of K before each promotion into float32, which the bound's
+// kgroup term pays for. The GEMMs of runs_on_cublaslt (NUMERICS.md, "Scaled GEMM"), whose FP8
+// sums keep fewer bits than float32 (DeepSeek-V3, section 3.3.2: about 14 on Hopper):
+// 2^-11 |alpha| sum|a b| more.
+void check_gemm_cuda(const QTensor& qa, const QTensor& qb, const Product64& p, const Call& call) {
+    const DType out = call.opts.out_dtype;
+    const Expect e = expect(p, call, out);
+    const Tensor got = gemm(test::qtensor_to(qa, Device::cuda), test::qtensor_to(qb, Device::cuda),
+                            options_on(call.opts, Device::cuda));
+    ASSERT_EQ(got.device(), Device::cuda);
+    const Tensor host = got.to(Device::cpu);
+    ASSERT_TRUE(is_output(host, p.m, p.n, out));
+    const std::vector<double> g = values(host);
+    const bool lt = runs_on_cublaslt(qa, qb, call.opts);
+    std::vector<double> bound = e.bound_cpu;
+    for (size_t at = 0; at < g.size(); ++at) {
+        const double scale = std::fabs(call.opts.alpha) * p.abs[at];
+        if (scale > 0) cuda_worst_excess(lt) = std::max(cuda_worst_excess(lt), (std::fabs(g[at] - e.d[at]) - e.bound_cpu[at]) / scale);
+        if (lt) bound[at] += 0x1p-11 * scale * (call.opts.activation == Activation::gelu ? max_gelu_slope : 1.0);
+    }
+    EXPECT_TRUE(within(g, e.d, bound, p.n)) << "cuda vs float64" << (lt ? " (cuBLASLt)" : "");
+}
+
 std::string fmt_name(Format a, Format b) { return std::string(to_string(a)) + " x " + std::string(to_string(b)); }
 
 struct Mnk {
@@ -392,6 +449,34 @@ TEST_P(GemmGrid, BackendsWithinTheFloat64Bound) {
             }
         }
     }
+}
+
+// The cuda backend on the same grid, and on shapes that take its tensor-core kernel through
+// several 128 x 128 tiles, K blocks and pipeline stages (K a multiple of 16), with edges cut.
+TEST_P(GemmGrid, CudaWithinTheFloat64Bound) {
+    FP8KIT_SKIP_WITHOUT_CUDA();
+    const GranCase& g = GetParam();
+    uint32_t seed = 1000;
+    std::vector<Mnk> shapes(std::begin(grid_shapes), std::end(grid_shapes));
+    for (const Mnk big : {Mnk{129, 257, 1024}, Mnk{256, 384, 2048}, Mnk{200, 136, 4096}, Mnk{64, 64, 48}}) shapes.push_back(big);
+    for (size_t si = 0; si < shapes.size(); ++si) {
+        const Mnk s = shapes[si];
+        for (size_t fi = 0; fi < std::size(format_pairs); ++fi) {
+            const Format fa = format_pairs[fi].first, fb = format_pairs[fi].second;
+            SCOPED_TRACE(std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k) + " " + fmt_name(fa, fb));
+            const QTensor qa = quantize(as_tensor(gaussian(s.m, s.k, seed), s.m, s.k, DType::f32), qopts(g.a, fa, g.power_of_two));
+            const QTensor qb = quantize(as_tensor(gaussian(s.n, s.k, seed + 1), s.n, s.k, DType::f32), qopts(g.b, fb, g.power_of_two));
+            seed += 2;
+            const Product64 p = product64(qa, qb);
+            for (size_t ei = 0; ei < std::size(epilogues); ++ei) {
+                const DType out = out_dtypes[(si + fi + ei) % std::size(out_dtypes)];
+                SCOPED_TRACE(std::string(epilogues[ei].name) + " -> " + std::string(to_string(out)));
+                check_gemm_cuda(qa, qb, p, make_call(epilogues[ei], s.m, s.n, out, seed++));
+            }
+        }
+    }
+    std::printf("[ cuda ] %s: worst error beyond the float32 model so far, in |alpha| sum|ab|: own kernels %.3g, cuBLASLt %.3g\n",
+                g.name.c_str(), cuda_worst_excess(false), cuda_worst_excess(true));
 }
 
 // Two 5-bit-exponent operands are refused (NUMERICS.md), by every backend, for these scalings.
@@ -474,6 +559,17 @@ TEST(GemmFusedCast, EqualsQuantizeThenGemmBitForBit) {
                     EXPECT_TRUE(identical(fused, unfused));
                     EXPECT_TRUE(within(values(fused), e.d, add(e.bound_cpu, e.bound_ref), n)) << "fused vs float64";
                 });
+                if (test::cuda_absent_reason().empty()) {  // cuda: x, B, bias and a given scale on the device
+                    QuantizeOptions ad = c.a;
+                    if (ad.scale.defined()) ad.scale = ad.scale.to(Device::cuda);
+                    const QTensor qbd = test::qtensor_to(qb, Device::cuda);
+                    const GemmOptions od = options_on(opts, Device::cuda);
+                    const Tensor xd = x.is_contiguous() ? x.to(Device::cuda)
+                                                        : wide.to(Device::cuda).slice(0, 2, m + 2).slice(1, 5, k + 5);
+                    const Tensor fused = gemm({xd, ad}, qbd, od).to(Device::cpu);
+                    EXPECT_TRUE(identical(fused, gemm(quantize(xd, ad), qbd, od).to(Device::cpu))) << "cuda";
+                    EXPECT_TRUE(within(values(fused), e.d, e.bound_cpu, n)) << "cuda fused vs float64";
+                }
             }
         }
     }

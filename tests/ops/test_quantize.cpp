@@ -1,6 +1,6 @@
 // tests/ops/test_quantize.cpp: every fast backend against ref for the cast operations - amax,
 // per-group amax, quantize, cast_transpose, dequantize - bit for bit (codes, scales, amax), on
-// every CPU code path, granularity, data format, input dtype and overflow mode, on shapes that
+// every CPU code path and on the cuda backend (Cuda* tests: skipped, saying why, without a GPU), granularity, data format, input dtype and overflow mode, on shapes that
 // include 1x1, 1xN, Nx1, primes, sizes that cut blocks at the edges, strided views, and sizes
 // large enough to run on several threads (where the result must not depend on the thread count).
 #include <gtest/gtest.h>
@@ -174,6 +174,56 @@ TEST_P(QuantizeGrid, CpuEqualsRefBitForBit) {
     }
 }
 
+// The cuda backend (a GPU present): the same grid, inputs and given scales on the device, every
+// result copied back and compared with ref bit for bit.
+QuantizeOptions on_device(QuantizeOptions o) {
+    if (o.scale.defined()) o.scale = o.scale.to(Device::cuda);
+    return o;
+}
+
+TEST_P(QuantizeGrid, CudaEqualsRefBitForBit) {
+    FP8KIT_SKIP_WITHOUT_CUDA();
+    const Case& c = GetParam();
+    uint32_t seed = 1;
+    for (const auto& shape : shapes) {
+        const int64_t rows = shape.first, cols = shape.second;
+        for (DType dtype : input_dtypes) {
+            for (bool specials : {false, true}) {
+                const Tensor x = make_input(rows, cols, dtype, specials, seed++);
+                const Tensor xd = x.to(Device::cuda);
+                for (Format f : data_formats) {
+                    for (Overflow o : {Overflow::saturate, Overflow::nonsaturating}) {
+                        for (bool transpose : {false, true}) {
+                            QuantizeOptions opts = c.opts;
+                            opts.format = f;
+                            opts.overflow = o;
+                            opts.transpose = transpose;
+                            SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols) + " " + std::string(to_string(dtype)) +
+                                         " " + std::string(to_string(f)) + " " + std::string(to_string(o)) +
+                                         (specials ? " nan/inf" : "") + (transpose ? " cast_transpose" : " quantize"));
+                            const QTensor ref = on_backend(Backend::ref, [&] { return quantize(x, opts); });
+                            const QTensor got = quantize(xd, on_device(opts));
+                            ASSERT_EQ(got.data.device(), Device::cuda);
+                            expect_same(test::qtensor_to(got, Device::cpu), ref);
+                            if (transpose || specials) continue;
+                            const QTensor ref_d = test::qtensor_to(ref, Device::cuda);
+                            for (DType out : input_dtypes) {
+                                const Tensor want = on_backend(Backend::ref, [&] { return dequantize(ref, out); });
+                                const Tensor back = dequantize(ref_d, out).to(Device::cpu);
+                                for (int64_t k = 0; k < want.numel(); ++k) {
+                                    const int64_t i = k / cols, j = k % cols;
+                                    ASSERT_TRUE(same_float(back.get({i, j}), want.get({i, j})))
+                                        << "dequantize to " << to_string(out) << " at " << i << "," << j;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(Granularity, QuantizeGrid, ::testing::ValuesIn(granularities()),
                          [](const auto& param_info) { return param_info.param.name; });
 
@@ -197,6 +247,45 @@ TEST(QuantizeOps, AmaxEqualsRef) {
     }
 }
 
+TEST(QuantizeOps, CudaAmaxEqualsRef) {
+    FP8KIT_SKIP_WITHOUT_CUDA();
+    for (const auto& shape : shapes) {
+        const int64_t rows = shape.first, cols = shape.second;
+        for (DType dtype : input_dtypes) {
+            for (bool specials : {false, true}) {
+                const Tensor x = make_input(rows, cols, dtype, specials, 99);
+                const Tensor xd = x.to(Device::cuda);
+                EXPECT_EQ(bits(amax(xd)), bits(on_backend(Backend::ref, [&] { return amax(x); })));
+                for (const Case& c : granularities()) {
+                    const Tensor want = on_backend(Backend::ref, [&] { return amax(x, c.opts.scaling); });
+                    EXPECT_TRUE(same_scales(amax(xd, c.opts.scaling).to(Device::cpu), want)) << c.name;
+                }
+            }
+        }
+    }
+    // A large input: amax and tensor scaling through the many-blocks-per-group path.
+    const Tensor big = make_input(2049, 3001, DType::bf16, true, 5);
+    EXPECT_EQ(bits(amax(big.to(Device::cuda))), bits(on_backend(Backend::ref, [&] { return amax(big); })));
+    const Tensor bigf = make_input(2049, 3001, DType::f32, false, 6);
+    for (const Case& c : granularities()) {
+        QuantizeOptions opts = c.opts;
+        opts.transpose = true;
+        SCOPED_TRACE(c.name + " 2049x3001");
+        expect_same(test::qtensor_to(quantize(bigf.to(Device::cuda), on_device(opts)), Device::cpu),
+                    on_backend(Backend::ref, [&] { return quantize(bigf, opts); }));
+    }
+}
+
+// NonFinite::error on the device: refused before anything is written, naming the index.
+TEST(QuantizeOps, CudaNonFiniteErrorNamesTheIndex) {
+    FP8KIT_SKIP_WITHOUT_CUDA();
+    Tensor x = make_input(40, 70, DType::f32, false, 3);
+    x.set({17, 33}, NAN);
+    QuantizeOptions o;
+    o.non_finite = NonFinite::error;
+    test::expect_error([&] { (void)quantize(x.to(Device::cuda), o); }, "NaN at index [17, 33]");
+}
+
 // Views: a column slice and a row slice of a larger matrix are read in place (row stride > cols).
 TEST(QuantizeOps, StridedViewsEqualRef) {
     const Tensor big = make_input(300, 520, DType::f32, false, 7);
@@ -208,6 +297,11 @@ TEST(QuantizeOps, StridedViewsEqualRef) {
             const QTensor contiguous = on_backend(Backend::cpu, [&] { return quantize(x.contiguous(), opts); });
             test::for_each_isa([&](Isa) { expect_same(on_backend(Backend::cpu, [&] { return quantize(x, opts); }), ref); });
             expect_same(contiguous, ref);
+            if (test::cuda_absent_reason().empty()) {  // the same views of a device copy of big, read in place
+                const Tensor bd = big.to(Device::cuda);
+                const Tensor xd = x.shape()[0] == 300 ? bd.slice(1, 3, 260) : bd.slice(0, 1, 299).slice(1, 129, 520);
+                expect_same(test::qtensor_to(quantize(xd, on_device(opts)), Device::cpu), ref);
+            }
         }
     }
 }

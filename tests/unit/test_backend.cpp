@@ -79,12 +79,37 @@ TEST(Backend, InputsOnTwoDevicesAreRefusedNamingBoth) {
     expect_error([&] { (void)gemm({g, QuantizeOptions{}}, PackedWeight(qh)); }, "A is on cuda but B is on cpu");
     // A host A into an output on the device.
     expect_error([&] { gemm({h, QuantizeOptions{}}, PackedWeight(qh), {}, g); }, "but out is on cuda");
-    // Every input on the device of a backend this build lacks: a clear error, not a crash.
-    expect_error([&] { (void)quantize(g); }, "no CUDA backend");
+    // Every input on the device of a backend this build (or machine) lacks: a clear error, not a crash.
+    if (!backend_available(Backend::cuda)) expect_error([&] { (void)quantize(g); }, "is on device cuda, but");
     // The delayed scale must be where the input is.
     QuantizeOptions o;
     o.scale = Tensor::from_external(nullptr, {host.data(), {1}, {}, DType::f32, Device::cuda, false, "scale"});
     expect_error([&] { (void)quantize(h, o); }, "x is on cpu but scale is on cuda");
+}
+
+// Device tensors (a GPU present): to() and back is the same bytes, clone() copies a strided 2-d
+// view on the device, zeros() is zero, host element access is refused, and a layer op (which the
+// cuda backend does not run yet) refuses device tensors with a clear error.
+TEST(Backend, CudaTensorsCopyAndRefuseHostAccess) {
+    FP8KIT_SKIP_WITHOUT_CUDA();
+    std::vector<float> v(6 * 7);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = float(i) * 0.5f - 3.0f;
+    const Tensor h = Tensor::from(v, {6, 7});
+    const Tensor d = h.to(Device::cuda);
+    EXPECT_EQ(d.device(), Device::cuda);
+    EXPECT_EQ(backend_for(d.device()), Backend::cuda);
+    const Tensor back = d.to(Device::cpu);
+    EXPECT_EQ(std::memcmp(back.data<const float>(), v.data(), v.size() * 4), 0);
+    const Tensor view = d.slice(0, 1, 5).slice(1, 2, 6).clone().to(Device::cpu);
+    for (int64_t i = 0; i < 4; ++i) {
+        for (int64_t j = 0; j < 4; ++j) EXPECT_EQ(view.get({i, j}), h.get({i + 1, j + 2}));
+    }
+    const Tensor z = Tensor::zeros({3, 5}, DType::bf16, Device::cuda).to(Device::cpu);
+    for (int64_t i = 0; i < 15; ++i) EXPECT_EQ(z.get({i / 5, i % 5}), 0.0f);
+    expect_error([&] { (void)d.get({0, 0}); }, "not in host memory");
+    expect_error([&] { (void)d.transpose().clone(); }, "copy it to the host first");
+    const Tensor out = Tensor::empty({6, 7}, DType::f32, Device::cuda);
+    expect_error([&] { gelu_forward(out, d); }, "on cuda, expected an f32 or f64 host tensor");
 }
 
 TEST(Tensor, ReadOnlyMemoryIsReadableAndRefusesWritesNamingTheTensor) {
