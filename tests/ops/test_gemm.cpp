@@ -430,35 +430,10 @@ std::vector<GranCase> gran_cases() {
 // with the output type rotating so that each epilogue meets each output type.
 class GemmGrid : public ::testing::TestWithParam<GranCase> {};
 
-TEST_P(GemmGrid, BackendsWithinTheFloat64Bound) {
-    const GranCase& g = GetParam();
+// Calls check(qa, qb, product64, call) for every shape x format pair x epilogue of the grid.
+template <class Check>
+void run_grid(const GranCase& g, const std::vector<Mnk>& shapes, Check&& check) {
     uint32_t seed = 1000;
-    for (size_t si = 0; si < std::size(grid_shapes); ++si) {
-        const Mnk s = grid_shapes[si];
-        for (size_t fi = 0; fi < std::size(format_pairs); ++fi) {
-            const Format fa = format_pairs[fi].first, fb = format_pairs[fi].second;
-            SCOPED_TRACE(std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k) + " " + fmt_name(fa, fb));
-            const QTensor qa = quantize(as_tensor(gaussian(s.m, s.k, seed), s.m, s.k, DType::f32), qopts(g.a, fa, g.power_of_two));
-            const QTensor qb = quantize(as_tensor(gaussian(s.n, s.k, seed + 1), s.n, s.k, DType::f32), qopts(g.b, fb, g.power_of_two));
-            seed += 2;
-            const Product64 p = product64(qa, qb);
-            for (size_t ei = 0; ei < std::size(epilogues); ++ei) {
-                const DType out = out_dtypes[(si + fi + ei) % std::size(out_dtypes)];
-                SCOPED_TRACE(std::string(epilogues[ei].name) + " -> " + std::string(to_string(out)));
-                check_gemm(qa, qb, p, make_call(epilogues[ei], s.m, s.n, out, seed++));
-            }
-        }
-    }
-}
-
-// The cuda backend on the same grid, and on shapes that take its tensor-core kernel through
-// several 128 x 128 tiles, K blocks and pipeline stages (K a multiple of 16), with edges cut.
-TEST_P(GemmGrid, CudaWithinTheFloat64Bound) {
-    FP8KIT_SKIP_WITHOUT_CUDA();
-    const GranCase& g = GetParam();
-    uint32_t seed = 1000;
-    std::vector<Mnk> shapes(std::begin(grid_shapes), std::end(grid_shapes));
-    for (const Mnk big : {Mnk{129, 257, 1024}, Mnk{256, 384, 2048}, Mnk{200, 136, 4096}, Mnk{64, 64, 48}}) shapes.push_back(big);
     for (size_t si = 0; si < shapes.size(); ++si) {
         const Mnk s = shapes[si];
         for (size_t fi = 0; fi < std::size(format_pairs); ++fi) {
@@ -471,10 +446,24 @@ TEST_P(GemmGrid, CudaWithinTheFloat64Bound) {
             for (size_t ei = 0; ei < std::size(epilogues); ++ei) {
                 const DType out = out_dtypes[(si + fi + ei) % std::size(out_dtypes)];
                 SCOPED_TRACE(std::string(epilogues[ei].name) + " -> " + std::string(to_string(out)));
-                check_gemm_cuda(qa, qb, p, make_call(epilogues[ei], s.m, s.n, out, seed++));
+                check(qa, qb, p, make_call(epilogues[ei], s.m, s.n, out, seed++));
             }
         }
     }
+}
+
+TEST_P(GemmGrid, BackendsWithinTheFloat64Bound) {
+    run_grid(GetParam(), {std::begin(grid_shapes), std::end(grid_shapes)}, check_gemm);
+}
+
+// The cuda backend on the same grid, and on shapes that take its tensor-core kernels through
+// several 128 x 128 tiles, K blocks and pipeline stages (K a multiple of 16), with edges cut.
+TEST_P(GemmGrid, CudaWithinTheFloat64Bound) {
+    FP8KIT_SKIP_WITHOUT_CUDA();
+    const GranCase& g = GetParam();
+    std::vector<Mnk> shapes(std::begin(grid_shapes), std::end(grid_shapes));
+    for (const Mnk big : {Mnk{129, 257, 1024}, Mnk{256, 384, 2048}, Mnk{200, 136, 4096}, Mnk{64, 64, 48}}) shapes.push_back(big);
+    run_grid(g, shapes, check_gemm_cuda);
     std::printf("[ cuda ] %s: worst error beyond the float32 model so far, in |alpha| sum|ab|: own kernels %.3g, cuBLASLt %.3g\n",
                 g.name.c_str(), cuda_worst_excess(false), cuda_worst_excess(true));
 }

@@ -129,11 +129,13 @@ void expect_same(const QTensor& got, const QTensor& ref) {
 constexpr Format data_formats[] = {Format::e4m3fn, Format::e5m2, Format::e4m3fnuz, Format::e5m2fnuz};
 constexpr DType input_dtypes[] = {DType::f32, DType::bf16, DType::f16};
 
-// The whole grid for one granularity (one ctest test each, so they run in parallel).
+// The whole grid for one granularity (one ctest test each, so they run in parallel): calls
+// check(x, opts, ref, dequantize_too) for every shape x dtype x NaN/Inf x format x overflow x
+// quantize / cast_transpose, with ref's result (dequantize checked on the finite quantizes).
 class QuantizeGrid : public ::testing::TestWithParam<Case> {};
 
-TEST_P(QuantizeGrid, CpuEqualsRefBitForBit) {
-    const Case& c = GetParam();
+template <class Check>
+void run_grid(const Case& c, Check&& check) {
     uint32_t seed = 1;
     for (const auto& shape : shapes) {
         const int64_t rows = shape.first, cols = shape.second;  // (clang 14: lambdas cannot capture bindings)
@@ -150,28 +152,33 @@ TEST_P(QuantizeGrid, CpuEqualsRefBitForBit) {
                             SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols) + " " + std::string(to_string(dtype)) +
                                          " " + std::string(to_string(f)) + " " + std::string(to_string(o)) +
                                          (specials ? " nan/inf" : "") + (transpose ? " cast_transpose" : " quantize"));
-                            const QTensor ref = on_backend(Backend::ref, [&] { return quantize(x, opts); });
-                            test::for_each_isa([&](Isa) {
-                                expect_same(on_backend(Backend::cpu, [&] { return quantize(x, opts); }), ref);
-                            });
-                            if (transpose || specials) continue;
-                            for (DType out : input_dtypes) {
-                                const Tensor want = on_backend(Backend::ref, [&] { return dequantize(ref, out); });
-                                test::for_each_isa([&](Isa) {
-                                    const Tensor got = on_backend(Backend::cpu, [&] { return dequantize(ref, out); });
-                                    for (int64_t k = 0; k < want.numel(); ++k) {
-                                        const int64_t i = k / cols, j = k % cols;
-                                        ASSERT_TRUE(same_float(got.get({i, j}), want.get({i, j})))
-                                            << "dequantize to " << to_string(out) << " at " << i << "," << j;
-                                    }
-                                });
-                            }
+                            check(x, opts, on_backend(Backend::ref, [&] { return quantize(x, opts); }), !transpose && !specials);
                         }
                     }
                 }
             }
         }
     }
+}
+
+// Every element of a dequantized tensor equals ref's, bit for bit.
+void expect_same_values(const Tensor& got, const Tensor& want, DType out) {
+    const int64_t cols = want.size(-1);
+    for (int64_t k = 0; k < want.numel(); ++k) {
+        const int64_t i = k / cols, j = k % cols;
+        ASSERT_TRUE(same_float(got.get({i, j}), want.get({i, j}))) << "dequantize to " << to_string(out) << " at " << i << "," << j;
+    }
+}
+
+TEST_P(QuantizeGrid, CpuEqualsRefBitForBit) {
+    run_grid(GetParam(), [](const Tensor& x, const QuantizeOptions& opts, const QTensor& ref, bool dequantize_too) {
+        test::for_each_isa([&](Isa) { expect_same(on_backend(Backend::cpu, [&] { return quantize(x, opts); }), ref); });
+        if (!dequantize_too) return;
+        for (DType out : input_dtypes) {
+            const Tensor want = on_backend(Backend::ref, [&] { return dequantize(ref, out); });
+            test::for_each_isa([&](Isa) { expect_same_values(on_backend(Backend::cpu, [&] { return dequantize(ref, out); }), want, out); });
+        }
+    });
 }
 
 // The cuda backend (a GPU present): the same grid, inputs and given scales on the device, every
@@ -183,45 +190,16 @@ QuantizeOptions on_device(QuantizeOptions o) {
 
 TEST_P(QuantizeGrid, CudaEqualsRefBitForBit) {
     FP8KIT_SKIP_WITHOUT_CUDA();
-    const Case& c = GetParam();
-    uint32_t seed = 1;
-    for (const auto& shape : shapes) {
-        const int64_t rows = shape.first, cols = shape.second;
-        for (DType dtype : input_dtypes) {
-            for (bool specials : {false, true}) {
-                const Tensor x = make_input(rows, cols, dtype, specials, seed++);
-                const Tensor xd = x.to(Device::cuda);
-                for (Format f : data_formats) {
-                    for (Overflow o : {Overflow::saturate, Overflow::nonsaturating}) {
-                        for (bool transpose : {false, true}) {
-                            QuantizeOptions opts = c.opts;
-                            opts.format = f;
-                            opts.overflow = o;
-                            opts.transpose = transpose;
-                            SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols) + " " + std::string(to_string(dtype)) +
-                                         " " + std::string(to_string(f)) + " " + std::string(to_string(o)) +
-                                         (specials ? " nan/inf" : "") + (transpose ? " cast_transpose" : " quantize"));
-                            const QTensor ref = on_backend(Backend::ref, [&] { return quantize(x, opts); });
-                            const QTensor got = quantize(xd, on_device(opts));
-                            ASSERT_EQ(got.data.device(), Device::cuda);
-                            expect_same(test::qtensor_to(got, Device::cpu), ref);
-                            if (transpose || specials) continue;
-                            const QTensor ref_d = test::qtensor_to(ref, Device::cuda);
-                            for (DType out : input_dtypes) {
-                                const Tensor want = on_backend(Backend::ref, [&] { return dequantize(ref, out); });
-                                const Tensor back = dequantize(ref_d, out).to(Device::cpu);
-                                for (int64_t k = 0; k < want.numel(); ++k) {
-                                    const int64_t i = k / cols, j = k % cols;
-                                    ASSERT_TRUE(same_float(back.get({i, j}), want.get({i, j})))
-                                        << "dequantize to " << to_string(out) << " at " << i << "," << j;
-                                }
-                            }
-                        }
-                    }
-                }
-            }
+    run_grid(GetParam(), [](const Tensor& x, const QuantizeOptions& opts, const QTensor& ref, bool dequantize_too) {
+        const QTensor got = quantize(x.to(Device::cuda), on_device(opts));
+        ASSERT_EQ(got.data.device(), Device::cuda);
+        expect_same(test::qtensor_to(got, Device::cpu), ref);
+        if (!dequantize_too) return;
+        const QTensor ref_d = test::qtensor_to(ref, Device::cuda);
+        for (DType out : input_dtypes) {
+            expect_same_values(dequantize(ref_d, out).to(Device::cpu), on_backend(Backend::ref, [&] { return dequantize(ref, out); }), out);
         }
-    }
+    });
 }
 
 INSTANTIATE_TEST_SUITE_P(Granularity, QuantizeGrid, ::testing::ValuesIn(granularities()),
