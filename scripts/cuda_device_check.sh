@@ -1,7 +1,8 @@
 #!/bin/sh
 # scripts/cuda_device_check.sh: what only a GPU can check, in one command (issue 20's device runs):
 # the cuda tests of tests/ops against ref (every other test already runs in CI), compute-sanitizer's
-# memcheck and racecheck on a shorter selection of them, and the benchmarks of bench/bench_cuda.sh.
+# memcheck and racecheck on a shorter selection of them, and the benchmarks (bench_gemm_cuda, then
+# bench/bench_gemm_cuda_torch.py on the same shapes).
 # Usage: scripts/cuda_device_check.sh BIN_DIR OUT_DIR [tests|sanitize|bench]...
 #   BIN_DIR holds test_quantize_ops, test_gemm_ops, test_format_device and bench_gemm_cuda (built by
 #   the release preset on any machine with nvcc: bin/ of tests/ and bench/); logs go to OUT_DIR.
