@@ -138,6 +138,14 @@ inline std::string cuda_absent_reason() {
         if (!fp8kit_absent.empty()) GTEST_SKIP() << fp8kit_absent;              \
     } while (0)
 
+// For a test with a cuda part beside its host checks: true when the cuda backend can run; else it
+// prints which part did not run and why (a failing driver fails the test, as cuda_absent_reason).
+inline bool cuda_part_runs(const char* part) {
+    const std::string absent = cuda_absent_reason();
+    if (!absent.empty()) std::printf("[ cuda ] %s: not run here: %s\n", part, absent.c_str());
+    return absent.empty();
+}
+
 // A QTensor with every tensor it holds copied to `device`.
 inline QTensor qtensor_to(const QTensor& q, Device device) {
     QTensor r = q;
