@@ -49,8 +49,8 @@ inline float from_bits(uint32_t b) {
 }
 
 // The code paths for_each_isa ran in this process; printed when the test program ends, with the
-// paths it did not run and why (the CPU lacks them, or FP8KIT_ISA picked one), so a log shows
-// which ISA paths a run covered.
+// GEMM kernels each path ran (gemm_kernels_name()), the paths and GEMM kernels it did not run and
+// why (the CPU lacks them, or FP8KIT_ISA picked one), so a log shows which paths a run covered.
 inline std::set<Isa>& isas_run() {
     static std::set<Isa> run;
     return run;
@@ -60,12 +60,25 @@ public:
     void TearDown() override {
         if (isas_run().empty()) return;  // this program has no per-path tests
         std::string ran, lacked, not_picked;
+        std::set<std::string> kernels_not_run = {"amx", "avx512-bf16", "avx2", "portable"};
+        const Isa saved = active_isa();
         for (Isa isa : {Isa::portable, Isa::avx2, Isa::avx512}) {
-            std::string& list = isas_run().count(isa) ? ran : !cpu_supports(isa) ? lacked : not_picked;
+            const bool was_run = isas_run().count(isa) != 0;
+            std::string& list = was_run ? ran : !cpu_supports(isa) ? lacked : not_picked;
             list += (list.empty() ? "" : ", ") + std::string(to_string(isa));
+            if (!was_run) continue;
+            set_isa(isa);
+            const std::string kernels(gemm_kernels_name());
+            kernels_not_run.erase(kernels);
+            list += " (GEMM kernels " + kernels + ")";
         }
-        std::printf("[ ISA paths ] ran: %s; skipped, this CPU lacks them: %s; not run, FP8KIT_ISA chose another: %s\n",
-                    ran.c_str(), lacked.empty() ? "none" : lacked.c_str(), not_picked.empty() ? "none" : not_picked.c_str());
+        set_isa(saved);
+        std::string kernels;
+        for (const std::string& k : kernels_not_run) kernels += (kernels.empty() ? "" : ", ") + k;
+        std::printf("[ ISA paths ] ran: %s; skipped, this CPU lacks them: %s; not run, FP8KIT_ISA chose another: %s; "
+                    "GEMM kernels not run (this CPU, build or FP8KIT_ISA): %s\n",
+                    ran.c_str(), lacked.empty() ? "none" : lacked.c_str(), not_picked.empty() ? "none" : not_picked.c_str(),
+                    kernels.empty() ? "none" : kernels.c_str());
     }
 };
 inline ::testing::Environment* const isa_coverage_report = ::testing::AddGlobalTestEnvironment(new IsaCoverageReport);

@@ -23,6 +23,10 @@ Isa active_isa();                          // resolves FP8KIT_ISA on first call
 // Switch paths at run time (benchmarks and tests compare them in one process). Not meant to
 // race with conversions running on other threads. Throws fp8kit::Error if unsupported.
 void set_isa(Isa isa);
+// The cpu backend's GEMM kernels on the active path: "amx" (AMX tiles), "avx512-bf16" (VDPBF16PS,
+// on avx512 CPUs without AMX: Zen 4, Zen 5), "avx2" (float32 FMA tiles, also on avx512 CPUs
+// without AVX512-BF16 and VBMI) or "portable" - for logs and benchmark reports.
+std::string_view gemm_kernels_name();
 
 // Threads used by bulk operations (default: OpenMP's default, normally one per core).
 void set_num_threads(int n);  // n >= 1, else fp8kit::Error

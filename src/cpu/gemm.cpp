@@ -20,6 +20,7 @@
 #include "core/ops.hpp"
 #include "cpu/gemm_kernels.hpp"
 #include "cpu/parallel.hpp"
+#include "fp8kit/runtime.hpp"
 
 namespace fp8kit::cpu {
 
@@ -93,7 +94,7 @@ void block_portable(int mi, int nj, const uint16_t* a, int64_t lda, const void* 
 
 constexpr GemmKernels portable_kernels{&expand_portable, &widen_bf16<&expand_portable>, 2, &block_portable,
                                        &promote_loop, &no_tile_state, &no_tile_state, nullptr, 0,
-                                       &matmul_f32_portable};
+                                       &matmul_f32_portable, "portable"};
 
 // ---- packing A ----
 
@@ -297,6 +298,9 @@ const ExpandTable& expand_table(Format f) {
 #if !defined(FP8KIT_AMX_KERNELS)
 const GemmKernels* amx_gemm_kernels() { return nullptr; }
 #endif
+#if !defined(FP8KIT_AVX512_KERNELS)
+const GemmKernels* avx512_gemm_kernels() { return nullptr; }
+#endif
 #if !defined(FP8KIT_X86_KERNELS)
 const GemmKernels* avx2_gemm_kernels() { return nullptr; }
 #endif
@@ -304,9 +308,16 @@ const GemmKernels* avx2_gemm_kernels() { return nullptr; }
 const GemmKernels& gemm_kernels() {
     const Isa isa = active_isa();
     const GemmKernels* amx = isa == Isa::avx512 ? amx_gemm_kernels() : nullptr;
+    const GemmKernels* bf16 = isa == Isa::avx512 ? avx512_gemm_kernels() : nullptr;
     const GemmKernels* avx2 = isa != Isa::portable ? avx2_gemm_kernels() : nullptr;
-    return amx != nullptr ? *amx : avx2 != nullptr ? *avx2 : portable_kernels;
+    return amx != nullptr ? *amx : bf16 != nullptr ? *bf16 : avx2 != nullptr ? *avx2 : portable_kernels;
 }
+
+}  // namespace fp8kit::cpu
+
+std::string_view fp8kit::gemm_kernels_name() { return cpu::gemm_kernels().name; }
+
+namespace fp8kit::cpu {
 
 std::shared_ptr<const void> pack_weight(const ExecContext&, const GemmOperand& b, int64_t kgroup, size_t* bytes) {
     auto p = std::make_shared<PackedB>(PackedB{b.rows, (b.rows + gemm_tile - 1) / gemm_tile, KLayout(b.k, kgroup),

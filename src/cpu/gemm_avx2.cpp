@@ -17,15 +17,6 @@
 #include "cpu/gemm_kernels.hpp"
 #include "cpu/matmul_kernel.hpp"
 
-// Loop unrolling asked of GCC and clang (both read `#pragma GCC unroll`); other compilers
-// choose themselves, and would warn about the unknown pragma.
-#if defined(__GNUC__)
-#define FP8KIT_PRAGMA(x) _Pragma(#x)
-#define FP8KIT_UNROLL(n) FP8KIT_PRAGMA(GCC unroll n)
-#else
-#define FP8KIT_UNROLL(n)
-#endif
-
 namespace fp8kit::cpu {
 
 namespace {
@@ -389,7 +380,7 @@ void expand_avx2(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t
 // FMA speed. 4 is an estimate of where the two meet, not a measured crossover: bench_gemm's M = 1
 // (small kernel) and M = 16 (tiles) rows bracket it (docs/PERF.md).
 constexpr GemmKernels avx2_kernels{&expand_avx2, &widen_b_avx2, 4, &block_avx2, &promote_loop, &begin_avx2,
-                                    &no_tile_state, &small_avx2, 4, &matmul_f32_avx2};
+                                    &no_tile_state, &small_avx2, 4, &matmul_f32_avx2, "avx2"};
 
 }  // namespace
 

@@ -1,7 +1,8 @@
 // src/cpu/gemm_kernels.hpp: the packed operand layouts of the cpu GEMM and the kernel table
 // that computes on them: Intel AMX tiles (src/cpu/gemm_amx.cpp) where the CPU and OS allow,
-// AVX2 + FMA float32 tiles (src/cpu/gemm_avx2.cpp) on other x86-64 CPUs, a portable float32
-// kernel (src/cpu/gemm.cpp) elsewhere. All are checked against the reference backend by
+// AVX512-BF16 dot products (src/cpu/gemm_avx512.cpp) on CPUs that have them without AMX (Zen 4,
+// Zen 5), AVX2 + FMA float32 tiles (src/cpu/gemm_avx2.cpp) on other x86-64 CPUs, a portable
+// float32 kernel (src/cpu/gemm.cpp) elsewhere. All are checked against the reference backend by
 // tests/ops/test_gemm.cpp, on every ISA path.
 //
 // Why bf16: every e4m3 / e5m2 value is exact in bf16, and the product of two of them is exact
@@ -18,6 +19,16 @@
 #include <vector>
 
 #include "fp8kit/format.hpp"
+
+// Loop unrolling asked of GCC and clang (both read `#pragma GCC unroll`); other compilers
+// choose themselves, and would warn about the unknown pragma. The kernels' accumulator arrays
+// stay in registers only when their loops are unrolled.
+#if defined(__GNUC__)
+#define FP8KIT_PRAGMA(x) _Pragma(#x)
+#define FP8KIT_UNROLL(n) FP8KIT_PRAGMA(GCC unroll n)
+#else
+#define FP8KIT_UNROLL(n)
+#endif
 
 namespace fp8kit::cpu {
 
@@ -100,6 +111,7 @@ struct GemmKernels {
     // order (src/cpu/matmul_kernel.hpp; on AVX2 the FP8 tiles' float32 kernel).
     void (*matmul_f32)(float* c, const float* a, bool ta, const float* b, bool tb, int64_t m, int64_t n, int64_t k,
                        bool accumulate);
+    const char* name;  // what gemm_kernels_name() reports: amx, avx512-bf16, avx2, portable
 };
 
 // The float32 matmul built with portable flags (src/cpu/matmul.cpp) and with AVX2 + FMA
@@ -137,11 +149,18 @@ inline void no_tile_state() {}
 
 }  // namespace
 
-// AMX where the active ISA is avx512 and AMX is usable, else AVX2 on the avx2 and avx512 paths,
-// else the portable kernels. The one ISA dispatch of the cpu backend's GEMM engine: the FP8 GEMM
+// The widening and small-M kernel of src/cpu/gemm_avx512.cpp, which the AMX kernels share: built
+// with AVX-512 flags, called only where avx512_gemm_kernels() is not null (AVX512-VBMI and -BF16).
+void expand_vbmi(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t* out);
+void small_bf16(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,
+                const float* sa, const ExpandTable& t, float* acc, int64_t ldacc);
+
+// On the avx512 path: AMX where it is usable, else AVX512-BF16 where the CPU has it (and VBMI);
+// AVX2 on the avx2 path and on the avx512 path of CPUs with neither; else the portable kernels. The one ISA dispatch of the cpu backend's GEMM engine: the FP8 GEMM
 // and the float32 matmul of the layer ops both take their kernels from here.
 const GemmKernels& gemm_kernels();
-const GemmKernels* amx_gemm_kernels();   // null where AMX cannot run (CPU, OS or build)
+const GemmKernels* amx_gemm_kernels();     // null where AMX cannot run (CPU, OS or build)
+const GemmKernels* avx512_gemm_kernels();  // null without AVX512-BF16 and -VBMI (CPU or build)
 const GemmKernels* avx2_gemm_kernels();  // null where the build has no x86 kernels
 
 }  // namespace fp8kit::cpu

@@ -1,0 +1,218 @@
+// src/cpu/gemm_avx512.cpp: the GEMM kernels on AVX-512 with BF16 (VDPBF16PS) and VBMI, for the
+// x86-64 CPUs that have them but no AMX tiles: AMD Zen 4 and Zen 5, Intel Cooper Lake (no VBMI
+// there: it takes the AVX2 kernels). Also the byte-table widening and the small-M kernel that
+// the AMX kernels (src/cpu/gemm_amx.cpp) share. Built with -mavx512{f,bw,vl,vbmi,bf16}; chosen at
+// run time on the avx512 path when cpuid reports AVX512-BF16 and AVX512-VBMI and AMX cannot run.
+// Checked against the reference backend and float64 by tests/ops/test_gemm.cpp (the avx512 ISA
+// path on such a CPU).
+//
+// Why the numbers are the tiles': every FP8 value is exact in bf16, and the product of two is
+// exact in float32 (at most 4 x 4 significant bits), so VDPBF16PS adds exact products of a K
+// pair to a float32 lane - the sum TDPBF16PS forms - at twice the products per instruction of a
+// float32 FMA. It flushes subnormal inputs and results to zero: no FP8 value is subnormal as a
+// bf16, no product of two is subnormal in float32 (the smallest, 2^-17 * 2^-17 of e5m2fnuz, is
+// 2^-34), and a float32 sum of them is a multiple of that smallest product, so never subnormal.
+#include <immintrin.h>
+
+#include <cpuid.h>
+
+#include <bit>
+#include <cstring>
+
+#include "cpu/gemm_kernels.hpp"
+
+namespace fp8kit::cpu {
+
+namespace {
+
+// ---- widening: 64 codes per step, four 128-entry byte lookups (VPERMI2B) ----
+// The low and high bytes of each bf16 are looked up separately and interleaved with
+// VPUNPCK[LH]BW, which works within 128-bit lanes; the codes are first permuted so that the
+// interleaved words come out in order.
+struct Widen {
+    __m512i perm, lo[4], hi[4];
+    explicit Widen(const ExpandTable& t) {
+        alignas(64) static const uint8_t order[64] = {
+            0,  1,  2,  3,  4,  5,  6,  7,  32, 33, 34, 35, 36, 37, 38, 39, 8,  9,  10, 11, 12, 13,
+            14, 15, 40, 41, 42, 43, 44, 45, 46, 47, 16, 17, 18, 19, 20, 21, 22, 23, 48, 49, 50, 51,
+            52, 53, 54, 55, 24, 25, 26, 27, 28, 29, 30, 31, 56, 57, 58, 59, 60, 61, 62, 63};
+        perm = _mm512_load_si512(order);
+        for (int i = 0; i < 4; ++i) {
+            lo[i] = _mm512_load_si512(t.lo + 64 * i);
+            hi[i] = _mm512_load_si512(t.hi + 64 * i);
+        }
+    }
+    // bf16 of codes[0..32) into w0, of codes[32..64) into w1.
+    void operator()(const uint8_t* codes, __m512i& w0, __m512i& w1) const {
+        const __m512i x = _mm512_permutexvar_epi8(perm, _mm512_loadu_si512(codes));
+        const __mmask64 upper = _mm512_movepi8_mask(x);  // codes >= 128
+        const __m512i l = _mm512_mask_blend_epi8(upper, _mm512_permutex2var_epi8(lo[0], x, lo[1]),
+                                                 _mm512_permutex2var_epi8(lo[2], x, lo[3]));
+        const __m512i h = _mm512_mask_blend_epi8(upper, _mm512_permutex2var_epi8(hi[0], x, hi[1]),
+                                                 _mm512_permutex2var_epi8(hi[2], x, hi[3]));
+        w0 = _mm512_unpacklo_epi8(l, h);
+        w1 = _mm512_unpackhi_epi8(l, h);
+    }
+};
+
+}  // namespace
+
+void expand_vbmi(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t* out) {
+    const Widen widen(t);
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __m512i w0, w1;
+        widen(codes + i, w0, w1);
+        _mm512_storeu_si512(out + i, w0);
+        _mm512_storeu_si512(out + i + 32, w1);
+    }
+    for (; i < n; ++i) out[i] = t.bf16[codes[i]];
+}
+
+namespace {
+
+// ---- small M: AVX512-BF16 dot products of bf16 pairs on codes widened in registers ----
+// A 64-code line of a packed strip holds two K pairs p, p + 1 for the strip's 16 columns (byte
+// 32 p + 2 c + e); widened, each is 16 lanes of (B[c, 2p], B[c, 2p + 1]), and VDPBF16PS adds
+// A[r, 2p] B[c, 2p] + A[r, 2p + 1] B[c, 2p + 1] to lane c with the A pair broadcast. Two
+// accumulators per row (even and odd lines) halve the dependency chain. VDPBF16PS flushes
+// subnormal products to zero; a product of two FP8 values as bf16 is never subnormal in float32
+// (the smallest, 2^-16 * 2^-9, is 2^-25).
+template <int R>
+void small_rows(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1, const float* sa,
+                const ExpandTable& t, float* acc, int64_t ldacc) {
+    const KLayout& kl = b.kl;
+    const int64_t cpg = kl.chunks_per_group();
+    const bool one_group = kl.groups == 1;
+    const Widen widen(t);
+    for (int64_t s = s0; s < s1; ++s) {
+        const uint8_t* codes = b.strip(s);
+        __m512 total[R];
+        for (int64_t g = 0; g < kl.groups; ++g) {
+            __m512 even[R], odd[R];
+            for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm512_setzero_ps();
+            for (int64_t q = g * cpg; q < (g + 1) * cpg; ++q) {
+                const uint8_t* chunk = codes + q * gemm_chunk_codes;
+                for (int l = 0; l < gemm_chunk_codes / 64; ++l) {
+                    __m512i w0, w1;
+                    widen(chunk + 64 * l, w0, w1);
+                    for (int r = 0; r < R; ++r) {
+                        const uint16_t* ap = a + r * lda + q * gemm_chunk + 4 * l;  // K pairs 2l, 2l + 1
+                        int32_t p0, p1;
+                        std::memcpy(&p0, ap, 4);
+                        std::memcpy(&p1, ap + 2, 4);
+                        even[r] = _mm512_dpbf16_ps(even[r], std::bit_cast<__m512bh>(_mm512_set1_epi32(p0)),
+                                                   std::bit_cast<__m512bh>(w0));
+                        odd[r] = _mm512_dpbf16_ps(odd[r], std::bit_cast<__m512bh>(_mm512_set1_epi32(p1)),
+                                                  std::bit_cast<__m512bh>(w1));
+                    }
+                }
+            }
+            const __m512 sb = _mm512_loadu_ps(b.scales.data() + g * b.strips * gemm_tile + s * gemm_tile);
+            for (int r = 0; r < R; ++r) {
+                const __m512 part = _mm512_add_ps(even[r], odd[r]);
+                if (one_group) {
+                    total[r] = part;  // scaled in the epilogue
+                } else {
+                    const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(sa[r * kl.groups + g]), sb);
+                    total[r] = g == 0 ? _mm512_mul_ps(part, scale) : _mm512_fmadd_ps(part, scale, total[r]);
+                }
+            }
+        }
+        for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc + r * ldacc + (s - s0) * gemm_tile, total[r]);
+    }
+}
+
+}  // namespace
+
+void small_bf16(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,
+                const float* sa, const ExpandTable& t, float* acc, int64_t ldacc) {
+    if (rows == 1) return small_rows<1>(a, lda, b, s0, s1, sa, t, acc, ldacc);
+    small_rows<2>(a, lda, b, s0, s1, sa, t, acc, ldacc);
+}
+
+namespace {
+
+// The small-M kernel for M <= 2: each row costs it two VDPBF16PS per 64 codes on top of the
+// widening, so past 2 rows the tiles win even with their widened copy of B (measured with
+// bench_gemm on a Xeon with AMX: M = 3 and 4 ran 20% and 60% slower than on the tiles).
+constexpr int64_t avx512_small_m_max = 2;
+
+// ---- tiles: an R x 16 NJ block of C in zmm accumulators, over K pairs of a bf16 window ----
+// The window's strip t is at b + t * b_strip; its K pair P is one 64-byte row, lane c holding
+// (B[c, 2P], B[c, 2P + 1]) (the codes' pair order, widened). A row's pair (A[r, 2P], A[r, 2P + 1])
+// is one 32-bit broadcast. R x NJ = 16 accumulators: VDPBF16PS has a latency of about 6 cycles
+// and two issue per cycle on Zen 5, so 12 or more independent chains keep it busy; the R
+// broadcasts and NJ loads per pair (10 or 17 loads per 16 VDPBF16PS) stay within two loads a cycle.
+template <int R, int NJ>
+void micro(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t b_strip, int64_t pairs, float* c,
+           int64_t ldc, bool accumulate) {
+    __m512 acc[R][NJ];
+    FP8KIT_UNROLL(16)
+    for (int r = 0; r < R; ++r) {
+        FP8KIT_UNROLL(2)
+        for (int j = 0; j < NJ; ++j) acc[r][j] = accumulate ? _mm512_loadu_ps(c + r * ldc + j * gemm_tile) : _mm512_setzero_ps();
+    }
+    FP8KIT_UNROLL(2)
+    for (int64_t p = 0; p < pairs; ++p) {
+        __m512bh bv[NJ];
+        FP8KIT_UNROLL(2)
+        for (int j = 0; j < NJ; ++j) bv[j] = std::bit_cast<__m512bh>(_mm512_loadu_si512(b + j * b_strip + 2 * gemm_tile * p));
+        FP8KIT_UNROLL(16)
+        for (int r = 0; r < R; ++r) {
+            int32_t two;
+            std::memcpy(&two, a + r * lda + 2 * p, 4);
+            const __m512bh av = std::bit_cast<__m512bh>(_mm512_set1_epi32(two));
+            FP8KIT_UNROLL(2)
+            for (int j = 0; j < NJ; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], av, bv[j]);
+        }
+    }
+    FP8KIT_UNROLL(16)
+    for (int r = 0; r < R; ++r) {
+        FP8KIT_UNROLL(2)
+        for (int j = 0; j < NJ; ++j) _mm512_storeu_ps(c + r * ldc + j * gemm_tile, acc[r][j]);
+    }
+}
+
+// K is swept in slices of 256: two strips' slice of B (16 KiB) and the block's rows of A (16 KiB)
+// stay in L1 while every row group passes; the accumulators go through c between slices, which
+// keeps each element's pairs added in K order.
+void block_avx512(int mi, int nj, const uint16_t* a, int64_t lda, const void* bw, int64_t b_strip, int64_t chunks,
+                  float* c, int64_t ldc, bool accumulate) {
+    constexpr int64_t slice = 8 * gemm_chunk;
+    const auto* b = static_cast<const uint16_t*>(bw);
+    const int64_t rows = mi * gemm_tile, kn = chunks * gemm_chunk;
+    for (int64_t k0 = 0; k0 < kn; k0 += slice) {
+        const int64_t pairs = std::min(slice, kn - k0) / 2;
+        const bool add = accumulate || k0 > 0;
+        const uint16_t* bk = b + k0 * gemm_tile;  // K pair k0 / 2 of strip 0
+        if (nj == 2) {
+            for (int64_t r = 0; r < rows; r += 8) micro<8, 2>(a + r * lda + k0, lda, bk, b_strip, pairs, c + r * ldc, ldc, add);
+        } else {
+            micro<16, 1>(a + k0, lda, bk, b_strip, pairs, c, ldc, add);
+            if (mi == 2) micro<16, 1>(a + gemm_tile * lda + k0, lda, bk, b_strip, pairs, c + gemm_tile * ldc, ldc, add);
+        }
+    }
+}
+
+// cpuid leaf 7: ECX 1 AVX512-VBMI (the widening's byte permutes); subleaf 1: EAX 5 AVX512-BF16.
+// (AVX512F/BW/VL and the OS's zmm state are the avx512 ISA path's own check, runtime.cpp.)
+bool vbmi_and_bf16() {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) || !((ecx >> 1) & 1u)) return false;
+    return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && ((eax >> 5) & 1u);
+}
+
+// The layer ops' float32 matmul stays AVX2's (VDPBF16PS would round its float32 inputs to bf16).
+constexpr GemmKernels avx512_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, &block_avx512,
+                                     &promote_loop, &no_tile_state, &no_tile_state, &small_bf16,
+                                     avx512_small_m_max, &matmul_f32_avx2, "avx512-bf16"};
+
+}  // namespace
+
+const GemmKernels* avx512_gemm_kernels() {
+    static const GemmKernels* kernels = vbmi_and_bf16() ? &avx512_kernels : nullptr;
+    return kernels;
+}
+
+}  // namespace fp8kit::cpu
