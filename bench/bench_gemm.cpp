@@ -335,7 +335,7 @@ private:
     // fp8kit: A quantized beforehand with each packed recipe's input options, and the fused cast
     // from f32 and bf16 with the first (tensorwise) recipe. gemm() returns a fresh output.
     void run_fp8kit(const Problem& p, const std::vector<Packed>& packed) {
-        const std::string kernel = "isa=" + std::string(to_string(active_isa()));
+        const std::string kernel = std::string(to_string(active_isa())) + ":" + std::string(gemm_kernels_name());
         const size_t out_bytes = size_t(p.m * p.n) * sizeof(float);
         const double alloc = best_seconds([&] { alloc_and_touch({out_bytes}, threads_); }, budget_ / 4);
         auto record = [&](const std::string& impl, const std::function<Tensor()>& call) {
