@@ -130,8 +130,8 @@ public:
         openblas_set_num_threads(threads_);
 #endif
         fma_ = fma_peak(threads_, budget_);
-        const double s = best_seconds([&] { sink_ += parallel_read(flush_.data(), flush_bytes, threads_); }, budget_);
-        read_gbps_ = double(flush_bytes) / s * 1e-9;
+        read_ = read_peak(flush_.data(), flush_bytes, threads_, budget_);
+        read_gbps_ = read_.gbps;
         machine_.push_back(Row()
                                .add("bench", "gemm")
                                .add("impl", "fma_peak")
@@ -143,8 +143,10 @@ public:
                                .add("impl", "read_bw")
                                .add("threads", (long long)threads_)
                                .add("bytes", (long long)flush_bytes)
-                               .add("seconds", s, 4)
-                               .add("gbps", read_gbps_, 4));
+                               .add("isa", read_.isa)
+                               .add("streams", (long long)read_.streams)
+                               .add("gbps", read_gbps_, 4)
+                               .add("plain_gbps", read_.plain_gbps, 4));
 #if !defined(FP8KIT_BENCH_OPENBLAS)
         skip("openblas", "not found when the benchmark was configured (pkg-config openblas)");
 #endif
@@ -183,7 +185,8 @@ public:
         os << "fp8kit bench gemm: D[M,N] = A[M,K] . W[N,K]^T, f32 output, " << threads_
            << " threads for every implementation.\n"
            << "float32 FMA peak: " << fma_.gflops << " GFLOP/s (" << fma_.isa << "); read bandwidth: " << read_gbps_
-           << " GB/s (" << (flush_bytes >> 20) << " MiB).\n"
+           << " GB/s (" << (flush_bytes >> 20) << " MiB, " << read_.isa << " loads, " << read_.streams
+           << " streams per thread; one plain 64-bit sum: " << read_.plain_gbps << " GB/s).\n"
            << "gflops = 2*M*N*K / seconds; vs_openblas = gflops / OpenBLAS's; weight_bytes: 4 (f32), 2 (bf16), 1 (fp8)\n"
            << "per weight. M <= 16: caches flushed before each call, of_bound = weight_bytes / seconds / read\n"
            << "bandwidth; larger M: of_bound = gflops / f32 FMA peak (AMX bf16 tiles can pass 1). rel_err: relative\n"
@@ -212,6 +215,7 @@ private:
     std::vector<std::byte> flush_;  // read before memory-bound calls; also the read-bandwidth buffer
     unsigned long long sink_ = 0;
     FmaPeak fma_{};
+    ReadPeak read_{};
     double read_gbps_ = 0.0;
     double openblas_gflops_ = 0.0;  // of the current shape; 0: not measured
     std::vector<Row> machine_, rows_, skipped_;

@@ -91,19 +91,6 @@ void parallel_memcpy(void* dst, const void* src, size_t bytes, int threads) {
     }
 }
 
-unsigned long long parallel_read(const void* src, size_t bytes, int threads) {
-    const auto* words = static_cast<const unsigned long long*>(src);
-    const size_t n = bytes / 8;
-    unsigned long long sum = 0;
-    if (threads <= 1) {  // no parallel region: its overhead would dominate small reads
-        for (size_t i = 0; i < n; ++i) sum += words[i];
-        return sum;
-    }
-#pragma omp parallel for num_threads(threads) schedule(static) reduction(+ : sum)
-    for (size_t i = 0; i < n; ++i) sum += words[i];
-    return sum;
-}
-
 double tsc_ghz() {
 #if defined(FP8KIT_HAVE_TSC)
     static const double ghz = [] {

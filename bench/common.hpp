@@ -37,9 +37,24 @@ void alloc_and_touch(const std::vector<size_t>& sizes, int threads);
 // memcpy of `bytes` split over `threads` threads in contiguous ranges, as the kernels split.
 void parallel_memcpy(void* dst, const void* src, size_t bytes, int threads);
 
-// Reads `bytes` (a multiple of 8) split over `threads` threads and returns their sum, so the
-// compiler cannot drop it: the read-bandwidth peer of a conversion that mostly reads.
-unsigned long long parallel_read(const void* src, size_t bytes, int threads);
+// Reads `bytes` split over `threads` threads and returns a sum of them, so the compiler cannot drop
+// it: the read-bandwidth peer of a conversion or GEMM that mostly reads. Each thread reads its
+// contiguous share as `streams` (1, 2, 4 or 8) equal sub-ranges in turn, one 64-byte line of each
+// per step - several hardware prefetch streams in flight, as a kernel reading several strips has -
+// with the widest vector loads the CPU has (AVX-512, AVX2; fp8kit's own cpuid check), into
+// independent accumulators (bench/fma_peak.cpp).
+unsigned long long parallel_read(const void* src, size_t bytes, int threads, int streams = 4);
+
+// The read peer at this machine's best: parallel_read of `bytes` timed with 1, 2, 4 and 8 streams
+// per thread, the fastest reported, beside the plain loop of 64-bit sums (what the benchmarks
+// reported before: a scalar-looking peer that two cores' vector loads beat by far).
+struct ReadPeak {
+    double gbps;        // the fastest
+    int streams;        // its streams per thread
+    const char* isa;    // its loads: "avx512", "avx2" or "portable"
+    double plain_gbps;  // one 64-bit sum over the bytes, in order
+};
+ReadPeak read_peak(const void* src, size_t bytes, int threads, double budget);
 
 // Nominal clock in GHz from the CPU's time-stamp counter (0 where there is none). Elements per
 // cycle are reported against this clock; turbo clocks make the true per-cycle figure lower.

@@ -1,6 +1,9 @@
-// bench/fma_peak.cpp: the float32 FMA peak, the compute bound the GEMM benchmark reports its
-// large shapes against. Checked against the CPU's nominal figure: lanes x FMA pipes x 2 flops x
-// clock (an AVX-512 core with two FMA pipes at ~3 GHz: ~190 GFLOP/s).
+// bench/fma_peak.cpp: the machine's peaks the benchmarks report against - the float32 FMA peak
+// (the compute bound of the GEMM's large shapes) and the read bandwidth (the bound of what streams
+// its input: conversions, M = 1 GEMMs). The FMA peak is checked against the CPU's nominal figure:
+// lanes x FMA pipes x 2 flops x clock (an AVX-512 core with two FMA pipes at ~3 GHz: ~190
+// GFLOP/s); the read peak against the plain loop it replaced and the bandwidth OpenBLAS's sgemv
+// reaches in the same run (bench_gemm prints both).
 //
 // Each thread runs `chains` independent dependency chains acc = acc * m + c, enough to keep every
 // FMA pipe busy through the instruction's latency (2 pipes x 4 cycles = 8 in flight; 16 and 12
@@ -8,6 +11,11 @@
 // instructions through a target attribute on its function, so this file needs no flags and the
 // rest of the benchmark stays portable; the path is chosen at run time by fp8kit's own cpuid check.
 #include <omp.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string_view>
 
 #include "common.hpp"
 #include "fp8kit/runtime.hpp"
@@ -82,7 +90,160 @@ FP8KIT_TARGET("avx512f") float chains_avx512(long long n) {
 
 volatile float sink;  // keeps the chains' results alive
 
+// ---- reads: S streams of 64-byte lines, summed as 64-bit integers into S accumulators ----
+// Lines [0, lines) of p as S equal sub-ranges read in turn; the lines past S * (lines / S) are
+// read from the last sub-range's end by the caller's plain loop.
+template <int S>
+uint64_t lines_portable(const std::byte* p, size_t lines) {
+    const size_t per = lines / S;
+    uint64_t acc[S][8] = {};
+    for (size_t i = 0; i < per; ++i) {
+        for (int s = 0; s < S; ++s) {
+            uint64_t w[8];
+            std::memcpy(w, p + (s * per + i) * 64, 64);
+            for (int j = 0; j < 8; ++j) acc[s][j] += w[j];
+        }
+    }
+    uint64_t r = 0;
+    for (auto& a : acc) {
+        for (uint64_t v : a) r += v;
+    }
+    return r;
+}
+
+#if defined(FP8KIT_BENCH_X86)
+template <int S>
+FP8KIT_TARGET("avx2") uint64_t lines_avx2(const std::byte* p, size_t lines) {
+    const size_t per = lines / S;
+    __m256i acc[S];
+    for (int s = 0; s < S; ++s) acc[s] = _mm256_setzero_si256();
+    for (size_t i = 0; i < per; ++i) {
+        for (int s = 0; s < S; ++s) {
+            const auto* q = reinterpret_cast<const __m256i*>(p + (s * per + i) * 64);
+            acc[s] = _mm256_add_epi64(acc[s], _mm256_add_epi64(_mm256_loadu_si256(q), _mm256_loadu_si256(q + 1)));
+        }
+    }
+    alignas(32) uint64_t lanes[4];
+    uint64_t r = 0;
+    for (int s = 0; s < S; ++s) {
+        _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc[s]);
+        for (uint64_t v : lanes) r += v;
+    }
+    return r;
+}
+
+template <int S>
+FP8KIT_TARGET("avx512f") uint64_t lines_avx512(const std::byte* p, size_t lines) {
+    const size_t per = lines / S;
+    __m512i acc[S];
+    for (int s = 0; s < S; ++s) acc[s] = _mm512_setzero_si512();
+    for (size_t i = 0; i < per; ++i) {
+        for (int s = 0; s < S; ++s) acc[s] = _mm512_add_epi64(acc[s], _mm512_loadu_si512(p + (s * per + i) * 64));
+    }
+    alignas(64) uint64_t lanes[8];
+    uint64_t r = 0;
+    for (int s = 0; s < S; ++s) {
+        _mm512_store_si512(lanes, acc[s]);
+        for (uint64_t v : lanes) r += v;
+    }
+    return r;
+}
+#endif
+
+using LinesFn = uint64_t (*)(const std::byte*, size_t);
+
+template <template <int> class Pick>
+LinesFn by_streams(int streams) {
+    switch (streams) {
+        case 1: return Pick<1>::fn;
+        case 2: return Pick<2>::fn;
+        case 4: return Pick<4>::fn;
+        default: return Pick<8>::fn;
+    }
+}
+template <int S>
+struct PickPortable {
+    static constexpr LinesFn fn = &lines_portable<S>;
+};
+#if defined(FP8KIT_BENCH_X86)
+template <int S>
+struct PickAvx2 {
+    static constexpr LinesFn fn = &lines_avx2<S>;
+};
+template <int S>
+struct PickAvx512 {
+    static constexpr LinesFn fn = &lines_avx512<S>;
+};
+#endif
+
+// The widest loads this CPU has, as for the FMA peak.
+const char* read_isa() {
+#if defined(FP8KIT_BENCH_X86)
+    if (cpu_supports(Isa::avx512)) return "avx512";
+    if (cpu_supports(Isa::avx2)) return "avx2";
+#endif
+    return "portable";
+}
+
+LinesFn lines_fn(int streams) {
+    const std::string_view isa = read_isa();
+#if defined(FP8KIT_BENCH_X86)
+    if (isa == "avx512") return by_streams<PickAvx512>(streams);
+    if (isa == "avx2") return by_streams<PickAvx2>(streams);
+#endif
+    (void)isa;
+    return by_streams<PickPortable>(streams);
+}
+
+// A thread's share [p, p + bytes): whole lines by `fn`, the rest in plain 64-bit words and bytes.
+uint64_t read_share(const std::byte* p, size_t bytes, int streams, LinesFn fn) {
+    const size_t lines = bytes / 64, vector_lines = lines / size_t(streams) * size_t(streams);
+    uint64_t r = fn(p, vector_lines);
+    for (size_t at = vector_lines * 64; at < bytes; ++at) r += uint64_t(p[at]);
+    return r;
+}
+
+uint64_t plain_read(const void* src, size_t bytes, int threads) {
+    const auto* words = static_cast<const unsigned long long*>(src);
+    const size_t n = bytes / 8;
+    unsigned long long sum = 0;
+#pragma omp parallel for num_threads(threads) schedule(static) reduction(+ : sum)
+    for (size_t i = 0; i < n; ++i) sum += words[i];
+    return sum;
+}
+
+volatile uint64_t read_sink;  // keeps the reads' sums alive
+
 }  // namespace
+
+unsigned long long parallel_read(const void* src, size_t bytes, int threads, int streams) {
+    const auto* p = static_cast<const std::byte*>(src);
+    const LinesFn fn = lines_fn(streams);
+    if (threads <= 1) return read_share(p, bytes, streams, fn);  // no parallel region for small reads
+    // Contiguous shares of whole lines, as the kernels split their work.
+    const size_t lines = bytes / 64, per = lines / size_t(threads);
+    uint64_t sum = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : sum)
+    {
+        const int t = omp_get_thread_num();
+        const size_t from = size_t(t) * per * 64;
+        const size_t to = t == threads - 1 ? bytes : from + per * 64;
+        sum += read_share(p + from, to - from, streams, fn);
+    }
+    return sum;
+}
+
+ReadPeak read_peak(const void* src, size_t bytes, int threads, double budget) {
+    ReadPeak best{0.0, 0, read_isa(), 0.0};
+    for (int streams : {1, 2, 4, 8}) {
+        const double s = best_seconds([&] { read_sink = read_sink + parallel_read(src, bytes, threads, streams); }, budget);
+        const double gbps = double(bytes) / s * 1e-9;
+        if (gbps > best.gbps) best.gbps = gbps, best.streams = streams;
+    }
+    const double s = best_seconds([&] { read_sink = read_sink + plain_read(src, bytes, threads); }, budget);
+    best.plain_gbps = double(bytes) / s * 1e-9;
+    return best;
+}
 
 FmaPeak fma_peak(int threads, double budget) {
     float (*run)(long long) = &chains_portable;
