@@ -18,9 +18,13 @@
 //                      (tensorwise): what a Linear layer's forward pays
 // Columns: gflops = 2*M*N*K / seconds; vs_openblas = gflops / OpenBLAS's on the same shape;
 // weight_bytes = N*K * 4 (f32), 2 (bf16) or 1 (fp8). bound / of_bound: for M <= 16 a GEMM reads
-// each weight once and does little else, so it is bound by memory: the caches are flushed (a read
-// of 1 GiB) before every timed call, as in a model too large for them, and of_bound =
-// weight_bytes / seconds / read bandwidth. For larger M, of_bound = gflops / float32 FMA peak;
+// each weight once and does little else, so it is bound by memory, and is measured out of cache,
+// as in a model too large for it, by one rule for every implementation: each prepares `copies`
+// copies of its weight (in its own layout) that together are 8x the last-level cache, and the
+// timed calls take them in turn, with a read of 1 GiB (the caches' flush) before each. Why both:
+// the flush alone left weights that every call re-reads in the L3 of a Zen 5 (its replacement
+// keeps reused lines against a one-time stream): OpenBLAS's sgemv read 64 MiB of f32 weights at
+// 1.3x the read peak. of_bound = weight_bytes / seconds / read bandwidth. For larger M, of_bound = gflops / float32 FMA peak;
 // AMX bf16 tiles, which fp8kit and oneDNN bf16 use where the CPU has them, can pass 1.
 // alloc_share (fp8kit rows): gemm() returns a fresh output where the peers write into buffers
 // given once; the share of the call's time that allocating it and touching each 4 KiB page
@@ -31,6 +35,7 @@
 // different seeds. A peer the build did not find (bench/CMakeLists.txt) is reported as skipped.
 // --quick: 512 square and M = 1, 16 with (4096, 4096), short budgets (~10 s on 2 idle cores).
 // Run by `bench_gemm [--json] [--quick]` and `fp8kit bench gemm`. Results: docs/PERF.md.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -56,9 +61,11 @@ namespace fp8kit::bench {
 namespace {
 
 // Read before each memory-bound call, and the read-bandwidth measure: larger than the last-level
-// cache (480 MiB of L3 on the machine of docs/PERF.md), so both read from memory.
+// cache (32 MiB per core complex on the Zen 3 and Zen 5 machines of docs/PERF.md), so both read
+// from memory.
 constexpr size_t flush_bytes = size_t(1) << 30;
 constexpr int64_t memory_bound_m = 16;              // M <= this: bound by reading the weights
+constexpr double working_set_llc = 8.0;             // weight copies of a memory-bound call: x LLC
 constexpr int error_samples = 64;
 constexpr uint32_t a_seed = 1, w_seed = 2;
 
@@ -112,6 +119,13 @@ double rel_err(const float* d, int64_t n, const std::vector<Sample>& samples) {
         ref += s.ref * s.ref;
     }
     return std::sqrt(err / ref);
+}
+
+// How many copies of a weight of `weight_bytes` a call on M rows cycles through: 1 for compute-bound
+// shapes, else enough for working_set_llc times the last-level cache.
+int weight_copies(int64_t m, double weight_bytes) {
+    if (m > memory_bound_m) return 1;
+    return std::max(1, int(std::ceil(working_set_llc * double(last_level_cache_bytes()) / weight_bytes)));
 }
 
 // The inputs of one GEMM shape: A in f32 (and bf16, the same values rounded), W in f32.
@@ -186,7 +200,8 @@ public:
            << " threads for every implementation.\n"
            << "float32 FMA peak: " << fma_.gflops << " GFLOP/s (" << fma_.isa << "); read bandwidth: " << read_gbps_
            << " GB/s (" << (flush_bytes >> 20) << " MiB, " << read_.isa << " loads, " << read_.streams
-           << " streams per thread; one plain 64-bit sum: " << read_.plain_gbps << " GB/s).\n"
+           << " streams per thread; one plain 64-bit sum: " << read_.plain_gbps << " GB/s); last-level cache "
+           << (last_level_cache_bytes() >> 20) << " MiB.\n"
            << "gflops = 2*M*N*K / seconds; vs_openblas = gflops / OpenBLAS's; weight_bytes: 4 (f32), 2 (bf16), 1 (fp8)\n"
            << "per weight. M <= 16: caches flushed before each call, of_bound = weight_bytes / seconds / read\n"
            << "bandwidth; larger M: of_bound = gflops / f32 FMA peak (AMX bf16 tiles can pass 1). rel_err: relative\n"
@@ -255,6 +270,7 @@ private:
             .add("gflops", gflops, 4);
         if (openblas_gflops_ > 0.0) row.add("vs_openblas", gflops / openblas_gflops_, 3);
         row.add("weight_bytes", (long long)weight_bytes);
+        if (memory_bound) row.add("copies", (long long)weight_copies(p.m, weight_bytes));
         if (memory_bound) {
             row.add("bound", "read_bw").add("of_bound", weight_bytes / s * 1e-9 / read_gbps_, 3);
         } else {
@@ -272,18 +288,25 @@ private:
 #if defined(FP8KIT_BENCH_OPENBLAS)
         const auto m = blasint(p.m), n = blasint(p.n), k = blasint(p.k);
         const float* a = p.a.data<float>();
-        const float* w = p.w.data<float>();
+        const float* w0 = p.w.data<float>();
+        // The weight and its copies (memory-bound shapes), taken in turn.
+        std::vector<std::vector<float>> copies(size_t(weight_copies(p.m, double(p.n) * double(p.k) * 4) - 1),
+                                               std::vector<float>(w0, w0 + p.n * p.k));
+        std::vector<const float*> ws{w0};
+        for (const auto& c : copies) ws.push_back(c.data());
+        size_t next = 0;
+        const auto w = [&] { return ws[next++ % ws.size()]; };
         std::vector<float> d(size_t(p.m * p.n));
         const auto out = [&d] { return d.data(); };
         const std::string core = openblas_get_corename();
         if (p.m == 1) {
             openblas_gflops_ = measure(
                 p, "openblas.sgemv", core, 4,
-                [&] { cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, 1.0f, w, k, a, 1, 0.0f, d.data(), 1); }, out);
+                [&] { cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, 1.0f, w(), k, a, 1, 0.0f, d.data(), 1); }, out);
         } else {
             openblas_gflops_ = measure(
                 p, "openblas.sgemm", core, 4,
-                [&] { openblas_sgemm(a, w, d.data(), m, n, k, threads_); },
+                [&] { openblas_sgemm(a, w(), d.data(), m, n, k, threads_); },
                 out);
         }
 #else
@@ -311,18 +334,26 @@ private:
                 // fp8kit's fused bf16 row reads; W: rounded here).
                 memory src(pd.src_desc(), engine_, bf16_inputs ? p.a_bf16.raw_data() : p.a.raw_data());
                 memory user_w(memory::desc(wei_dims, dt::f32, tag::ba), engine_, p.w.raw_data());
-                memory wei(pd.weights_desc(), engine_);
-                if (bf16_inputs) {
-                    memory w16(memory::desc(wei_dims, dt::bf16, tag::ba), engine_);
-                    dnnl::reorder(user_w, w16).execute(stream_, user_w, w16);
-                    dnnl::reorder(w16, wei).execute(stream_, w16, wei);
-                } else {
-                    dnnl::reorder(user_w, wei).execute(stream_, user_w, wei);
+                // The weight in the primitive's layout, and its copies (memory-bound shapes).
+                const int bytes = bf16_inputs ? 2 : 4;
+                std::vector<memory> weis;
+                for (int c = 0; c < weight_copies(p.m, double(p.n) * double(p.k) * bytes); ++c) {
+                    memory wei(pd.weights_desc(), engine_);
+                    if (bf16_inputs) {
+                        memory w16(memory::desc(wei_dims, dt::bf16, tag::ba), engine_);
+                        dnnl::reorder(user_w, w16).execute(stream_, user_w, w16);
+                        dnnl::reorder(w16, wei).execute(stream_, w16, wei);
+                    } else {
+                        dnnl::reorder(user_w, wei).execute(stream_, user_w, wei);
+                    }
+                    weis.push_back(wei);
                 }
                 memory dst(pd.dst_desc(), engine_);
                 stream_.wait();
-                measure(p, bf16_inputs ? "onednn.bf16" : "onednn.f32", pd.impl_info_str(), bf16_inputs ? 2 : 4,
+                size_t next = 0;
+                measure(p, bf16_inputs ? "onednn.bf16" : "onednn.f32", pd.impl_info_str(), bytes,
                         [&] {
+                            const memory& wei = weis[next++ % weis.size()];
                             prim.execute(stream_, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}});
                             stream_.wait();
                         },
@@ -342,17 +373,22 @@ private:
         const std::string kernel = std::string(to_string(active_isa())) + ":" + std::string(gemm_kernels_name());
         const size_t out_bytes = size_t(p.m * p.n) * sizeof(float);
         const double alloc = best_seconds([&] { alloc_and_touch({out_bytes}, threads_); }, budget_ / 4);
-        auto record = [&](const std::string& impl, const std::function<Tensor()>& call) {
+        // The packed weight and its copies (memory-bound shapes: each packs the codes anew), taken
+        // in turn by call(w) as each call's weight.
+        auto record = [&](const std::string& impl, const Packed& w, const std::function<Tensor(const PackedWeight&)>& call) {
+            std::vector<PackedWeight> ws{w.w};
+            while (int(ws.size()) < weight_copies(p.m, double(p.n) * double(p.k))) ws.emplace_back(w.w.source());
+            size_t next = 0;
             Tensor d;
-            measure(p, impl, kernel, 1, [&] { d = call(); }, [&] { return d.data<float>(); }, alloc);
+            measure(p, impl, kernel, 1, [&] { d = call(ws[next++ % ws.size()]); }, [&] { return d.data<float>(); }, alloc);
         };
         for (const Packed& w : packed) {
             const QTensor qa = quantize(p.a, w.recipe.options(Role::input));
-            record(w.impl, [&] { return gemm(qa, w.w); });
+            record(w.impl, w, [&](const PackedWeight& pw) { return gemm(qa, pw); });
         }
         const QuantizeOptions fused = packed.front().recipe.options(Role::input);
-        record("fp8kit.fused.f32", [&] { return gemm({p.a, fused}, packed.front().w); });
-        record("fp8kit.fused.bf16", [&] { return gemm({p.a_bf16, fused}, packed.front().w); });
+        record("fp8kit.fused.f32", packed.front(), [&](const PackedWeight& pw) { return gemm({p.a, fused}, pw); });
+        record("fp8kit.fused.bf16", packed.front(), [&](const PackedWeight& pw) { return gemm({p.a_bf16, fused}, pw); });
     }
 };
 

@@ -1,5 +1,5 @@
-// bench/common.cpp: timing, inputs, the memcpy and read peers, the clock estimate and output for
-// the benchmarks (the FMA peak is in fma_peak.cpp, with its per-ISA code).
+// bench/common.cpp: timing, inputs, the memcpy peer, the cache size, the clock estimate and output
+// for the benchmarks (the FMA and read peaks are in fma_peak.cpp, with their per-ISA code).
 #include "common.hpp"
 
 #if defined(FP8KIT_BENCH_OPENBLAS)
@@ -14,6 +14,10 @@
 #include <cstring>
 #include <ostream>
 #include <thread>
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <unistd.h>
+#endif
 
 #if defined(__x86_64__) || defined(_M_X64)
 #if defined(_MSC_VER)
@@ -89,6 +93,21 @@ void parallel_memcpy(void* dst, const void* src, size_t bytes, int threads) {
         const size_t end = std::min(bytes, begin + per);
         if (begin < end) std::memcpy(static_cast<char*>(dst) + begin, static_cast<const char*>(src) + begin, end - begin);
     }
+}
+
+size_t last_level_cache_bytes() {
+    if (std::FILE* f = std::fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r")) {
+        unsigned long long size = 0;
+        char unit = 0;
+        const int got = std::fscanf(f, "%llu%c", &size, &unit);
+        std::fclose(f);
+        if (got >= 1 && size > 0) return size_t(size) << (unit == 'K' ? 10 : unit == 'M' ? 20 : 0);
+    }
+#if defined(_SC_LEVEL3_CACHE_SIZE)
+    const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    if (l3 > 0) return size_t(l3);
+#endif
+    return size_t(32) << 20;
 }
 
 double tsc_ghz() {
