@@ -266,6 +266,17 @@ GemmOptions gemm_options(const std::string& out_dtype, float alpha, float beta, 
     return o;
 }
 
+// A Linear layer's fused-cast GEMM with all but the input fixed: the packed weight, the input's
+// quantize options and the bias, parsed and viewed once - what fp8kit.torch.Float8Linear calls on
+// every forward. Why: at a decode step's small layers the per-call parsing of gemm_fused's fifteen
+// arguments costs more than the GEMM. Holds the bias array, so its view stays valid.
+struct FusedLinear {
+    PackedWeight b;
+    QuantizeOptions q;
+    std::optional<Array> bias;
+    GemmOptions o[3];  // by output dtype: float32, bfloat16, float16
+};
+
 NumpyArray gemm_array(const GemmA& a, const PackedWeight& b, const GemmOptions& o) {
     Tensor d;
     {
@@ -413,6 +424,24 @@ NB_MODULE(_fp8kit, m) {
           "a"_a, "b"_a, "format"_a, "scaling"_a, "overflow"_a, "power_of_two"_a, "amax_epsilon"_a, "mx_rounding"_a,
           "non_finite"_a, "out_dtype"_a, "alpha"_a, "beta"_a, "c"_a.none(), "bias"_a.none(), "activation"_a,
           "The GEMM with a given in float32 / bfloat16 / float16 [M, K] and cast to FP8 inside it.");
+    nb::class_<FusedLinear>(m, "FusedLinear",
+                            "y = deq(fp8(x)) . deq(b)^T (+ bias) with everything but x fixed (fp8kit.torch's Linear).")
+        .def("__init__",
+             [](FusedLinear* self, const PackedWeight& b, const std::string& format, const std::string& scaling,
+                const std::string& overflow, const std::optional<Array>& bias) {
+                 auto* f = new (self) FusedLinear{b, quantize_options(format, scaling, overflow, false, 0.0f, "floor",
+                                                                      "propagate"),
+                                                  bias, {}};
+                 const char* names[3] = {"float32", "bfloat16", "float16"};
+                 for (int i = 0; i < 3; ++i) f->o[i] = gemm_options(names[i], 1.0f, 0.0f, std::nullopt, f->bias, "none");
+             },
+             "b"_a, "format"_a, "scaling"_a, "overflow"_a, "bias"_a.none())
+        .def("__call__",
+             [](const FusedLinear& f, const Array& a, int out) {
+                 if (out < 0 || out > 2) throw Error("fp8kit.FusedLinear: out is " + std::to_string(out) + ", expected 0, 1 or 2");
+                 return gemm_array(GemmA(view(a, "a"), f.q), f.b, f.o[out]);
+             },
+             "a"_a, "out"_a, "D for a (float32 / bfloat16 / float16 [M, K]); out: 0 float32, 1 bfloat16, 2 float16.");
     // (name, fp8, recipe, reason) per layer
     using PolicyEntry = std::tuple<std::string, bool, std::optional<std::string>, std::string>;
     m.def("write_policy", [](const std::string& path, const std::vector<PolicyEntry>& layers) {

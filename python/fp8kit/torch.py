@@ -48,20 +48,24 @@ import fp8kit
 RECIPES = ("rowwise", "tensorwise", "block", "mxfp8")
 
 
-def _packed(weight, weight_scale_inv, weight_scaling, bias):
-    """The PackedWeight of a Float8Linear's buffers and the extension's view of its bias, made on
-    first use and again only after a buffer or the bias is written (load_state_dict, copy_): kept
-    on the weight tensor, keyed by the version counters."""
-    key = (weight._version, weight_scale_inv._version, weight_scaling, None if bias is None else bias._version)
-    cached = getattr(weight, "_fp8kit_packed", None)
-    if cached is None or cached[0] != key or cached[3] is not bias:  # (a new bias Parameter: its own view)
+def _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling):
+    """The extension's FusedLinear of a Float8Linear (its PackedWeight, the input's e4m3fn
+    saturating cast with input_scaling, and its bias), made on first use and again only after a
+    buffer or the bias is written (load_state_dict, copy_): kept on the weight tensor, keyed by the
+    version counters."""
+    key = (weight._version, weight_scale_inv._version, weight_scaling, input_scaling,
+           None if bias is None else bias._version)
+    cached = getattr(weight, "_fp8kit_fused", None)
+    if cached is None or cached[0] != key or cached[2] is not bias:  # (a new bias Parameter: its own view)
         q = fp8kit.qtensor(weight, weight_scale_inv, weight_scaling)
-        cached = (key, fp8kit.PackedWeight(q), None if bias is None else fp8kit._to_extension(bias), bias)
-        weight._fp8kit_packed = cached
-    return cached[1], cached[2]
+        fused = fp8kit._fp8kit.FusedLinear(fp8kit.PackedWeight(q), "e4m3fn", input_scaling, "saturate",
+                                           None if bias is None else fp8kit._to_extension(bias))
+        cached = (key, fused, bias)
+        weight._fp8kit_fused = cached
+    return cached[1]
 
 
-_OUT_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+_OUT_DTYPES = {torch.float32: ("float32", 0), torch.bfloat16: ("bfloat16", 1), torch.float16: ("float16", 2)}
 
 
 def _linear(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling):
@@ -72,10 +76,15 @@ def _linear(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling):
     out = _OUT_DTYPES.get(x.dtype)
     if out is None:
         raise fp8kit.Error(f"fp8kit.torch: the input is {x.dtype}; Float8Linear takes float32, bfloat16 or float16")
-    packed, bias_view = _packed(weight, weight_scale_inv, weight_scaling, bias)
-    values = fp8kit._fp8kit.gemm_fused(fp8kit._to_extension(x), packed, "e4m3fn", input_scaling, "saturate", False, 0.0,
-                                       "floor", "propagate", out, 1.0, 0.0, None, bias_view, "none")
-    return fp8kit._out(values, out, True)
+    fused = _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling)
+    # A float32 / float16 CPU tensor that needs no grad straight to numpy: 0.5 us where
+    # _to_extension's checks take 1.4 (a decode step's layer costs ~5). Anything else - bfloat16,
+    # another device, requires_grad - numpy() refuses, and _to_extension takes it or names the error.
+    try:
+        xe = x.numpy()
+    except (TypeError, RuntimeError):
+        xe = fp8kit._to_extension(x)
+    return fp8kit._out(fused(xe, out[1]), out[0], True)
 
 
 @torch.library.custom_op("fp8kit::linear", mutates_args=())
@@ -221,7 +230,7 @@ class _Casts:
 
 def _gemm(a, b, out_dtype, bias=None):
     """D = deq(a) . deq(b)^T (+ bias) of two QTensors, as a torch tensor of out_dtype."""
-    name = _OUT_DTYPES[out_dtype]
+    name = _OUT_DTYPES[out_dtype][0]
     bias = None if bias is None else fp8kit._to_extension(bias)
     return fp8kit._out(fp8kit._fp8kit.gemm(a, b, name, 1.0, 0.0, None, bias, "none"), name, True)
 

@@ -82,9 +82,9 @@ def test_bfloat16_in_bfloat16_out_and_the_weight_quantized_once():
     with torch.no_grad():
         y = model(x)
         assert y.dtype == torch.bfloat16
-        packed = model[0].weight._fp8kit_packed[1]
+        fused = model[0].weight._fp8kit_fused[1]
         model(x)
-    assert model[0].weight._fp8kit_packed[1] is packed  # packed once, reused
+    assert model[0].weight._fp8kit_fused[1] is fused  # packed once, reused
 
 
 def test_export_and_compile_trace_the_custom_op():
