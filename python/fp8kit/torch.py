@@ -161,17 +161,19 @@ class Float8Linear(nn.Module):
 
     def forward(self, x):
         # x [..., in] -> y [..., out]: the GEMM sees [M, in] rows.
-        if x.dim() == 0 or x.shape[-1] != self.in_features:
-            raise fp8kit.Error(f"fp8kit.torch.Float8Linear: the input has shape {list(x.shape)}, but in_features "
+        shape = x.shape
+        if not shape or shape[-1] != self.in_features:
+            raise fp8kit.Error(f"fp8kit.torch.Float8Linear: the input has shape {list(shape)}, but in_features "
                                f"{self.in_features}")
-        rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)
+        two_d = len(shape) == 2
+        rows = x if two_d else x.reshape(-1, self.in_features)
         op = _linear if _plain_eager(rows) else torch.ops.fp8kit.linear
         # The tensors through the module's dicts: Module.__getattr__ costs about 1 us a name, a
         # tenth of a decode step's small layer.
         buffers = self._buffers
         y = op(rows, buffers["weight"], buffers["weight_scale_inv"], self._parameters["bias"], self.input_scaling,
                self.weight_scaling)
-        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
+        return y if two_d else y.reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
