@@ -16,6 +16,7 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <type_traits>
 
 #include "core/ops.hpp"
 #include "cpu/gemm_kernels.hpp"
@@ -324,11 +325,24 @@ std::shared_ptr<const void> pack_weight(const ExecContext&, const GemmOperand& b
                                                b.format, {}, {}, {}});
     PackedB& pb = *p;
     const KLayout& kl = pb.kl;
-    pb.codes.assign(size_t(pb.strips * kl.padded * gemm_tile), 0);
+    pb.codes.resize(size_t(pb.strips * kl.padded * gemm_tile));  // uninitialised: written below
     pb.scales.assign(size_t(kl.groups * pb.strips * gemm_tile), 0.0f);
     pb.strip_has_nan.assign(size_t(pb.strips), 0);
-    bool nan_code[256];
-    for (int v = 0; v < 256; ++v) nan_code[v] = is_nan(uint8_t(v), b.format);
+    // Whether a row of codes holds a NaN: is_nan with the format a constant, a loop the compiler
+    // vectorizes (a table lookup per code took half of the pack).
+    const auto row_has_nan = [f = b.format](const uint8_t* row, int64_t k) {
+        const auto scan = [&](auto format) {
+            uint8_t any = 0;
+            for (int64_t e = 0; e < k; ++e) any |= uint8_t(is_nan(row[e], decltype(format)::value));
+            return any != 0;
+        };
+        switch (f) {
+            case Format::e4m3fn: return scan(std::integral_constant<Format, Format::e4m3fn>{});
+            case Format::e5m2: return scan(std::integral_constant<Format, Format::e5m2>{});
+            case Format::e4m3fnuz: return scan(std::integral_constant<Format, Format::e4m3fnuz>{});
+            default: return scan(std::integral_constant<Format, Format::e5m2fnuz>{});
+        }
+    };
     parallel_tasks(pb.strips, size_t(b.rows * b.k), [&](int64_t s, int) {
         // One strip: B's rows 16 s ... 16 s + 15 (fewer in the last). The packed K position of group
         // g's element e is kp = g * group_padded + e (group_padded even), and its byte for column c
@@ -341,7 +355,7 @@ std::shared_ptr<const void> pack_weight(const ExecContext&, const GemmOperand& b
         bool nan = false;
         for (int64_t c = 0; c < cols; ++c) {
             rows[c] = b.data + (s * gemm_tile + c) * b.ld;
-            for (int64_t e = 0; e < b.k; ++e) nan |= nan_code[rows[c][e]];
+            nan = nan || row_has_nan(rows[c], b.k);
         }
         for (int64_t g = 0; g < kl.groups; ++g) {
             for (int64_t c = 0; c < cols; ++c) {
@@ -350,6 +364,9 @@ std::shared_ptr<const void> pack_weight(const ExecContext&, const GemmOperand& b
             }
             const int64_t len = b.k > 0 ? kl.len(g) : 0, k0 = g * kl.group;
             uint8_t* dst = out + g * kl.group_padded * gemm_tile;  // = 32 * (kp / 2) at e = 0
+            // Padding codes are 0x00 (+0): a group with padding (K past its length, or a last strip
+            // of fewer than 16 rows) is zeroed first; the others are written in full below.
+            if (len < kl.group_padded || cols < gemm_tile) std::memset(dst, 0, size_t(kl.group_padded * gemm_tile));
             int64_t e = 0;
             for (; e + 1 < len; e += 2, dst += 2 * gemm_tile) {
                 for (int64_t c = 0; c < cols; ++c) std::memcpy(dst + 2 * c, rows[c] + k0 + e, 2);
