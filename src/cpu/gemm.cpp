@@ -208,6 +208,11 @@ void run_tiles(const Task& t, int64_t r0, int64_t rows, int64_t s0, int64_t s1, 
     Scratch<float> part(4 * gemm_tile * gemm_tile);
     const int64_t total_chunks = kl.padded / gemm_chunk;
 
+    // The next window's codes are prefetched into L2 while this one computes, a share before each
+    // block: otherwise each window's read from memory and its computation take turns, which at
+    // small M (few blocks per window) left the GEMM at a third of the read bandwidth.
+    const int64_t steps_per_window = one_group ? 1 : std::max<int64_t>(1, wchunks / cpg);
+    const int64_t blocks_per_window = (rows + 2 * gemm_tile - 1) / (2 * gemm_tile) * steps_per_window * ((ns + 1) / 2);
     t.kern.begin();
     for (int64_t w0 = 0; w0 < total_chunks; w0 += wchunks) {
         const int64_t wc = std::min(wchunks, total_chunks - w0);
@@ -215,6 +220,17 @@ void run_tiles(const Task& t, int64_t r0, int64_t rows, int64_t s0, int64_t s1, 
             t.kern.widen_b(t.b.strip(s0 + s) + w0 * gemm_chunk_codes, wc * gemm_chunk_codes, t.table,
                            t.b.strip_has_nan[size_t(s0 + s)] != 0, bexp.get() + s * b_strip * eb);
         }
+        // The next window's lines (strip by strip: strip ps, byte pb) still to prefetch, and how
+        // many before each block.
+        const int64_t next_w0 = w0 + wc, next_bytes = std::max<int64_t>(0, std::min(wchunks, total_chunks - next_w0)) * gemm_chunk_codes;
+        const int64_t per_block = (ns * next_bytes / 64 + blocks_per_window - 1) / blocks_per_window;
+        int64_t ps = 0, pb = 0;
+        const auto prefetch_share = [&] {
+            for (int64_t n = 0; n < per_block && ps < ns; ++n) {
+                FP8KIT_PREFETCH_L2(t.b.strip(s0 + ps) + next_w0 * gemm_chunk_codes + pb);
+                if ((pb += 64) >= next_bytes) pb = 0, ++ps;
+            }
+        };
         for (int64_t i = 0; i < rows; i += 2 * gemm_tile) {
             const int mi = rows - i > gemm_tile ? 2 : 1;
             const uint16_t* a = t.apk + (r0 + i) * t.lda + w0 * gemm_chunk;
@@ -227,6 +243,7 @@ void run_tiles(const Task& t, int64_t r0, int64_t rows, int64_t s0, int64_t s1, 
                     const int nj = ns - s > 1 ? 2 : 1;
                     float* c = acc_out + i * ldacc + s * gemm_tile;
                     const std::byte* b = bexp.get() + (s * b_strip + q * gemm_chunk_codes) * eb;
+                    prefetch_share();
                     if (one_group) {
                         t.kern.block(mi, nj, a, t.lda, b, b_strip, wc, c, ldacc, w0 > 0);
                         continue;
