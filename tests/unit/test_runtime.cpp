@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <string>
 
 #include "fp8kit/error.hpp"
 #include "support.hpp"
@@ -34,6 +35,33 @@ TEST(Runtime, EnvironmentOverrideSelectsThePath) {
         return;
     }
     EXPECT_EQ(active_isa(), *want);
+}
+
+// The GEMM kernels each path runs (gemm_kernels_name): portable and avx2 their own; avx512 the
+// AMX tiles where they run, else VDPBF16PS where the CPU has AVX512-BF16 and VBMI, else AVX2's -
+// never the portable kernel, and never AVX2's on a CPU with AVX512-BF16 (the kernel set that is
+// 3x faster there, docs/PERF.md).
+TEST(Runtime, GemmKernelsFollowThePathAndTheCpu) {
+    const Isa initial = active_isa();
+    for (Isa isa : supported_isas()) {
+        set_isa(isa);
+        const std::string name(gemm_kernels_name());
+        SCOPED_TRACE(std::string(to_string(isa)) + " runs " + name);
+        if (isa == Isa::portable) {
+            EXPECT_EQ(name, "portable");
+        }
+        if (isa == Isa::avx2) {
+            EXPECT_EQ(name, "avx2");
+        }
+        if (isa != Isa::avx512) continue;
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+        const bool bf16 = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vbmi");
+        EXPECT_TRUE(name == "amx" || name == (bf16 ? "avx512-bf16" : "avx2"));
+#else
+        EXPECT_TRUE(name == "amx" || name == "avx512-bf16" || name == "avx2");
+#endif
+    }
+    set_isa(initial);
 }
 
 TEST(Runtime, UnsupportedPathIsRefused) {
