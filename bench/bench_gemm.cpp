@@ -1,7 +1,8 @@
 // bench/bench_gemm.cpp: fp8kit's scaled FP8 GEMM side by side with OpenBLAS and oneDNN, in one
 // process, on the same inputs and the same threads, against the machine's float32 FMA peak and
 // read bandwidth measured in the same run. Every result is checked against float64 dot products
-// of the f32 inputs (rel_err), so a benchmark that computes the wrong thing shows it.
+// of the f32 inputs (rel_err), and a result outside the bound its operand type allows
+// (max_rel_err) fails the run: a fast wrong answer is not a result.
 //
 // D[M, N] = A[M, K] . W[N, K]^T (W a Linear weight, [out, in]), f32 output, on
 //   square shapes  M = N = K in {512, 1024, 2048, 4096},
@@ -38,6 +39,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <iostream>
 #include <ostream>
 #include <string>
 #include <utility>
@@ -127,6 +129,15 @@ int weight_copies(int64_t m, double weight_bytes) {
     return std::max(1, int(std::ceil(working_set_llc * double(last_level_cache_bytes()) / weight_bytes)));
 }
 
+// The largest relative RMS error against float64 a correct result has, by its operands' type
+// (bytes per weight), on the 64 sampled entries (their RMS itself varies by ~9%). float32: the
+// sums' rounding, at most ~sqrt(K) 2^-24 = 6e-6 at K = 11008 (measured 3e-7 - 6e-7): bound 1e-5.
+// bf16 operands: each rounded to 8 significant bits, a relative error of at most 2^-8 and RMS
+// about 2^-8 / sqrt 3 * 3/4 per operand, sqrt 2 of that per product: 0.0031 (measured 0.0023):
+// bound 0.01. FP8 e4m3 operands: the same with 4 bits, 0.038 (measured 0.030-0.042): bound 0.06,
+// which a wrong scale (~1) or an e5m2 cast in e4m3's place (3 bits: 0.077) fails.
+double max_rel_err(int bytes_per_weight) { return bytes_per_weight == 4 ? 1e-5 : bytes_per_weight == 2 ? 1e-2 : 0.06; }
+
 // The inputs of one GEMM shape: A in f32 (and bf16, the same values rounded), W in f32.
 struct Problem {
     int64_t m, n, k;
@@ -188,6 +199,8 @@ public:
         }
     }
 
+    const std::vector<std::string>& failures() const { return failures_; }
+
     void print(std::ostream& os, bool json) const {
         if (json) {
             print_rows(os, machine_, true);
@@ -234,6 +247,7 @@ private:
     double read_gbps_ = 0.0;
     double openblas_gflops_ = 0.0;  // of the current shape; 0: not measured
     std::vector<Row> machine_, rows_, skipped_;
+    std::vector<std::string> failures_;  // results outside their error bound
 #if defined(FP8KIT_BENCH_DNNL)
     dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
     dnnl::stream stream_{engine_};
@@ -274,8 +288,16 @@ private:
         } else {
             row.add("bound", "fma_f32").add("of_bound", gflops / fma_.gflops, 3);
         }
-        row.add("rel_err", rel_err(result(), p.n, p.samples), 2);
+        const double err = rel_err(result(), p.n, p.samples);
+        row.add("rel_err", err, 2);
         rows_.push_back(row);
+        // A result outside its error bound fails the benchmark (after it is printed): a fast wrong
+        // answer is not a result.
+        const double bound = max_rel_err(bytes_per_weight);
+        if (!(err <= bound)) {
+            failures_.push_back(impl + " at " + std::to_string(p.m) + " x " + std::to_string(p.n) + " x " +
+                                std::to_string(p.k) + ": rel_err " + std::to_string(err) + " > " + std::to_string(bound));
+        }
         return gflops;
     }
 
@@ -409,7 +431,8 @@ int run_gemm(const Options& opt, std::ostream& os) {
     GemmBench bench(opt);
     for (const WeightCase& wc : weight_cases(opt.quick)) bench.run(wc);
     bench.print(os, opt.json);
-    return 0;
+    for (const std::string& f : bench.failures()) std::cerr << "bench gemm: wrong result: " << f << "\n";
+    return bench.failures().empty() ? 0 : 1;
 }
 
 }  // namespace fp8kit::bench

@@ -23,7 +23,9 @@ void add_bench_command(CLI::App& app) {
     CLI::App* gemm = bench->add_subcommand("gemm", "scaled FP8 GEMM vs OpenBLAS and oneDNN, the FMA peak and read bandwidth");
     gemm->add_flag("--json", opt->json, "one JSON object per line");
     gemm->add_flag("--quick", opt->quick, "512 square and M = 1, 16 at 4096 x 4096, short budgets");
-    gemm->callback([opt] { bench::run_gemm(*opt, std::cout); });
+    gemm->callback([opt] {
+        if (bench::run_gemm(*opt, std::cout) != 0) throw CheckFailed("bench gemm: a result outside its error bound (above)");
+    });
     CLI::App* layers = bench->add_subcommand("layers", "the layer ops (matmul, norms, GELU, attention, ...) on the cpu backend, checked against ref");
     layers->add_flag("--json", opt->json, "one JSON object per line");
     layers->add_flag("--quick", opt->quick, "the training shapes only, short budgets");
