@@ -15,10 +15,6 @@
 #include <ostream>
 #include <thread>
 
-#if defined(__unix__) || defined(__APPLE__)
-#include <unistd.h>
-#endif
-
 #if defined(__x86_64__) || defined(_M_X64)
 #if defined(_MSC_VER)
 #include <intrin.h>
@@ -96,6 +92,7 @@ void parallel_memcpy(void* dst, const void* src, size_t bytes, int threads) {
 }
 
 size_t last_level_cache_bytes() {
+    // A plain file read (no OS API: those live in src/platform/), absent off Linux.
     if (std::FILE* f = std::fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r")) {
         unsigned long long size = 0;
         char unit = 0;
@@ -103,10 +100,6 @@ size_t last_level_cache_bytes() {
         std::fclose(f);
         if (got >= 1 && size > 0) return size_t(size) << (unit == 'K' ? 10 : unit == 'M' ? 20 : 0);
     }
-#if defined(_SC_LEVEL3_CACHE_SIZE)
-    const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
-    if (l3 > 0) return size_t(l3);
-#endif
     return size_t(32) << 20;
 }
 

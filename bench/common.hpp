@@ -57,8 +57,8 @@ struct ReadPeak {
 ReadPeak read_peak(const void* src, size_t bytes, int threads, double budget);
 
 // The last-level cache a core of this machine allocates into, in bytes: Linux's
-// /sys/devices/system/cpu/cpu0/cache/index3/size, else sysconf's level-3 size (which on a Zen 5
-// EPYC VM gave the whole socket's 384 MiB, twelve 32 MiB L3s no core shares), else 32 MiB.
+// /sys/devices/system/cpu/cpu0/cache/index3/size, else 32 MiB. (Not sysconf's level-3 size: on
+// a Zen 5 EPYC VM it gave the whole socket's 384 MiB, twelve 32 MiB L3s no core shares.)
 size_t last_level_cache_bytes();
 
 // Nominal clock in GHz from the CPU's time-stamp counter (0 where there is none). Elements per
