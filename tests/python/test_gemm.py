@@ -173,12 +173,19 @@ def test_scaled_mm_fp8_output_divides_by_scale_result_and_saturates_as_torch():
 
 def test_scaled_mm_bias_and_numpy_operands():
     torch = pytest.importorskip("torch")
-    a, b = fp8_pair(torch, 8, 16, 64, seed=9)
+    # Integers of magnitude <= 16 (exact in e4m3): every product and every partial sum of K = 64 of
+    # them is an integer below 2^24, exact in float32 in any order, and the scales are powers of
+    # two - so D is the same bits whatever order each side sums in (randn * 40 operands, with
+    # products from 2^-18 to 2^17, were not: the two sides then differ in the last bits).
+    g = torch.Generator().manual_seed(9)
+    a = torch.randint(-16, 17, (8, 64), generator=g).float().to(torch.float8_e4m3fn)
+    b = torch.randint(-16, 17, (16, 64), generator=g).float().to(torch.float8_e4m3fn).t()
     sa, sb = torch.tensor(0.5), torch.tensor(0.25)
     bias = torch.randn(16, generator=torch.Generator().manual_seed(10)).to(torch.bfloat16)
     ours = fp8kit.scaled_mm(a, b, sa, sb, bias=bias, out_dtype=torch.bfloat16)
     theirs = torch._scaled_mm(a, b, sa, sb, bias=bias, out_dtype=torch.bfloat16)
-    assert torch.equal(ours, theirs)  # K = 64 products of 4-bit mantissas: both sums are exact here
+    assert torch.equal(ours, theirs)
+    assert not torch.equal(ours, fp8kit.scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16))  # the bias counts
     # ml_dtypes float8 arrays carry their format; numpy in, numpy out.
     an = a.view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn)
     bn = b.t().contiguous().view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn).T
