@@ -16,8 +16,10 @@
 
 #include <cpuid.h>
 
+#include <array>
 #include <bit>
 #include <cstring>
+#include <utility>
 
 #include "cpu/gemm_kernels.hpp"
 
@@ -74,85 +76,111 @@ namespace {
 // ---- small M: AVX512-BF16 dot products of bf16 pairs on codes widened in registers ----
 // A 64-code line of a packed strip holds two K pairs p, p + 1 for the strip's 16 columns (byte
 // 32 p + 2 c + e); widened, each is 16 lanes of (B[c, 2p], B[c, 2p + 1]), and VDPBF16PS adds
-// A[r, 2p] B[c, 2p] + A[r, 2p + 1] B[c, 2p + 1] to lane c with the A pair broadcast. Two
-// accumulators per row (even and odd lines) halve the dependency chain; with R = 8 rows the 16
-// accumulators, the widening's 9 tables and its 2 outputs fit the 32 registers. VDPBF16PS flushes
-// subnormal products to zero; a product of two FP8 values as bf16 is never subnormal in float32
-// (the smallest, 2^-17 * 2^-17 of e5m2fnuz, is 2^-34).
-template <int R>
-void small_rows(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1, const float* sa,
-                const ExpandTable& t, float* acc, int64_t ldacc) {
+// A[r, 2p] B[c, 2p] + A[r, 2p + 1] B[c, 2p + 1] to lane c with the A pair broadcast. One
+// accumulator per row and strip takes the pairs in K order - the tiles' sum, so D does not
+// depend on which of the two kernels M chose - in blocks of R rows x S strips: R x S <= 16
+// accumulators beside the widening's 9 tables and 2 outputs in the 32 registers, and enough
+// independent chains for VDPBF16PS (latency ~6 cycles, two a cycle on Zen 5): two pairs a line
+// make a chain 12 cycles per 64 codes, so below 9 rows two strips pass at once. A single row
+// (M = 1) streams one strip and sums the even and the odd pairs in two accumulators, added at
+// the group's end: two strips at once, or one chain, streamed its codes 4-8% slower (M = 1 out
+// of cache, bench_gemm --quick, alternating runs on Zen 5). VDPBF16PS flushes subnormal products
+// to zero; a product of two FP8 values as bf16 is never subnormal in float32 (the smallest,
+// 2^-17 * 2^-17 of e5m2fnuz, is 2^-34).
+template <int R, int S>
+void small_block(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, const float* sa, const Widen& widen,
+                 float* acc, int64_t ldacc) {
     const KLayout& kl = b.kl;
     const int64_t cpg = kl.chunks_per_group();
-    const bool one_group = kl.groups == 1;
-    const Widen widen(t);
-    for (int64_t s = s0; s < s1; ++s) {
-        const uint8_t* codes = b.strip(s);
-        __m512 total[R];
-        for (int64_t g = 0; g < kl.groups; ++g) {
-            __m512 even[R], odd[R];
-            for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm512_setzero_ps();
-            for (int64_t q = g * cpg; q < (g + 1) * cpg; ++q) {
-                const uint8_t* chunk = codes + q * gemm_chunk_codes;
-                // Every line of the chunk 8 ahead (4 KiB), as the AVX2 small kernel does: M = 1 out of
-                // cache streamed its codes at 0.82-0.84 of the read peak without, 0.89-0.90 with
-                // (bench_gemm --quick, alternating runs on Zen 5; 4 and 16 ahead: 0.79-0.85).
+    const uint8_t* codes[S];
+    for (int j = 0; j < S; ++j) codes[j] = b.strip(s + j);
+    constexpr int odd = R == 1 ? 1 : 0;  // the accumulator of each line's second pair
+    for (int64_t g = 0; g < kl.groups; ++g) {
+        __m512 sum[R][S][1 + odd];
+        for (int r = 0; r < R; ++r) {
+            for (int j = 0; j < S; ++j) {
+                for (int e = 0; e <= odd; ++e) sum[r][j][e] = _mm512_setzero_ps();
+            }
+        }
+        for (int64_t q = g * cpg; q < (g + 1) * cpg; ++q) {
+            // Every line of each strip's chunk 8 ahead (4 KiB): M = 1 out of cache streamed its
+            // codes at 0.82-0.84 of the read peak without, 0.89-0.90 with (bench_gemm --quick,
+            // alternating runs on Zen 5; 4 and 16 ahead: 0.79-0.85; 16 ahead into L2: 0.80-0.85).
+            for (int j = 0; j < S; ++j) {
                 for (int line = 0; line < gemm_chunk_codes / 64; ++line) {
-                    _mm_prefetch(reinterpret_cast<const char*>(chunk + 8 * gemm_chunk_codes + line * 64), _MM_HINT_T0);
+                    _mm_prefetch(reinterpret_cast<const char*>(codes[j] + (q + 8) * gemm_chunk_codes + line * 64), _MM_HINT_T0);
                 }
-                for (int l = 0; l < gemm_chunk_codes / 64; ++l) {
+            }
+            for (int l = 0; l < gemm_chunk_codes / 64; ++l) {
+                const uint16_t* ap = a + q * gemm_chunk + 4 * l;  // K pairs 2l, 2l + 1 of the chunk
+                for (int j = 0; j < S; ++j) {
                     __m512i w0, w1;
-                    widen(chunk + 64 * l, w0, w1);
+                    widen(codes[j] + q * gemm_chunk_codes + 64 * l, w0, w1);
                     for (int r = 0; r < R; ++r) {
-                        const uint16_t* ap = a + r * lda + q * gemm_chunk + 4 * l;  // K pairs 2l, 2l + 1
                         int32_t p0, p1;
-                        std::memcpy(&p0, ap, 4);
-                        std::memcpy(&p1, ap + 2, 4);
-                        even[r] = _mm512_dpbf16_ps(even[r], std::bit_cast<__m512bh>(_mm512_set1_epi32(p0)),
-                                                   std::bit_cast<__m512bh>(w0));
-                        odd[r] = _mm512_dpbf16_ps(odd[r], std::bit_cast<__m512bh>(_mm512_set1_epi32(p1)),
-                                                  std::bit_cast<__m512bh>(w1));
+                        std::memcpy(&p0, ap + r * lda, 4);
+                        std::memcpy(&p1, ap + r * lda + 2, 4);
+                        sum[r][j][0] = _mm512_dpbf16_ps(sum[r][j][0], std::bit_cast<__m512bh>(_mm512_set1_epi32(p0)),
+                                                        std::bit_cast<__m512bh>(w0));
+                        sum[r][j][odd] = _mm512_dpbf16_ps(sum[r][j][odd], std::bit_cast<__m512bh>(_mm512_set1_epi32(p1)),
+                                                          std::bit_cast<__m512bh>(w1));
                     }
                 }
             }
-            const __m512 sb = _mm512_loadu_ps(b.scales.data() + g * b.strips * gemm_tile + s * gemm_tile);
+        }
+        // One group: the raw sums (scaled in the epilogue). Groups: promoted into acc as each ends.
+        for (int j = 0; j < S; ++j) {
+            const __m512 sb = _mm512_loadu_ps(b.scales.data() + g * b.strips * gemm_tile + (s + j) * gemm_tile);
             for (int r = 0; r < R; ++r) {
-                const __m512 part = _mm512_add_ps(even[r], odd[r]);
-                if (one_group) {
-                    total[r] = part;  // scaled in the epilogue
+                float* out = acc + r * ldacc + j * gemm_tile;
+                const __m512 part = odd ? _mm512_add_ps(sum[r][j][0], sum[r][j][odd]) : sum[r][j][0];
+                if (kl.groups == 1) {
+                    _mm512_storeu_ps(out, part);
                 } else {
                     const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(sa[r * kl.groups + g]), sb);
-                    total[r] = g == 0 ? _mm512_mul_ps(part, scale) : _mm512_fmadd_ps(part, scale, total[r]);
+                    _mm512_storeu_ps(out, g == 0 ? _mm512_mul_ps(part, scale)
+                                                 : _mm512_fmadd_ps(part, scale, _mm512_loadu_ps(out)));
                 }
             }
         }
-        for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc + r * ldacc + (s - s0) * gemm_tile, total[r]);
     }
 }
+
+// Strips [s, s1) for R rows: blocks of S strips, then of S / 2, ... for the rest.
+template <int R, int S>
+void small_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, int64_t s1, const float* sa,
+                  const Widen& widen, float* acc, int64_t ldacc) {
+    for (; s + S <= s1; s += S, acc += S * gemm_tile) small_block<R, S>(a, lda, b, s, sa, widen, acc, ldacc);
+    if constexpr (S > 1) small_strips<R, S / 2>(a, lda, b, s, s1, sa, widen, acc, ldacc);
+}
+
+// Strips per block for R rows (see small_block).
+constexpr int small_strips_for(int rows) { return rows == 1 || rows > 8 ? 1 : 2; }
+
+using SmallRows = void (*)(const uint16_t*, int64_t, const PackedB&, int64_t, int64_t, const float*, const Widen&,
+                           float*, int64_t);
+template <std::size_t... R>
+constexpr std::array<SmallRows, sizeof...(R)> small_rows_table(std::index_sequence<R...>) {
+    return {&small_strips<int(R) + 1, small_strips_for(int(R) + 1)>...};
+}
+constexpr int small_rows_max = 16;
+constexpr auto small_rows = small_rows_table(std::make_index_sequence<small_rows_max>());
 
 }  // namespace
 
 void small_bf16(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,
                 const float* sa, const ExpandTable& t, float* acc, int64_t ldacc) {
-    // Strip by strip, in groups of up to 8 rows: a group after the first reads the strip's codes
-    // from L2 (16 x K bytes), not from memory.
-    const int64_t g = b.kl.groups;
-    for (int64_t s = s0; s < s1; ++s) {
-        float* out = acc + (s - s0) * gemm_tile;
-        for (int64_t r = 0; r < rows; r += 8) {
-            const uint16_t* ar = a + r * lda;
-            const float* sr = sa + r * g;
-            float* o = out + r * ldacc;
-            switch (std::min<int64_t>(8, rows - r)) {
-                case 1: small_rows<1>(ar, lda, b, s, s + 1, sr, t, o, ldacc); break;
-                case 2: small_rows<2>(ar, lda, b, s, s + 1, sr, t, o, ldacc); break;
-                case 3: small_rows<3>(ar, lda, b, s, s + 1, sr, t, o, ldacc); break;
-                case 4: small_rows<4>(ar, lda, b, s, s + 1, sr, t, o, ldacc); break;
-                case 5: small_rows<5>(ar, lda, b, s, s + 1, sr, t, o, ldacc); break;
-                case 6: small_rows<6>(ar, lda, b, s, s + 1, sr, t, o, ldacc); break;
-                case 7: small_rows<7>(ar, lda, b, s, s + 1, sr, t, o, ldacc); break;
-                default: small_rows<8>(ar, lda, b, s, s + 1, sr, t, o, ldacc); break;
-            }
+    // Rows in even groups of up to 16 (17 rows: 9 and 8, never a single row, which sums apart).
+    // With one group all strips pass in turn; with more, 2 strips at a time, so that the groups
+    // after the first read them from L2 (2 x 16 x K bytes).
+    const Widen widen(t);
+    const int64_t groups = (rows + small_rows_max - 1) / small_rows_max, per = (rows + groups - 1) / groups;
+    const int64_t step = groups == 1 ? s1 - s0 : 2;
+    for (int64_t s = s0; s < s1; s += step) {
+        const int64_t e = std::min(s1, s + step);
+        for (int64_t r = 0; r < rows; r += per) {
+            small_rows[size_t(std::min(per, rows - r) - 1)](a + r * lda, lda, b, s, e, sa + r * b.kl.groups, widen,
+                                                            acc + r * ldacc + (s - s0) * gemm_tile, ldacc);
         }
     }
 }

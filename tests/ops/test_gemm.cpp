@@ -646,6 +646,42 @@ TEST(GemmOps, ThreadCountDoesNotChangeD) {
     }
 }
 
+// On the avx512-bf16 kernels the small-M kernel (2 <= M <= 32) adds each output's K pairs in K
+// order into one float32 lane, as the tiles do: the first M rows of A give the first M rows of
+// the tiles' D (M = 64) bit for bit, for one K group (row) and for many (block, mx32; each
+// group's partial sum promoted in turn). M = 1 is the stated exception (even and odd pairs apart,
+// NUMERICS.md). Rowwise and blockwise A scales depend on their own row only, so the rows'
+// codes and scales are the same in both products.
+TEST(GemmOps, SmallMKernelSumsAsTheTilesOnAvx512Bf16) {
+    const int64_t big = 64, n = 130, k = 1100;
+    bool ran = false;
+    uint32_t seed = 900;
+    const std::vector<float> xv = gaussian(big, k, seed++);
+    on_backend(Backend::cpu, [&] {
+        for_each_isa([&](Isa) {
+            if (std::string(gemm_kernels_name()) != "avx512-bf16") return;
+            ran = true;
+            for (const GranCase& g : gran_cases()) {
+                if (g.name == "tensor" || g.name == "tensor_x_block") continue;  // A's scale spans all rows
+                SCOPED_TRACE(g.name);
+                const QuantizeOptions oa = qopts(g.a, Format::e4m3fn, g.power_of_two);
+                const QTensor qb = quantize(as_tensor(gaussian(n, k, seed++), n, k, DType::f32),
+                                            qopts(g.b, Format::e4m3fn, g.power_of_two));
+                const std::vector<double> tiles = values(gemm(quantize(as_tensor(xv, big, k, DType::f32), oa), qb));
+                for (const int64_t m : {2, 3, 8, 9, 16, 17, 31, 32}) {
+                    const std::vector<float> x(xv.begin(), xv.begin() + m * k);
+                    const std::vector<double> small = values(gemm(quantize(as_tensor(x, m, k, DType::f32), oa), qb));
+                    int64_t differ = 0;
+                    for (int64_t i = 0; i < m * n; ++i) differ += bits(float(small[size_t(i)])) != bits(float(tiles[size_t(i)]));  // f32 outputs, exact in double
+                    EXPECT_EQ(differ, 0) << "M = " << m << ": elements of D not equal to the tiles' bit for bit";
+                }
+            }
+        });
+        return 0;
+    });
+    if (!ran) GTEST_SKIP() << "needs the avx512-bf16 GEMM kernels: AVX512-BF16 and VBMI without AMX";
+}
+
 // ---- NaN and Inf ----
 
 // Codes injected after quantizing (a NaN input would make a tensor scale non-finite): a NaN
