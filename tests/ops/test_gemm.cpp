@@ -397,8 +397,8 @@ struct Mnk {
 
 // 1s, primes, K not a multiple of 32 or 128, N across several 128-column panels, M across several
 // 32-row blocks, and K past the cpu kernel's 1024-wide window of B. Small M runs the cpu backend's
-// small-M kernel where it has one (AMX: M <= 2; AVX512-BF16 without AMX: M <= 32, in groups of up
-// to 8 rows; AVX2: M <= 4, in pairs of rows and a single one), larger M its tiles.
+// small-M kernel where it has one (AMX: M <= 2; AVX512-BF16 without AMX: M <= 32, in even groups of
+// up to 16 rows; AVX2: M <= 4, in pairs of rows and a single one), larger M its tiles.
 const Mnk grid_shapes[] = {{1, 1, 1},      {1, 17, 5},     {2, 45, 260},    {3, 7, 130},     {4, 50, 384},   {5, 23, 129},
                            {16, 33, 257},  {17, 64, 128},  {31, 130, 300},  {64, 48, 512},   {130, 257, 129}, {37, 140, 1100}};
 
@@ -734,6 +734,51 @@ TEST(GemmNaN, NanCodePoisonsOnlyItsRowOrColumn) {
                     });
                 }
             }
+        }
+    }
+}
+
+// Every code of B widens exactly: B's row c holds code c at K index c % k and zeros elsewhere, A
+// is all 1.0 and both scales 1, so D[i, c] = 0 + decode(c) exactly (the sum of one product and
+// zeros: -0 adds to +0) - subnormals, the largest value, Inf and NaN (fnuz's 0x80 included, which is not -0) - for each FP8 format B takes, on the
+// tiles (M = 40) and on the small-M kernel (M = 3, 1), every backend and ISA path. (The widening
+// looks codes up by their low 7 bits and takes the sign from the top bit; dropping the fnuz NaN
+// fix-up, or the sign, fails this.)
+TEST(GemmOps, EveryCodeOfBDecodesExactly) {
+    const int64_t n = 256, k = 64;
+    const std::pair<Format, Format> pairs[] = {{Format::e4m3fn, Format::e4m3fn},
+                                               {Format::e4m3fn, Format::e5m2},
+                                               {Format::e4m3fnuz, Format::e4m3fnuz},
+                                               {Format::e4m3fnuz, Format::e5m2fnuz}};
+    for (const auto& [fa, fb] : pairs) {
+        QTensor qb = quantize(as_tensor(std::vector<float>(size_t(n * k), 0.0f), n, k, DType::f32),
+                              qopts(Scaling::tensor(), fb));
+        qb.data = qb.data.clone();
+        qb.scale_inv = Tensor::from(std::vector<float>{1.0f}, qb.scale_inv.shape());
+        for (int64_t c = 0; c < n; ++c) {
+            for (int64_t j = 0; j < k; ++j) qb.data.data<uint8_t>()[c * k + j] = j == c % k ? uint8_t(c) : encode(0.0f, fb);
+        }
+        for (const int64_t m : {int64_t(40), int64_t(3), int64_t(1)}) {
+            SCOPED_TRACE(std::string(to_string(fb)) + " m=" + std::to_string(m));
+            QTensor qa = quantize(as_tensor(std::vector<float>(size_t(m * k), 1.0f), m, k, DType::f32),
+                                  qopts(Scaling::tensor(), fa));
+            qa.data = qa.data.clone();
+            qa.scale_inv = Tensor::from(std::vector<float>{1.0f}, qa.scale_inv.shape());
+            for (int64_t i = 0; i < m * k; ++i) qa.data.data<uint8_t>()[i] = encode(1.0f, fa);
+            for_each_backend([&] {
+                const Tensor d = gemm(qa, qb);
+                int bad = 0;
+                for (int64_t i = 0; i < m; ++i) {
+                    for (int64_t c = 0; c < n; ++c) {
+                        const float want = 0.0f + decode(uint8_t(c), fb), got = d.get({i, c});
+                        if (!same_float(got, want) && ++bad <= 3) {
+                            ADD_FAILURE() << "code 0x" << std::hex << c << std::dec << ": D[" << i << ", " << c << "] = " << got
+                                          << ", want " << want;
+                        }
+                    }
+                }
+                EXPECT_EQ(bad, 0);
+            });
         }
     }
 }
