@@ -206,10 +206,11 @@ void small_bf16(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, 
 namespace {
 
 // The small-M kernel takes M <= 32 here (the AMX kernels keep it to M <= 2: their tiles are
-// faster). Measured on Zen 5 (2 threads, x 4096 x 4096): in cache 582 / 783 / 773 GFLOP/s at
-// M = 4 / 8 / 16 against the tiles' 180 / 354 / 704, 598 / 805 against 581 / 799 at M = 24 / 32,
-// 864 against 871 at M = 48; out of cache at M = 16 682-686 against 501-506 - the codes
-// streamed once instead of widened into a window that 16 rows share.
+// faster). Measured on Zen 5 (2 threads, x 4096 x 4096, in cache): 662 / 700 / 845 GFLOP/s at
+// M = 4 / 8 / 16 against the tiles' 180 / 354 / 704; 822 / 857-871 at M = 24 / 32 (tiles 581 /
+// 799); at M = 40 814 against 738, at 48 860 against 884, at 64 860 against 915 (M = 33..40
+// would gain by it, rare shapes). Out of cache at M = 16 790-810 against the tiles' 501-506: the
+// codes streamed once instead of widened into a window that 16 rows share.
 constexpr int64_t avx512_small_m_max = 32;
 
 // ---- tiles: an R x 16 NJ block of C in zmm accumulators, over K pairs of a bf16 window ----
