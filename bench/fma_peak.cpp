@@ -152,47 +152,32 @@ FP8KIT_TARGET("avx512f") uint64_t lines_avx512(const std::byte* p, size_t lines)
 
 using LinesFn = uint64_t (*)(const std::byte*, size_t);
 
-template <template <int> class Pick>
-LinesFn by_streams(int streams) {
-    switch (streams) {
-        case 1: return Pick<1>::fn;
-        case 2: return Pick<2>::fn;
-        case 4: return Pick<4>::fn;
-        default: return Pick<8>::fn;
-    }
-}
-template <int S>
-struct PickPortable {
-    static constexpr LinesFn fn = &lines_portable<S>;
-};
+// The widest loads this CPU has, as for the FMA peak: a row of lines_by_isa.
+enum class ReadIsa { portable, avx2, avx512 };
+constexpr const char* read_isa_names[] = {"portable", "avx2", "avx512"};
+ReadIsa read_isa() {
 #if defined(FP8KIT_BENCH_X86)
-template <int S>
-struct PickAvx2 {
-    static constexpr LinesFn fn = &lines_avx2<S>;
-};
-template <int S>
-struct PickAvx512 {
-    static constexpr LinesFn fn = &lines_avx512<S>;
-};
+    if (cpu_supports(Isa::avx512)) return ReadIsa::avx512;
+    if (cpu_supports(Isa::avx2)) return ReadIsa::avx2;
 #endif
+    return ReadIsa::portable;
+}
 
-// The widest loads this CPU has, as for the FMA peak.
-const char* read_isa() {
+// [ReadIsa][log2 streams]: 1, 2, 4 and 8 streams per thread.
+constexpr int stream_counts[] = {1, 2, 4, 8};
 #if defined(FP8KIT_BENCH_X86)
-    if (cpu_supports(Isa::avx512)) return "avx512";
-    if (cpu_supports(Isa::avx2)) return "avx2";
+constexpr LinesFn lines_by_isa[3][4] = {
+    {&lines_portable<1>, &lines_portable<2>, &lines_portable<4>, &lines_portable<8>},
+    {&lines_avx2<1>, &lines_avx2<2>, &lines_avx2<4>, &lines_avx2<8>},
+    {&lines_avx512<1>, &lines_avx512<2>, &lines_avx512<4>, &lines_avx512<8>}};
+#else
+constexpr LinesFn lines_by_isa[1][4] = {{&lines_portable<1>, &lines_portable<2>, &lines_portable<4>, &lines_portable<8>}};
 #endif
-    return "portable";
-}
 
 LinesFn lines_fn(int streams) {
-    const std::string_view isa = read_isa();
-#if defined(FP8KIT_BENCH_X86)
-    if (isa == "avx512") return by_streams<PickAvx512>(streams);
-    if (isa == "avx2") return by_streams<PickAvx2>(streams);
-#endif
-    (void)isa;
-    return by_streams<PickPortable>(streams);
+    int i = 0;
+    while (i < 3 && stream_counts[i] < streams) ++i;
+    return lines_by_isa[int(read_isa())][i];
 }
 
 // A thread's share [p, p + bytes): whole lines by `fn`, the rest in plain 64-bit words and bytes.
@@ -234,8 +219,8 @@ unsigned long long parallel_read(const void* src, size_t bytes, int threads, int
 }
 
 ReadPeak read_peak(const void* src, size_t bytes, int threads, double budget) {
-    ReadPeak best{0.0, 0, read_isa(), 0.0};
-    for (int streams : {1, 2, 4, 8}) {
+    ReadPeak best{0.0, 0, read_isa_names[int(read_isa())], 0.0};
+    for (int streams : stream_counts) {
         const double s = best_seconds([&] { read_sink = read_sink + parallel_read(src, bytes, threads, streams); }, budget);
         const double gbps = double(bytes) / s * 1e-9;
         if (gbps > best.gbps) best.gbps = gbps, best.streams = streams;

@@ -274,8 +274,11 @@ struct FusedLinear {
     PackedWeight b;
     QuantizeOptions q;
     std::optional<Array> bias;
-    GemmOptions o[3];  // by output dtype: float32, bfloat16, float16
+    GemmOptions o[3];  // by output dtype, in the order of fused_out_dtypes
 };
+// FusedLinear's output dtypes, by the index its __call__ takes (exported as
+// FusedLinear.out_dtypes, from which fp8kit.torch builds its index).
+constexpr const char* fused_out_dtypes[3] = {"float32", "bfloat16", "float16"};
 
 NumpyArray gemm_array(const GemmA& a, const PackedWeight& b, const GemmOptions& o) {
     Tensor d;
@@ -426,22 +429,28 @@ NB_MODULE(_fp8kit, m) {
           "The GEMM with a given in float32 / bfloat16 / float16 [M, K] and cast to FP8 inside it.");
     nb::class_<FusedLinear>(m, "FusedLinear",
                             "y = deq(fp8(x)) . deq(b)^T (+ bias) with everything but x fixed (fp8kit.torch's Linear).")
+        .def_prop_ro_static("out_dtypes", [](nb::handle) {
+            return nb::make_tuple(fused_out_dtypes[0], fused_out_dtypes[1], fused_out_dtypes[2]);
+        }, "The output dtypes' names, by the index __call__ takes.")
         .def("__init__",
              [](FusedLinear* self, const PackedWeight& b, const std::string& format, const std::string& scaling,
                 const std::string& overflow, const std::optional<Array>& bias) {
                  auto* f = new (self) FusedLinear{b, quantize_options(format, scaling, overflow, false, 0.0f, "floor",
                                                                       "propagate"),
                                                   bias, {}};
-                 const char* names[3] = {"float32", "bfloat16", "float16"};
-                 for (int i = 0; i < 3; ++i) f->o[i] = gemm_options(names[i], 1.0f, 0.0f, std::nullopt, f->bias, "none");
+                 for (int i = 0; i < 3; ++i) {
+                     f->o[i] = gemm_options(fused_out_dtypes[i], 1.0f, 0.0f, std::nullopt, f->bias, "none");
+                 }
              },
              "b"_a, "format"_a, "scaling"_a, "overflow"_a, "bias"_a.none())
         .def("__call__",
              [](const FusedLinear& f, const Array& a, int out) {
-                 if (out < 0 || out > 2) throw Error("fp8kit.FusedLinear: out is " + std::to_string(out) + ", expected 0, 1 or 2");
+                 if (out < 0 || out > 2) {
+                     throw Error("fp8kit.FusedLinear: out is " + std::to_string(out) + ", expected an index of out_dtypes: 0, 1 or 2");
+                 }
                  return gemm_array(GemmA(view(a, "a"), f.q), f.b, f.o[out]);
              },
-             "a"_a, "out"_a, "D for a (float32 / bfloat16 / float16 [M, K]); out: 0 float32, 1 bfloat16, 2 float16.");
+             "a"_a, "out"_a, "D for a (float32 / bfloat16 / float16 [M, K]) in out_dtypes[out].");
     // (name, fp8, recipe, reason) per layer
     using PolicyEntry = std::tuple<std::string, bool, std::optional<std::string>, std::string>;
     m.def("write_policy", [](const std::string& path, const std::vector<PolicyEntry>& layers) {

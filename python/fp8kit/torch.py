@@ -65,7 +65,8 @@ def _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling):
     return cached[1]
 
 
-_OUT_DTYPES = {torch.float32: ("float32", 0), torch.bfloat16: ("bfloat16", 1), torch.float16: ("float16", 2)}
+# torch dtype -> (name, FusedLinear's index for it)
+_OUT_DTYPES = {getattr(torch, name): (name, i) for i, name in enumerate(fp8kit._fp8kit.FusedLinear.out_dtypes)}
 
 
 def _linear(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling):

@@ -114,6 +114,16 @@ void small_block(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, co
     }
     constexpr int odd = R == 1 ? 1 : 0;  // the accumulator of each line's second pair
     for (int64_t g = 0; g < kl.groups; ++g) {
+        // The scales four groups ahead in this kernel's order (past the last group: the next
+        // block of strips'): the group-major table puts a strip's line of each group 16 x strips
+        // floats apart, where no hardware prefetcher looks, and a miss at a group's end stalls it
+        // (block scaling from Python, out of cache: M = 16 447-481 GFLOP/s without, 632-681
+        // with; M = 1 80 without, against 98 for rowwise).
+        const int64_t ahead = g + 4 < kl.groups ? g + 4 : g + 4 - kl.groups, next = g + 4 < kl.groups ? s : s + S;
+        for (int j = 0; j < S && kl.groups > 4 && next + j < b.strips; ++j) {
+            _mm_prefetch(reinterpret_cast<const char*>(b.scales.data() + ahead * b.strips * gemm_tile + (next + j) * gemm_tile),
+                         _MM_HINT_T0);
+        }
         __m512 sum[R][S][1 + odd];
         for (int r = 0; r < R; ++r) {
             for (int j = 0; j < S; ++j) {
