@@ -117,8 +117,12 @@ void small_block(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, co
         // The scales four groups ahead in this kernel's order (past the last group: the next
         // block of strips'): the group-major table puts a strip's line of each group 16 x strips
         // floats apart, where no hardware prefetcher looks, and a miss at a group's end stalls it
-        // (block scaling from Python, out of cache: M = 16 447-481 GFLOP/s without, 632-681
-        // with; M = 1 80 without, against 98 for rowwise).
+        // (block scaling from Python, out of cache, M = 16: 625-653 GFLOP/s with this prefetch
+        // compiled but never taken, 662-691 taken). Caution: the 16-row block keeps 16 A row
+        // pointers, more than the free general registers, and which ones the compiler spills
+        // moved the same shape between 447 and 690 with changes elsewhere in this function
+        // (the same prefetch through a helper in gemm_kernels.hpp: 448-570); check a change
+        // here by its speed at M = 16, block scaling included.
         const int64_t ahead = g + 4 < kl.groups ? g + 4 : g + 4 - kl.groups, next = g + 4 < kl.groups ? s : s + S;
         for (int j = 0; j < S && kl.groups > 4 && next + j < b.strips; ++j) {
             _mm_prefetch(reinterpret_cast<const char*>(b.scales.data() + ahead * b.strips * gemm_tile + (next + j) * gemm_tile),
