@@ -750,7 +750,8 @@ TEST(GemmOps, EveryCodeOfBDecodesExactly) {
                                                {Format::e4m3fn, Format::e5m2},
                                                {Format::e4m3fnuz, Format::e4m3fnuz},
                                                {Format::e4m3fnuz, Format::e5m2fnuz}};
-    for (const auto& [fa, fb] : pairs) {
+    for (const auto& pair : pairs) {
+        const Format fa = pair.first, fb = pair.second;  // named copies: clang before 16 cannot capture a structured binding
         QTensor qb = quantize(as_tensor(std::vector<float>(size_t(n * k), 0.0f), n, k, DType::f32),
                               qopts(Scaling::tensor(), fb));
         qb.data = qb.data.clone();
