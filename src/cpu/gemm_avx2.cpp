@@ -291,12 +291,12 @@ void small_strip(const float* af, int64_t ldaf, const PackedB& b, int64_t s, con
                 total[r][1] = part[1];
                 continue;
             }
-            // partial * (sa * sb), then added: promote_loop's operations, in its order.
+            // partial * (sa * sb), fused into the total after the first group: promote_loop's
+            // operations, in its order.
             const __m256 s_a = _mm256_set1_ps(sa[r * kl.groups + g]);
-            const __m256 p0 = _mm256_mul_ps(part[0], _mm256_mul_ps(s_a, sb0));
-            const __m256 p1 = _mm256_mul_ps(part[1], _mm256_mul_ps(s_a, sb1));
-            total[r][0] = g == 0 ? p0 : _mm256_add_ps(total[r][0], p0);
-            total[r][1] = g == 0 ? p1 : _mm256_add_ps(total[r][1], p1);
+            const __m256 x0 = _mm256_mul_ps(s_a, sb0), x1 = _mm256_mul_ps(s_a, sb1);
+            total[r][0] = g == 0 ? _mm256_mul_ps(part[0], x0) : _mm256_fmadd_ps(part[0], x0, total[r][0]);
+            total[r][1] = g == 0 ? _mm256_mul_ps(part[1], x1) : _mm256_fmadd_ps(part[1], x1, total[r][1]);
         }
     }
     for (int r = 0; r < R; ++r) {

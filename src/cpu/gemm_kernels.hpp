@@ -15,6 +15,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <new>
@@ -156,7 +157,12 @@ void matmul_f32_avx2(float* c, const float* a, bool ta, const float* b, bool tb,
 
 namespace {  // compiled into each kernel TU with that TU's ISA flags (internal linkage, no ODR mixing)
 
-// GemmKernels::promote as a loop the compiler vectorizes. partial * (sa * sb): DeepGEMM's order.
+// GemmKernels::promote as a loop the compiler vectorizes: acc = partial * (sa * sb) for the first
+// group, then acc = fma(partial, sa * sb, acc) - DeepGEMM's order, the multiply-add rounded once.
+// Fused explicitly: written `acc += partial * (sa * sb)`, GCC made it an FMA at -O3 and a multiply
+// and an add at -O1 (the asan preset), so D depended on the optimisation level (the small-M
+// kernels' bit-equality test with the tiles caught it). std::fma is one instruction in the kernel
+// TUs (built with FMA), a libm call in the portable one.
 inline void promote_loop(const float* part, int64_t rows, int64_t cols, const float* sa, int64_t sa_stride,
                          const float* sb, float* acc, int64_t ldacc, bool first) {
     for (int64_t r = 0; r < rows; ++r) {
@@ -166,7 +172,7 @@ inline void promote_loop(const float* part, int64_t rows, int64_t cols, const fl
         if (first) {
             for (int64_t c = 0; c < cols; ++c) out[c] = p[c] * (s * sb[c]);
         } else {
-            for (int64_t c = 0; c < cols; ++c) out[c] += p[c] * (s * sb[c]);
+            for (int64_t c = 0; c < cols; ++c) out[c] = std::fma(p[c], s * sb[c], out[c]);
         }
     }
 }
