@@ -93,14 +93,14 @@ namespace {
 // A[r, 2p] B[c, 2p] + A[r, 2p + 1] B[c, 2p + 1] to lane c with the A pair broadcast. One
 // accumulator per row and strip takes the pairs in K order - the tiles' sum, so D does not
 // depend on which of the two kernels M chose - in blocks of R rows x S strips: R x S <= 16
-// accumulators beside the widening's 9 tables and 2 outputs in the 32 registers, and enough
-// independent chains for VDPBF16PS (latency ~6 cycles, two a cycle on Zen 5): two pairs a line
-// make a chain 12 cycles per 64 codes, so below 9 rows two strips pass at once. A single row
-// (M = 1) streams one strip and sums the even and the odd pairs in two accumulators, added at
-// the group's end: two strips at once, or one chain, streamed its codes 4-8% slower (M = 1 out
-// of cache, bench_gemm --quick, alternating runs on Zen 5). VDPBF16PS flushes subnormal products
-// to zero; a product of two FP8 values as bf16 is never subnormal in float32 (the smallest,
-// 2^-17 * 2^-17 of e5m2fnuz, is 2^-34).
+// accumulators beside the widening's 8 tables and constants and its 2 outputs in the 32
+// registers, and enough independent chains for VDPBF16PS (latency ~6 cycles, two a cycle on
+// Zen 5): two pairs a line make a chain 12 cycles per 64 codes, so below 9 rows two strips pass
+// at once. A single row (M = 1) streams one strip and sums the even and the odd pairs in two
+// accumulators, added at the group's end: two strips at once, or one chain, streamed its codes
+// 4-8% slower (M = 1 out of cache, bench_gemm --quick, alternating runs on Zen 5). VDPBF16PS
+// flushes subnormal products to zero; a product of two FP8 values as bf16 is never subnormal in
+// float32 (the smallest, 2^-17 * 2^-17 of e5m2fnuz, is 2^-34).
 template <int R, int S>
 void small_block(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, const float* sa, const Widen& widen,
                  float* acc, int64_t ldacc) {
