@@ -43,7 +43,9 @@ public:
     Tensor() = default;  // undefined (no storage); defined() is false
 
     // Uninitialised / zero-filled contiguous tensors. Dimensions must be >= 0. Device::cuda
-    // needs the CUDA backend (fp8kit::Error without it).
+    // needs the CUDA backend (fp8kit::Error without it). CPU blocks of 2 MiB and more are kept
+    // when freed (256 MiB at most, the latest) and reused for the next tensor of their size, so a
+    // layer's output allocated every call does not fault its pages in every call.
     static Tensor empty(Shape shape, DType dtype, Device device = Device::cpu);
     static Tensor zeros(Shape shape, DType dtype, Device device = Device::cpu);
     // A contiguous CPU tensor with every element `value` (as set() converts it), e.g. a delayed

@@ -363,15 +363,29 @@ inline float load_float(const void* p, DType t, int64_t at) noexcept {
     }
 }
 
-// Row i, columns [j0, j0 + cols), in place: v = alpha * (scaled product) on entry.
+// v[n] += w * T(x[n]) for n < cols.
+template <class T, class E>
+void add_scaled_row(T* v, const E* x, T w, int64_t cols) noexcept {
+    for (int64_t n = 0; n < cols; ++n) v[n] += w * T(float(x[n]));
+}
+
+// The same for a row of a tensor of dtype t from element `at`: the type chosen once per row, not
+// per element as load_float would (per element, a bias cost 5% of a 2048 x 4096 x 4096 GEMM).
+template <class T>
+void add_scaled_row(T* v, const void* x, DType t, int64_t at, T w, int64_t cols) noexcept {
+    switch (t) {
+        case DType::bf16: return add_scaled_row(v, static_cast<const bf16*>(x) + at, w, cols);
+        case DType::f16: return add_scaled_row(v, static_cast<const f16*>(x) + at, w, cols);
+        default: return add_scaled_row(v, static_cast<const float*>(x) + at, w, cols);
+    }
+}
+
+// Row i, columns [j0, j0 + cols), in place: v = alpha * (scaled product) on entry. (The bias is
+// added as 1 * bias: exact, the same sum.)
 template <class T>
 void gemm_epilogue(const GemmJob& j, int64_t i, int64_t j0, T* v, int64_t cols) noexcept {
-    if (j.c.data != nullptr) {
-        for (int64_t n = 0; n < cols; ++n) v[n] += T(j.beta) * T(load_float(j.c.data, j.c.dtype, i * j.c.ld + j0 + n));
-    }
-    if (j.bias != nullptr) {
-        for (int64_t n = 0; n < cols; ++n) v[n] += T(load_float(j.bias, j.bias_dtype, j0 + n));
-    }
+    if (j.c.data != nullptr) add_scaled_row(v, j.c.data, j.c.dtype, i * j.c.ld + j0, T(j.beta), cols);
+    if (j.bias != nullptr) add_scaled_row(v, j.bias, j.bias_dtype, j0, T(1), cols);
     if (j.activation == Activation::gelu) {
         for (int64_t n = 0; n < cols; ++n) v[n] = gelu(v[n]);
     }

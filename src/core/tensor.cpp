@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <new>
 #include <string>
 
+#include "core/host_memory.hpp"
 #include "fp8kit/convert.hpp"
 #include "fp8kit/tensor.hpp"
 #ifdef FP8KIT_HAS_CUDA
@@ -98,8 +98,7 @@ Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
         throw Error("fp8kit::Tensor::empty: device cuda needs the CUDA backend, which this build does not have");
 #endif
     } else {
-        auto* p = static_cast<std::byte*>(::operator new(rounded, std::align_val_t{tensor_alignment}));
-        t.storage_ = std::shared_ptr<std::byte>(p, [](std::byte* q) { ::operator delete(q, std::align_val_t{tensor_alignment}); });
+        t.storage_ = detail::host_allocate(rounded);
     }
     t.strides_ = row_major_strides(shape);
     t.shape_ = std::move(shape);

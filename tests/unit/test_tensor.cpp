@@ -2,7 +2,9 @@
 // 64-byte alignment), dtype names, typed access checks, views that share storage (reshape, slice,
 // transpose), copies (contiguous, clone), element get/set for every dtype, and the errors for bad
 // indices and shapes. Expected values are written out by hand (strides, offsets, FP8 codes derived
-// from the bit layouts of NUMERICS.md), never taken from the code under test.
+// from the bit layouts of NUMERICS.md), never taken from the code under test. Also the CPU memory
+// behind tensors (src/core/host_memory.cpp): a freed large block is reused, never while alive,
+// zeros() clears a reused one, and the blocks kept stay within host_cache_cap.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/host_memory.hpp"
 #include "fp8kit/error.hpp"
 #include "fp8kit/tensor.hpp"
 #include "support.hpp"
@@ -496,6 +499,58 @@ TEST(Tensor, ViewOfExternalMemoryKeepsItsOwnerAlive) {
     expect_error([&] { (void)Tensor::view_of(bytes, bytes->data() + 1, {2}, DType::i32); }, "not aligned");
     t = Tensor();
     EXPECT_TRUE(watch.expired());
+}
+
+// A layer's output allocated every call gets the block the last call freed (no fresh pages), and
+// a block in use is never handed out again.
+TEST(HostMemory, AFreedLargeBlockIsReusedForTheSameSizeAndNeverWhileAlive) {
+    const size_t bytes = 5 * detail::host_cache_min;  // a multiple: no rounding
+    const Shape shape{int64_t(detail::host_cache_min / 4), 5};  // f32
+    const void* first = nullptr;
+    {
+        const Tensor t = Tensor::empty(shape, DType::f32);
+        first = t.raw_data();
+    }
+    const size_t cached = detail::host_cached_bytes();
+    EXPECT_GE(cached, bytes);
+    const Tensor again = Tensor::empty(shape, DType::f32);
+    EXPECT_EQ(again.raw_data(), first);
+    EXPECT_EQ(detail::host_cached_bytes(), cached - bytes);
+    const Tensor other = Tensor::empty(shape, DType::f32);  // same size, while `again` lives
+    EXPECT_NE(other.raw_data(), again.raw_data());
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(other.raw_data()) % tensor_alignment, 0u);
+    // Writing one does not touch the other.
+    std::memset(other.raw_data(), 0xFF, other.nbytes());
+    std::memset(again.raw_data(), 0, again.nbytes());
+    EXPECT_EQ(static_cast<const uint8_t*>(other.raw_data())[other.nbytes() - 1], 0xFF);
+}
+
+TEST(HostMemory, ZerosClearsAReusedBlock) {
+    const Shape shape{int64_t(detail::host_cache_min) / 2 + 3};  // u16: 2 MiB + 6 bytes -> 4 MiB
+    const void* dirty = nullptr;
+    {
+        const Tensor t = Tensor::empty(shape, DType::u16);
+        std::memset(t.raw_data(), 0xAB, t.nbytes());
+        dirty = t.raw_data();
+    }
+    const Tensor z = Tensor::zeros(shape, DType::u16);
+    ASSERT_EQ(z.raw_data(), dirty);  // the reused block, or this test shows nothing
+    const auto* v = z.data<const uint16_t>();
+    EXPECT_EQ(std::count(v, v + z.numel(), uint16_t(0)), z.numel());
+}
+
+// Freed blocks of sizes never asked for again: the cache keeps the latest within its cap, and a
+// block larger than the cap is returned at once.
+TEST(HostMemory, BlocksKeptStayWithinTheCap) {
+    const size_t mib = size_t(1) << 20;
+    for (int i = 0; i < 12; ++i) {
+        (void)Tensor::empty({int64_t((34 + 2 * i) * mib)}, DType::u8);
+        EXPECT_LE(detail::host_cached_bytes(), detail::host_cache_cap) << "after block " << i;
+    }
+    EXPECT_GE(detail::host_cached_bytes(), detail::host_cache_cap - 56 * mib);  // it does keep blocks
+    const size_t before = detail::host_cached_bytes();
+    (void)Tensor::empty({int64_t(detail::host_cache_cap + mib)}, DType::u8);
+    EXPECT_EQ(detail::host_cached_bytes(), before);
 }
 
 }  // namespace
