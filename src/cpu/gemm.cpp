@@ -93,8 +93,8 @@ void block_portable(int mi, int nj, const uint16_t* a, int64_t lda, const void* 
     }
 }
 
-constexpr GemmKernels portable_kernels{&expand_portable, &widen_bf16<&expand_portable>, 2, &block_portable,
-                                       &promote_loop, &no_tile_state, &no_tile_state, nullptr, 0,
+constexpr GemmKernels portable_kernels{&expand_portable, &widen_bf16<&expand_portable>, 2,
+                                       &block_then_promote<&block_portable>, &no_tile_state, &no_tile_state, nullptr, 0,
                                        &matmul_f32_portable, "portable"};
 
 // ---- packing A ----
@@ -205,7 +205,6 @@ void run_tiles(const Task& t, int64_t r0, int64_t rows, int64_t s0, int64_t s1, 
     const int64_t b_strip = wchunks * gemm_chunk_codes;  // elements of the window per strip
     const int64_t eb = t.kern.widened_bytes;
     Scratch<std::byte> bexp(ns * b_strip * eb);
-    Scratch<float> part(4 * gemm_tile * gemm_tile);
     const int64_t total_chunks = kl.padded / gemm_chunk;
 
     // The next window's codes are prefetched into L2 while this one computes, a share before each
@@ -246,13 +245,12 @@ void run_tiles(const Task& t, int64_t r0, int64_t rows, int64_t s0, int64_t s1, 
                     const std::byte* b = bexp.get() + (s * b_strip + q * gemm_chunk_codes) * eb;
                     prefetch_share();
                     if (one_group) {
-                        t.kern.block(mi, nj, a, t.lda, b, b_strip, wc, c, ldacc, w0 > 0);
+                        t.kern.block(mi, nj, a, t.lda, b, b_strip, wc, c, ldacc, w0 > 0, nullptr);
                         continue;
                     }
-                    t.kern.block(mi, nj, a + q * gemm_chunk, t.lda, b, b_strip, cpg, part.get(), 2 * gemm_tile, false);
-                    const float* sb = t.b.scales.data() + g * t.b.strips * gemm_tile + (s0 + s) * gemm_tile;
-                    t.kern.promote(part.get(), mi * gemm_tile, nj * gemm_tile, t.sa + (r0 + i) * kl.groups + g,
-                                   kl.groups, sb, c, ldacc, g == 0);
+                    const Promotion promotion{t.sa + (r0 + i) * kl.groups + g, kl.groups,
+                                              t.b.scales.data() + g * t.b.strips * gemm_tile + (s0 + s) * gemm_tile, g == 0};
+                    t.kern.block(mi, nj, a + q * gemm_chunk, t.lda, b, b_strip, cpg, c, ldacc, false, &promotion);
                 }
             }
         }

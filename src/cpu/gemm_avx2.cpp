@@ -379,7 +379,7 @@ void expand_avx2(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t
 // adds 4 FMAs per 8 codes on top, while the tiles decode B once into a widened copy and then run at
 // FMA speed. 4 is an estimate of where the two meet, not a measured crossover: bench_gemm's M = 1
 // (small kernel) and M = 16 (tiles) rows bracket it (docs/PERF.md).
-constexpr GemmKernels avx2_kernels{&expand_avx2, &widen_b_avx2, 4, &block_avx2, &promote_loop, &begin_avx2,
+constexpr GemmKernels avx2_kernels{&expand_avx2, &widen_b_avx2, 4, &block_then_promote<&block_avx2>, &begin_avx2,
                                     &no_tile_state, &small_avx2, 4, &matmul_f32_avx2, "avx2"};
 
 }  // namespace

@@ -108,6 +108,15 @@ struct ExpandTable {
 };
 const ExpandTable& expand_table(Format f);
 
+// One K group's scales, for its partial sums' promotion into the accumulator (DeepGEMM's): row r,
+// column col of the block gets sa[r * sa_stride] * sb[col]; first: the group is K's first.
+struct Promotion {
+    const float* sa;
+    int64_t sa_stride;
+    const float* sb;
+    bool first;
+};
+
 // The computing kernels. A is packed as bf16 rows [Mp][lda] in the K layout above; B pieces are
 // widened by widen_b into windows of 512-element tiles, in the layout the block kernel reads.
 struct GemmKernels {
@@ -119,16 +128,13 @@ struct GemmKernels {
     // (PackedB::strip_has_nan); false lets a kernel skip its fix-up for NaN codes.
     void (*widen_b)(const uint8_t* codes, int64_t n, const ExpandTable& t, bool nan, void* out);
     int64_t widened_bytes;
-    // C block of (mi x nj) 16x16 tiles, mi, nj in {1, 2}: c[r * ldc + col] (+)= sum over `chunks`
-    // K chunks of A rows (a + r * lda, chunk q at + 32 q) times B strip tiles of the widened
-    // window (strip t at b + t * b_strip elements, chunk q at + 512 q elements). accumulate: add
-    // to c, else overwrite it.
+    // C block of (mi x nj) 16x16 tiles, mi, nj in {1, 2}: the sums over `chunks` K chunks of A
+    // rows (a + r * lda, chunk q at + 32 q) times B strip tiles of the widened window (strip t at
+    // b + t * b_strip elements, chunk q at + 512 q elements), into c[r * ldc + col]. Without a
+    // promotion: added to c (accumulate) or written over it. With one, the chunks are one K
+    // group and its sums are promoted into c as promote_loop does.
     void (*block)(int mi, int nj, const uint16_t* a, int64_t lda, const void* b, int64_t b_strip, int64_t chunks,
-                  float* c, int64_t ldc, bool accumulate);
-    // acc[r * ldacc + col] (=, when first, else +=) part[r * 32 + col] * (sa[r * sa_stride] * sb[col])
-    // for r < rows, col < cols: one K group's partial sums promoted into the accumulator.
-    void (*promote)(const float* part, int64_t rows, int64_t cols, const float* sa, int64_t sa_stride,
-                    const float* sb, float* acc, int64_t ldacc, bool first);
+                  float* c, int64_t ldc, bool accumulate, const Promotion* promotion);
     void (*begin)();  // per thread, at the start of a task (AMX: tile configuration; AVX2: forget widened A)
     void (*end)();
     // Small M (null where the kernel set has none): rows <= small_m_max rows of packed A times
@@ -157,8 +163,8 @@ void matmul_f32_avx2(float* c, const float* a, bool ta, const float* b, bool tb,
 
 namespace {  // compiled into each kernel TU with that TU's ISA flags (internal linkage, no ODR mixing)
 
-// GemmKernels::promote as a loop the compiler vectorizes: acc = partial * (sa * sb) for the first
-// group, then acc = fma(partial, sa * sb, acc) - DeepGEMM's order, the multiply-add rounded once.
+// A K group's partial sums promoted, as a loop the compiler vectorizes: acc[r * ldacc + col] =
+// part[r * 32 + col] * (sa[r * sa_stride] * sb[col]) for the first group, then acc = fma(partial, sa * sb, acc) - DeepGEMM's order, the multiply-add rounded once.
 // Fused explicitly: written `acc += partial * (sa * sb)`, GCC made it an FMA at -O3 and a multiply
 // and an add at -O1 (the asan preset), so D depended on the optimisation level (the small-M
 // kernels' bit-equality test with the tiles caught it). std::fma is one instruction in the kernel
@@ -175,6 +181,18 @@ inline void promote_loop(const float* part, int64_t rows, int64_t cols, const fl
             for (int64_t c = 0; c < cols; ++c) out[c] = std::fma(p[c], s * sb[c], out[c]);
         }
     }
+}
+
+// GemmKernels::block for a kernel set whose Block does not promote: a K group's sums into a 32 x 32
+// part, then promote_loop.
+template <void (*Block)(int, int, const uint16_t*, int64_t, const void*, int64_t, int64_t, float*, int64_t, bool)>
+void block_then_promote(int mi, int nj, const uint16_t* a, int64_t lda, const void* b, int64_t b_strip, int64_t chunks,
+                        float* c, int64_t ldc, bool accumulate, const Promotion* promotion) {
+    if (promotion == nullptr) return Block(mi, nj, a, lda, b, b_strip, chunks, c, ldc, accumulate);
+    alignas(64) float part[4 * gemm_tile * gemm_tile];
+    Block(mi, nj, a, lda, b, b_strip, chunks, part, 2 * gemm_tile, false);
+    promote_loop(part, mi * gemm_tile, nj * gemm_tile, promotion->sa, promotion->sa_stride, promotion->sb, c, ldc,
+                 promotion->first);
 }
 
 // widen_b for the kernels whose window is bf16 tiles in the codes' order: their expand.

@@ -457,6 +457,14 @@ TEST_P(GemmGrid, BackendsWithinTheFloat64Bound) {
     run_grid(GetParam(), {std::begin(grid_shapes), std::end(grid_shapes)}, check_gemm);
 }
 
+// K groups wider than the avx512-bf16 tiles' 256-wide slice of K (their promotion then goes through
+// a partial-sum buffer; a 128 group is promoted as the tiles store): 512, over K = 512 (one group),
+// 1100 (two and a cut one) and 129 (one, cut), M past the small-M kernels.
+TEST(GemmOps, WideBlockGroupsWithinTheFloat64Bound) {
+    run_grid({"block_512", Scaling::block(1, 512), Scaling::block(512, 512), false},
+             {Mnk{64, 48, 512}, Mnk{37, 140, 1100}, Mnk{130, 257, 129}}, check_gemm);
+}
+
 // The cuda backend on the same grid, and on shapes that take its tensor-core kernels through
 // several 128 x 128 tiles, K blocks and pipeline stages (K a multiple of 16), with edges cut.
 TEST_P(GemmGrid, CudaWithinTheFloat64Bound) {
