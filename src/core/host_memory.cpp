@@ -92,6 +92,52 @@ std::shared_ptr<std::byte> host_allocate(size_t bytes) {
     return {p, [rounded](std::byte* q) { cache().give({q, rounded}); }};
 }
 
+namespace {
+
+// A thread's released scratch blocks (sizes rounded to 64 bytes).
+struct ScratchList {
+    std::vector<Block> blocks;
+    ~ScratchList() {
+        for (const Block& b : blocks) {
+            ASAN_UNPOISON_MEMORY_REGION(b.ptr, b.bytes);
+            release(b.ptr);
+        }
+    }
+};
+thread_local ScratchList scratch_list;
+
+size_t scratch_rounded(size_t bytes) {
+    return (std::max<size_t>(bytes, 1) + tensor_alignment - 1) / tensor_alignment * tensor_alignment;
+}
+
+}  // namespace
+
+void* scratch_acquire(size_t bytes) {
+    bytes = scratch_rounded(bytes);
+    auto& blocks = scratch_list.blocks;
+    for (size_t i = 0; i < blocks.size(); ++i) {
+        if (blocks[i].bytes != bytes) continue;
+        std::byte* p = blocks[i].ptr;
+        blocks[i] = blocks.back();
+        blocks.pop_back();
+        ASAN_UNPOISON_MEMORY_REGION(p, bytes);
+        return p;
+    }
+    return ::operator new(bytes, std::align_val_t{tensor_alignment});
+}
+
+void scratch_release(void* p, size_t bytes) noexcept {
+    bytes = scratch_rounded(bytes);
+    auto& blocks = scratch_list.blocks;
+    if (bytes <= scratch_keep && blocks.size() < scratch_kept) {
+        if (blocks.capacity() == 0) blocks.reserve(scratch_kept);  // the one allocation of the list
+        ASAN_POISON_MEMORY_REGION(p, bytes);
+        blocks.push_back({static_cast<std::byte*>(p), bytes});
+        return;
+    }
+    release(static_cast<std::byte*>(p));
+}
+
 size_t host_cached_bytes() {
     std::lock_guard lock(cache().mutex);
     return cache().bytes;

@@ -1,5 +1,5 @@
 // src/core/host_memory.hpp: the CPU memory behind tensors - tensor_alignment-aligned blocks, the large
-// ones kept for reuse when freed. Used by Tensor::empty (src/core/tensor.cpp).
+// ones kept for reuse when freed - and the kernels' per-call scratch, kept per thread. Used by Tensor::empty (src/core/tensor.cpp).
 // Checked by tests/unit/test_tensor.cpp (HostMemory tests).
 #pragma once
 #include <cstddef>
@@ -21,5 +21,15 @@ inline constexpr size_t host_cache_cap = size_t(256) << 20;
 std::shared_ptr<std::byte> host_allocate(size_t bytes);
 // Bytes held in freed blocks now.
 size_t host_cached_bytes();
+
+// Scratch memory for one call of a kernel, aligned to tensor_alignment, contents unspecified:
+// blocks of up to scratch_keep bytes go back to a list of the thread's own when released (at most
+// scratch_kept of them) and are taken from it again. Why: a decode step's small GEMM would
+// allocate and free a handful of buffers every call, and one of 1 KiB or more makes glibc
+// consolidate its fast bins each time (from Python, 6% of the call on a 16 x 16 layer).
+inline constexpr size_t scratch_keep = size_t(256) << 10;
+inline constexpr size_t scratch_kept = 8;
+void* scratch_acquire(size_t bytes);
+void scratch_release(void* p, size_t bytes) noexcept;
 
 }  // namespace fp8kit::detail

@@ -15,9 +15,10 @@
 #include <cstddef>
 #include <cstring>
 #include <memory>
-#include <new>
 #include <type_traits>
+#include <utility>
 
+#include "core/host_memory.hpp"
 #include "core/ops.hpp"
 #include "cpu/gemm_kernels.hpp"
 #include "cpu/parallel.hpp"
@@ -35,16 +36,25 @@ constexpr int64_t panel_strips = 8;      // 128 columns of B per task
 constexpr int64_t window_chunks = 32;    // K chunks of B widened at once (1024 of K)
 constexpr int64_t fuse_panel_rows = 64;  // rows of A quantized per fused-cast step
 
-// 64-byte aligned scratch that is not zeroed (every byte used is written first).
+// Scratch for one call, aligned and not zeroed (every byte used is written first): small blocks
+// come from the thread's own list (core/host_memory.hpp).
 template <class T>
-struct Scratch {
-    struct Free {
-        void operator()(T* ptr) const { ::operator delete[](ptr, std::align_val_t(64)); }
-    };
-    std::unique_ptr<T[], Free> mem;
+class Scratch {
+public:
     explicit Scratch(int64_t n)
-        : mem(static_cast<T*>(::operator new[](size_t(std::max<int64_t>(n, 1)) * sizeof(T), std::align_val_t(64)))) {}
-    T* get() const { return mem.get(); }
+        : bytes_(size_t(std::max<int64_t>(n, 1)) * sizeof(T)), ptr_(static_cast<T*>(detail::scratch_acquire(bytes_))) {}
+    Scratch(Scratch&& o) noexcept : bytes_(o.bytes_), ptr_(std::exchange(o.ptr_, nullptr)) {}
+    Scratch(const Scratch&) = delete;
+    Scratch& operator=(const Scratch&) = delete;
+    Scratch& operator=(Scratch&&) = delete;
+    ~Scratch() {
+        if (ptr_ != nullptr) detail::scratch_release(ptr_, bytes_);
+    }
+    T* get() const { return ptr_; }
+
+private:
+    size_t bytes_;
+    T* ptr_;
 };
 
 // ---- portable kernels ----

@@ -4,7 +4,8 @@
 // indices and shapes. Expected values are written out by hand (strides, offsets, FP8 codes derived
 // from the bit layouts of NUMERICS.md), never taken from the code under test. Also the CPU memory
 // behind tensors (src/core/host_memory.cpp): a freed large block is reused, never while alive,
-// zeros() clears a reused one, and the blocks kept stay within host_cache_cap.
+// zeros() clears a reused one, and the blocks kept stay within host_cache_cap; a kernel's scratch
+// block released is the next one its thread gets for that size.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -551,6 +552,24 @@ TEST(HostMemory, BlocksKeptStayWithinTheCap) {
     const size_t before = detail::host_cached_bytes();
     (void)Tensor::empty({int64_t(detail::host_cache_cap + mib)}, DType::u8);
     EXPECT_EQ(detail::host_cached_bytes(), before);
+}
+
+// A decode step's GEMM takes the same scratch sizes every call: the thread gets its released block
+// back (no allocation), never one still held, always aligned.
+TEST(HostMemory, ScratchReleasedIsReusedByItsThread) {
+    const size_t bytes = 1000;  // rounded to 1024
+    void* first = detail::scratch_acquire(bytes);
+    detail::scratch_release(first, bytes);
+    void* again = detail::scratch_acquire(1024);
+    EXPECT_EQ(again, first);
+    void* other = detail::scratch_acquire(bytes);
+    EXPECT_NE(other, again);
+    for (void* p : {again, other}) EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % tensor_alignment, 0u);
+    std::memset(again, 1, 1024);  // both usable in full at once
+    std::memset(other, 2, 1024);
+    EXPECT_EQ(static_cast<const uint8_t*>(again)[1023], 1);
+    detail::scratch_release(other, bytes);
+    detail::scratch_release(again, bytes);
 }
 
 }  // namespace
