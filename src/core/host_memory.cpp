@@ -31,11 +31,15 @@ struct Block {
 void release(std::byte* p) { ::operator delete(p, std::align_val_t{tensor_alignment}); }
 
 // Freed large blocks, oldest first. Never destroyed: a tensor freed during static destruction
-// (a user's global) still finds it.
+// (a user's global) still finds it. give() runs in a shared_ptr's deleter, where nothing may
+// throw: the list's room is reserved up front (every block is >= host_cache_min and they total
+// <= host_cache_cap, so one more than cap / min entries), so keeping a block never allocates.
 struct Cache {
     std::mutex mutex;
     std::vector<Block> blocks;
     size_t bytes = 0;
+
+    Cache() { blocks.reserve(host_cache_cap / host_cache_min + 1); }
 
     std::byte* take(size_t bytes_wanted) {
         std::lock_guard lock(mutex);
@@ -50,26 +54,19 @@ struct Cache {
         return nullptr;
     }
 
-    void give(Block b) {
-        std::vector<Block> evicted;
-        {
-            std::lock_guard lock(mutex);
-            if (b.bytes > host_cache_cap) {
-                evicted.push_back(b);
-            } else {
-                ASAN_POISON_MEMORY_REGION(b.ptr, b.bytes);
-                blocks.push_back(b);
-                bytes += b.bytes;
-                size_t drop = 0;
-                while (bytes > host_cache_cap) bytes -= blocks[drop++].bytes;
-                evicted.assign(blocks.begin(), blocks.begin() + std::ptrdiff_t(drop));
-                blocks.erase(blocks.begin(), blocks.begin() + std::ptrdiff_t(drop));
-            }
+    void give(Block b) noexcept {
+        if (b.bytes > host_cache_cap) return release(b.ptr);
+        std::lock_guard lock(mutex);
+        ASAN_POISON_MEMORY_REGION(b.ptr, b.bytes);
+        blocks.push_back(b);
+        bytes += b.bytes;
+        size_t drop = 0;
+        for (; bytes > host_cache_cap; ++drop) {
+            bytes -= blocks[drop].bytes;
+            ASAN_UNPOISON_MEMORY_REGION(blocks[drop].ptr, blocks[drop].bytes);
+            release(blocks[drop].ptr);
         }
-        for (const Block& e : evicted) {  // outside the lock: unmapping takes time
-            ASAN_UNPOISON_MEMORY_REGION(e.ptr, e.bytes);
-            release(e.ptr);
-        }
+        blocks.erase(blocks.begin(), blocks.begin() + std::ptrdiff_t(drop));
     }
 };
 
@@ -130,7 +127,11 @@ void scratch_release(void* p, size_t bytes) noexcept {
     bytes = scratch_rounded(bytes);
     auto& blocks = scratch_list.blocks;
     if (bytes <= scratch_keep && blocks.size() < scratch_kept) {
-        if (blocks.capacity() == 0) blocks.reserve(scratch_kept);  // the one allocation of the list
+        try {  // the list's one allocation (release runs in destructors: nothing may escape)
+            blocks.reserve(scratch_kept);
+        } catch (const std::bad_alloc&) {
+            return release(static_cast<std::byte*>(p));
+        }
         ASAN_POISON_MEMORY_REGION(p, bytes);
         blocks.push_back({static_cast<std::byte*>(p), bytes});
         return;

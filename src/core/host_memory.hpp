@@ -1,5 +1,6 @@
-// src/core/host_memory.hpp: the CPU memory behind tensors - tensor_alignment-aligned blocks, the large
-// ones kept for reuse when freed - and the kernels' per-call scratch, kept per thread. Used by Tensor::empty (src/core/tensor.cpp).
+// src/core/host_memory.hpp: the CPU memory behind tensors (Tensor::empty, src/core/tensor.cpp) -
+// aligned blocks, the large ones kept for reuse when freed - and the kernels' per-call scratch,
+// kept per thread (src/cpu/gemm.cpp).
 // Checked by tests/unit/test_tensor.cpp (HostMemory tests).
 #pragma once
 #include <cstddef>

@@ -104,7 +104,8 @@ constexpr GemmKernels amx_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, &b
 // widened copy of B (measured with bench_gemm on a Xeon with AMX: M = 3 and 4 ran 20% and 60%
 // slower than on the tiles).
 constexpr GemmKernels amx_bf16_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2,
-                                       &block_then_promote<&block_dispatch>, &amx_begin, &amx_end, &small_bf16, 2, &matmul_f32_avx2, "amx"};
+                                       &block_then_promote<&block_dispatch>, &amx_begin, &amx_end, &small_bf16, 2,
+                                       &matmul_f32_avx2, "amx"};
 
 }  // namespace
 
