@@ -28,6 +28,12 @@ struct Block {
     size_t bytes;
 };
 
+size_t round_up(size_t bytes, size_t unit) { return (std::max<size_t>(bytes, 1) + unit - 1) / unit * unit; }
+
+std::byte* aligned_new(size_t bytes) {
+    return static_cast<std::byte*>(::operator new(bytes, std::align_val_t{tensor_alignment}));
+}
+
 void release(std::byte* p) { ::operator delete(p, std::align_val_t{tensor_alignment}); }
 
 // Freed large blocks, oldest first. Never destroyed: a tensor freed during static destruction
@@ -78,15 +84,10 @@ Cache& cache() {
 }  // namespace
 
 std::shared_ptr<std::byte> host_allocate(size_t bytes) {
-    bytes = std::max<size_t>(bytes, 1);
-    if (bytes < host_cache_min) {
-        const size_t rounded = (bytes + tensor_alignment - 1) / tensor_alignment * tensor_alignment;
-        return {static_cast<std::byte*>(::operator new(rounded, std::align_val_t{tensor_alignment})), release};
-    }
-    const size_t rounded = (bytes + host_cache_min - 1) / host_cache_min * host_cache_min;
+    if (bytes < host_cache_min) return {aligned_new(round_up(bytes, tensor_alignment)), release};
+    const size_t rounded = round_up(bytes, host_cache_min);
     std::byte* p = cache().take(rounded);
-    if (p == nullptr) p = static_cast<std::byte*>(::operator new(rounded, std::align_val_t{tensor_alignment}));
-    return {p, [rounded](std::byte* q) { cache().give({q, rounded}); }};
+    return {p != nullptr ? p : aligned_new(rounded), [rounded](std::byte* q) { cache().give({q, rounded}); }};
 }
 
 namespace {
@@ -103,14 +104,10 @@ struct ScratchList {
 };
 thread_local ScratchList scratch_list;
 
-size_t scratch_rounded(size_t bytes) {
-    return (std::max<size_t>(bytes, 1) + tensor_alignment - 1) / tensor_alignment * tensor_alignment;
-}
-
 }  // namespace
 
 void* scratch_acquire(size_t bytes) {
-    bytes = scratch_rounded(bytes);
+    bytes = round_up(bytes, tensor_alignment);
     auto& blocks = scratch_list.blocks;
     for (size_t i = 0; i < blocks.size(); ++i) {
         if (blocks[i].bytes != bytes) continue;
@@ -120,11 +117,11 @@ void* scratch_acquire(size_t bytes) {
         ASAN_UNPOISON_MEMORY_REGION(p, bytes);
         return p;
     }
-    return ::operator new(bytes, std::align_val_t{tensor_alignment});
+    return aligned_new(bytes);
 }
 
 void scratch_release(void* p, size_t bytes) noexcept {
-    bytes = scratch_rounded(bytes);
+    bytes = round_up(bytes, tensor_alignment);
     auto& blocks = scratch_list.blocks;
     if (bytes <= scratch_keep && blocks.size() < scratch_kept) {
         try {  // the list's one allocation (release runs in destructors: nothing may escape)

@@ -90,15 +90,14 @@ Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
     Tensor t;
     // At least one aligned line, so that an empty tensor is still defined().
     const size_t bytes = std::max<size_t>(size_t(count(shape)) * dtype_size(dtype), tensor_alignment);
-    const size_t rounded = (bytes + tensor_alignment - 1) / tensor_alignment * tensor_alignment;
     if (device != Device::cpu) {
 #ifdef FP8KIT_HAS_CUDA
-        t.storage_ = cuda::allocate(rounded);
+        t.storage_ = cuda::allocate((bytes + tensor_alignment - 1) / tensor_alignment * tensor_alignment);
 #else
         throw Error("fp8kit::Tensor::empty: device cuda needs the CUDA backend, which this build does not have");
 #endif
     } else {
-        t.storage_ = detail::host_allocate(rounded);
+        t.storage_ = detail::host_allocate(bytes);  // rounds up itself
     }
     t.strides_ = row_major_strides(shape);
     t.shape_ = std::move(shape);
