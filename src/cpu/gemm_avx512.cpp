@@ -96,9 +96,11 @@ namespace {
 // accumulators beside the widening's 8 tables and constants and its 2 outputs in the 32
 // registers, and enough independent chains for VDPBF16PS (latency ~6 cycles, two a cycle on
 // Zen 5): two pairs a line make a chain 12 cycles per 64 codes, so below 9 rows two strips pass
-// at once. A single row (M = 1) streams one strip and sums the even and the odd pairs in two
-// accumulators, added at the group's end: two strips at once, or one chain, streamed its codes
-// 4-8% slower (M = 1 out of cache, bench_gemm --quick, alternating runs on Zen 5). VDPBF16PS
+// at once. A single row (M = 1) streams one strip and sums its pairs in four accumulators, by
+// pair index mod 4 (two lines' pairs in flight), added (0 + 1) + (2 + 3) at the group's end: with
+// two (even and odd pairs) a chain took one VDPBF16PS a line, and its latency held a core at
+// ~52 GB/s of codes from L2 (82 with four, 84 with eight; 2 threads from L3: 90 -> 155 GB/s;
+// Zen 5); two strips at once streamed the codes 4-8% slower out of cache. VDPBF16PS
 // flushes subnormal products to zero; a product of two FP8 values as bf16 is never subnormal in
 // float32 (the smallest, 2^-17 * 2^-17 of e5m2fnuz, is 2^-34).
 template <int R, int S>
@@ -112,7 +114,7 @@ void small_block(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, co
         codes[j] = b.strip(s + j);
         nan80[j] = widen.neg_zero_is_nan && b.strip_has_nan[size_t(s + j)] != 0;
     }
-    constexpr int odd = R == 1 ? 1 : 0;  // the accumulator of each line's second pair
+    constexpr int lanes = R == 1 ? 4 : 1;  // accumulators per row and strip: pair p goes to p % lanes
     for (int64_t g = 0; g < kl.groups; ++g) {
         // The scales four groups ahead in this kernel's order (past the last group: the next
         // block of strips'): the group-major table puts a strip's line of each group 16 x strips
@@ -128,10 +130,10 @@ void small_block(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, co
             _mm_prefetch(reinterpret_cast<const char*>(b.scales.data() + ahead * b.strips * gemm_tile + (next + j) * gemm_tile),
                          _MM_HINT_T0);
         }
-        __m512 sum[R][S][1 + odd];
+        __m512 sum[R][S][lanes];
         for (int r = 0; r < R; ++r) {
             for (int j = 0; j < S; ++j) {
-                for (int e = 0; e <= odd; ++e) sum[r][j][e] = _mm512_setzero_ps();
+                for (int e = 0; e < lanes; ++e) sum[r][j][e] = _mm512_setzero_ps();
             }
         }
         for (int64_t q = g * cpg; q < (g + 1) * cpg; ++q) {
@@ -145,6 +147,7 @@ void small_block(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, co
             }
             for (int l = 0; l < gemm_chunk_codes / 64; ++l) {
                 const uint16_t* ap = a + q * gemm_chunk + 4 * l;  // K pairs 2l, 2l + 1 of the chunk
+                const int e0 = (2 * l) % lanes, e1 = (2 * l + 1) % lanes;
                 for (int j = 0; j < S; ++j) {
                     __m512i w0, w1;
                     widen(codes[j] + q * gemm_chunk_codes + 64 * l, w0, w1, nan80[j]);
@@ -152,10 +155,10 @@ void small_block(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, co
                         int32_t p0, p1;
                         std::memcpy(&p0, ap + r * lda, 4);
                         std::memcpy(&p1, ap + r * lda + 2, 4);
-                        sum[r][j][0] = _mm512_dpbf16_ps(sum[r][j][0], std::bit_cast<__m512bh>(_mm512_set1_epi32(p0)),
-                                                        std::bit_cast<__m512bh>(w0));
-                        sum[r][j][odd] = _mm512_dpbf16_ps(sum[r][j][odd], std::bit_cast<__m512bh>(_mm512_set1_epi32(p1)),
-                                                          std::bit_cast<__m512bh>(w1));
+                        sum[r][j][e0] = _mm512_dpbf16_ps(sum[r][j][e0], std::bit_cast<__m512bh>(_mm512_set1_epi32(p0)),
+                                                         std::bit_cast<__m512bh>(w0));
+                        sum[r][j][e1] = _mm512_dpbf16_ps(sum[r][j][e1], std::bit_cast<__m512bh>(_mm512_set1_epi32(p1)),
+                                                         std::bit_cast<__m512bh>(w1));
                     }
                 }
             }
@@ -165,7 +168,9 @@ void small_block(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, co
             const __m512 sb = _mm512_loadu_ps(b.scales.data() + g * b.strips * gemm_tile + (s + j) * gemm_tile);
             for (int r = 0; r < R; ++r) {
                 float* out = acc + r * ldacc + j * gemm_tile;
-                const __m512 part = odd ? _mm512_add_ps(sum[r][j][0], sum[r][j][odd]) : sum[r][j][0];
+                const __m512 part = lanes == 4 ? _mm512_add_ps(_mm512_add_ps(sum[r][j][0], sum[r][j][1]),
+                                                               _mm512_add_ps(sum[r][j][2], sum[r][j][3]))
+                                               : sum[r][j][0];
                 if (kl.groups == 1) {
                     _mm512_storeu_ps(out, part);
                 } else {

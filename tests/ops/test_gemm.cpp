@@ -399,9 +399,11 @@ struct Mnk {
 // 1s, primes, K not a multiple of 32 or 128, N across several 128-column panels, M across several
 // 32-row blocks, and K past the cpu kernel's 1024-wide window of B. Small M runs the cpu backend's
 // small-M kernel where it has one (AMX: M <= 2; AVX512-BF16 without AMX: M <= 32, in even groups of
-// up to 16 rows; AVX2: M <= 4, in pairs of rows and a single one), larger M its tiles.
-const Mnk grid_shapes[] = {{1, 1, 1},      {1, 17, 5},     {2, 45, 260},    {3, 7, 130},     {4, 50, 384},   {5, 23, 129},
-                           {16, 33, 257},  {17, 64, 128},  {31, 130, 300},  {64, 48, 512},   {130, 257, 129}, {37, 140, 1100}};
+// up to 16 rows; AVX2: M <= 4, in pairs of rows and a single one), larger M its tiles; M = 1 with
+// K = 1100 sums a single row's several K groups, each in the lanes the M = 1 kernels split it into.
+const Mnk grid_shapes[] = {{1, 1, 1},     {1, 17, 5},    {1, 40, 1100},  {2, 45, 260},   {3, 7, 130},
+                           {4, 50, 384},  {5, 23, 129},  {16, 33, 257},  {17, 64, 128},  {31, 130, 300},
+                           {64, 48, 512}, {130, 257, 129}, {37, 140, 1100}};
 
 const std::pair<Format, Format> format_pairs[] = {{Format::e4m3fn, Format::e4m3fn},
                                                    {Format::e4m3fn, Format::e5m2},
