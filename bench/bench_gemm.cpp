@@ -28,7 +28,10 @@
 // keeps reused lines against a one-time stream): OpenBLAS's sgemv read 64 MiB of f32 weights at
 // 1.3x the read peak. of_bound = weight_bytes / seconds / read bandwidth. For larger M, of_bound = gflops / float32 FMA peak;
 // AMX bf16 tiles, which fp8kit and oneDNN bf16 use where the CPU has them, can pass 1.
-// Every implementation writes D into an output allocated once, outside the timing.
+// Every implementation writes D into an output allocated once, outside the timing. Every large
+// buffer - each side's weights and their copies, the flush / read-peak buffer - is a Tensor
+// (fp8kit's host memory: 2 MiB-aligned, on huge pages where the OS grants them), so no side
+// streams from 4 KiB pages while another has huge ones (M = 1 from 4 KiB pages: 5-15% slower).
 //
 // Threads: fp8kit::num_threads() for all three (OpenBLAS's OpenMP build and oneDNN's OpenMP
 // runtime follow the same OpenMP setting). Inputs: deterministic, roughly N(0, 1), A and W from
@@ -38,6 +41,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <iostream>
 #include <ostream>
@@ -149,12 +153,13 @@ struct Problem {
 class GemmBench {
 public:
     explicit GemmBench(const Options& opt)
-        : budget_(opt.quick ? 0.05 : 0.25), threads_(num_threads()), flush_(flush_bytes, std::byte{1}) {
+        : budget_(opt.quick ? 0.05 : 0.25), threads_(num_threads()), flush_(Tensor::empty({int64_t(flush_bytes)}, DType::u8)) {
+        std::memset(flush_.raw_data(), 1, flush_bytes);
 #if defined(FP8KIT_BENCH_OPENBLAS)
         openblas_set_num_threads(threads_);
 #endif
         fma_ = fma_peak(threads_, budget_);
-        read_ = read_peak(flush_.data(), flush_bytes, threads_, budget_);
+        read_ = read_peak(flush_.raw_data(), flush_bytes, threads_, budget_);
         read_gbps_ = read_.gbps;
         machine_.push_back(Row()
                                .add("bench", "gemm")
@@ -240,7 +245,7 @@ private:
 
     double budget_;
     int threads_;
-    std::vector<std::byte> flush_;  // read before memory-bound calls; also the read-bandwidth buffer
+    Tensor flush_;  // read before memory-bound calls; also the read-bandwidth buffer
     unsigned long long sink_ = 0;
     FmaPeak fma_{};
     ReadPeak read_{};
@@ -266,7 +271,7 @@ private:
         const bool memory_bound = p.m <= memory_bound_m;
         const double s = memory_bound
                              ? best_seconds(call, budget_,
-                                            [&] { sink_ += parallel_read(flush_.data(), flush_bytes, threads_); })
+                                            [&] { sink_ += parallel_read(flush_.raw_data(), flush_bytes, threads_); })
                              : best_seconds(call, budget_);
         const double gflops = 2.0 * double(p.m) * double(p.n) * double(p.k) / s * 1e-9;
         const double weight_bytes = double(p.n) * double(p.k) * bytes_per_weight;
@@ -309,10 +314,12 @@ private:
         const float* a = p.a.data<float>();
         const float* w0 = p.w.data<float>();
         // The weight and its copies (memory-bound shapes), taken in turn.
-        std::vector<std::vector<float>> copies(size_t(weight_copies(p.m, double(p.n) * double(p.k) * 4) - 1),
-                                               std::vector<float>(w0, w0 + p.n * p.k));
+        std::vector<Tensor> copies;
         std::vector<const float*> ws{w0};
-        for (const auto& c : copies) ws.push_back(c.data());
+        for (int c = 1; c < weight_copies(p.m, double(p.n) * double(p.k) * 4); ++c) {
+            copies.push_back(p.w.clone());
+            ws.push_back(copies.back().data<float>());
+        }
         size_t next = 0;
         const auto w = [&] { return ws[next++ % ws.size()]; };
         std::vector<float> d(size_t(p.m * p.n));
@@ -356,8 +363,10 @@ private:
                 // The weight in the primitive's layout, and its copies (memory-bound shapes).
                 const int bytes = bf16_inputs ? 2 : 4;
                 std::vector<memory> weis;
+                std::vector<Tensor> wei_buffers;  // the weights' memory, allocated as fp8kit's
                 for (int c = 0; c < weight_copies(p.m, double(p.n) * double(p.k) * bytes); ++c) {
-                    memory wei(pd.weights_desc(), engine_);
+                    wei_buffers.push_back(Tensor::empty({int64_t(pd.weights_desc().get_size())}, DType::u8));
+                    memory wei(pd.weights_desc(), engine_, wei_buffers.back().raw_data());
                     if (bf16_inputs) {
                         memory w16(memory::desc(wei_dims, dt::bf16, tag::ba), engine_);
                         dnnl::reorder(user_w, w16).execute(stream_, user_w, w16);

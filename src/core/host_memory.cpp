@@ -7,6 +7,8 @@
 #include <new>
 #include <vector>
 
+#include "platform/platform.hpp"
+
 // Under AddressSanitizer a cached block is poisoned while it waits, so a use after the tensor's
 // free is still reported (as use-after-poison) though the memory was not returned.
 #if defined(__has_include)
@@ -36,6 +38,16 @@ std::byte* aligned_new(size_t bytes) {
 
 void release(std::byte* p) { ::operator delete(p, std::align_val_t{tensor_alignment}); }
 
+// A large block starts on a 2 MiB boundary, so that all of it can be huge pages, and asks the OS
+// for them (platform.hpp says why).
+std::byte* large_new(size_t bytes) {
+    auto* p = static_cast<std::byte*>(::operator new(bytes, std::align_val_t{host_cache_min}));
+    platform::advise_huge_pages(p, bytes);
+    return p;
+}
+
+void large_release(std::byte* p) { ::operator delete(p, std::align_val_t{host_cache_min}); }
+
 // Freed large blocks, oldest first. Never destroyed: a tensor freed during static destruction
 // (a user's global) still finds it. give() runs in a shared_ptr's deleter, where nothing may
 // throw: the list's room is reserved up front (every block is >= host_cache_min and they total
@@ -61,7 +73,7 @@ struct Cache {
     }
 
     void give(Block b) noexcept {
-        if (b.bytes > host_cache_cap) return release(b.ptr);
+        if (b.bytes > host_cache_cap) return large_release(b.ptr);
         std::lock_guard lock(mutex);
         ASAN_POISON_MEMORY_REGION(b.ptr, b.bytes);
         blocks.push_back(b);
@@ -70,7 +82,7 @@ struct Cache {
         for (; bytes > host_cache_cap; ++drop) {
             bytes -= blocks[drop].bytes;
             ASAN_UNPOISON_MEMORY_REGION(blocks[drop].ptr, blocks[drop].bytes);
-            release(blocks[drop].ptr);
+            large_release(blocks[drop].ptr);
         }
         blocks.erase(blocks.begin(), blocks.begin() + std::ptrdiff_t(drop));
     }
@@ -87,7 +99,7 @@ std::shared_ptr<std::byte> host_allocate(size_t bytes) {
     if (bytes < host_cache_min) return {aligned_new(round_up(bytes, tensor_alignment)), release};
     const size_t rounded = round_up(bytes, host_cache_min);
     std::byte* p = cache().take(rounded);
-    return {p != nullptr ? p : aligned_new(rounded), [rounded](std::byte* q) { cache().give({q, rounded}); }};
+    return {p != nullptr ? p : large_new(rounded), [rounded](std::byte* q) { cache().give({q, rounded}); }};
 }
 
 namespace {

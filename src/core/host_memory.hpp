@@ -15,6 +15,8 @@ namespace fp8kit::detail {
 // rounded size. Why: a layer's output allocated anew on every call - 32 MiB at M = 2048,
 // N = 4096 in float32 - is mapped afresh by glibc each time (it maps any block over 32 MiB), and
 // the page faults on first touch cost 8-10% of that 2048 x 4096 x 4096 GEMM (Zen 5, 2 threads).
+// These blocks start on a 2 MiB boundary and ask the OS for huge pages (platform.hpp says why):
+// packed weights (src/cpu/gemm.cpp) live in them too.
 inline constexpr size_t host_cache_min = size_t(2) << 20;
 inline constexpr size_t host_cache_cap = size_t(256) << 20;
 

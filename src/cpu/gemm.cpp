@@ -351,7 +351,7 @@ std::shared_ptr<const void> pack_weight(const ExecContext&, const GemmOperand& b
                                                b.format, {}, {}, {}});
     PackedB& pb = *p;
     const KLayout& kl = pb.kl;
-    pb.codes.resize(size_t(pb.strips * kl.padded * gemm_tile));  // uninitialised: written below
+    pb.codes = detail::host_allocate(pb.code_bytes());  // uninitialised: written below
     pb.scales.assign(size_t(kl.groups * pb.strips * gemm_tile), 0.0f);
     pb.strip_has_nan.assign(size_t(pb.strips), 0);
     // Whether a row of codes holds a NaN: is_nan with the format a constant, a loop the compiler
@@ -375,7 +375,7 @@ std::shared_ptr<const void> pack_weight(const ExecContext&, const GemmOperand& b
         // is 32 (kp / 2) + 2 c + kp % 2: each K pair of the strip's rows is one 32-byte row of the
         // strip, written in order from a 2-byte read of each row (an odd group length leaves the
         // last pair's high byte as padding, 0).
-        uint8_t* out = pb.codes.data() + s * kl.padded * gemm_tile;
+        uint8_t* out = reinterpret_cast<uint8_t*>(pb.codes.get()) + s * kl.padded * gemm_tile;
         const int64_t cols = std::min(gemm_tile, b.rows - s * gemm_tile);
         const uint8_t* rows[gemm_tile];
         bool nan = false;
@@ -403,7 +403,7 @@ std::shared_ptr<const void> pack_weight(const ExecContext&, const GemmOperand& b
         }
         pb.strip_has_nan[size_t(s)] = nan ? 1 : 0;
     });
-    *bytes = pb.codes.size() + pb.scales.size() * sizeof(float);
+    *bytes = pb.code_bytes() + pb.scales.size() * sizeof(float);
     return p;
 }
 

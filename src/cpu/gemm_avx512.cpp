@@ -137,12 +137,15 @@ void small_block(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, co
             }
         }
         for (int64_t q = g * cpg; q < (g + 1) * cpg; ++q) {
-            // Every line of each strip's chunk 8 ahead (4 KiB): M = 1 out of cache streamed its
-            // codes at 0.82-0.84 of the read peak without, 0.89-0.90 with (bench_gemm --quick,
-            // alternating runs on Zen 5; 4 and 16 ahead: 0.79-0.85; 16 ahead into L2: 0.80-0.85).
+            // Every line of each strip's chunk `chunks_ahead` ahead (8 KiB a core in flight): M = 1
+            // out of cache streamed its codes at 0.82-0.84 of the read peak without, 0.89-0.90
+            // with 8 ahead (54 GB/s hours); since it sums in four lanes, 16 ahead streams 8-10%
+            // faster than 8 (12-32 alike; into L2 instead: slower), but 2 strips 16 ahead
+            // (M = 2-8) 2% slower (m1 driver, configurations alternated in one process, Zen 5).
+            constexpr int64_t chunks_ahead = S == 1 && R == 1 ? 16 : 8;
             for (int j = 0; j < S; ++j) {
                 for (int line = 0; line < gemm_chunk_codes / 64; ++line) {
-                    _mm_prefetch(reinterpret_cast<const char*>(codes[j] + (q + 8) * gemm_chunk_codes + line * 64), _MM_HINT_T0);
+                    _mm_prefetch(reinterpret_cast<const char*>(codes[j] + (q + chunks_ahead) * gemm_chunk_codes + line * 64), _MM_HINT_T0);
                 }
             }
             for (int l = 0; l < gemm_chunk_codes / 64; ++l) {

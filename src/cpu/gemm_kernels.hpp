@@ -16,10 +16,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <new>
-#include <utility>
 #include <vector>
 
 #include "fp8kit/format.hpp"
@@ -50,28 +49,6 @@ inline constexpr int64_t gemm_chunk_codes = gemm_tile * gemm_chunk;  // 512 code
 
 inline int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
-// An allocator whose construct() without a value leaves the element uninitialised, so that a
-// vector of packed codes is sized without a zeroing pass: pack_weight writes every byte itself
-// (padding included), in parallel. Zeroing 16 MiB on one thread took a fifth of a 4096 x 4096 pack.
-template <class T>
-struct UninitAllocator : std::allocator<T> {
-    template <class U>
-    struct rebind {
-        using other = UninitAllocator<U>;
-    };
-    UninitAllocator() = default;
-    template <class U>
-    UninitAllocator(const UninitAllocator<U>&) noexcept {}
-    template <class U, class... Args>
-    void construct(U* p, Args&&... args) {
-        if constexpr (sizeof...(Args) == 0) {
-            ::new (static_cast<void*>(p)) U;
-        } else {
-            ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
-        }
-    }
-};
-
 // K in packed form: each scale group of `group` elements starts at a multiple of 32 and is
 // zero-padded to `group_padded`, so tile steps never straddle two groups' scales.
 struct KLayout {
@@ -90,12 +67,16 @@ struct PackedB {
     int64_t n, strips;
     KLayout kl;
     Format format;
-    std::vector<uint8_t, UninitAllocator<uint8_t>> codes;  // [strips][kl.padded / 32][512]
+    // [strips][kl.padded / 32][512]; from detail::host_allocate (a large weight on huge pages),
+    // uninitialised until pack_weight writes every byte (padding included), in parallel: zeroing
+    // 16 MiB on one thread took a fifth of a 4096 x 4096 pack.
+    std::shared_ptr<std::byte> codes;
     std::vector<float> scales;   // [kl.groups][strips * 16]: sb(j, g), group-major
     // [strips]: 1 where a code of the strip is NaN. Weights rarely hold one, and the small-M
     // kernels skip the NaN fix-up of their in-register decode on strips that have none.
     std::vector<uint8_t> strip_has_nan;
-    const uint8_t* strip(int64_t s) const { return codes.data() + s * kl.padded * gemm_tile; }
+    const uint8_t* strip(int64_t s) const { return reinterpret_cast<const uint8_t*>(codes.get()) + s * kl.padded * gemm_tile; }
+    size_t code_bytes() const { return size_t(strips * kl.padded * gemm_tile); }
 };
 
 // FP8 code -> bf16 bits for one format, whole and split into low / high bytes (for byte-table

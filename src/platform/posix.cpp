@@ -1,7 +1,7 @@
 // src/platform/posix.cpp: platform.hpp on POSIX systems (Linux, macOS): mmap, a temporary file
 // made with O_EXCL, fsync'ed and renamed over the destination, file identity by stat's device and
 // inode, SIGINT / SIGTERM / SIGHUP handlers that unlink registered temporaries and then end the
-// process by the same signal, and Linux's AMX permission request.
+// process by the same signal, Linux's huge-page hint (madvise) and its AMX permission request.
 // Checked by tests/unit/test_platform.cpp; the AMX request by tests/ops/test_gemm.cpp on an AMX
 // machine.
 #include <fcntl.h>
@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -173,6 +174,17 @@ bool request_amx_tile_data() noexcept {
     return ::syscall(SYS_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0;
 #else
     return false;  // macOS has no AMX; other systems: not known how they grant the state
+#endif
+}
+
+void advise_huge_pages(void* p, size_t bytes) noexcept {
+#if defined(MADV_HUGEPAGE)
+    constexpr uintptr_t huge = uintptr_t(2) << 20;
+    const uintptr_t lo = (reinterpret_cast<uintptr_t>(p) + huge - 1) & ~(huge - 1);
+    const uintptr_t hi = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(huge - 1);
+    if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);  // a hint: failure changes nothing
+#else
+    (void)p, (void)bytes;  // macOS: no such hint
 #endif
 }
 

@@ -203,4 +203,6 @@ void install_interrupt_handlers() noexcept { SetConsoleCtrlHandler(on_console_ev
 
 }  // namespace detail
 
+void advise_huge_pages(void*, size_t) noexcept {}  // large pages need a privilege accounts lack by default
+
 }  // namespace fp8kit::platform

@@ -526,6 +526,19 @@ TEST(HostMemory, AFreedLargeBlockIsReusedForTheSameSizeAndNeverWhileAlive) {
     EXPECT_EQ(static_cast<const uint8_t*>(other.raw_data())[other.nbytes() - 1], 0xFF);
 }
 
+// A large block starts on a 2 MiB boundary, so that every page of it can be a huge page (the
+// OS is asked for them; the hint itself has no visible effect to test), the small ones on
+// tensor_alignment; both usable in full.
+TEST(HostMemory, LargeBlocksStartOnAHugePageBoundary) {
+    for (const size_t bytes : {detail::host_cache_min, 3 * detail::host_cache_min + 5, size_t(100)}) {
+        const Tensor t = Tensor::empty({int64_t(bytes)}, DType::u8);
+        const size_t want = bytes >= detail::host_cache_min ? detail::host_cache_min : tensor_alignment;
+        EXPECT_EQ(reinterpret_cast<uintptr_t>(t.raw_data()) % want, 0u) << bytes << " bytes";
+        std::memset(t.raw_data(), 7, bytes);
+        EXPECT_EQ(t.data<uint8_t>()[bytes - 1], 7);
+    }
+}
+
 TEST(HostMemory, ZerosClearsAReusedBlock) {
     const Shape shape{int64_t(detail::host_cache_min) / 2 + 3};  // u16: 2 MiB + 6 bytes -> 4 MiB
     const void* dirty = nullptr;
