@@ -113,7 +113,8 @@ int run_quantize(const Options& opt, std::ostream& os) {
         inputs.push_back({d, normal_tensor(out_of_cache_rows, big_cols, d, input_seed),
                           normal_tensor(small_rows, small_cols, d, input_seed)});
     }
-    std::vector<std::byte> copy_dst(out_of_cache_bytes, std::byte{1});
+    // A Tensor, as fp8kit's outputs are: the same kind of pages (huge where the OS grants them).
+    const Tensor copy_dst = Tensor::full({int64_t(out_of_cache_bytes)}, 1.0f, DType::u8);
 
     std::vector<Row> rows;
     for (bool in_cache : {false, true}) {
@@ -132,7 +133,7 @@ int run_quantize(const Options& opt, std::ostream& os) {
                         return best_seconds([&] { for (int r = 0; r < inner; ++r) call(); }, budget) / inner;
                     };
                     const double copy_s =
-                        per_call([&] { parallel_memcpy(copy_dst.data(), x.raw_data(), bytes, threads); });
+                        per_call([&] { parallel_memcpy(copy_dst.raw_data(), x.raw_data(), bytes, threads); });
                     QTensor out;
                     const double s = per_call([&] { quantize(x, o, out); });
                     const double gbps = double(bytes) / s * 1e-9, copy_gbps = double(bytes) / copy_s * 1e-9;
