@@ -137,11 +137,12 @@ void small_block(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, co
             }
         }
         for (int64_t q = g * cpg; q < (g + 1) * cpg; ++q) {
-            // Every line of each strip's chunk `chunks_ahead` ahead (8 KiB a core in flight): M = 1
-            // out of cache streamed its codes at 0.82-0.84 of the read peak without, 0.89-0.90
-            // with 8 ahead (54 GB/s hours); since it sums in four lanes, 16 ahead streams 8-10%
-            // faster than 8 (12-32 alike; into L2 instead: slower), but 2 strips 16 ahead
-            // (M = 2-8) 2% slower (m1 driver, configurations alternated in one process, Zen 5).
+            // Every line of each strip's chunk `chunks_ahead` chunks ahead (M = 1: 16, 8 KiB; else
+            // 8). M = 1 out of cache streamed its codes at 0.82-0.84 of the read peak with none,
+            // 0.89-0.90 with 8 ahead (at 54 GB/s); since it sums in four lanes, 16 ahead streams
+            // 8-10% faster than 8 at 60-75 GB/s (32: alike; an L2 prefetch 48-96 chunks ahead
+            // besides: 10% slower), while two strips 16 ahead each (M = 2-8) streamed 2% slower
+            // than 8 (gemm() on rotating weight copies, the settings alternated in one process).
             constexpr int64_t chunks_ahead = S == 1 && R == 1 ? 16 : 8;
             for (int j = 0; j < S; ++j) {
                 for (int line = 0; line < gemm_chunk_codes / 64; ++line) {
