@@ -116,18 +116,19 @@ void small_block(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, co
     }
     constexpr int lanes = R == 1 ? 4 : 1;  // accumulators per row and strip: pair p goes to p % lanes
     for (int64_t g = 0; g < kl.groups; ++g) {
-        // The scales four groups ahead in this kernel's order (past the last group: the next
-        // block of strips'): the group-major table puts a strip's line of each group 16 x strips
-        // floats apart, where no hardware prefetcher looks, and a miss at a group's end stalls it
-        // (block scaling from Python, out of cache, M = 16: 625-653 GFLOP/s with this prefetch
-        // compiled but never taken, 662-691 taken). Caution: the 16-row block keeps 16 A row
-        // pointers, more than the free general registers, and which ones the compiler spills
-        // moved the same shape between 447 and 690 with changes elsewhere in this function
-        // (the same prefetch through a helper in gemm_kernels.hpp: 448-570); check a change
-        // here by its speed at M = 16, block scaling included.
-        const int64_t ahead = g + 4 < kl.groups ? g + 4 : g + 4 - kl.groups, next = g + 4 < kl.groups ? s : s + S;
-        for (int j = 0; j < S && kl.groups > 4 && next + j < b.strips; ++j) {
-            _mm_prefetch(reinterpret_cast<const char*>(b.scales.data() + ahead * b.strips * gemm_tile + (next + j) * gemm_tile),
+        // This group's scales of the next block of strips, a strip's whole sweep of K ahead: the
+        // group-major table puts a strip's line of each group 16 x strips floats apart, where no
+        // hardware prefetcher looks, and a miss at a group's end stalls the stream. Four groups
+        // ahead (8 KiB of codes) was too close under a loaded memory's latency: block scaling
+        // out of cache, M = 1 streamed 10-13% faster with the strip ahead, M = 4 4%, M = 16 2%
+        // (settings alternated in one process, Zen 5); with none, M = 16 from Python ran 625-653
+        // GFLOP/s against 662-691. Caution: the 16-row block keeps 16 A row pointers, more than
+        // the free general registers, and which ones the compiler spills moved the same shape
+        // between 447 and 690 with changes elsewhere in this function (the same prefetch through
+        // a helper in gemm_kernels.hpp: 448-570); check a change here by its speed at M = 16,
+        // block scaling included.
+        for (int j = 0; j < S && kl.groups > 1 && s + S + j < b.strips; ++j) {
+            _mm_prefetch(reinterpret_cast<const char*>(b.scales.data() + g * b.strips * gemm_tile + (s + S + j) * gemm_tile),
                          _MM_HINT_T0);
         }
         __m512 sum[R][S][lanes];
