@@ -112,9 +112,10 @@ void remove_registered_now() noexcept;  // what the OS's handler calls: every re
 // Windows (CMakeLists.txt says why).
 bool request_amx_tile_data() noexcept;
 
-// Asks the OS to back the whole huge pages (2 MiB on x86-64 and arm64 Linux) inside
-// [p, p + bytes) with huge pages when they are first touched; a hint, nothing on failure or where
-// fp8kit does not know how (Windows grants large pages only to privileged accounts). Why: a
+// Asks the OS to back the 2 MiB-aligned blocks inside [p, p + bytes) with huge pages when they
+// are first touched (Linux's transparent huge pages: 2 MiB with 4 KiB base pages, as on x86-64);
+// a hint, nothing on failure or where fp8kit does not know how (Windows grants large pages only
+// to privileged accounts). Why: a
 // decode step streams each FP8 weight once, and on 4 KiB pages a core's stream crosses a page -
 // where the hardware prefetcher stops and a TLB walk begins - every 4 KiB (M = 1 from a 16 MiB
 // weight, Zen 5: 65 -> 77 GB/s); Linux gives huge pages only where asked (THP "madvise").
