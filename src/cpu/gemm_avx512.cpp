@@ -144,7 +144,7 @@ void small_block(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, co
             // 8-10% faster than 8 at 60-75 GB/s (32: alike; an L2 prefetch 48-96 chunks ahead
             // besides: 10% slower), while two strips 16 ahead each (M = 2-8) streamed 2% slower
             // than 8 (gemm() on rotating weight copies, the settings alternated in one process).
-            constexpr int64_t chunks_ahead = S == 1 && R == 1 ? 16 : 8;
+            constexpr int64_t chunks_ahead = R == 1 ? 16 : 8;  // a single row streams one strip (S = 1)
             for (int j = 0; j < S; ++j) {
                 for (int line = 0; line < gemm_chunk_codes / 64; ++line) {
                     _mm_prefetch(reinterpret_cast<const char*>(codes[j] + (q + chunks_ahead) * gemm_chunk_codes + line * 64), _MM_HINT_T0);
