@@ -30,8 +30,6 @@ struct Block {
     size_t bytes;
 };
 
-size_t round_up(size_t bytes, size_t unit) { return (std::max<size_t>(bytes, 1) + unit - 1) / unit * unit; }
-
 std::byte* aligned_new(size_t bytes) {
     return static_cast<std::byte*>(::operator new(bytes, std::align_val_t{tensor_alignment}));
 }

@@ -20,6 +20,9 @@ namespace fp8kit::detail {
 inline constexpr size_t host_cache_min = size_t(2) << 20;
 inline constexpr size_t host_cache_cap = size_t(256) << 20;
 
+// bytes (0 counts as 1) rounded up to a multiple of unit.
+inline size_t round_up(size_t bytes, size_t unit) { return ((bytes > 0 ? bytes : 1) + unit - 1) / unit * unit; }
+
 // At least `bytes` (>= 1), aligned to tensor_alignment, contents unspecified.
 std::shared_ptr<std::byte> host_allocate(size_t bytes);
 // Bytes held in freed blocks now.

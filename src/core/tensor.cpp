@@ -92,7 +92,7 @@ Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
     const size_t bytes = std::max<size_t>(size_t(count(shape)) * dtype_size(dtype), tensor_alignment);
     if (device != Device::cpu) {
 #ifdef FP8KIT_HAS_CUDA
-        t.storage_ = cuda::allocate((bytes + tensor_alignment - 1) / tensor_alignment * tensor_alignment);
+        t.storage_ = cuda::allocate(detail::round_up(bytes, tensor_alignment));
 #else
         throw Error("fp8kit::Tensor::empty: device cuda needs the CUDA backend, which this build does not have");
 #endif
