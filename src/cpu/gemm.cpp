@@ -32,8 +32,6 @@ using detail::GemmJob;
 using detail::GroupScale;
 using detail::GemmOperand;
 
-constexpr int64_t panel_strips = 8;      // 128 columns of B per task
-constexpr int64_t window_chunks = 32;    // K chunks of B widened at once (1024 of K)
 constexpr int64_t fuse_panel_rows = 64;  // rows of A quantized per fused-cast step
 
 // Scratch for one call, aligned and not zeroed (every byte used is written first): small blocks
@@ -103,7 +101,7 @@ void block_portable(int mi, int nj, const uint16_t* a, int64_t lda, const void* 
     }
 }
 
-constexpr GemmKernels portable_kernels{&expand_portable, &widen_bf16<&expand_portable>, 2,
+constexpr GemmKernels portable_kernels{&expand_portable, &widen_bf16<&expand_portable>, 2, 8, 32,
                                        &block_then_promote<&block_portable>, &no_tile_state, &no_tile_state, nullptr, 0,
                                        &matmul_f32_portable, "portable"};
 
@@ -206,10 +204,9 @@ void run_tiles(const Task& t, int64_t r0, int64_t rows, int64_t s0, int64_t s1, 
     const int64_t ns = s1 - s0;
     const bool one_group = kl.groups == 1;
     const int64_t cpg = kl.chunks_per_group();
-    // A window: whole K groups, up to window_chunks chunks (one group may be longer: then the
-    // window is that group, in pieces accumulated in the tiles).
-    // window_chunks is for bf16; a float32 window spans half the K in the same bytes (L2).
-    const int64_t max_chunks = window_chunks * 2 / t.kern.widened_bytes;
+    // A window: whole K groups, up to the kernel's window_chunks (one group may be longer: then
+    // the window is that group, in pieces accumulated in the tiles).
+    const int64_t max_chunks = t.kern.window_chunks;
     const int64_t groups_per_window = std::max<int64_t>(1, max_chunks / cpg);
     const int64_t wchunks = one_group ? std::min(max_chunks, cpg) : groups_per_window * cpg;
     const int64_t b_strip = wchunks * gemm_chunk_codes;  // elements of the window per strip
@@ -422,7 +419,7 @@ void gemm(GemmJob& job) {
     pack_a(job, kl, kern, apk.get(), lda, sa.data());
 
     // Tasks: panels of strips x row ranges; rows split only when panels alone leave threads idle.
-    const int64_t panels = (b.strips + panel_strips - 1) / panel_strips;
+    const int64_t panel_strips = kern.panel_strips, panels = (b.strips + panel_strips - 1) / panel_strips;
     const int64_t row_blocks = mp / (2 * gemm_tile) + (mp % (2 * gemm_tile) ? 1 : 0);
     const int threads = num_threads();
     const int64_t row_splits = std::min<int64_t>(row_blocks, panels >= 2 * threads ? 1 : (2 * threads + panels - 1) / panels);

@@ -151,9 +151,10 @@ void widen_b_avx2(const uint8_t* codes, int64_t n, const ExpandTable& t, bool na
 // added in K order (fma: the exact product added, one rounding - the tiles' sum). A is float32
 // (row stride ldaf), so its broadcasts are loads. R = 6: 12 accumulators, the two B vectors and
 // one broadcast fill the 16 ymm registers, and 12 independent chains cover the FMA latency
-// (4 cycles x 2 pipes) with room. GCC keeps the accumulator array in registers only when the
-// row loops are unrolled (else it stores them every step: 35 instead of 96 GFLOP/s), hence
-// FP8KIT_UNROLL.
+// (4 cycles x 2 pipes) with room; R = 5 (10 chains) takes the rest of a block's rows, where R = 4
+// (8 chains, none to spare) ran 17% slower a flop than R = 6 (perf, 4096^3). GCC keeps the
+// accumulator array in registers only when the row loops are unrolled (else it stores them every
+// step: 35 instead of 96 GFLOP/s), hence FP8KIT_UNROLL.
 template <int R>
 void micro(const float* af, int64_t ldaf, const float* b, int64_t kn, float* c, int64_t ldc, bool accumulate) {
     __m256 acc[R][2];
@@ -211,16 +212,17 @@ thread_local WidenedA widened_a;
 
 void begin_avx2() { widened_a.a = nullptr; }
 
-// K is swept in slices of 256: a strip's slice of B (16 KiB) stays in L1 while every row group
-// passes over it; the accumulators go through c between slices, which keeps each element's sum
-// in K order. Rows: 16 = 6 + 6 + 4, 32 = 6 x 4 + 4 + 4.
+// K is swept in slices of at most 256 (the window is 128 of K: GemmKernels::window_chunks): a
+// strip's slice of B stays in L1 while every row group passes over it; the accumulators go
+// through c between slices, which keeps each element's sum in K order. Rows: 16 = 6 + 5 + 5,
+// 32 = 6 + 6 + 5 x 4.
 void block_avx2(int mi, int nj, const uint16_t* a, int64_t lda, const void* bw, int64_t b_strip, int64_t chunks,
                 float* c, int64_t ldc, bool accumulate) {
     constexpr int64_t slice = 8 * gemm_chunk;
     const auto* b = static_cast<const float*>(bw);
     const int64_t rows = mi * gemm_tile, kn = chunks * gemm_chunk;
     const float* af = widened_a.get(a, lda, rows, kn);
-    const int64_t sixes = mi == 2 ? 4 : 2;
+    const int64_t sixes = mi == 2 ? 2 : 1;
     for (int64_t k0 = 0; k0 < kn; k0 += slice) {
         const int64_t len = std::min(slice, kn - k0);
         const bool add = accumulate || k0 > 0;
@@ -229,7 +231,7 @@ void block_avx2(int mi, int nj, const uint16_t* a, int64_t lda, const void* bw, 
             float* cj = c + j * gemm_tile;
             int64_t r = 0;
             for (int64_t g = 0; g < sixes; ++g, r += 6) micro<6>(af + r * kn + k0, kn, bj, len, cj + r * ldc, ldc, add);
-            for (; r < rows; r += 4) micro<4>(af + r * kn + k0, kn, bj, len, cj + r * ldc, ldc, add);
+            for (; r < rows; r += 5) micro<5>(af + r * kn + k0, kn, bj, len, cj + r * ldc, ldc, add);
         }
     }
 }
@@ -379,7 +381,7 @@ void expand_avx2(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t
 // adds 4 FMAs per 8 codes on top, while the tiles decode B once into a widened copy and then run at
 // FMA speed. 4 is an estimate of where the two meet, not a measured crossover: bench_gemm's M = 1
 // (small kernel) and M = 16 (tiles) rows bracket it (docs/PERF.md).
-constexpr GemmKernels avx2_kernels{&expand_avx2, &widen_b_avx2, 4, &block_then_promote<&block_avx2>, &begin_avx2,
+constexpr GemmKernels avx2_kernels{&expand_avx2, &widen_b_avx2, 4, 16, 4, &block_then_promote<&block_avx2>, &begin_avx2,
                                     &no_tile_state, &small_avx2, 4, &matmul_f32_avx2, "avx2"};
 
 }  // namespace

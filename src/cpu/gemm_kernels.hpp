@@ -109,6 +109,13 @@ struct GemmKernels {
     // (PackedB::strip_has_nan); false lets a kernel skip its fix-up for NaN codes.
     void (*widen_b)(const uint8_t* codes, int64_t n, const ExpandTable& t, bool nan, void* out);
     int64_t widened_bytes;
+    // run_tiles' tiling: strips of B per task (128 columns for 8) and K chunks of B widened per
+    // window. The bf16 tile kernels: 8 strips and 32 chunks (a 256 KiB window; 16 strips or 16
+    // chunks ran 2-5% slower). The AVX2 kernel widens A's rows to float32 once per (task, window,
+    // 32 rows), so wider panels save it work: 16 strips over a 4-chunk window (16 strips of
+    // float32 B, 128 KiB: an AVX2 machine's L2 is 256-512 KiB) ran 4096^3 at 0.94-0.97x OpenBLAS
+    // sgemm where 8 strips over 16 chunks ran 0.91-0.93x (alternating in one process, Zen 5).
+    int64_t panel_strips, window_chunks;
     // C block of (mi x nj) 16x16 tiles, mi, nj in {1, 2}: the sums over `chunks` K chunks of A
     // rows (a + r * lda, chunk q at + 32 q) times B strip tiles of the widened window (strip t at
     // b + t * b_strip elements, chunk q at + 512 q elements), into c[r * ldc + col]. Without a
