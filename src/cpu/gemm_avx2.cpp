@@ -223,6 +223,15 @@ void block_avx2(int mi, int nj, const uint16_t* a, int64_t lda, const void* bw, 
     const int64_t rows = mi * gemm_tile, kn = chunks * gemm_chunk;
     const float* af = widened_a.get(a, lda, rows, kn);
     const int64_t sixes = mi == 2 ? 2 : 1;
+    // The block's sums so far (a line per row and strip) are asked for at once: each window
+    // passes over the task's whole accumulator (4 MiB at 4096 rows), which has left L2 by the
+    // next, and each micro call would wait for its lines in turn (4096^3: 0.90 -> 0.95x OpenBLAS,
+    // medians alternating in one process).
+    if (accumulate) {
+        for (int64_t r = 0; r < rows; ++r) {
+            for (int j = 0; j < nj; ++j) _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + j * gemm_tile), _MM_HINT_T0);
+        }
+    }
     for (int64_t k0 = 0; k0 < kn; k0 += slice) {
         const int64_t len = std::min(slice, kn - k0);
         const bool add = accumulate || k0 > 0;
