@@ -101,7 +101,7 @@ void block_portable(int mi, int nj, const uint16_t* a, int64_t lda, const void* 
     }
 }
 
-constexpr GemmKernels portable_kernels{&expand_portable, &widen_bf16<&expand_portable>, 2, 8, 32,
+constexpr GemmKernels portable_kernels{&expand_portable, &widen_bf16<&expand_portable>, 2, 8, 32, 2,
                                        &block_then_promote<&block_portable>, &no_tile_state, &no_tile_state, nullptr, 0,
                                        &matmul_f32_portable, "portable"};
 
@@ -219,7 +219,8 @@ void run_tiles(const Task& t, int64_t r0, int64_t rows, int64_t s0, int64_t s1, 
     // small M (few blocks per window) costs most (M = 16 on the avx512-bf16 tiles out of cache:
     // +3-9% with it).
     const int64_t steps_per_window = one_group ? 1 : std::max<int64_t>(1, wchunks / cpg);
-    const int64_t blocks_per_window = (rows + 2 * gemm_tile - 1) / (2 * gemm_tile) * steps_per_window * ((ns + 1) / 2);
+    const int64_t block_rows = t.kern.block_tiles * gemm_tile;
+    const int64_t blocks_per_window = (rows + block_rows - 1) / block_rows * steps_per_window * ((ns + 1) / 2);
     t.kern.begin();
     for (int64_t w0 = 0; w0 < total_chunks; w0 += wchunks) {
         const int64_t wc = std::min(wchunks, total_chunks - w0);
@@ -238,8 +239,8 @@ void run_tiles(const Task& t, int64_t r0, int64_t rows, int64_t s0, int64_t s1, 
                 if ((pb += 64) >= next_bytes) pb = 0, ++ps;
             }
         };
-        for (int64_t i = 0; i < rows; i += 2 * gemm_tile) {
-            const int mi = rows - i > gemm_tile ? 2 : 1;
+        for (int64_t i = 0; i < rows; i += block_rows) {
+            const int mi = int(std::min(block_rows, rows - i) / gemm_tile);
             const uint16_t* a = t.apk + (r0 + i) * t.lda + w0 * gemm_chunk;
             // One K group at a time across the strips, so that consecutive blocks read the same
             // rows of A (the AVX2 kernel widens them once for all strips).
@@ -420,10 +421,10 @@ void gemm(GemmJob& job) {
 
     // Tasks: panels of strips x row ranges; rows split only when panels alone leave threads idle.
     const int64_t panel_strips = kern.panel_strips, panels = (b.strips + panel_strips - 1) / panel_strips;
-    const int64_t row_blocks = mp / (2 * gemm_tile) + (mp % (2 * gemm_tile) ? 1 : 0);
+    const int64_t block_rows = kern.block_tiles * gemm_tile, row_blocks = (mp + block_rows - 1) / block_rows;
     const int threads = num_threads();
     const int64_t row_splits = std::min<int64_t>(row_blocks, panels >= 2 * threads ? 1 : (2 * threads + panels - 1) / panels);
-    const int64_t rows_per_split = (row_blocks + row_splits - 1) / row_splits * 2 * gemm_tile;
+    const int64_t rows_per_split = (row_blocks + row_splits - 1) / row_splits * block_rows;
     const Task task{job, b, kern, apk.get(), lda, sa.data(), expand_table(b.format)};
     const size_t work = size_t(job.m) * size_t(job.n) * size_t(std::max<int64_t>(job.k, 1));
     parallel_tasks(panels * row_splits, work, [&](int64_t t, int) {

@@ -97,13 +97,13 @@ bool amx_usable() {
 }
 
 // The float32 matmul of the layer ops is AVX2's (no AMX tile computes in float32).
-constexpr GemmKernels amx_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 32, &block_then_promote<&block_dispatch>,
+constexpr GemmKernels amx_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 32, 2, &block_then_promote<&block_dispatch>,
                                   &amx_begin, &amx_end, nullptr, 0, &matmul_f32_avx2, "amx"};
 // With AVX512-BF16, M <= 2 runs src/cpu/gemm_avx512.cpp's small kernel: each row costs it two
 // VDPBF16PS per 64 codes on top of the widening, so past 2 rows the tiles win even with their
 // widened copy of B (measured with bench_gemm on a Xeon with AMX: M = 3 and 4 ran 20% and 60%
 // slower than on the tiles).
-constexpr GemmKernels amx_bf16_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 32,
+constexpr GemmKernels amx_bf16_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 32, 2,
                                        &block_then_promote<&block_dispatch>, &amx_begin, &amx_end, &small_bf16, 2,
                                        &matmul_f32_avx2, "amx"};
 

@@ -181,7 +181,7 @@ void micro(const float* af, int64_t ldaf, const float* b, int64_t kn, float* c, 
 }
 
 // The block's A rows (mi x 16 rows, chunks x 32 bf16) widened to float32, per thread (at most
-// 32 x 512 floats, 64 KiB). run_tiles calls block for every pair of strips with the same rows of
+// 48 x 128 floats, 24 KiB). run_tiles calls block for every pair of strips with the same rows of
 // A, so the widened rows are kept until a block asks for others; begin() (the start of a task)
 // forgets them, since packed A lives only for one GEMM. Widening per call took 11% of a 2048^3
 // GEMM.
@@ -214,15 +214,15 @@ void begin_avx2() { widened_a.a = nullptr; }
 
 // K is swept in slices of at most 256 (the window is 128 of K: GemmKernels::window_chunks): a
 // strip's slice of B stays in L1 while every row group passes over it; the accumulators go
-// through c between slices, which keeps each element's sum in K order. Rows: 16 = 6 + 5 + 5,
-// 32 = 6 + 6 + 5 x 4.
+// through c between slices, which keeps each element's sum in K order. Rows: 48 = 6 x 8 (every
+// whole block), 32 = 6 + 6 + 5 x 4 and 16 = 6 + 5 + 5 (a task's last rows).
 void block_avx2(int mi, int nj, const uint16_t* a, int64_t lda, const void* bw, int64_t b_strip, int64_t chunks,
                 float* c, int64_t ldc, bool accumulate) {
     constexpr int64_t slice = 8 * gemm_chunk;
     const auto* b = static_cast<const float*>(bw);
     const int64_t rows = mi * gemm_tile, kn = chunks * gemm_chunk;
     const float* af = widened_a.get(a, lda, rows, kn);
-    const int64_t sixes = mi == 2 ? 2 : 1;
+    const int64_t fives = (6 - rows % 6) % 6, sixes = (rows - 5 * fives) / 6;
     // The block's sums so far (a line per row and strip) are asked for at once: each window
     // passes over the task's whole accumulator (4 MiB at 4096 rows), which has left L2 by the
     // next, and each micro call would wait for its lines in turn (4096^3: 0.90 -> 0.95x OpenBLAS,
@@ -390,7 +390,7 @@ void expand_avx2(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t
 // adds 4 FMAs per 8 codes on top, while the tiles decode B once into a widened copy and then run at
 // FMA speed. 4 is an estimate of where the two meet, not a measured crossover: bench_gemm's M = 1
 // (small kernel) and M = 16 (tiles) rows bracket it (docs/PERF.md).
-constexpr GemmKernels avx2_kernels{&expand_avx2, &widen_b_avx2, 4, 16, 4, &block_then_promote<&block_avx2>, &begin_avx2,
+constexpr GemmKernels avx2_kernels{&expand_avx2, &widen_b_avx2, 4, 16, 4, 3, &block_then_promote<&block_avx2>, &begin_avx2,
                                     &no_tile_state, &small_avx2, 4, &matmul_f32_avx2, "avx2"};
 
 }  // namespace

@@ -100,6 +100,8 @@ struct Promotion {
 
 // The computing kernels. A is packed as bf16 rows [Mp][lda] in the K layout above; B pieces are
 // widened by widen_b into windows of 512-element tiles, in the layout the block kernel reads.
+inline constexpr int max_block_tiles = 3;  // the most row tiles a block kernel is given (GemmKernels)
+
 struct GemmKernels {
     // out[i] = t.bf16[codes[i]] for i < n: FP8 codes to bf16 bits.
     void (*expand)(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t* out);
@@ -109,14 +111,17 @@ struct GemmKernels {
     // (PackedB::strip_has_nan); false lets a kernel skip its fix-up for NaN codes.
     void (*widen_b)(const uint8_t* codes, int64_t n, const ExpandTable& t, bool nan, void* out);
     int64_t widened_bytes;
-    // run_tiles' tiling: strips of B per task (128 columns for 8) and K chunks of B widened per
-    // window. The bf16 tile kernels: 8 strips and 32 chunks (a 256 KiB window; 16 strips or 16
-    // chunks ran 2-5% slower). The AVX2 kernel widens A's rows to float32 once per (task, window,
-    // 32 rows), so wider panels save it work: 16 strips over a 4-chunk window (16 strips of
-    // float32 B, 128 KiB: an AVX2 machine's L2 is 256-512 KiB) ran 4096^3 at 0.94-0.97x OpenBLAS
-    // sgemm where 8 strips over 16 chunks ran 0.91-0.93x (alternating in one process, Zen 5).
-    int64_t panel_strips, window_chunks;
-    // C block of (mi x nj) 16x16 tiles, mi, nj in {1, 2}: the sums over `chunks` K chunks of A
+    // run_tiles' tiling: strips of B per task (128 columns for 8), K chunks of B widened per
+    // window, and row tiles per block (the largest mi). The bf16 tile kernels: 8 strips, 32
+    // chunks (a 256 KiB window; 16 strips or 16 chunks ran 2-5% slower), 2 row tiles. The AVX2
+    // kernel widens A's rows to float32 once per (task, window, block), so wider panels save it
+    // work: 16 strips over a 4-chunk window (16 strips of float32 B, 128 KiB: an AVX2 machine's
+    // L2 is 256-512 KiB) ran 4096^3 at 0.94-0.97x OpenBLAS sgemm where 8 strips over 16 chunks
+    // ran 0.91-0.93x (alternating in one process, Zen 5); and 3 row tiles, 48 rows = 8 x 6 rows
+    // of its micro kernel (32 rows took two 6-row and four slower 5-row calls).
+    int64_t panel_strips, window_chunks, block_tiles;
+    // C block of (mi x nj) 16x16 tiles, mi in [1, block_tiles] (at most max_block_tiles), nj in
+    // {1, 2}: the sums over `chunks` K chunks of A
     // rows (a + r * lda, chunk q at + 32 q) times B strip tiles of the widened window (strip t at
     // b + t * b_strip elements, chunk q at + 512 q elements), into c[r * ldc + col]. Without a
     // promotion: added to c (accumulate) or written over it. With one, the chunks are one K
@@ -177,7 +182,7 @@ template <void (*Block)(int, int, const uint16_t*, int64_t, const void*, int64_t
 void block_then_promote(int mi, int nj, const uint16_t* a, int64_t lda, const void* b, int64_t b_strip, int64_t chunks,
                         float* c, int64_t ldc, bool accumulate, const Promotion* promotion) {
     if (promotion == nullptr) return Block(mi, nj, a, lda, b, b_strip, chunks, c, ldc, accumulate);
-    alignas(64) float part[4 * gemm_tile * gemm_tile];
+    alignas(64) float part[max_block_tiles * 2 * gemm_tile * gemm_tile];
     Block(mi, nj, a, lda, b, b_strip, chunks, part, 2 * gemm_tile, false);
     promote_loop(part, mi * gemm_tile, nj * gemm_tile, promotion->sa, promotion->sa_stride, promotion->sb, c, ldc,
                  promotion->first);
