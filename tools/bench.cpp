@@ -1,5 +1,5 @@
 // tools/bench.cpp: `fp8kit bench <name> [--json] [--quick]` runs the benchmark of bench/<name>
-// (the same code as the bench_<name> binary).
+// (the same code as the bench_<name> binary); `fp8kit bench generate` is the GPT app's (tools/train.cpp).
 #include <iostream>
 #include <memory>
 
@@ -30,6 +30,7 @@ void add_bench_command(CLI::App& app) {
     layers->add_flag("--json", opt->json, "one JSON object per line");
     layers->add_flag("--quick", opt->quick, "the training shapes only, short budgets");
     layers->callback([opt] { bench::run_layers(*opt, std::cout); });
+    add_generate_bench(*bench);
 }
 
 }  // namespace fp8kit::tools

@@ -39,6 +39,7 @@ void reading_inputs(F&& fn) {
 
 void add_formats_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
+void add_generate_bench(CLI::App& bench);  // `fp8kit bench generate` (tools/train.cpp: the GPT app's)
 void add_train_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
 void add_quantize_command(CLI::App& app);

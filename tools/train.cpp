@@ -4,11 +4,13 @@
 // progress bar on stderr; prints the table (held-out loss, gap to f32, tokens/s, memory), writes
 // loss curves (CSV + SVG plot) and each trained model to --out; --policy applies a policy file
 // (fp8kit advise) to the FP8 recipes.
-// `fp8kit generate` samples from a saved model (float32, or quantized by fp8kit quantize).
+// `fp8kit generate` samples from a saved model (float32, or quantized by fp8kit quantize), each
+// byte printed as it is sampled and the rate on stderr; `fp8kit bench generate` times models in turn.
 // Every argument is checked before any work or output (an error naming the flag).
 // Checked by tests/e2e/test_cli.sh (the table, files, generate, --policy's report, each refused
 // argument leaving nothing behind).
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -290,7 +292,63 @@ void add_generate_command(CLI::App& app) {
     cmd->callback([=] {
         require_positive("--tokens", *tokens);
         auto m = gpt::load_model(*model);
-        std::cout << *prompt << gpt::generate(*m, *prompt, *tokens, *seed) << "\n";
+        // Each byte printed as it is sampled; the rate (without the model's load) on stderr.
+        std::cout << *prompt << std::flush;
+        const auto t0 = std::chrono::steady_clock::now();
+        gpt::generate(*m, *prompt, *tokens, *seed, [](char c) { std::cout << c << std::flush; });
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        std::cout << "\n";
+        std::cerr << *tokens << " bytes in " << std::fixed << std::setprecision(3) << s << " s: "
+                  << std::setprecision(1) << double(*tokens) / s << " tokens/s\n";
+    });
+}
+
+// `fp8kit bench generate`: the models given (e.g. a float32 model and its FP8 quantization) sample
+// the same bytes' worth in turn, round after round, so that the machine's noise hits them alike;
+// the fastest round of each, as tokens/s and as a multiple of the first model's. Checks its own
+// results: a model's text must be the same in every round (sampling is seeded).
+void add_generate_bench(CLI::App& bench) {
+    CLI::App* cmd = bench.add_subcommand("generate", "fp8kit generate's tokens/s for each model given, in turn (e.g. float32 vs FP8)");
+    auto models = std::make_shared<std::vector<std::string>>();
+    auto tokens = std::make_shared<int64_t>(100);
+    auto rounds = std::make_shared<int64_t>(3);
+    auto json = std::make_shared<bool>(false);
+    cmd->add_option("--model", *models, "model file (repeat the flag for each model; the first is the baseline)")->required();
+    cmd->add_option("--tokens", *tokens, "bytes to generate per round")->capture_default_str();
+    cmd->add_option("--rounds", *rounds, "rounds (the fastest of each model's is reported)")->capture_default_str();
+    cmd->add_flag("--json", *json, "one JSON object per line");
+    cmd->callback([=] {
+        require_positive("--tokens", *tokens);
+        require_positive("--rounds", *rounds);
+        std::vector<std::unique_ptr<gpt::GPT>> ms;
+        for (const std::string& path : *models) ms.push_back(gpt::load_model(path));
+        const std::string prompt = "The ";
+        std::vector<double> best(ms.size(), 1e300);
+        std::vector<std::string> text(ms.size());
+        for (int64_t r = 0; r < *rounds; ++r) {
+            for (size_t i = 0; i < ms.size(); ++i) {
+                const auto t0 = std::chrono::steady_clock::now();
+                const std::string out = gpt::generate(*ms[i], prompt, *tokens, 1);
+                best[i] = std::min(best[i], std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+                if (r == 0) text[i] = out;
+                if (out != text[i]) throw CheckFailed("bench generate: " + (*models)[i] + " sampled different bytes in round " + std::to_string(r + 1) + " (seeded: must repeat)");
+            }
+        }
+        std::cout << std::fixed;
+        if (!*json) std::cout << "model                                                   width  layers   tokens/s   x first\n";
+        for (size_t i = 0; i < ms.size(); ++i) {
+            const double rate = double(*tokens) / best[i], first = double(*tokens) / best[0];
+            const gpt::GPTConfig& c = ms[i]->config();
+            if (*json) {
+                std::cout << "{\"bench\":\"generate\",\"model\":\"" << (*models)[i] << "\",\"width\":" << c.width
+                          << ",\"layers\":" << c.layers << ",\"threads\":" << num_threads() << ",\"tokens\":" << *tokens
+                          << std::setprecision(2) << ",\"tokens_per_s\":" << rate << ",\"vs_first\":" << rate / first << "}\n";
+            } else {
+                std::cout << std::left << std::setw(56) << (*models)[i] << std::right << std::setw(6) << c.width << std::setw(8)
+                          << c.layers << std::setprecision(1) << std::setw(11) << rate << std::setprecision(2) << std::setw(10)
+                          << rate / first << "\n";
+            }
+        }
     });
 }
 

@@ -3,7 +3,7 @@
 # table (values from NUMERICS.md), bad input giving one line on stderr and exit code 2, and
 # `bench quantize --quick --json` printing JSON lines; `train` (its table, files, no progress bar
 # into a file, losses.svg rendered to PNG where rsvg-convert is installed, --policy's per-layer
-# report), `generate`, and
+# report), `generate` (the bytes, the rate on stderr), `bench generate` (a JSON line per model), and
 # every refused argument of train, generate and advise: exit 2, one line naming the flag, nothing
 # on stdout and nothing written.
 set -u
@@ -51,11 +51,13 @@ check "bench quantize --quick --json: JSON lines of bench quantize" "[ $rc -eq 0
 check "train: table with f32 and tensorwise, CSV, SVG and models written" "[ $rc -eq 0 ] && grep -Eq '^tensorwise +\|? *[0-9.]+' '$out/t' && [ \$(wc -l <'$out/train/losses.csv') -eq 5 ] && grep -q '<svg' '$out/train/losses.svg' && [ -s '$out/train/model_tensorwise.safetensors' ]"
 check "train: stderr not a terminal - no progress bar, one line per recipe" "! grep -q \"\$(printf '\\r')\" '$out/e' && grep -Eq '^tensorwise +4 steps, loss [0-9.]+ \\([0-9.]+ s\\)\$' '$out/e' && [ \$(wc -l <'$out/e') -le 4 ]"
 "$fp8kit" generate --model "$out/train/model_f32.safetensors" --prompt "The " --tokens 10 >"$out/g" 2>"$out/e"; rc=$?
-check "generate: the prompt and 10 more bytes" "[ $rc -eq 0 ] && grep -q '^The ' '$out/g'"
+check "generate: the prompt, 10 more bytes and a newline; the rate on stderr" "[ $rc -eq 0 ] && grep -q '^The ' '$out/g' && [ \$(wc -c <'$out/g') -eq 15 ] && grep -Eq '^10 bytes in [0-9.]+ s: [0-9.]+ tokens/s\$' '$out/e'"
 # The saved model is a checkpoint like any other: quantized to FP8 (mx32), generate runs on it.
 "$fp8kit" quantize "$out/train/model_f32.safetensors" "$out/train/model_f32_mx32.safetensors" --scheme mx32 >"$out/o" 2>"$out/e" &&
 "$fp8kit" generate --model "$out/train/model_f32_mx32.safetensors" --prompt "The " --tokens 10 >"$out/g" 2>"$out/e"; rc=$?
 check "quantize the trained model (mx32), generate from the FP8 file" "[ $rc -eq 0 ] && grep -q '^The ' '$out/g' && grep -q 'blocks.0.attn.qkv.weight *mx32' '$out/o'"
+"$fp8kit" bench generate --model "$out/train/model_f32.safetensors" --model "$out/train/model_f32_mx32.safetensors" --tokens 5 --rounds 2 --json >"$out/bg" 2>"$out/e"; rc=$?
+check "bench generate: a JSON line per model, the first the baseline (vs_first 1)" "[ $rc -eq 0 ] && [ \$(wc -l <'$out/bg') -eq 2 ] && head -1 '$out/bg' | grep -q '\"model\":\"$out/train/model_f32.safetensors\".*\"vs_first\":1.00}' && tail -1 '$out/bg' | grep -q 'model_f32_mx32.safetensors\".*\"tokens_per_s\":[0-9]'"
 "$fp8kit" generate --model "$out/train/losses.csv" >"$out/g" 2>"$out/e"; rc=$?
 check "generate from a file that is not a model: exit 2 naming it" "[ $rc -eq 2 ] && grep -q 'losses.csv' '$out/e'"
 "$fp8kit" train --recipe fp4 --steps 1 --out "$out/train" >"$out/o" 2>"$out/e"; rc=$?
@@ -91,6 +93,7 @@ refused "train --out ''" "--out is empty" train --out ""
 refused "train --out a file" "--out '$out/short.txt' exists and is not a directory" train --out "$out/short.txt"
 refused "generate --tokens -5" "--tokens must be >= 1, got -5" generate --model "$out/train/model_f32.safetensors" --tokens -5
 refused "generate --tokens 0" "--tokens must be >= 1, got 0" generate --model "$out/train/model_f32.safetensors" --tokens 0
+refused "bench generate --rounds 0" "--rounds must be >= 1, got 0" bench generate --model "$out/train/model_f32.safetensors" --rounds 0
 refused "advise --tokens 0" "--tokens 0: expected >= 1" advise --shapes 16x64x64 --tokens 0 --out "$out/r"
 refused "advise --budget 0" "--budget" advise --shapes 16x64x64 --budget 0 --out "$out/r"
 refused "advise --min-speedup -1" "--min-speedup" advise --shapes 16x64x64 --min-speedup -1 --out "$out/r"

@@ -100,8 +100,10 @@ TrainResult train_gpt(std::string_view text, const TrainConfig& config, const st
 // each longer than a context window): what train_gpt checks first, for callers to check early.
 void check_training_text(std::string_view text, const TrainConfig& config);
 
-// Samples `tokens` bytes after `prompt` (temperature 0.8 softmax sampling, reproducible for a seed).
-std::string generate(GPT& model, const std::string& prompt, int64_t tokens, uint64_t seed);
+// Samples `tokens` bytes after `prompt` (temperature 0.8 softmax sampling, reproducible for a seed),
+// each passed to on_byte (if given) as soon as it is sampled.
+std::string generate(GPT& model, const std::string& prompt, int64_t tokens, uint64_t seed,
+                     const std::function<void(char)>& on_byte = {});
 
 // ---- model files ----
 

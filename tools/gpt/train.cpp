@@ -168,7 +168,8 @@ TrainResult train_gpt(std::string_view text, const TrainConfig& c, const std::st
     return r;
 }
 
-std::string generate(GPT& model, const std::string& prompt, int64_t tokens, uint64_t seed) {
+std::string generate(GPT& model, const std::string& prompt, int64_t tokens, uint64_t seed,
+                     const std::function<void(char)>& on_byte) {
     if (tokens < 0) throw Error("fp8kit::gpt::generate: tokens must be >= 0, got " + std::to_string(tokens));
     const int64_t ctx = model.config().context, v = model.config().vocab;
     std::vector<int32_t> seq;
@@ -198,6 +199,7 @@ std::string generate(GPT& model, const std::string& prompt, int64_t tokens, uint
         }
         seq.push_back(int32_t(pick));
         out.push_back(char(static_cast<unsigned char>(pick)));
+        if (on_byte) on_byte(out.back());
     }
     return out;
 }
