@@ -107,6 +107,9 @@ protected:
     int64_t in_, out_;
     std::shared_ptr<Parameter> weight_, bias_;
     Tensor x_;  // saved for backward
+    // weight().stored packed for the GEMM at the first forward that computes on it, and again
+    // only if stored is replaced (a PackedWeight holds its source, so a new one has new buffers).
+    std::optional<PackedWeight> packed_;
 };
 
 class LayerNorm : public Module {

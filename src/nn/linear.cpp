@@ -77,7 +77,12 @@ Tensor Linear::forward(const Tensor& x) {
             GemmOptions go;
             if (bias_) go.bias = bias_->compute_value();
             x_ = Tensor();
-            return gemm({x2, *qo}, PackedWeight(*w.stored), go).reshape(yshape);
+            const QTensor& s = *w.stored;
+            if (!packed_ || packed_->source().data.const_raw_data() != s.data.const_raw_data() ||
+                packed_->source().scale_inv.const_raw_data() != s.scale_inv.const_raw_data()) {
+                packed_.emplace(s);  // packed once, not per call (a decode step is mostly this GEMM)
+            }
+            return gemm({x2, *qo}, *packed_, go).reshape(yshape);
         }
     }
     const Tensor wv = w.compute_value();  // upcast, for this call only, when stored in FP8

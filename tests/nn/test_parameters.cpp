@@ -300,6 +300,32 @@ void expect_native_fp8_product(Linear& l, std::mt19937_64& g) {
     EXPECT_EQ(bad, 0) << "of " << n * o << " outputs off the float64 product of the FP8 operands";
 }
 
+// A Linear packs its FP8-stored weight once and reuses it; a stored weight replaced (another
+// value, another scaling) must be packed anew: every forward is checked against the float64
+// product of the weight stored at that moment, so a stale packed weight (the first one reused)
+// misses the bound by the whole difference of the two weights.
+TEST(Checkpoint, LinearRepacksOnlyAStoredWeightThatWasReplaced) {
+    std::mt19937_64 g(11);
+    Linear l(96, 40);
+    std::normal_distribution<float> d(0.0f, 0.5f);
+    const auto random_weight = [&] {
+        std::vector<float> v(size_t(40 * 96));
+        for (float& x : v) x = d(g);
+        return Tensor::from(v, {40, 96});
+    };
+    QuantizeOptions tensor;
+    l.weight().stored = quantize(random_weight(), tensor);
+    l.weight().value = Tensor();
+    expect_native_fp8_product(l, g);
+    expect_native_fp8_product(l, g);  // the packed weight reused
+    QuantizeOptions row;
+    row.scaling = Scaling::row();
+    l.weight().stored = quantize(random_weight(), row);
+    expect_native_fp8_product(l, g);
+    l.weight().stored = quantize(random_weight(), tensor);
+    expect_native_fp8_product(l, g);
+}
+
 TEST(Checkpoint, TrainedModelQuantizedByTheCommandHoldsTheDerivedFloors) {
     TrainConfig c;
     c.model = GPTConfig{2, 128, 4, 32, 256};
