@@ -4,6 +4,7 @@
 // Checked by tests/unit/test_gemm.cpp (errors, K groups) and tests/ops/test_gemm.cpp (results).
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -41,26 +42,27 @@ int64_t k_extent(const Scaling& s, int64_t k, const char* which) {
 
 // Checks an FP8 QTensor as a GEMM operand [rows, K] ("A" or "B") and describes it.
 GemmOperand operand(const QTensor& q, const char* which) {
-    const std::string where = std::string("fp8kit::gemm: ") + which + " ";
+    // The messages are built only on error: a decode step calls this twice per GEMM.
+    const auto where = [which] { return std::string("fp8kit::gemm: ") + which + " "; };
     const Tensor& d = q.data;
-    if (!d.defined()) throw Error(where + "data is undefined");
-    if (d.dim() != 2) throw Error(where + "must be 2-d, got shape " + shape_str(d.shape()));
+    if (!d.defined()) throw Error(where() + "data is undefined");
+    if (d.dim() != 2) throw Error(where() + "must be 2-d, got shape " + shape_str(d.shape()));
     if (!is_fp8(d.dtype()) || d.dtype() == DType::e8m0fnu) {
-        throw Error(where + "data dtype is " + std::string(to_string(d.dtype())) + ", expected an FP8 data format");
+        throw Error(where() + "data dtype is " + std::string(to_string(d.dtype())) + ", expected an FP8 data format");
     }
     if (d.strides()[1] != 1 || d.strides()[0] < d.shape()[1]) {
-        throw Error(where + "data needs unit column stride and rows at least K apart");
+        throw Error(where() + "data needs unit column stride and rows at least K apart");
     }
     const int64_t rows = d.shape()[0], k = d.shape()[1];
     (void)k_extent(q.scaling, k, which);
     const bool mx = q.scaling.granularity == Granularity::mx32;
     const GroupShape scales = q.scaling.scale_shape(rows, k);
-    const Shape want{scales.rows, scales.cols};
     const DType want_dtype = mx ? DType::e8m0fnu : DType::f32;
-    if (!q.scale_inv.defined() || q.scale_inv.shape() != want || q.scale_inv.dtype() != want_dtype ||
-        !q.scale_inv.is_contiguous()) {
-        throw Error(where + "scale_inv must be a contiguous " + std::string(to_string(want_dtype)) + " tensor of shape " +
-                    shape_str(want) + " for " + to_string(q.scaling) + " scaling of " + shape_str(d.shape()) + ", got " +
+    const Tensor& si = q.scale_inv;
+    if (!si.defined() || si.dim() != 2 || si.size(0) != scales.rows || si.size(1) != scales.cols ||
+        si.dtype() != want_dtype || !si.is_contiguous()) {
+        throw Error(where() + "scale_inv must be a contiguous " + std::string(to_string(want_dtype)) + " tensor of shape " +
+                    shape_str(Shape{scales.rows, scales.cols}) + " for " + to_string(q.scaling) + " scaling of " + shape_str(d.shape()) + ", got " +
                     (q.scale_inv.defined() ? std::string(to_string(q.scale_inv.dtype())) + " " +
                                                  shape_str(q.scale_inv.shape())
                                            : std::string("none")));
@@ -77,13 +79,15 @@ void check_pair(Format a, Format b) {
 }
 
 // An f32/bf16/f16 tensor of an exact shape.
-void check_float_tensor(const Tensor& t, const Shape& want, const char* what) {
-    const std::string where = std::string("fp8kit::gemm: ") + what + " ";
-    if (!t.defined()) throw Error(where + "is undefined");
+void check_float_tensor(const Tensor& t, std::initializer_list<int64_t> want, const char* what) {
+    const auto where = [what] { return std::string("fp8kit::gemm: ") + what + " "; };  // built only on error
+    if (!t.defined()) throw Error(where() + "is undefined");
     if (t.dtype() != DType::f32 && t.dtype() != DType::bf16 && t.dtype() != DType::f16) {
-        throw Error(where + "dtype is " + std::string(to_string(t.dtype())) + ", expected f32, bf16 or f16");
+        throw Error(where() + "dtype is " + std::string(to_string(t.dtype())) + ", expected f32, bf16 or f16");
     }
-    if (t.shape() != want) throw Error(where + "has shape " + shape_str(t.shape()) + ", expected " + shape_str(want));
+    if (!std::equal(t.shape().begin(), t.shape().end(), want.begin(), want.end())) {
+        throw Error(where() + "has shape " + shape_str(t.shape()) + ", expected " + shape_str(Shape(want)));
+    }
 }
 
 }  // namespace
@@ -121,7 +125,8 @@ size_t PackedWeight::packed_bytes() const noexcept { return packed_bytes_; }
 namespace {
 
 // The GEMM into `out` when given (checked against the shape), else into a new tensor.
-Tensor run_gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, const Tensor* given) {
+// D into *given, or into a new tensor put in *made (given null): the caller's handle is not copied.
+void run_gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, const Tensor* given, Tensor* made) {
     if (is_fp8(opts.out_dtype) || (opts.out_dtype != DType::f32 && opts.out_dtype != DType::bf16 &&
                                    opts.out_dtype != DType::f16)) {
         throw Error("fp8kit::gemm: out_dtype is " + std::string(to_string(opts.out_dtype)) +
@@ -183,7 +188,6 @@ Tensor run_gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, 
         throw Error("fp8kit::gemm: alpha and beta must be finite, got " + std::to_string(opts.alpha) + " and " +
                     std::to_string(opts.beta));
     }
-    Tensor out;
     if (given != nullptr) {
         check_float_tensor(*given, {m, n}, "out");
         if (given->dtype() != opts.out_dtype) {
@@ -195,10 +199,10 @@ Tensor run_gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, 
         for (const Tensor* in : {a_tensor, &qb.data}) {
             if (in != nullptr && given->shares_storage_with(*in)) throw Error("fp8kit::gemm: out shares memory with A or B");
         }
-        out = *given;
     } else {
-        out = Tensor::empty({m, n}, opts.out_dtype, d.device);
+        *made = Tensor::empty({m, n}, opts.out_dtype, d.device);
     }
+    const Tensor& out = given != nullptr ? *given : *made;
     detail::Matrix c;
     if (opts.c) {
         check_float_tensor(*opts.c, {m, n}, "C");
@@ -223,7 +227,7 @@ Tensor run_gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, 
             detail::gemm_epilogue(job, i, 0, row.data(), n);
             detail::gemm_store(job, i, 0, row.data(), n);
         }
-        return out;
+        return;
     }
 
     // A PackedWeight made for another backend, or for wider K groups than A allows, is repacked.
@@ -243,16 +247,19 @@ Tensor run_gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, 
         }
         d.ops.gemm(job);
     }
-    return out;
 }
 
 }  // namespace
 
-Tensor gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts) { return run_gemm(a, b, opts, nullptr); }
+Tensor gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts) {
+    Tensor out;
+    run_gemm(a, b, opts, nullptr, &out);
+    return out;
+}
 
 void gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, const Tensor& out) {
     if (!out.defined()) throw Error("fp8kit::gemm: out is undefined");
-    (void)run_gemm(a, b, opts, &out);
+    run_gemm(a, b, opts, &out, nullptr);
 }
 
 QTensor gemm_quantized(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, const QuantizeOptions& out) {

@@ -416,8 +416,9 @@ void gemm(GemmJob& job) {
     Scratch<uint16_t> apk(mp * lda);
     // Scales for every packed row: the tiles promote whole 16-row tiles, padding rows included
     // (their codes are zero, so are their scales).
-    std::vector<float> sa(size_t(mp * kl.groups), 0.0f);
-    pack_a(job, kl, kern, apk.get(), lda, sa.data());
+    Scratch<float> sa(mp * kl.groups);
+    std::fill(sa.get(), sa.get() + mp * kl.groups, 0.0f);
+    pack_a(job, kl, kern, apk.get(), lda, sa.get());
 
     // Tasks: panels of strips x row ranges; rows split only when panels alone leave threads idle.
     const int64_t panel_strips = kern.panel_strips, panels = (b.strips + panel_strips - 1) / panel_strips;
@@ -425,7 +426,7 @@ void gemm(GemmJob& job) {
     const int threads = num_threads();
     const int64_t row_splits = std::min<int64_t>(row_blocks, panels >= 2 * threads ? 1 : (2 * threads + panels - 1) / panels);
     const int64_t rows_per_split = (row_blocks + row_splits - 1) / row_splits * block_rows;
-    const Task task{job, b, kern, apk.get(), lda, sa.data(), expand_table(b.format)};
+    const Task task{job, b, kern, apk.get(), lda, sa.get(), expand_table(b.format)};
     const size_t work = size_t(job.m) * size_t(job.n) * size_t(std::max<int64_t>(job.k, 1));
     parallel_tasks(panels * row_splits, work, [&](int64_t t, int) {
         const int64_t p = t / row_splits, r = t % row_splits;
