@@ -61,11 +61,10 @@ GemmOperand operand(const QTensor& q, const char* which) {
     const Tensor& si = q.scale_inv;
     if (!si.defined() || si.dim() != 2 || si.size(0) != scales.rows || si.size(1) != scales.cols ||
         si.dtype() != want_dtype || !si.is_contiguous()) {
-        throw Error(where() + "scale_inv must be a contiguous " + std::string(to_string(want_dtype)) + " tensor of shape " +
-                    shape_str(Shape{scales.rows, scales.cols}) + " for " + to_string(q.scaling) + " scaling of " + shape_str(d.shape()) + ", got " +
-                    (q.scale_inv.defined() ? std::string(to_string(q.scale_inv.dtype())) + " " +
-                                                 shape_str(q.scale_inv.shape())
-                                           : std::string("none")));
+        throw Error(where() + "scale_inv must be a contiguous " + std::string(to_string(want_dtype)) +
+                    " tensor of shape " + shape_str(Shape{scales.rows, scales.cols}) + " for " + to_string(q.scaling) +
+                    " scaling of " + shape_str(d.shape()) + ", got " +
+                    (si.defined() ? std::string(to_string(si.dtype())) + " " + shape_str(si.shape()) : std::string("none")));
     }
     return {static_cast<const uint8_t*>(d.const_raw_data()), rows, k, d.strides()[0], q.format(),
             q.scaling.group_shape(rows, k), q.scale_inv.const_raw_data(), mx, scales.cols};
@@ -124,8 +123,8 @@ size_t PackedWeight::packed_bytes() const noexcept { return packed_bytes_; }
 
 namespace {
 
-// The GEMM into `out` when given (checked against the shape), else into a new tensor.
-// D into *given, or into a new tensor put in *made (given null): the caller's handle is not copied.
+// The GEMM into *given (checked against the shape), else into a new tensor put in *made: the
+// caller's handle is not copied.
 void run_gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, const Tensor* given, Tensor* made) {
     if (is_fp8(opts.out_dtype) || (opts.out_dtype != DType::f32 && opts.out_dtype != DType::bf16 &&
                                    opts.out_dtype != DType::f16)) {

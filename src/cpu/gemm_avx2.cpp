@@ -180,8 +180,8 @@ void micro(const float* af, int64_t ldaf, const float* b, int64_t kn, float* c, 
     }
 }
 
-// The block's A rows (mi x 16 rows, chunks x 32 bf16) widened to float32, per thread (at most
-// 48 x 128 floats, 24 KiB). run_tiles calls block for every pair of strips with the same rows of
+// The block's A rows (mi x 16 rows, chunks x 32 bf16) widened to float32, per thread (48 x 128
+// floats, 24 KiB, unless a K group is longer than the 128-K window). run_tiles calls block for every pair of strips with the same rows of
 // A, so the widened rows are kept until a block asks for others; begin() (the start of a task)
 // forgets them, since packed A lives only for one GEMM. Widening per call took 11% of a 2048^3
 // GEMM.
@@ -392,6 +392,7 @@ void expand_avx2(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t
 // (small kernel) and M = 16 (tiles) rows bracket it (docs/PERF.md).
 constexpr GemmKernels avx2_kernels{&expand_avx2, &widen_b_avx2, 4, 16, 4, 3, &block_then_promote<&block_avx2>, &begin_avx2,
                                     &no_tile_state, &small_avx2, 4, &matmul_f32_avx2, "avx2"};
+static_assert(avx2_kernels.block_tiles <= max_block_tiles, "block_then_promote's part holds max_block_tiles row tiles");
 
 }  // namespace
 

@@ -120,9 +120,9 @@ struct GemmKernels {
     // ran 0.91-0.93x (alternating in one process, Zen 5); and 3 row tiles, 48 rows = 8 x 6 rows
     // of its micro kernel (32 rows took two 6-row and four slower 5-row calls).
     int64_t panel_strips, window_chunks, block_tiles;
-    // C block of (mi x nj) 16x16 tiles, mi in [1, block_tiles] (at most max_block_tiles), nj in
-    // {1, 2}: the sums over `chunks` K chunks of A
-    // rows (a + r * lda, chunk q at + 32 q) times B strip tiles of the widened window (strip t at
+    // C block of (mi x nj) 16x16 tiles, mi in [1, block_tiles] (block_tiles <= max_block_tiles),
+    // nj in {1, 2}: the sums over `chunks` K chunks of A rows (a + r * lda, chunk q at + 32 q)
+    // times B strip tiles of the widened window (strip t at
     // b + t * b_strip elements, chunk q at + 512 q elements), into c[r * ldc + col]. Without a
     // promotion: added to c (accumulate) or written over it. With one, the chunks are one K
     // group and its sums are promoted into c as promote_loop does.
