@@ -22,6 +22,8 @@
 #include <memory>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "commands.hpp"
 #include "common.hpp"
 #include "fp8kit/checkpoint.hpp"
@@ -339,10 +341,13 @@ void add_generate_bench(CLI::App& bench) {
         for (size_t i = 0; i < ms.size(); ++i) {
             const double rate = double(*tokens) / best[i], first = double(*tokens) / best[0];
             const gpt::GPTConfig& c = ms[i]->config();
-            if (*json) {
-                std::cout << "{\"bench\":\"generate\",\"model\":\"" << (*models)[i] << "\",\"width\":" << c.width
-                          << ",\"layers\":" << c.layers << ",\"threads\":" << num_threads() << ",\"tokens\":" << *tokens
-                          << std::setprecision(2) << ",\"tokens_per_s\":" << rate << ",\"vs_first\":" << rate / first << "}\n";
+            if (*json) {  // built by nlohmann::json: the model path escaped as JSON needs
+                const auto cents = [](double v) { return std::round(v * 100.0) / 100.0; };
+                std::cout << nlohmann::ordered_json{{"bench", "generate"}, {"model", (*models)[i]}, {"width", c.width},
+                                                    {"layers", c.layers}, {"threads", num_threads()}, {"tokens", *tokens},
+                                                    {"tokens_per_s", cents(rate)}, {"vs_first", cents(rate / first)}}
+                                 .dump()
+                          << "\n";
             } else {
                 std::cout << std::left << std::setw(56) << (*models)[i] << std::right << std::setw(6) << c.width << std::setw(8)
                           << c.layers << std::setprecision(1) << std::setw(11) << rate << std::setprecision(2) << std::setw(10)

@@ -57,7 +57,7 @@ check "generate: the prompt, 10 more bytes and a newline; the rate on stderr" "[
 "$fp8kit" generate --model "$out/train/model_f32_mx32.safetensors" --prompt "The " --tokens 10 >"$out/g" 2>"$out/e"; rc=$?
 check "quantize the trained model (mx32), generate from the FP8 file" "[ $rc -eq 0 ] && grep -q '^The ' '$out/g' && grep -q 'blocks.0.attn.qkv.weight *mx32' '$out/o'"
 "$fp8kit" bench generate --model "$out/train/model_f32.safetensors" --model "$out/train/model_f32_mx32.safetensors" --tokens 5 --rounds 2 --json >"$out/bg" 2>"$out/e"; rc=$?
-check "bench generate: a JSON line per model, the first the baseline (vs_first 1)" "[ $rc -eq 0 ] && [ \$(wc -l <'$out/bg') -eq 2 ] && head -1 '$out/bg' | grep -q '\"model\":\"$out/train/model_f32.safetensors\".*\"vs_first\":1.00}' && tail -1 '$out/bg' | grep -q 'model_f32_mx32.safetensors\".*\"tokens_per_s\":[0-9]'"
+check "bench generate: a JSON line per model, the first the baseline (vs_first 1)" "[ $rc -eq 0 ] && [ \$(wc -l <'$out/bg') -eq 2 ] && head -1 '$out/bg' | grep -q '\"model\":\"$out/train/model_f32.safetensors\".*\"vs_first\":1.0}' && tail -1 '$out/bg' | grep -q 'model_f32_mx32.safetensors\".*\"tokens_per_s\":[0-9]'"
 "$fp8kit" generate --model "$out/train/losses.csv" >"$out/g" 2>"$out/e"; rc=$?
 check "generate from a file that is not a model: exit 2 naming it" "[ $rc -eq 2 ] && grep -q 'losses.csv' '$out/e'"
 "$fp8kit" train --recipe fp4 --steps 1 --out "$out/train" >"$out/o" 2>"$out/e"; rc=$?
