@@ -2,7 +2,7 @@
 """bench/bench_torch.py: fp8kit's FP8 Linear from PyTorch beside PyTorch's own, in one process, on
 the same weights and inputs, at the same threads.
 
-    .venv/bin/python3 bench/bench_torch.py [--quick] [--json] [--threads 2]
+    .venv/bin/python3 bench/bench_torch.py [--quick] [--json] [--threads 2] [--flush team|one-thread]
 
 Rows, per Linear shape y[M, N] = x[M, K] W[N, K]^T + b (x float32):
   torch.f32           nn.Linear in float32
@@ -15,7 +15,8 @@ Rows, per Linear shape y[M, N] = x[M, K] W[N, K]^T + b (x float32):
   fp8kit.<recipe>     fp8kit.torch.quantize_ (rowwise, tensorwise, block): W quantized and packed
                       once, x cast inside the GEMM
   fp8kit.lwc          fp8kit.torch.enable_layerwise_casting (e4m3 storage, the Linear on FP8 directly)
-Columns: gflops = 2 M N K / seconds (the best call; for M <= 16 each call after reading 256 MiB,
+Columns: gflops = 2 M N K / seconds (the best call; for M <= 16 each call after reading 256 MiB -
+on torch's OpenMP threads, which a model's other ops keep awake; --flush one-thread: numpy's -
 on the next of `copies` copies of the layer, 8x the last-level cache at one byte a weight, so the
 weights come from memory); vs_f32 = gflops / torch.f32's; sqnr_db = 10 log10
 (sum y64^2 / sum (y - y64)^2) against the float64 product of the float32 x and W (every row checks
@@ -67,6 +68,7 @@ E4M3_MAX = 448.0
 
 
 FLUSH = None  # read before each memory-bound call (M <= 16): larger than the last-level cache
+FLUSH_BY = "team"  # --flush: "team" (torch's OpenMP threads) or "one-thread" (numpy)
 
 
 def best_seconds(call, budget, flush=False):
@@ -75,9 +77,12 @@ def best_seconds(call, budget, flush=False):
     weights come from memory, as in a model larger than the caches."""
     global FLUSH
     if flush and FLUSH is None:
-        # numpy reads on one thread: a torch read could leave torch's OpenMP team spinning on
-        # both cores when the next, timed call starts another runtime's team (fp8kit's).
-        FLUSH = np.ones(64 << 20, np.float32)
+        # "team": read by torch on its OpenMP team (the one libgomp of the process, fp8kit's
+        # too), as a model's other ops run between its Linear layers. "one-thread": numpy reads
+        # longer than libgomp's workers spin, and on a VM a worker asleep for 10 ms or more can
+        # take 30-130 us to wake (docs/PERF.md): a delay added to every implementation's call
+        # alike, which a model's decode, layer after layer, never pays.
+        FLUSH = torch.ones(64 << 20) if FLUSH_BY == "team" else np.ones(64 << 20, np.float32)
     call()
     best, calls = math.inf, 0
     start = time.perf_counter()
@@ -315,10 +320,14 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--flush", choices=("team", "one-thread"), default="team",
+                    help="who reads the 256 MiB before a memory-bound call (default: torch's threads)")
     ap.add_argument("--section", choices=("linear", "train", "model"), action="append",
                     help="linear, train or model (repeatable; default: all three)")
     a = ap.parse_args()
     sections = a.section or ["linear", "train", "model"]
+    global FLUSH_BY
+    FLUSH_BY = a.flush
     torch.set_num_threads(a.threads)
     fp8kit.set_num_threads(a.threads)
     budget = 0.3 if a.quick else 1.0
