@@ -26,8 +26,10 @@
 // timed calls take them in turn, with a read of 1 GiB (the caches' flush) before each. Why both:
 // the flush alone left weights that every call re-reads in the L3 of a Zen 5 (its replacement
 // keeps reused lines against a one-time stream): OpenBLAS's sgemv read 64 MiB of f32 weights at
-// 1.3x the read peak. of_bound = weight_bytes / seconds / read bandwidth. For larger M, of_bound = gflops / float32 FMA peak;
-// AMX bf16 tiles, which fp8kit and oneDNN bf16 use where the CPU has them, can pass 1.
+// 1.3x the read peak. of_bound = weight_bytes / seconds / read bandwidth. For larger M, of_bound =
+// gflops / the peak of what the kernel multiplies: the bf16 dot-product peak (VDPBF16PS) for
+// oneDNN's bf16 and fp8kit's avx512-bf16 kernels, else the float32 FMA peak (which AMX bf16
+// tiles, fp8kit's and oneDNN's where the CPU has them, can pass).
 // Every implementation writes D into an output allocated once, outside the timing. Every large
 // buffer - each side's weights and their copies, the flush / read-peak buffer - is a Tensor
 // (fp8kit's host memory: 2 MiB-aligned, on huge pages where the OS grants them), so no side
@@ -159,6 +161,7 @@ public:
         openblas_set_num_threads(threads_);
 #endif
         fma_ = fma_peak(threads_, budget_);
+        dot_gflops_ = dot_bf16_peak(threads_, budget_);
         read_ = read_peak(flush_.raw_data(), flush_bytes, threads_, budget_);
         read_gbps_ = read_.gbps;
         machine_.push_back(Row()
@@ -167,6 +170,13 @@ public:
                                .add("threads", (long long)threads_)
                                .add("isa", fma_.isa)
                                .add("gflops", fma_.gflops, 4));
+        if (dot_gflops_ > 0.0) {
+            machine_.push_back(Row()
+                                   .add("bench", "gemm")
+                                   .add("impl", "dot_bf16_peak")
+                                   .add("threads", (long long)threads_)
+                                   .add("gflops", dot_gflops_, 4));
+        }
         machine_.push_back(Row()
                                .add("bench", "gemm")
                                .add("impl", "read_bw")
@@ -215,14 +225,17 @@ public:
         }
         os << "fp8kit bench gemm: D[M,N] = A[M,K] . W[N,K]^T, f32 output, " << threads_
            << " threads for every implementation.\n"
-           << "float32 FMA peak: " << fma_.gflops << " GFLOP/s (" << fma_.isa << "); read bandwidth: " << read_gbps_
+           << "float32 FMA peak: " << fma_.gflops << " GFLOP/s (" << fma_.isa << ")";
+        if (dot_gflops_ > 0.0) os << "; bf16 dot-product peak (VDPBF16PS): " << dot_gflops_ << " GFLOP/s";
+        os << "; read bandwidth: " << read_gbps_
            << " GB/s (" << (flush_bytes >> 20) << " MiB, " << read_.isa << " loads, " << read_.streams
            << " streams per thread; one plain 64-bit sum: " << read_.plain_gbps << " GB/s); last-level cache "
            << (last_level_cache_bytes() >> 20) << " MiB.\n"
            << "gflops = 2*M*N*K / seconds; vs_openblas = gflops / OpenBLAS's; weight_bytes: 4 (f32), 2 (bf16), 1 (fp8)\n"
            << "per weight. M <= 16: out of cache (copies of each weight, 8x the last-level cache, taken in turn,\n"
            << "and the caches flushed before each call), of_bound = weight_bytes / seconds / read bandwidth;\n"
-           << "larger M: of_bound = gflops / f32 FMA peak (bf16 dot products can pass 1). rel_err: relative RMS\n"
+           << "larger M: of_bound = gflops / the peak of the kernel's arithmetic - the bf16 dot products' for\n"
+           << "onednn.bf16 and the avx512-bf16 kernels, else the f32 FMAs' (AMX tiles can pass 1). rel_err: relative RMS\n"
            << "error against float64 on 64 entries. Outputs allocated once for every implementation; fp8kit\n"
            << "packs its weight once outside the timing, except fp8kit.e4m3.pack (inside every call).\n\n";
         print_rows(os, rows_, false);
@@ -248,6 +261,7 @@ private:
     Tensor flush_;  // read before memory-bound calls; also the read-bandwidth buffer
     unsigned long long sink_ = 0;
     FmaPeak fma_{};
+    double dot_gflops_ = 0.0;  // 0: no AVX512-BF16
     ReadPeak read_{};
     double read_gbps_ = 0.0;
     double openblas_gflops_ = 0.0;  // of the current shape; 0: not measured
@@ -291,7 +305,9 @@ private:
         if (memory_bound) {
             row.add("bound", "read_bw").add("of_bound", weight_bytes / s * 1e-9 / read_gbps_, 3);
         } else {
-            row.add("bound", "fma_f32").add("of_bound", gflops / fma_.gflops, 3);
+            // Where bf16 pairs are what the kernel multiplies, its bound is the dot-product peak.
+            const bool dots = dot_gflops_ > 0.0 && (impl == "onednn.bf16" || kernel.ends_with(":avx512-bf16"));
+            row.add("bound", dots ? "dot_bf16" : "fma_f32").add("of_bound", gflops / (dots ? dot_gflops_ : fma_.gflops), 3);
         }
         const double err = rel_err(result(), p.n, p.samples);
         row.add("rel_err", err, 2);

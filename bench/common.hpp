@@ -73,6 +73,11 @@ struct FmaPeak {
 };
 FmaPeak fma_peak(int threads, double budget);
 
+// The bf16 dot-product peak of `threads` threads - chains of VDPBF16PS, 16 lanes x 2 products x 2
+// flops each - where the CPU has AVX512-BF16 (fp8kit's GEMM kernels "avx512-bf16" or "amx"), else
+// 0: the compute bound of the GEMMs that multiply bf16 pairs, fp8kit's FP8 tiles and oneDNN's bf16.
+double dot_bf16_peak(int threads, double budget);
+
 // D[m, n] = A[m, k] . W[n, k]^T in float32 by OpenBLAS's cblas_sgemm on `threads` threads: the
 // high-precision baseline of `fp8kit advise`. False, doing nothing, in a build without OpenBLAS.
 bool openblas_sgemm(const float* a, const float* w, float* d, int64_t m, int64_t n, int64_t k, int threads);

@@ -1,5 +1,6 @@
 // bench/fma_peak.cpp: the machine's peaks the benchmarks report against - the float32 FMA peak
-// (the compute bound of the GEMM's large shapes) and the read bandwidth (the bound of what streams
+// (the compute bound of the GEMM's large shapes), the bf16 dot-product peak where the CPU has
+// AVX512-BF16 (the bound of the GEMMs that multiply bf16 pairs) and the read bandwidth (the bound of what streams
 // its input: conversions, M = 1 GEMMs). The FMA peak is checked against the CPU's nominal figure:
 // lanes x FMA pipes x 2 flops x clock (an AVX-512 core with two FMA pipes at ~3 GHz: ~190
 // GFLOP/s); the read peak against the plain loop it replaced and the bandwidth OpenBLAS's sgemv
@@ -15,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <string_view>
 
 #include "common.hpp"
 #include "fp8kit/runtime.hpp"
@@ -85,9 +87,44 @@ FP8KIT_TARGET("avx512f") float chains_avx512(long long n) {
     for (float v : lanes) r += v;
     return r;
 }
+
+// bf16 pair dot products (VDPBF16PS): 16 chains, for a latency of ~6 cycles at two a cycle (Zen
+// 5). Every pair is (2^-8, 2^-8), so each instruction adds 2^-15 to a lane: normal throughout
+// (the instruction flushes subnormals), and 2^20 iterations sum to 32.
+constexpr int dot_chains = 16;
+
+FP8KIT_TARGET("avx512f,avx512bf16") float chains_dot_bf16(long long n) {
+    const __m512 pair = _mm512_set1_ps(1.0f / 256.0f);
+    const __m512bh x = _mm512_cvtne2ps_pbh(pair, pair);  // 2^-8, exact in bf16
+    __m512 acc[dot_chains];
+    for (int j = 0; j < dot_chains; ++j) acc[j] = _mm512_set1_ps(float(j + 1));
+    for (long long i = 0; i < n; ++i) {
+        for (int j = 0; j < dot_chains; ++j) acc[j] = _mm512_dpbf16_ps(acc[j], x, x);
+    }
+    __m512 s = acc[0];
+    for (int j = 1; j < dot_chains; ++j) s = _mm512_add_ps(s, acc[j]);
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, s);
+    float r = 0.0f;
+    for (float v : lanes) r += v;
+    return r;
+}
 #endif
 
 volatile float sink;  // keeps the chains' results alive
+
+// GFLOP/s of `threads` threads each running run(iterations), `flops` per iteration.
+double chains_gflops(float (*run)(long long), int flops, int threads, double budget) {
+    const double s = best_seconds(
+        [&] {
+            float total = 0.0f;
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+            total += run(iterations);
+            sink = total;
+        },
+        budget);
+    return double(threads) * double(iterations) * flops / s * 1e-9;
+}
 
 // ---- reads: S streams of 64-byte lines, summed as 64-bit integers into S accumulators ----
 // Lines [0, lines) of p as S equal sub-ranges read in turn; the lines past S * (lines / S) are
@@ -240,15 +277,16 @@ FmaPeak fma_peak(int threads, double budget) {
         run = &chains_avx2, flops = avx2_chains * 8 * 2, isa = "avx2";
     }
 #endif
-    const double s = best_seconds(
-        [&] {
-            float total = 0.0f;
-#pragma omp parallel num_threads(threads) reduction(+ : total)
-            total += run(iterations);
-            sink = total;
-        },
-        budget);
-    return {double(threads) * double(iterations) * flops / s * 1e-9, isa};
+    return {chains_gflops(run, flops, threads, budget), isa};
+}
+
+double dot_bf16_peak(int threads, double budget) {
+#if defined(FP8KIT_BENCH_X86)
+    const std::string_view kernels = gemm_kernels_name();  // both need AVX512-BF16
+    if (kernels == "avx512-bf16" || kernels == "amx") return chains_gflops(&chains_dot_bf16, dot_chains * 16 * 2 * 2, threads, budget);
+#endif
+    (void)threads, (void)budget;
+    return 0.0;
 }
 
 }  // namespace fp8kit::bench
