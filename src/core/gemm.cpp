@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "core/host_memory.hpp"
 #include "core/ops.hpp"
 #include "fp8kit/error.hpp"
 #include "fp8kit/gemm.hpp"
@@ -147,7 +149,11 @@ void run_gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, co
     // A: FP8, or high precision with its options (fused cast).
     GemmOperand oa{};
     detail::Matrix x;
-    Tensor a_scales, a_amax;  // fused: the scales and amax the backend computes for A
+    // Fused: the scales and amax the backend computes for A, dropped after the GEMM - on the host
+    // from the thread's scratch list (a decode step's GEMM allocates nothing for them), else
+    // device tensors.
+    Tensor a_scales, a_amax;
+    std::optional<detail::Scratch<float>> host_scales;
     detail::QuantizeJob fuse{};
     Scaling a_scaling;
     if (a.fp8) {
@@ -164,11 +170,21 @@ void run_gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, co
         (void)k_extent(o.scaling, cols, "A");
         const bool mx = o.scaling.granularity == Granularity::mx32;
         const GroupShape scales = o.scaling.scale_shape(rows, cols);
-        a_scales = Tensor::empty({scales.rows, scales.cols}, mx ? DType::e8m0fnu : DType::f32, d.device);
-        a_amax = Tensor::empty({1}, DType::f32, d.device);
+        void* scale_inv = nullptr;
+        float* amax = nullptr;
+        if (d.device == Device::cpu) {
+            host_scales.emplace(scales.rows * scales.cols + 1);  // the scales (e8m0: a byte of each float), the amax
+            scale_inv = host_scales->get();
+            amax = host_scales->get() + scales.rows * scales.cols;
+        } else {
+            a_scales = Tensor::empty({scales.rows, scales.cols}, mx ? DType::e8m0fnu : DType::f32, d.device);
+            a_amax = Tensor::empty({1}, DType::f32, d.device);
+            scale_inv = a_scales.raw_data();
+            amax = static_cast<float*>(a_amax.raw_data());
+        }
         fuse = {d.ctx, x.ref, detail::scale_rule(o), mx ? Overflow::saturate : o.overflow,
-                o.scaling.group_shape(rows, cols), o.scaling.group_shape(cols, rows), nullptr, a_scales.raw_data(),
-                nullptr, nullptr, static_cast<float*>(a_amax.raw_data())};
+                o.scaling.group_shape(rows, cols), o.scaling.group_shape(cols, rows), nullptr, scale_inv,
+                nullptr, nullptr, amax};
         oa = {nullptr, rows, cols, cols, o.format, fuse.group, fuse.scale_inv, mx, scales.cols};
         a_scaling = o.scaling;
     }
@@ -211,12 +227,12 @@ void run_gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, co
         if (given == nullptr) throw Error("fp8kit::gemm: beta is " + std::to_string(opts.beta) + " but no C was given");
         job.c = {out.const_raw_data(), out.dtype(), m, n, n};  // accumulate: out = alpha AB + beta out
     }
-    Tensor bias;
+    Tensor bias_copy;  // only for a strided bias
     if (opts.bias) {
         check_float_tensor(*opts.bias, {n}, "bias");
-        bias = opts.bias->contiguous();
-        job.bias = bias.const_raw_data();
-        job.bias_dtype = bias.dtype();
+        if (!opts.bias->is_contiguous()) bias_copy = opts.bias->contiguous();
+        job.bias = (bias_copy.defined() ? bias_copy : *opts.bias).const_raw_data();
+        job.bias_dtype = opts.bias->dtype();
     }
     job.out = out.raw_data();
     if (k == 0 && d.device == Device::cpu) {  // an empty sum: D = beta * C + bias (then the activation); no scale to read

@@ -3,8 +3,11 @@
 // kept per thread (src/cpu/gemm.cpp).
 // Checked by tests/unit/test_tensor.cpp (HostMemory tests).
 #pragma once
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <utility>
 
 #include "fp8kit/tensor.hpp"
 
@@ -37,5 +40,26 @@ inline constexpr size_t scratch_keep = size_t(256) << 10;
 inline constexpr size_t scratch_kept = 8;
 void* scratch_acquire(size_t bytes);
 void scratch_release(void* p, size_t bytes) noexcept;
+
+// scratch_acquire / scratch_release as an owner: `n` elements of T for one call, aligned and not
+// zeroed (every element used is written first).
+template <class T>
+class Scratch {
+public:
+    explicit Scratch(int64_t n)
+        : bytes_(size_t(std::max<int64_t>(n, 1)) * sizeof(T)), ptr_(static_cast<T*>(scratch_acquire(bytes_))) {}
+    Scratch(Scratch&& o) noexcept : bytes_(o.bytes_), ptr_(std::exchange(o.ptr_, nullptr)) {}
+    Scratch(const Scratch&) = delete;
+    Scratch& operator=(const Scratch&) = delete;
+    Scratch& operator=(Scratch&&) = delete;
+    ~Scratch() {
+        if (ptr_ != nullptr) scratch_release(ptr_, bytes_);
+    }
+    T* get() const { return ptr_; }
+
+private:
+    size_t bytes_;
+    T* ptr_;
+};
 
 }  // namespace fp8kit::detail

@@ -13,6 +13,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "fp8kit/backend.hpp"
 #include "fp8kit/dtype.hpp"
@@ -78,8 +79,9 @@ struct MatrixRef {
 };
 
 // The [numel / last dim, last dim] matrix of a host f32/bf16/f16 tensor. A 2-d view with unit
-// column stride (rows of a larger matrix, a column slice) is used in place; anything else is
-// copied to contiguous memory first (`keep` holds the copy). `fn` names the caller in errors.
+// column stride (rows of a larger matrix, a column slice) is used in place - x must then outlive
+// the Matrix; anything else is copied to contiguous memory first (`keep` holds the copy). `fn`
+// names the caller in errors.
 struct Matrix {
     Tensor keep;
     MatrixRef ref;
@@ -87,7 +89,7 @@ struct Matrix {
 Matrix as_matrix(const Tensor& x, const char* fn);
 
 // fp8kit::Error, prefixed by `where`, for options quantize cannot honour.
-void check_quantize_options(const QuantizeOptions& o, const std::string& where);
+void check_quantize_options(const QuantizeOptions& o, std::string_view where);
 
 // NonFinite::error: fp8kit::Error naming `tensor` and the index of x's first NaN or Inf (x is the
 // host matrix of `tensor`).

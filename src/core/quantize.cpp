@@ -54,20 +54,20 @@ std::string index_string(int64_t i, int64_t j, const Tensor& x) {
 }  // namespace
 
 detail::Matrix detail::as_matrix(const Tensor& x, const char* fn) {
-    const std::string where = std::string("fp8kit::") + fn + ": ";
-    if (!x.defined()) throw Error(where + "input tensor is undefined");
+    const auto where = [fn] { return std::string("fp8kit::") + fn + ": "; };  // built only on error
+    if (!x.defined()) throw Error(where() + "input tensor is undefined");
     if (x.dtype() != DType::f32 && x.dtype() != DType::bf16 && x.dtype() != DType::f16) {
-        throw Error(where + "input dtype is " + std::string(to_string(x.dtype())) + ", expected f32, bf16 or f16");
+        throw Error(where() + "input dtype is " + std::string(to_string(x.dtype())) + ", expected f32, bf16 or f16");
     }
     const int64_t cols = x.dim() == 0 ? 1 : x.shape().back();
     const int64_t rows = leading_rows(x);
     detail::Matrix m;
     if (x.dim() == 2 && x.strides()[1] == 1 && x.strides()[0] >= cols) {
-        m.keep = x;
+        m.ref = {x.const_raw_data(), x.dtype(), rows, cols, x.strides()[0]};  // in place: no handle copied
     } else {
         m.keep = x.contiguous();
+        m.ref = {m.keep.const_raw_data(), x.dtype(), rows, cols, cols};
     }
-    m.ref = {m.keep.const_raw_data(), x.dtype(), rows, cols, m.keep.dim() == 2 ? m.keep.strides()[0] : cols};
     return m;
 }
 
@@ -84,26 +84,26 @@ void detail::throw_non_finite(const MatrixRef& x, const Tensor& tensor, const st
     throw Error(where + "its amax is not finite, yet no element is NaN or Inf");  // a backend bug
 }
 
-void detail::check_quantize_options(const QuantizeOptions& o, const std::string& where) {
+void detail::check_quantize_options(const QuantizeOptions& o, std::string_view where) {
     if (!is_data_format(o.format)) {
-        throw Error(where + "format e8m0fnu holds scales, not data; expected e4m3fn, e5m2, e4m3fnuz or e5m2fnuz");
+        throw Error(std::string(where) + "format e8m0fnu holds scales, not data; expected e4m3fn, e5m2, e4m3fnuz or e5m2fnuz");
     }
     if (!(o.amax_epsilon >= 0.0f) || std::isinf(o.amax_epsilon)) {
-        throw Error(where + "amax_epsilon is " + std::to_string(o.amax_epsilon) + ", expected a finite value >= 0");
+        throw Error(std::string(where) + "amax_epsilon is " + std::to_string(o.amax_epsilon) + ", expected a finite value >= 0");
     }
     if (o.scale.defined()) {
         if (o.scaling.granularity != Granularity::tensor) {
-            throw Error(where + "a given scale needs tensor scaling, got " + to_string(o.scaling));
+            throw Error(std::string(where) + "a given scale needs tensor scaling, got " + to_string(o.scaling));
         }
         if (o.scale.dtype() != DType::f32 || o.scale.numel() != 1 || !o.scale.is_contiguous()) {
-            throw Error(where + "scale is " + std::string(to_string(o.scale.dtype())) + " " + to_string(o.scale.shape()) +
+            throw Error(std::string(where) + "scale is " + std::string(to_string(o.scale.dtype())) + " " + to_string(o.scale.shape()) +
                         ", expected one f32 value");
         }
         // A host scale is checked here; a device backend checks its own before use.
         if (o.scale.device() == Device::cpu) {
             const float v = *o.scale.data<const float>();
             if (!(v > 0.0f) || std::isinf(v)) {
-                throw Error(where + "scale is " + std::to_string(v) + ", expected a finite value > 0");
+                throw Error(std::string(where) + "scale is " + std::to_string(v) + ", expected a finite value > 0");
             }
         }
     }

@@ -31,29 +31,9 @@ namespace {
 using detail::GemmJob;
 using detail::GroupScale;
 using detail::GemmOperand;
+using detail::Scratch;
 
 constexpr int64_t fuse_panel_rows = 64;  // rows of A quantized per fused-cast step
-
-// Scratch for one call, aligned and not zeroed (every byte used is written first): small blocks
-// come from the thread's own list (core/host_memory.hpp).
-template <class T>
-class Scratch {
-public:
-    explicit Scratch(int64_t n)
-        : bytes_(size_t(std::max<int64_t>(n, 1)) * sizeof(T)), ptr_(static_cast<T*>(detail::scratch_acquire(bytes_))) {}
-    Scratch(Scratch&& o) noexcept : bytes_(o.bytes_), ptr_(std::exchange(o.ptr_, nullptr)) {}
-    Scratch(const Scratch&) = delete;
-    Scratch& operator=(const Scratch&) = delete;
-    Scratch& operator=(Scratch&&) = delete;
-    ~Scratch() {
-        if (ptr_ != nullptr) detail::scratch_release(ptr_, bytes_);
-    }
-    T* get() const { return ptr_; }
-
-private:
-    size_t bytes_;
-    T* ptr_;
-};
 
 // ---- portable kernels ----
 
@@ -156,17 +136,19 @@ void pack_a(GemmJob& job, const KLayout& kl, const GemmKernels& kern, uint16_t* 
         rows_per_panel = fuse_panel_rows;
     }
     const int64_t panels = (m + rows_per_panel - 1) / rows_per_panel;
-    const int threads = num_threads();
-    std::vector<Scratch<uint8_t>> codes;
-    for (int t = 0; t < threads; ++t) codes.emplace_back(rows_per_panel * job.k);
-    std::vector<float> amaxes(size_t(panels), 0.0f);
+    // Each thread's panel of codes (slot t at t * panel_codes; a panel holds at most m rows), and
+    // each panel's amax.
+    const int64_t panel_codes = std::min(rows_per_panel, m) * job.k;
+    Scratch<uint8_t> codes(int64_t(num_threads()) * panel_codes);
+    Scratch<float> amaxes(panels);
+    std::fill(amaxes.get(), amaxes.get() + panels, 0.0f);
     const size_t scale_size = whole.rule.mx ? 1 : sizeof(float);
     parallel_tasks(panels, size_t(m * job.k), [&](int64_t p, int slot) {
         detail::QuantizeJob sub = whole;
         const int64_t r0 = p * rows_per_panel, rows = std::min(rows_per_panel, m - r0);
         sub.x.data = static_cast<const char*>(whole.x.data) + r0 * whole.x.ld * dtype_size(whole.x.dtype);
         sub.x.rows = rows;
-        sub.data = codes[size_t(slot)].get();
+        sub.data = codes.get() + slot * panel_codes;
         float dummy = 0.0f;
         if (tensor) {
             sub.group = {rows, job.k};
@@ -174,13 +156,13 @@ void pack_a(GemmJob& job, const KLayout& kl, const GemmKernels& kern, uint16_t* 
         } else {
             sub.scale_inv = static_cast<char*>(whole.scale_inv) + (r0 / whole.group.rows) * job.a.scale_cols * scale_size;
         }
-        sub.amax = &amaxes[size_t(p)];
+        sub.amax = amaxes.get() + p;
         quantize(sub);  // nested in this task: runs on this thread
         for (int64_t i = 0; i < rows; ++i) pack_row(sub.data + i * job.k, kl, table, kern, apk + (r0 + i) * lda);
         a_scales(job.a, kl, r0, r0 + rows, sa);
     });
     if (!tensor) {
-        for (float a : amaxes) total_amax = nan_max(total_amax, a);
+        for (int64_t p = 0; p < panels; ++p) total_amax = nan_max(total_amax, amaxes.get()[p]);
     }
     *job.fuse->amax = std::isnan(total_amax) ? std::bit_cast<float>(detail::canonical_nan_bits) : total_amax;
 }
