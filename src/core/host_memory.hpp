@@ -1,6 +1,7 @@
 // src/core/host_memory.hpp: the CPU memory behind tensors (Tensor::empty, src/core/tensor.cpp) -
-// aligned blocks, the large ones kept for reuse when freed - and the kernels' per-call scratch,
-// kept per thread (src/cpu/gemm.cpp).
+// aligned blocks, the large ones kept for reuse when freed - and the per-call scratch (Scratch)
+// kept per thread, which the cpu GEMM and casts (src/cpu/gemm.cpp, src/cpu/quantize.cpp) and the
+// GEMM's fused cast on the host (src/core/gemm.cpp) take their buffers from.
 // Checked by tests/unit/test_tensor.cpp (HostMemory tests).
 #pragma once
 #include <algorithm>

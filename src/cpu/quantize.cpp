@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/host_memory.hpp"
 #include "core/ops.hpp"
 #include "cpu/convert_kernels.hpp"
 #include "cpu/parallel.hpp"
@@ -55,11 +56,24 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 size_t elements(const MatrixRef& x) { return size_t(x.rows * x.cols); }
 bool flat(const MatrixRef& x) { return x.ld == x.cols || x.rows == 1; }
 
+// One max |x| bits accumulator per thread slot, zeroed, from the thread's scratch list: the cast
+// of a decode step's activation row runs on every GEMM call, and allocates nothing here.
+class SlotMax {
+public:
+    SlotMax() : n_(num_threads()), acc_(n_) { std::fill(acc_.get(), acc_.get() + n_, 0u); }
+    uint32_t& operator[](size_t slot) { return acc_.get()[slot]; }
+    uint32_t max() const { return *std::max_element(acc_.get(), acc_.get() + n_); }
+
+private:
+    int n_;
+    detail::Scratch<uint32_t> acc_;
+};
+
 // Max |x| bits over the whole matrix.
 template <class T>
 uint32_t total_amax_bits(const MatrixRef& x) {
     const auto kernel = active_kernels().amax<T>();
-    std::vector<uint32_t> acc(size_t(num_threads()), 0);
+    SlotMax acc;
     if (flat(x)) {
         const T* p = row<T>(x, 0);
         const size_t n = elements(x), per = std::max<size_t>(n / size_t(num_threads()) + 1, parallel_threshold);
@@ -72,7 +86,7 @@ uint32_t total_amax_bits(const MatrixRef& x) {
             kernel(row<T>(x, i), size_t(x.cols), size_t(x.cols), 0, &acc[size_t(slot)]);
         });
     }
-    return *std::max_element(acc.begin(), acc.end());
+    return acc.max();
 }
 
 // Max |x| bits of every group into acc [ceil(rows / g.rows), ceil(cols / g.cols)] (zeroed here).
@@ -110,10 +124,9 @@ void group_amax_bits(const MatrixRef& x, GroupShape g, std::vector<uint32_t>& ac
 
 // The scales of every group from their amax bits: stored scale_inv (float or e8m0) and the float
 // multipliers the encode kernels use. Returns the max over all groups.
-uint32_t make_scales(const std::vector<uint32_t>& acc, const ScaleRule& rule, void* scale_inv, std::vector<float>& mult) {
-    mult.resize(acc.size());
+uint32_t make_scales(const uint32_t* acc, size_t n, const ScaleRule& rule, void* scale_inv, float* mult) {
     uint32_t total = 0;
-    for (size_t k = 0; k < acc.size(); ++k) {
+    for (size_t k = 0; k < n; ++k) {
         const GroupScale s = group_scale(amax_value(acc[k]), rule);
         mult[k] = s.scale;
         if (rule.mx) {
@@ -125,6 +138,10 @@ uint32_t make_scales(const std::vector<uint32_t>& acc, const ScaleRule& rule, vo
     }
     return total;
 }
+uint32_t make_scales(const std::vector<uint32_t>& acc, const ScaleRule& rule, void* scale_inv, std::vector<float>& mult) {
+    mult.resize(acc.size());
+    return make_scales(acc.data(), acc.size(), rule, scale_inv, mult.data());
+}
 
 // Encodes every row with the multipliers of its groups (mult [ceil(rows/g.rows), ceil(cols/g.cols)]),
 // into out [rows, cols]; with `amax`, measures max |x| bits in the same pass.
@@ -132,7 +149,7 @@ template <class T>
 void encode_rows(const MatrixRef& x, GroupShape g, const float* mult, const detail::QuantizeJob& job,
                  uint8_t* out, uint32_t* amax) {
     const auto kernel = active_kernels().encode<T>(job.rule.format, job.overflow);
-    std::vector<uint32_t> acc(size_t(num_threads()), 0);
+    SlotMax acc;
     uint32_t* const none = nullptr;
     if (flat(x) && g.cols >= x.cols && g.rows >= x.rows) {  // one scale: split the flat run
         const T* p = row<T>(x, 0);
@@ -148,7 +165,7 @@ void encode_rows(const MatrixRef& x, GroupShape g, const float* mult, const deta
                    amax ? &acc[size_t(slot)] : none);
         });
     }
-    if (amax != nullptr) *amax = *std::max_element(acc.begin(), acc.end());
+    if (amax != nullptr) *amax = acc.max();
 }
 
 // Row, block and mx32 scaling in one read: tiles of g.rows rows by a whole number of groups;
@@ -166,26 +183,27 @@ uint32_t quantize_tiles(const detail::QuantizeJob& job) {
     const int64_t tile_bytes = g.rows == 1 ? 32 << 10 : 512 << 10;
     const int64_t groups_per_tile = std::max<int64_t>(1, tile_bytes / (g.rows * g.cols * int64_t(sizeof(T))));
     const int64_t col_tiles = ceil_div(gc, groups_per_tile), row_tiles = ceil_div(x.rows, g.rows);
-    std::vector<uint32_t> total(size_t(num_threads()), 0);
-    std::vector<std::vector<uint32_t>> acc(total.size());
-    std::vector<std::vector<float>> mult(total.size());
+    // Per thread slot: a tile's group amaxes and multipliers (groups_per_tile each).
+    SlotMax total;
+    detail::Scratch<uint32_t> acc(int64_t(num_threads()) * groups_per_tile);
+    detail::Scratch<float> mult(int64_t(num_threads()) * groups_per_tile);
     parallel_tasks(row_tiles * col_tiles, elements(x), [&](int64_t t, int slot) {
         const int64_t b = t / col_tiles, c0 = t % col_tiles * groups_per_tile;  // group row, first group column
         const int64_t nc = std::min(groups_per_tile, gc - c0);
         const int64_t j0 = c0 * g.cols, width = std::min(x.cols, (c0 + nc) * g.cols) - j0;
         const int64_t i0 = b * g.rows, i1 = std::min(x.rows, i0 + g.rows);
-        auto& a = acc[size_t(slot)];
-        auto& m = mult[size_t(slot)];
-        a.assign(size_t(nc), 0);
-        for (int64_t i = i0; i < i1; ++i) amax_kernel(row<T>(x, i) + j0, size_t(width), size_t(g.cols), 0, a.data());
+        uint32_t* a = acc.get() + slot * groups_per_tile;
+        float* m = mult.get() + slot * groups_per_tile;
+        std::fill(a, a + nc, 0u);
+        for (int64_t i = i0; i < i1; ++i) amax_kernel(row<T>(x, i) + j0, size_t(width), size_t(g.cols), 0, a);
         void* scale_inv = job.rule.mx ? static_cast<void*>(static_cast<uint8_t*>(job.scale_inv) + b * gc + c0)
                                       : static_cast<void*>(static_cast<float*>(job.scale_inv) + b * gc + c0);
-        total[size_t(slot)] = std::max(total[size_t(slot)], make_scales(a, job.rule, scale_inv, m));
+        total[size_t(slot)] = std::max(total[size_t(slot)], make_scales(a, size_t(nc), job.rule, scale_inv, m));
         for (int64_t i = i0; i < i1; ++i) {
-            encode_kernel(row<T>(x, i) + j0, job.data + i * x.cols + j0, size_t(width), size_t(g.cols), 0, m.data(), nullptr);
+            encode_kernel(row<T>(x, i) + j0, job.data + i * x.cols + j0, size_t(width), size_t(g.cols), 0, m, nullptr);
         }
     });
-    return *std::max_element(total.begin(), total.end());
+    return total.max();
 }
 
 // Both copies in one pass over tiles of cast_tile_rows x cast_tile_cols. The part of a tile that is a whole number of
