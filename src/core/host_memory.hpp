@@ -36,9 +36,12 @@ size_t host_cached_bytes();
 // blocks of up to scratch_keep bytes go back to a list of the thread's own when released (at most
 // scratch_kept of them) and are taken from it again. Why: a decode step's small GEMM would
 // allocate and free a handful of buffers every call, and one of 1 KiB or more makes glibc
-// consolidate its fast bins each time (from Python, 6% of the call on a 16 x 16 layer).
+// consolidate its fast bins each time (from Python, 6% of the call on a 16 x 16 layer). 16
+// blocks: a block-scaled fused-cast GEMM takes 9-10 on its calling thread (packed A and its
+// scales, the cast's codes, amaxes and group scales, A's scales, each task's sums), and with 8
+// one of them was a fresh allocation every call. At most 4 MiB a thread.
 inline constexpr size_t scratch_keep = size_t(256) << 10;
-inline constexpr size_t scratch_kept = 8;
+inline constexpr size_t scratch_kept = 16;
 void* scratch_acquire(size_t bytes);
 void scratch_release(void* p, size_t bytes) noexcept;
 

@@ -270,9 +270,9 @@ void quantize_typed(detail::QuantizeJob& job) {
             static_cast<float*>(job.scale_inv)[0] = group_scale(0.0f, job.rule).scale_inv;
             encode_rows<T>(x, g, job.rule.fixed_scale, job, job.data, &total);
         } else if (g.rows < x.rows || g.cols < x.cols) {
-            if (g.rows < x.rows) {
+            if (g.rows < x.rows || g.cols > 1) {  // (a decode step's row with 1x128 or 1x32 groups too)
                 total = quantize_tiles<T>(job);
-            } else {  // column scaling (or blocks at least as tall as the matrix)
+            } else {  // column scaling: groups one column wide, as tall as the matrix
                 group_amax_bits<T>(x, g, acc);
                 total = make_scales(acc, job.rule, job.scale_inv, mult);
                 encode_rows<T>(x, g, mult.data(), job, job.data, nullptr);
