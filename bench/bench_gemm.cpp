@@ -28,8 +28,8 @@
 // keeps reused lines against a one-time stream): OpenBLAS's sgemv read 64 MiB of f32 weights at
 // 1.3x the read peak. of_bound = weight_bytes / seconds / read bandwidth. For larger M, of_bound =
 // gflops / the peak of what the kernel multiplies: the bf16 dot-product peak (VDPBF16PS) for
-// oneDNN's bf16 and fp8kit's avx512-bf16 kernels, else the float32 FMA peak (which AMX bf16
-// tiles, fp8kit's and oneDNN's where the CPU has them, can pass).
+// oneDNN's bf16 and fp8kit's avx512-bf16 kernels, else the float32 FMA peak. AMX tiles (fp8kit's
+// amx kernels, oneDNN's bf16 where the CPU has AMX) can pass either.
 // Every implementation writes D into an output allocated once, outside the timing. Every large
 // buffer - each side's weights and their copies, the flush / read-peak buffer - is a Tensor
 // (fp8kit's host memory: 2 MiB-aligned, on huge pages where the OS grants them), so no side
