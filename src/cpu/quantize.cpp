@@ -225,16 +225,17 @@ void cast_tiles(const detail::QuantizeJob& job, const float* mult, const float* 
     const auto m = [&](int64_t i, int64_t j) { return mult[i / g.rows * gc + j / g.cols]; };
     const auto m_t = [&](int64_t j, int64_t i) { return mult_t[j / gt.rows * gct + i / gt.cols]; };
     const int64_t row_tiles = ceil_div(x.rows, TR), col_tiles = ceil_div(x.cols, TC);
-    std::vector<uint32_t> acc(size_t(num_threads()), 0);
-    // Per thread: the multipliers of a tile, one per register (per element on the portable path).
-    std::vector<std::vector<float>> multipliers(acc.size(), std::vector<float>(size_t(2 * TR * TC / W)));
+    SlotMax acc;
+    // Per thread slot: the multipliers of a tile, one per register (per element on the portable path).
+    const int64_t per_slot = 2 * TR * TC / W;
+    detail::Scratch<float> multipliers(int64_t(num_threads()) * per_slot);
     parallel_tasks(row_tiles * col_tiles, elements(x), [&](int64_t t, int slot) {
         const int64_t i0 = t / col_tiles * TR, j0 = t % col_tiles * TC;
         const int64_t h = std::min(TR, x.rows - i0), w = std::min(TC, x.cols - j0);
         const int64_t ha = uniform ? h - h % W : 0, wa = uniform ? w - w % W : 0;
         uint32_t& a = acc[size_t(slot)];
         if (ha > 0 && wa > 0) {
-            float* mr = multipliers[size_t(slot)].data();
+            float* mr = multipliers.get() + slot * per_slot;
             float* mt = mr + TR * TC / W;
             for (int64_t r = 0; r < ha; ++r) {
                 for (int64_t b = 0; b < wa / W; ++b) mr[r * (wa / W) + b] = m(i0 + r, j0 + b * W);
@@ -255,7 +256,7 @@ void cast_tiles(const detail::QuantizeJob& job, const float* mult, const float* 
             }
         }
     });
-    if (amax != nullptr) *amax = *std::max_element(acc.begin(), acc.end());
+    if (amax != nullptr) *amax = acc.max();
 }
 
 template <class T>
