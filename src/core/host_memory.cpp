@@ -117,6 +117,11 @@ thread_local ScratchList scratch_list;
 }  // namespace
 
 void* scratch_acquire(size_t bytes) {
+    if (bytes >= host_cache_min) {
+        const size_t rounded = round_up(bytes, host_cache_min);
+        std::byte* p = cache().take(rounded);
+        return p != nullptr ? p : large_new(rounded);
+    }
     bytes = round_up(bytes, tensor_alignment);
     auto& blocks = scratch_list.blocks;
     for (size_t i = 0; i < blocks.size(); ++i) {
@@ -131,6 +136,7 @@ void* scratch_acquire(size_t bytes) {
 }
 
 void scratch_release(void* p, size_t bytes) noexcept {
+    if (bytes >= host_cache_min) return cache().give({static_cast<std::byte*>(p), round_up(bytes, host_cache_min)});
     bytes = round_up(bytes, tensor_alignment);
     auto& blocks = scratch_list.blocks;
     if (bytes <= scratch_keep && blocks.size() < scratch_kept) {

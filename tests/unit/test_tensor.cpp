@@ -585,5 +585,25 @@ TEST(HostMemory, ScratchReleasedIsReusedByItsThread) {
     detail::scratch_release(again, bytes);
 }
 
+// A large scratch block (packed A of a big GEMM) is one of the cache's huge-page blocks: it starts
+// on a 2 MiB boundary and, released, is handed back to the next call of its size (from any
+// thread), never while held.
+TEST(HostMemory, LargeScratchComesFromTheBlockCache) {
+    const size_t bytes = 2 * detail::host_cache_min + 100;  // rounded to 3 x 2 MiB
+    void* first = detail::scratch_acquire(bytes);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(first) % detail::host_cache_min, 0u);
+    std::memset(first, 3, bytes);
+    void* other = detail::scratch_acquire(bytes);
+    EXPECT_NE(other, first);
+    const size_t cached = detail::host_cached_bytes();
+    detail::scratch_release(first, bytes);
+    EXPECT_EQ(detail::host_cached_bytes(), cached + 3 * detail::host_cache_min);
+    void* again = detail::scratch_acquire(3 * detail::host_cache_min);  // the same rounded size
+    EXPECT_EQ(again, first);
+    EXPECT_EQ(detail::host_cached_bytes(), cached);
+    detail::scratch_release(again, 3 * detail::host_cache_min);
+    detail::scratch_release(other, bytes);
+}
+
 }  // namespace
 }  // namespace fp8kit::test
