@@ -15,7 +15,8 @@ Rows, per Linear shape y[M, N] = x[M, K] W[N, K]^T + b (x float32):
   fp8kit.<recipe>     fp8kit.torch.quantize_ (rowwise, tensorwise, block): W quantized and packed
                       once, x cast inside the GEMM
   fp8kit.lwc          fp8kit.torch.enable_layerwise_casting (e4m3 storage, the Linear on FP8 directly)
-Columns: gflops = 2 M N K / seconds (the best call; for M <= 16 each call after reading 256 MiB -
+Columns: gflops = 2 M N K / seconds (the best call, the implementations taking turns in five
+rounds of a second each; for M <= 16 each call after reading 256 MiB -
 on torch's OpenMP threads, which a model's other ops keep awake; --flush one-thread: numpy's -
 on the next of `copies` copies of the layer, 8x the last-level cache at one byte a weight, so the
 weights come from memory); vs_f32 = gflops / torch.f32's; sqnr_db = 10 log10
@@ -71,10 +72,14 @@ FLUSH = None  # read before each memory-bound call (M <= 16): larger than the la
 FLUSH_BY = "team"  # --flush: "team" (torch's OpenMP threads) or "one-thread" (numpy)
 
 
-def best_seconds(call, budget, flush=False):
-    """The fastest of repeated calls (after one warm-up) within `budget` seconds, at least 5: on a
-    shared machine interference only adds time. flush: read 256 MiB before each call, so the
-    weights come from memory, as in a model larger than the caches."""
+def best_seconds(calls, budget, flush=False, rounds=5):
+    """name -> the fastest of its repeated calls (after one warm-up each), the implementations in
+    turn for `rounds` rounds of budget / rounds seconds each (at least one call a round): on a
+    shared machine interference only adds time, and this VM's memory bandwidth moves by 1.5x
+    between minutes, so each implementation takes its calls in every phase of a run rather than
+    in a window of its own (taken in turn, a bf16 call of a burst once made a 1.8x ratio 1.3x).
+    flush: read 256 MiB before each call, so the weights come from memory, as in a model larger
+    than the caches."""
     global FLUSH
     if flush and FLUSH is None:
         # "team": read by torch on its OpenMP team (the one libgomp of the process, fp8kit's
@@ -83,16 +88,19 @@ def best_seconds(call, budget, flush=False):
         # take 30-130 us to wake (docs/PERF.md): a delay added to every implementation's call
         # alike, which a model's decode, layer after layer, never pays.
         FLUSH = torch.ones(64 << 20) if FLUSH_BY == "team" else np.ones(64 << 20, np.float32)
-    call()
-    best, calls = math.inf, 0
-    start = time.perf_counter()
-    while calls < 5 or time.perf_counter() - start < budget:
-        if flush:
-            FLUSH.sum()
-        t0 = time.perf_counter()
+    for call in calls.values():
         call()
-        best = min(best, time.perf_counter() - t0)
-        calls += 1
+    best = dict.fromkeys(calls, math.inf)
+    for _ in range(rounds):
+        for name, call in calls.items():
+            calls_made, start = 0, time.perf_counter()
+            while calls_made < 1 or time.perf_counter() - start < budget / rounds:
+                if flush:
+                    FLUSH.sum()
+                t0 = time.perf_counter()
+                call()
+                best[name] = min(best[name], time.perf_counter() - t0)
+                calls_made += 1
     return best
 
 
@@ -192,19 +200,18 @@ def run_shape(m, n, k, budget, rows):
         made = [converted(torch.nn.Sequential(lin), how) for lin in linears]
         if made[0] is not None:
             impls[how] = [lambda _x, model=model, xin=x.to(dtype): model(xin) for model, dtype in made]
-    base = None
     with torch.no_grad():
-        for name, fs in impls.items():
+        for fs in impls.values():
             for f in fs:  # every copy's first call (fp8kit packs its weight there) before the timing
                 f(x)
-            turn = itertools.cycle(fs)
-            s = best_seconds(lambda: next(turn)(x), budget, flush=m <= 16)
-            f = fs[0]
+        turns = {name: itertools.cycle(fs) for name, fs in impls.items()}
+        best = best_seconds({name: lambda t=turn: next(t)(x) for name, turn in turns.items()}, budget, flush=m <= 16)
+        base = 2 * m * n * k / best["torch.f32"] * 1e-9
+        for name, s in best.items():
             gflops = 2 * m * n * k / s * 1e-9
-            base = base or gflops
             rows.append({"bench": "torch", "impl": name, "m": m, "n": n, "k": k, "threads": torch.get_num_threads(),
                          "copies": copies, "seconds": s, "gflops": round(gflops, 3), "vs_f32": round(gflops / base, 3),
-                         "sqnr_db": round(sqnr_db(f(x), ref), 2)})
+                         "sqnr_db": round(sqnr_db(impls[name][0](x), ref), 2)})
 
 
 def call_overhead(budget, rows):
@@ -215,10 +222,10 @@ def call_overhead(budget, rows):
     f8.quantize_(model)
     x = torch.randn(1, 16)
     with torch.no_grad():  # each module called itself (not through the Sequential: ~1 us more)
-        for name, f in (("torch.f32", linear), ("fp8kit.rowwise", model[0])):
-            s = best_seconds(lambda f=f: f(x), budget)
-            rows.append({"bench": "torch", "impl": name, "m": 1, "n": 16, "k": 16, "threads": torch.get_num_threads(),
-                         "call_overhead_us": round(s * 1e6, 2)})
+        best = best_seconds({"torch.f32": lambda: linear(x), "fp8kit.rowwise": lambda: model[0](x)}, budget)
+    for name, s in best.items():
+        rows.append({"bench": "torch", "impl": name, "m": 1, "n": 16, "k": 16, "threads": torch.get_num_threads(),
+                     "call_overhead_us": round(s * 1e6, 2)})
 
 
 TRAIN_TOKENS = 512
