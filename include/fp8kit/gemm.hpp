@@ -15,7 +15,8 @@
 // inside the GEMM, while A is packed, with exactly the codes and scales quantize() gives - it
 // never writes an FP8 copy of A (tensor current scaling reads A twice: amax, then the packing
 // cast; every other scaling reads it once). An Inf or NaN in A follows A's non_finite option
-// (quantize.hpp): propagated, D's rows that use it are NaN or Inf; or an fp8kit::Error.
+// (quantize.hpp): propagated, D's rows that use it are NaN or Inf; or an fp8kit::Error. Without
+// options, A is used in bf16 and only B is FP8 (weight-only, GemmA); its Inf and NaN propagate.
 //
 // The backend is the one of the inputs' device (backend.hpp); D is allocated there, or written
 // into a caller's tensor - which it can accumulate into (beta).
@@ -47,14 +48,21 @@ struct GemmOptions {
     DType out_dtype = DType::f32;      // f32, bf16 or f16 (for FP8 output see gemm_quantized)
 };
 
-// The A operand: FP8 already quantized, or high precision plus the options to quantize it with
-// (fused cast). Implicit, so gemm(qa, qb) and gemm({x, recipe.options(Role::input)}, w) read well.
+// The A operand: FP8 already quantized; high precision plus the options to quantize it with
+// (fused cast); or high precision alone - weight-only FP8 ("W8A16", torchao's
+// Float8WeightOnlyConfig): A is not quantized but rounded to bf16 (nearest even, NaN and Inf kept;
+// below 2^-102 in magnitude to a zero of its sign: docs/NUMERICS.md says why) and multiplied by
+// B's FP8 values, each product exact in float32, with A's scale 1. Weight-only runs on the host
+// backends (cpu, ref) only. Implicit, so gemm(qa, qb), gemm({x, recipe.options(Role::input)}, w)
+// and gemm(x, w) read well.
 struct GemmA {
     GemmA(const QTensor& q) : fp8(q) {}                                   // NOLINT: implicit
     GemmA(const Tensor& x, const QuantizeOptions& q) : hp(x), quantize(q) {}  // NOLINT
+    GemmA(const Tensor& x) : hp(x), weight_only(true) {}                  // NOLINT
     std::optional<QTensor> fp8;
-    std::optional<Tensor> hp;  // [M, K], unit column stride or copied
-    QuantizeOptions quantize;  // for hp
+    std::optional<Tensor> hp;  // [M, K] f32 / bf16 / f16, unit column stride or copied
+    QuantizeOptions quantize;  // for hp, unless weight_only
+    bool weight_only = false;  // hp used as bf16, not quantized
 };
 
 namespace detail { struct PackedAccess; }

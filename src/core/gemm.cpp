@@ -135,10 +135,11 @@ void run_gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, co
     }
     const QTensor& qb = b.source();
     const Tensor* a_tensor = a.fp8 ? &a.fp8->data : a.hp ? &*a.hp : nullptr;
+    const bool weight_only = !a.fp8 && a.weight_only;
     const detail::Dispatch d = detail::dispatch(
         "gemm", {{"A", a_tensor},
                  {"A's scale_inv", a.fp8 ? &a.fp8->scale_inv : nullptr},
-                 {"A's scale", a.fp8 ? nullptr : &a.quantize.scale},
+                 {"A's scale", a.fp8 || weight_only ? nullptr : &a.quantize.scale},
                  {"B", &qb.data},
                  {"B's scale_inv", &qb.scale_inv},
                  {"C", opts.c ? &*opts.c : nullptr},
@@ -156,11 +157,21 @@ void run_gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, co
     std::optional<detail::Scratch<float>> host_scales;
     detail::QuantizeJob fuse{};
     Scaling a_scaling;
+    static const float unit_scale = 1.0f;  // a weight-only A's
     if (a.fp8) {
         oa = operand(*a.fp8, "A");
         a_scaling = a.fp8->scaling;
+    } else if (!a.hp || !a.hp->defined()) {
+        throw Error("fp8kit::gemm: A is undefined");
+    } else if (weight_only) {
+        if (d.device != Device::cpu) {
+            throw Error("fp8kit::gemm: weight-only A (a tensor without quantize options) runs on the cpu only; A is on " +
+                        std::string(to_string(d.device)) + " (give it quantize options: the fused cast)");
+        }
+        if (a.hp->dim() != 2) throw Error("fp8kit::gemm: A must be 2-d, got shape " + shape_str(a.hp->shape()));
+        x = detail::as_matrix(*a.hp, "gemm");
+        oa = {nullptr, x.ref.rows, x.ref.cols, x.ref.cols, qb.format(), {x.ref.rows, x.ref.cols}, &unit_scale, false, 1};
     } else {
-        if (!a.hp) throw Error("fp8kit::gemm: A is undefined");
         const QuantizeOptions& o = a.quantize;
         detail::check_quantize_options(o, "fp8kit::gemm: A's quantize options: ");
         if (o.transpose) throw Error("fp8kit::gemm: A's quantize options ask for a transpose; the GEMM uses A as is");
@@ -192,13 +203,13 @@ void run_gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, co
         throw Error("fp8kit::gemm: K mismatch: A is [" + std::to_string(oa.rows) + ", " + std::to_string(oa.k) +
                     "] and B is [" + std::to_string(ob.rows) + ", " + std::to_string(ob.k) + "]");
     }
-    check_pair(oa.format, ob.format);
+    if (!weight_only) check_pair(oa.format, ob.format);
     const int64_t m = oa.rows, n = ob.rows, k = oa.k;
     const int64_t kgroup = gemm_k_group(a_scaling, qb.scaling, k);
 
-    detail::GemmJob job{d.ctx, m, n, k, kgroup, oa, ob, a.fp8 ? nullptr : &fuse, nullptr, opts.alpha, opts.beta,
+    detail::GemmJob job{d.ctx, m, n, k, kgroup, oa, ob, a.fp8 || weight_only ? nullptr : &fuse, nullptr, opts.alpha, opts.beta,
                         detail::MatrixRef{nullptr, DType::f32, 0, 0, 0}, nullptr, DType::f32, opts.activation,
-                        nullptr, opts.out_dtype};
+                        nullptr, opts.out_dtype, weight_only ? x.ref : detail::MatrixRef{}};
     if (!std::isfinite(opts.alpha) || !std::isfinite(opts.beta)) {
         throw Error("fp8kit::gemm: alpha and beta must be finite, got " + std::to_string(opts.alpha) + " and " +
                     std::to_string(opts.beta));

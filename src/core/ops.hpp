@@ -8,6 +8,7 @@
 // round trip.
 #pragma once
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -153,6 +154,8 @@ struct GemmOperand {
 // Fused cast: a.data is null and `fuse` quantizes A ([m, k], its codes never stored whole): the
 // backend fills fuse->scale_inv (A's scales, the layout of a.scale_inv) and *fuse->amax, exactly
 // as quantize(fuse) would. a then describes A's scales only.
+// Weight-only: a.data and fuse are null, and a_hp.data is A in high precision, which the backend
+// takes as weight_only_bits() of each element; a describes its scale (1). Host backends only.
 // out may be c (accumulation: out = alpha AB + beta out): a backend reads c[i, j] before it
 // writes out[i, j], element by element.
 struct GemmJob {
@@ -168,7 +171,22 @@ struct GemmJob {
     Activation activation;
     void* out;
     DType out_dtype;
+    MatrixRef a_hp{};          // weight-only: A [m, k] (else data is null)
 };
+
+// A weight-only GEMM's A element as the kernels take it: the bf16 nearest to x (ties to even; a
+// NaN quiet, Inf kept), or a zero of x's sign when |x| < 2^-102. Why the flush: a bf16 of at
+// least 2^-102 is a multiple of 2^-109 and an FP8 value of 2^-17 (e5m2fnuz's quantum, the finest),
+// so every product of the two, and every float32 sum of such products, is a multiple of 2^-126:
+// none is a float32 subnormal, which VDPBF16PS and TDPBF16PS flush to zero (the ref backend
+// takes the same values, so all backends multiply the same A).
+inline uint16_t weight_only_bits(float x) {
+    const uint32_t u = std::bit_cast<uint32_t>(x), mag = u & 0x7fffffffu;
+    const auto nan = uint16_t((u >> 16) | 0x40u), zero = uint16_t((u >> 16) & 0x8000u);
+    const auto nearest = uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    // Selects, not branches: the packing loop vectorizes.
+    return mag > 0x7f800000u ? nan : mag < 0x0c800000u ? zero : nearest;  // 0x0c800000: 2^-102
+}
 
 // DelayedScaling::step: scale = compute_scale(max (or [0]) of history[0, length), fp8_max, ...,
 // previous scale), then the history rolls ([k] -> [k+1], [0] = 0). All pointers: device memory.

@@ -97,6 +97,25 @@ void pack_row(const uint8_t* codes, const KLayout& kl, const ExpandTable& table,
     }
 }
 
+// Row i of a weight-only A into packed bf16 row `out`: weight_only_bits of each element (the
+// element type chosen once per row), group padding zeroed.
+void pack_row_weight_only(const detail::MatrixRef& x, int64_t i, const KLayout& kl, uint16_t* out) {
+    const auto pack = [&](const auto* row) {
+        for (int64_t g = 0; g < kl.groups; ++g) {
+            const int64_t len = kl.k > 0 ? kl.len(g) : 0;
+            const auto* in = row + g * kl.group;
+            uint16_t* o = out + g * kl.group_padded;
+            for (int64_t e = 0; e < len; ++e) o[e] = detail::weight_only_bits(float(in[e]));
+            std::memset(o + len, 0, size_t(kl.group_padded - len) * sizeof(uint16_t));
+        }
+    };
+    switch (x.dtype) {
+        case DType::bf16: return pack(static_cast<const bf16*>(x.data) + i * x.ld);
+        case DType::f16: return pack(static_cast<const f16*>(x.data) + i * x.ld);
+        default: return pack(static_cast<const float*>(x.data) + i * x.ld);
+    }
+}
+
 // Scales of A per (row, K group): sa[i * groups + g].
 void a_scales(const GemmOperand& a, const KLayout& kl, int64_t r0, int64_t r1, float* sa) {
     for (int64_t i = r0; i < r1; ++i) {
@@ -107,14 +126,18 @@ void a_scales(const GemmOperand& a, const KLayout& kl, int64_t r0, int64_t r1, f
 float nan_max(float a, float b) { return std::isnan(a) || std::isnan(b) ? std::nanf("") : std::max(a, b); }
 
 // Packs A [m, k] into apk [Mp][lda] and its scales into sa; with the fused cast, quantizes it on
-// the way (fills job.fuse's scale_inv and amax as quantize() would).
+// the way (fills job.fuse's scale_inv and amax as quantize() would); weight-only, rounds it to bf16.
 void pack_a(GemmJob& job, const KLayout& kl, const GemmKernels& kern, uint16_t* apk, int64_t lda, float* sa) {
     const int64_t m = job.m, mp = round_up(m, gemm_tile);
     const ExpandTable& table = expand_table(job.a.format);
     std::memset(apk + m * lda, 0, size_t((mp - m) * lda) * sizeof(uint16_t));
     if (job.fuse == nullptr) {
         parallel_tasks(m, size_t(m * kl.padded), [&](int64_t i, int) {
-            pack_row(job.a.data + i * job.a.ld, kl, table, kern, apk + i * lda);
+            if (job.a_hp.data != nullptr) {
+                pack_row_weight_only(job.a_hp, i, kl, apk + i * lda);
+            } else {
+                pack_row(job.a.data + i * job.a.ld, kl, table, kern, apk + i * lda);
+            }
             a_scales(job.a, kl, i, i + 1, sa);
         });
         return;

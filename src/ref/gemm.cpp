@@ -3,8 +3,9 @@
 // products of dequantized inputs and against torch._scaled_mm (tests/golden/test_torch_gemm.cpp).
 //
 // Each K group's partial sum is exact here (float64 holds every sum of FP8 products of one group
-// for K < 2^20), is multiplied by sa * sb, and the groups are summed in float64: the value an
-// ideal float32-accumulating kernel approximates. Only the final store rounds (to float32, then to bf16/f16).
+// for K < 2^20; weight-only, bf16 x FP8 products, to float64's precision), is multiplied by
+// sa * sb, and the groups are summed in float64: the value an ideal float32-accumulating kernel
+// approximates. Only the final store rounds (to float32, then to bf16/f16).
 #include <vector>
 
 #include "core/ops.hpp"
@@ -16,8 +17,23 @@ std::shared_ptr<const void> pack_weight(const ExecContext&, const detail::GemmOp
     return nullptr;
 }
 
-void gemm(detail::GemmJob& job) {
-    std::vector<uint8_t> codes;  // fused cast: A quantized whole - the reference has no packing
+namespace {
+
+// A's values [m, k]: its codes decoded; with the fused cast quantized whole first (the reference
+// has no packing); weight-only, each element as the kernels take it (weight_only_bits).
+std::vector<double> a_values(detail::GemmJob& job) {
+    std::vector<double> v(size_t(job.m * job.k));
+    const detail::MatrixRef& hp = job.a_hp;
+    if (hp.data != nullptr) {
+        for (int64_t i = 0; i < job.m; ++i) {
+            for (int64_t kk = 0; kk < job.k; ++kk) {
+                const float x = detail::load_float(hp.data, hp.dtype, i * hp.ld + kk);
+                v[size_t(i * job.k + kk)] = double(float(bf16::from_bits(detail::weight_only_bits(x))));
+            }
+        }
+        return v;
+    }
+    std::vector<uint8_t> codes;
     detail::GemmOperand a = job.a;
     if (job.fuse != nullptr) {
         codes.resize(size_t(job.m * job.k));
@@ -26,7 +42,17 @@ void gemm(detail::GemmJob& job) {
         a.data = codes.data();
         a.ld = job.k;
     }
-    const detail::GemmOperand& b = job.b;
+    for (int64_t i = 0; i < job.m; ++i) {
+        for (int64_t kk = 0; kk < job.k; ++kk) v[size_t(i * job.k + kk)] = double(decode(a.data[i * a.ld + kk], a.format));
+    }
+    return v;
+}
+
+}  // namespace
+
+void gemm(detail::GemmJob& job) {
+    const std::vector<double> av = a_values(job);
+    const detail::GemmOperand &a = job.a, &b = job.b;
     const int64_t kg = job.kgroup;
     std::vector<double> row(size_t(job.n));
     for (int64_t i = 0; i < job.m; ++i) {
@@ -35,8 +61,7 @@ void gemm(detail::GemmJob& job) {
             for (int64_t k0 = 0; k0 < job.k; k0 += kg) {
                 double partial = 0.0;
                 for (int64_t kk = k0; kk < std::min(job.k, k0 + kg); ++kk) {
-                    partial += double(decode(a.data[i * a.ld + kk], a.format)) *
-                               double(decode(b.data[j * b.ld + kk], b.format));
+                    partial += av[size_t(i * job.k + kk)] * double(decode(b.data[j * b.ld + kk], b.format));
                 }
                 sum += partial * (double(a.scale(i, k0)) * double(b.scale(j, k0)));
             }

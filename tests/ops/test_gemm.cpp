@@ -138,14 +138,15 @@ struct Product64 {
     std::vector<double> dot, abs;
 };
 
-Product64 product64(const QTensor& qa, const QTensor& qb) {
+// a [m, k] in float64 (its scales reaching a_kextent along K) times deq(qb)^T.
+Product64 product64(const std::vector<double>& a, int64_t m, int64_t a_kextent, const QTensor& qb) {
     Product64 p;
-    p.m = qa.data.size(0);
+    p.m = m;
     p.n = qb.data.size(0);
-    p.k = qa.data.size(1);
-    p.kgroup = std::max<int64_t>(1, std::min(k_extent(qa.scaling, p.k), k_extent(qb.scaling, p.k)));
+    p.k = qb.data.size(1);
+    p.kgroup = std::max<int64_t>(1, std::min(a_kextent, k_extent(qb.scaling, p.k)));
     p.groups = std::max<int64_t>(1, (p.k + p.kgroup - 1) / p.kgroup);
-    const std::vector<double> a = dequantize64(qa), b = dequantize64(qb);
+    const std::vector<double> b = dequantize64(qb);
     p.dot.assign(size_t(p.m * p.n), 0.0);
     p.abs.assign(size_t(p.m * p.n), 0.0);
     for (int64_t i = 0; i < p.m; ++i) {
@@ -161,6 +162,10 @@ Product64 product64(const QTensor& qa, const QTensor& qb) {
         }
     }
     return p;
+}
+
+Product64 product64(const QTensor& qa, const QTensor& qb) {
+    return product64(dequantize64(qa), qa.data.size(0), k_extent(qa.scaling, qa.data.size(1)), qb);
 }
 
 double gelu64(double x) {
@@ -311,9 +316,9 @@ std::vector<double> add(const std::vector<double>& a, const std::vector<double>&
     return ::testing::AssertionSuccess();
 }
 
-// Runs gemm(qa, qb, call) on ref and on cpu (every ISA path) and checks each against the float64
+// Runs gemm(a, qb, call) on ref and on cpu (every ISA path) and checks each against the float64
 // model, and cpu against ref.
-void check_gemm(const QTensor& qa, const QTensor& qb, const Product64& p, const Call& call) {
+void check_gemm(const GemmA& qa, const QTensor& qb, const Product64& p, const Call& call) {
     const DType out = call.opts.out_dtype;
     const Expect e = expect(p, call, out);
     const Tensor ref = on_backend(Backend::ref, [&] { return gemm(qa, qb, call.opts); });
@@ -511,6 +516,101 @@ TEST(GemmOps, FnuzFormatsWithinTheFloat64Bound) {
     const QTensor a5 = quantize(as_tensor(gaussian(4, 64, 1), 4, 64, DType::f32), qopts(Scaling::row(), Format::e5m2fnuz));
     const QTensor b5 = quantize(as_tensor(gaussian(4, 64, 2), 4, 64, DType::f32), qopts(Scaling::row(), Format::e5m2));
     for_each_backend([&] { test::expect_error([&] { gemm(a5, b5); }, "e5m2"); });
+}
+
+// ---- weight-only: A in high precision, only B in FP8 ----
+
+// A's element as a weight-only GEMM takes it (NUMERICS.md), computed here apart from the library's
+// bit manipulation: the significand rounded to 8 bits in float64 (nearbyint: ties to even), a zero
+// of its sign below 2^-102; NaN and Inf as they are.
+double weight_only64(double x) {
+    if (!std::isfinite(x) || x == 0) return x;
+    if (std::fabs(x) < 0x1p-102) return std::copysign(0.0, x);
+    int e = 0;
+    const double f = std::frexp(x, &e);  // x = f 2^e, 0.5 <= |f| < 1
+    return std::ldexp(std::nearbyint(std::ldexp(f, 8)), e - 8);
+}
+
+// gemm(x, B) on every backend and ISA within the float64 bound of weight_only64(x) . deq(B)^T: f32,
+// bf16 and f16 x, B in e4m3fn, e5m2 (which an FP8 A could not meet) and e4m3fnuz with tensor, row,
+// 128x128 and mx32 scales, the grid's shapes (small-M kernels, tiles, K windows) and epilogues.
+// The bound is the FP8 GEMM's: each product of a bf16 and an FP8 value is exact in float32 too.
+TEST(GemmWeightOnly, WithinTheFloat64Bound) {
+    const Scaling b_scalings[] = {Scaling::tensor(), Scaling::row(), Scaling::block(128, 128), Scaling::mx32()};
+    const Format b_formats[] = {Format::e4m3fn, Format::e5m2, Format::e4m3fnuz};
+    uint32_t seed = 700;
+    size_t turn = 0;
+    for (const Scaling& bs : b_scalings) {
+        for (const Format fb : b_formats) {
+            for (const Mnk s : grid_shapes) {
+                const DType dtype = out_dtypes[turn % std::size(out_dtypes)];  // x's dtype, in turn
+                const Tensor x = as_tensor(gaussian(s.m, s.k, seed), s.m, s.k, dtype);
+                const QTensor qb = quantize(as_tensor(gaussian(s.n, s.k, seed + 1), s.n, s.k, DType::f32), qopts(bs, fb));
+                seed += 2;
+                std::vector<double> a = values(x);
+                for (double& v : a) v = weight_only64(v);
+                const Product64 p = product64(a, s.m, s.k, qb);
+                const Epilogue& e = epilogues[turn % std::size(epilogues)];
+                const DType out = out_dtypes[(turn / 3) % std::size(out_dtypes)];
+                SCOPED_TRACE(std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k) + " x " +
+                             std::string(to_string(dtype)) + ", B " + to_string(bs) + " " + std::string(to_string(fb)) +
+                             ", " + e.name + " -> " + std::string(to_string(out)));
+                check_gemm(x, qb, p, make_call(e, s.m, s.n, out, seed++));
+                ++turn;
+            }
+        }
+    }
+}
+
+// x holding FP8 values exactly: gemm(x, B) is the FP8 GEMM of x's codes with scale 1, bit for bit
+// (the same bf16 operands reach the same kernels), on every backend and ISA, for one K group and
+// for 128-wide ones, at M on the small-M kernels and on the tiles. A packing that misplaced an
+// element, padding or a group would change D.
+TEST(GemmWeightOnly, OfFp8ValuesEqualsTheFp8GemmBitForBit) {
+    QuantizeOptions unit = qopts(Scaling::tensor(), Format::e4m3fn);
+    unit.scale = Tensor::full({1}, 1.0f);
+    uint32_t seed = 900;
+    for (const Scaling& bs : {Scaling::row(), Scaling::block(128, 128)}) {
+        for (const Mnk s : {Mnk{1, 40, 1100}, Mnk{3, 33, 257}, Mnk{40, 130, 300}}) {
+            SCOPED_TRACE(std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k) + " B " + to_string(bs));
+            std::vector<float> v = gaussian(s.m, s.k, seed++);
+            for (float& e : v) e *= 40.0f;  // codes across e4m3's range, some saturated at 448
+            const QTensor qa = quantize(Tensor::from(v, {s.m, s.k}), unit);
+            const Tensor x = dequantize(qa);  // float32 holding the codes' values
+            const QTensor qb = quantize(as_tensor(gaussian(s.n, s.k, seed++), s.n, s.k, DType::f32), qopts(bs, Format::e4m3fn));
+            for_each_backend([&] { EXPECT_TRUE(identical(gemm(x, qb), gemm(qa, qb))); });
+        }
+    }
+}
+
+// The rounding to bf16 and the flush, element by element: D[i, j] = a_i * b_j with one K element
+// and B's values 1 and -2 (scale 1), a single exact product, so D is weight_only64(a_i) * b_j
+// exactly on every backend and ISA: ties to even both ways, a value just past a tie, a carry into
+// the exponent (65504 -> 65536), the flush just below 2^-102 (unflushed, -1.5 x 2^-103 would stay
+// and 2^-102 (1 - 2^-20) would round up to 2^-102), 2^-102 and 3 x 2^-102 kept, NaN and Inf (a
+// NaN's row NaN, no other).
+TEST(GemmWeightOnly, RoundsToBf16AndFlushesBelowTwoToTheMinus102) {
+    const std::vector<float> a = {1.0f + 0x1p-8f,  1.0f + 3 * 0x1p-8f, 1.0f + 0x1p-8f + 0x1p-20f, -1.5f * 0x1p-103f,
+                                  0x1p-102f * (1.0f - 0x1p-20f), 0x1p-102f, -3.0f * 0x1p-102f, NAN, -INFINITY, 65504.0f};
+    const int64_t m = int64_t(a.size());
+    QuantizeOptions unit = qopts(Scaling::tensor(), Format::e4m3fn);
+    unit.scale = Tensor::full({1}, 1.0f);
+    const QTensor qb = quantize(Tensor::from(std::vector<float>{1.0f, -2.0f}, {2, 1}), unit);
+    const Tensor x = Tensor::from(a, {m, 1});
+    for_each_backend([&] {
+        const Tensor d = gemm(x, qb);
+        for (int64_t i = 0; i < m; ++i) {
+            for (int64_t j = 0; j < 2; ++j) {
+                const double want = weight_only64(double(a[size_t(i)])) * (j == 0 ? 1.0 : -2.0);
+                const double got = double(d.get({i, j}));
+                if (std::isnan(want)) {
+                    EXPECT_TRUE(std::isnan(got)) << "D[" << i << ", " << j << "] = " << got;
+                } else {
+                    EXPECT_EQ(got, want) << "D[" << i << ", " << j << "] for a = " << a[size_t(i)];
+                }
+            }
+        }
+    });
 }
 
 // ---- the fused cast ----

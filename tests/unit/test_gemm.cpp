@@ -457,5 +457,20 @@ TEST(GemmErrors, FusedCastOptions) {
     });
 }
 
+// Weight-only A (a tensor without quantize options): the same checks of A as the fused cast's, and
+// none of the FP8 pair rules (A is not FP8: e5m2 B is taken).
+TEST(GemmErrors, WeightOnlyA) {
+    const QTensor b = q(5, 32);
+    for_each_backend([&] {
+        expect_error([&] { (void)gemm(Tensor::zeros({4, 32}, DType::i32), b); }, "i32");
+        expect_error([&] { (void)gemm(Tensor::zeros({4, 32}, DType::e4m3fn), b); }, "e4m3fn");
+        expect_error([&] { (void)gemm(Tensor::zeros({2, 3, 32}, DType::f32), b); }, "2-d");
+        expect_error([&] { (void)gemm(Tensor(), b); }, "undefined");
+        expect_error([&] { (void)gemm(normal_matrix(4, 31, 1), b); }, "K mismatch");
+        const QTensor b_e5m2 = quantize(normal_matrix(5, 32, 2), qopts(Scaling::row(), Format::e5m2));
+        EXPECT_EQ(gemm(normal_matrix(4, 32, 1), b_e5m2).shape(), (Shape{4, 5}));
+    });
+}
+
 }  // namespace
 }  // namespace fp8kit::test
