@@ -13,7 +13,8 @@ Rows, per Linear shape y[M, N] = x[M, K] W[N, K]^T + b (x float32):
   quanto.qfloat8      optimum-quanto quantize(weights=qfloat8) + freeze   tests/requirements-peers.txt)
   diffusers.lwc       Diffusers' apply_layerwise_casting (e4m3 storage, bfloat16 compute, x bfloat16)
   fp8kit.<recipe>     fp8kit.torch.quantize_ (rowwise, tensorwise, block): W quantized and packed
-                      once, x cast inside the GEMM
+                      once, x cast inside the GEMM; weight_only: x not quantized (taken as bfloat16),
+                      W e4m3 rowwise - torchao.f8wo's and quanto's recipe
   fp8kit.lwc          fp8kit.torch.enable_layerwise_casting (e4m3 storage, the Linear on FP8 directly)
 Columns: gflops = 2 M N K / seconds (the best call, the implementations taking turns in five
 rounds of a second each; for M <= 16 each call after reading 256 MiB -
@@ -172,7 +173,7 @@ def converted(model, how):
 
 
 LINEAR_IMPLS = ("torch.bf16", "torchao.f8wo", "quanto.qfloat8", "diffusers.lwc", "fp8kit.rowwise",
-                "fp8kit.tensorwise", "fp8kit.block", "fp8kit.lwc")
+                "fp8kit.tensorwise", "fp8kit.block", "fp8kit.weight_only", "fp8kit.lwc")
 
 
 def last_level_cache_bytes():

@@ -272,7 +272,7 @@ GemmOptions gemm_options(const std::string& out_dtype, float alpha, float beta, 
 // arguments costs more than the GEMM. Holds the bias array, so its view stays valid.
 struct FusedLinear {
     PackedWeight b;
-    QuantizeOptions q;
+    std::optional<QuantizeOptions> q;  // none: weight-only (x taken as bf16, not quantized)
     std::optional<Array> bias;
     GemmOptions o[3];  // by output dtype, in the order of fused_out_dtypes
 };
@@ -427,17 +427,26 @@ NB_MODULE(_fp8kit, m) {
           "a"_a, "b"_a, "format"_a, "scaling"_a, "overflow"_a, "power_of_two"_a, "amax_epsilon"_a, "mx_rounding"_a,
           "non_finite"_a, "out_dtype"_a, "alpha"_a, "beta"_a, "c"_a.none(), "bias"_a.none(), "activation"_a,
           "The GEMM with a given in float32 / bfloat16 / float16 [M, K] and cast to FP8 inside it.");
+    m.def("gemm_weight_only", [](const Array& a, const PackedWeight& b, const std::string& out_dtype, float alpha,
+                                 float beta, const std::optional<Array>& c, const std::optional<Array>& bias,
+                                 const std::string& activation) {
+              return gemm_array(GemmA(view(a, "a")), b, gemm_options(out_dtype, alpha, beta, c, bias, activation));
+          },
+          "a"_a, "b"_a, "out_dtype"_a, "alpha"_a, "beta"_a, "c"_a.none(), "bias"_a.none(), "activation"_a,
+          "The GEMM with a given in float32 / bfloat16 / float16 [M, K], not quantized: taken as bfloat16 "
+          "(weight-only FP8, fp8kit::GemmA).");
     nb::class_<FusedLinear>(m, "FusedLinear",
-                            "y = deq(fp8(x)) . deq(b)^T (+ bias) with everything but x fixed (fp8kit.torch's Linear).")
+                            "y = deq(fp8(x)) . deq(b)^T (+ bias) with everything but x fixed (fp8kit.torch's Linear); "
+                            "scaling 'none': y = bf16(x) . deq(b)^T, x not quantized (weight-only).")
         .def_prop_ro_static("out_dtypes", [](nb::handle) {
             return nb::make_tuple(fused_out_dtypes[0], fused_out_dtypes[1], fused_out_dtypes[2]);
         }, "The output dtypes' names, by the index __call__ takes.")
         .def("__init__",
              [](FusedLinear* self, const PackedWeight& b, const std::string& format, const std::string& scaling,
                 const std::string& overflow, const std::optional<Array>& bias) {
-                 auto* f = new (self) FusedLinear{b, quantize_options(format, scaling, overflow, false, 0.0f, "floor",
-                                                                      "propagate"),
-                                                  bias, {}};
+                 std::optional<QuantizeOptions> q;  // scaling "none": weight-only
+                 if (scaling != "none") q = quantize_options(format, scaling, overflow, false, 0.0f, "floor", "propagate");
+                 auto* f = new (self) FusedLinear{b, q, bias, {}};
                  for (int i = 0; i < 3; ++i) {
                      f->o[i] = gemm_options(fused_out_dtypes[i], 1.0f, 0.0f, std::nullopt, f->bias, "none");
                  }
@@ -448,7 +457,7 @@ NB_MODULE(_fp8kit, m) {
                  if (out < 0 || out > 2) {
                      throw Error("fp8kit.FusedLinear: out is " + std::to_string(out) + ", expected an index of out_dtypes: 0, 1 or 2");
                  }
-                 return gemm_array(GemmA(view(a, "a"), f.q), f.b, f.o[out]);
+                 return gemm_array(f.q ? GemmA(view(a, "a"), *f.q) : GemmA(view(a, "a")), f.b, f.o[out]);
              },
              "a"_a, "out"_a, "D for a (float32 / bfloat16 / float16 [M, K]) in out_dtypes[out].");
     // (name, fp8, recipe, reason) per layer

@@ -185,7 +185,9 @@ def gemm(a, b, *, out_dtype="float32", alpha=1.0, beta=0.0, c=None, bias=None, a
     """D[M, N] = act(alpha * deq(a)[M, K] . deq(b)[N, K]^T (+ beta * c) (+ bias)), float32 sums.
 
     a: a QTensor, or float32 / bfloat16 / float16 [M, K] cast to FP8 inside the GEMM with the
-    quantize options given here (format, scaling, ...: as fp8kit.quantize), never written out.
+    quantize options given here (format, scaling, ...: as fp8kit.quantize), never written out;
+    with scaling=None not quantized at all but taken as bfloat16 (weight-only FP8, torchao's
+    Float8WeightOnlyConfig: only b is FP8).
     b: a PackedWeight, or a QTensor [N, K] (packed for this call). out_dtype: float32, bfloat16 or
     float16. Returns numpy, or torch when a is a torch tensor.
     """
@@ -196,6 +198,8 @@ def gemm(a, b, *, out_dtype="float32", alpha=1.0, beta=0.0, c=None, bias=None, a
     out_name = _name(out_dtype)
     if isinstance(a, QTensor):
         values = _fp8kit.gemm(a, b, out_name, alpha, beta, ext(c), ext(bias), activation)
+    elif scaling is None:
+        values = _fp8kit.gemm_weight_only(_to_extension(a), b, out_name, alpha, beta, ext(c), ext(bias), activation)
     else:
         values = _fp8kit.gemm_fused(_to_extension(a), b, _name(format), scaling, overflow, power_of_two,
                                     amax_epsilon, mx_rounding, non_finite, out_name, alpha, beta, ext(c), ext(bias),

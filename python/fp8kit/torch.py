@@ -8,6 +8,7 @@ FP8 inside fp8kit's GEMM (dynamic scaling, never written out) and sums in float3
     import fp8kit.torch
     fp8kit.torch.quantize_(model)                  # rowwise e4m3, every nn.Linear
     fp8kit.torch.quantize_(model, "tensorwise", filter_fn=lambda m, fqn: "lm_head" not in fqn)
+    fp8kit.torch.quantize_(model, "weight_only")   # torchao's Float8WeightOnlyConfig: x not quantized
     y = model(x)                                   # float32 / bfloat16 / float16 x, same dtype out
 
 Training: convert_to_float8_training(model, module_filter_fn=None, config="tensorwise") with
@@ -45,12 +46,21 @@ import fp8kit
 # kept here). Their scalings - of the activation, cast in the GEMM, and of the weight - are the
 # library's (fp8kit::Recipe): block is DeepSeek-V3's 1x128 activations, 128x128 weights; mxfp8 is
 # OCP MX's 1x32 blocks with e8m0 scales (held as torch.float8_e8m0fnu).
-RECIPES = ("rowwise", "tensorwise", "block", "mxfp8")
+RECIPES = ("rowwise", "tensorwise", "block", "mxfp8", "weight_only")
+
+
+def _recipe_scalings(recipe):
+    """(input scaling, weight scaling) of a quantize_ recipe. weight_only: the input is not
+    quantized ("none": taken as bfloat16, fp8kit::GemmA) and the weight is e4m3 per output row -
+    torchao's Float8WeightOnlyConfig and optimum-quanto's qfloat8 weights."""
+    if recipe == "weight_only":
+        return "none", "row"
+    return tuple(fp8kit._fp8kit.recipe_scalings(recipe))
 
 
 def _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling):
     """The extension's FusedLinear of a Float8Linear (its PackedWeight, the input's e4m3fn
-    saturating cast with input_scaling, and its bias), made on first use and again only after a
+    saturating cast with input_scaling - "none": no cast, weight-only - and its bias), made on first use and again only after a
     buffer or the bias is written (load_state_dict, copy_): kept on the weight tensor, keyed by the
     version counters."""
     key = (weight._version, weight_scale_inv._version, weight_scaling, input_scaling,
@@ -71,8 +81,8 @@ _OUT_DTYPES = {getattr(torch, name): (name, i) for i, name in enumerate(fp8kit._
 
 def _linear(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling):
     """y[M, N] = deq(fp8(x))[M, K] . deq(weight)[N, K]^T (+ bias[N]), x float32 / bfloat16 / float16,
-    y in x's dtype: x quantized with input_scaling (e4m3fn, saturating) inside the GEMM, float32
-    sums. The extension is called directly, with the bias's view cached beside the packed weight:
+    y in x's dtype: x quantized with input_scaling (e4m3fn, saturating) inside the GEMM - or with
+    "none" taken as bfloat16 - float32 sums. The extension is called directly, with the bias's view cached beside the packed weight:
     fp8kit.gemm's argument handling costs more than the GEMM of a decode step's small layer."""
     out = _OUT_DTYPES.get(x.dtype)
     if out is None:
@@ -137,14 +147,15 @@ def _scale_tensor(scale_inv, scaling):
 
 class Float8Linear(nn.Module):
     """An nn.Linear for inference with an FP8 weight [out, in] (buffer `weight`, torch.float8_*)
-    and its scale_inv (buffer `weight_scale_inv`): y = x W^T + b with x cast to FP8 in the GEMM."""
+    and its scale_inv (buffer `weight_scale_inv`): y = x W^T + b with x cast to FP8 in the GEMM
+    (recipe weight_only: x taken as bfloat16, not quantized)."""
 
     def __init__(self, in_features, out_features, bias=True, recipe="rowwise", format="e4m3fn"):
         super().__init__()
         if recipe not in RECIPES:
             raise fp8kit.Error(f"fp8kit.torch: recipe '{recipe}', expected one of {', '.join(RECIPES)}")
         self.in_features, self.out_features, self.recipe = in_features, out_features, recipe
-        self.input_scaling, self.weight_scaling = fp8kit._fp8kit.recipe_scalings(recipe)
+        self.input_scaling, self.weight_scaling = _recipe_scalings(recipe)
         self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=getattr(torch, "float8_" + format)))
         shape = fp8kit._fp8kit.scale_shape(self.weight_scaling, out_features, in_features)
         self.register_buffer("weight_scale_inv", _scale_tensor(torch.ones(shape), self.weight_scaling))
@@ -184,7 +195,8 @@ class Float8Linear(nn.Module):
 def quantize_(model, config=None, filter_fn=None):
     """Replaces, in place, every nn.Linear of model that filter_fn(module, fqn) accepts (all when
     None) by a Float8Linear. config: a recipe name - "rowwise" (the default), "tensorwise",
-    "block", "mxfp8" - as torchao's quantize_(model, config, filter_fn)."""
+    "block", "mxfp8", or "weight_only" (e4m3 rowwise weights, activations not quantized but taken
+    as bfloat16: torchao's Float8WeightOnlyConfig) - as torchao's quantize_(model, config, filter_fn)."""
     recipe = config or "rowwise"
     if recipe not in RECIPES:
         raise fp8kit.Error(f"fp8kit.torch.quantize_: config '{recipe}', expected one of {', '.join(RECIPES)}")

@@ -8,6 +8,7 @@ PyTorch user relies on: torch.export and torch.compile trace the custom op, stat
 
 Run by scripts/test.sh (pytest, on the package scripts/setup.sh installed into .venv).
 """
+import copy
 import io
 
 import numpy as np
@@ -26,9 +27,11 @@ def mlp(seed, width=96, hidden=160):
 
 # Per recipe: the activation's and the weight's scaling (torchao's and DeepSeek-V3's meanings),
 # and the weight's scale groups (rows, cols; None: the whole dimension).
+# weight_only: the activation not quantized ("none": taken as bfloat16).
 SCALINGS = {"rowwise": ("row", "row"), "tensorwise": ("tensor", "tensor"), "block": ("block(1x128)", "block(128x128)"),
-            "mxfp8": ("mx32", "mx32")}
-WEIGHT_GROUPS = {"rowwise": (1, None), "tensorwise": (None, None), "block": (128, 128), "mxfp8": (1, 32)}
+            "mxfp8": ("mx32", "mx32"), "weight_only": ("none", "row")}
+WEIGHT_GROUPS = {"rowwise": (1, None), "tensorwise": (None, None), "block": (128, 128), "mxfp8": (1, 32),
+                 "weight_only": (1, None)}
 
 
 def weight64(layer):
@@ -42,9 +45,13 @@ def weight64(layer):
 
 
 def expected(layer, x, input_scaling):
-    """float64 y = deq(quantize(x)) . deq(W)^T + b of one Float8Linear, with its bound."""
-    qx = fp8kit.quantize(x, scaling=input_scaling)
-    a64 = fp8kit.dequantize(qx).astype(np.float64)
+    """float64 y = deq(quantize(x)) . deq(W)^T + b of one Float8Linear, with its bound; input
+    scaling "none" (weight-only): x rounded to bfloat16 by torch (no element here is below the
+    2^-102 that fp8kit flushes)."""
+    if input_scaling == "none":
+        a64 = torch.from_numpy(x).to(torch.bfloat16).double().numpy()
+    else:
+        a64 = fp8kit.dequantize(fp8kit.quantize(x, scaling=input_scaling)).astype(np.float64)
     b64 = weight64(layer)
     d64 = a64 @ b64.T
     tol = bound(a64, b64, d64)
@@ -54,7 +61,7 @@ def expected(layer, x, input_scaling):
     return d64, tol
 
 
-@pytest.mark.parametrize("recipe", ["rowwise", "tensorwise", "block", "mxfp8"])
+@pytest.mark.parametrize("recipe", ["rowwise", "tensorwise", "block", "mxfp8", "weight_only"])
 def test_quantize_replaces_linears_and_matches_float64(recipe):
     model = mlp(1)
     x = torch.randn(2, 7, 96)  # [batch, tokens, width]: Float8Linear flattens the leading dims
@@ -73,6 +80,56 @@ def test_quantize_replaces_linears_and_matches_float64(recipe):
     assert np.all(np.abs(got - want) <= tol)
     # The nearest wrong answer: the same layer without its bias breaks the bound.
     assert np.any(np.abs(got - (want - last.bias.double().detach().numpy())) > tol)
+
+
+def test_weight_only_rounds_x_to_bfloat16_and_quantizes_nothing_else():
+    # weight_only's y within the bound of bf16(x) . deq(W)^T, and not of x itself (float32), nor
+    # of x quantized to e4m3 rowwise: K = 96 sums of x's bf16 rounding (2^-9 relative) stand ~17x
+    # above the float32 bound, and e4m3's far more.
+    model = mlp(11)
+    f8.quantize_(model, "weight_only")
+    x = torch.randn(9, 96)
+    with torch.no_grad():
+        got = model[0](x).double().numpy()
+    want, tol = expected(model[0], x.numpy(), "none")
+    assert np.all(np.abs(got - want) <= tol)
+    for wrong in ("float32", "row"):
+        a64 = x.double().numpy() if wrong == "float32" else fp8kit.dequantize(fp8kit.quantize(x.numpy(), scaling="row"))
+        w = a64 @ weight64(model[0]).T + model[0].bias.double().detach().numpy()
+        assert np.any(np.abs(got - w) > tol), wrong
+    # bfloat16 x is taken as it is: the same float32 sums as for the float32 x of equal values,
+    # rounded once to y's bfloat16 (torch's rounding of the float32 y, nearest even).
+    xb = x.to(torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(model[0](xb), model[0](xb.float()).to(torch.bfloat16))
+
+
+def test_weight_only_is_torchaos_float8_weight_only():
+    # The same weights as torchao's quantize_(Float8WeightOnlyConfig()): e4m3 codes bit for bit,
+    # scales within one float32 rounding (torchao divides amax by 448, fp8kit inverts 448 / amax),
+    # and the output's SQNR against float64 at torchao's: equal up to x's bfloat16 rounding, whose
+    # noise (2^-18 / 3 relative, -59 dB) beside e4m3's (-32 dB) costs 0.01 dB; 0.05 allowed - the
+    # dynamic e4m3 activations of the rowwise recipe cost 3 dB.
+    ao = pytest.importorskip("torchao.quantization")
+    torch.manual_seed(12)
+    linear = torch.nn.Linear(512, 160)
+    ours, theirs = torch.nn.Sequential(copy.deepcopy(linear)), torch.nn.Sequential(copy.deepcopy(linear))
+    f8.quantize_(ours, "weight_only")
+    ao.quantize_(theirs, ao.Float8WeightOnlyConfig())
+    tw = theirs[0].weight
+    assert torch.equal(ours[0].weight.view(torch.uint8), tw.qdata.view(torch.uint8))
+    assert torch.allclose(ours[0].weight_scale_inv, tw.scale.reshape(-1, 1), rtol=2 ** -23, atol=0)
+    x = torch.randn(32, 512)
+    ref = x.double() @ linear.weight.double().T + linear.bias.double()
+
+    def sqnr(y):
+        return 10 * np.log10(ref.pow(2).sum().item() / (y.double() - ref).pow(2).sum().item())
+    with torch.no_grad():
+        s_ours, s_theirs = sqnr(ours(x)), sqnr(theirs(x))
+        f8.quantize_(rowwise := torch.nn.Sequential(copy.deepcopy(linear)), "rowwise")
+        s_rowwise = sqnr(rowwise(x))
+    assert s_ours >= s_theirs - 0.05, (s_ours, s_theirs)
+    assert s_rowwise < s_theirs - 0.05  # the nearest wrong answer: activations quantized
 
 
 def test_bfloat16_in_bfloat16_out_and_the_weight_quantized_once():
