@@ -15,7 +15,8 @@ Rows, per Linear shape y[M, N] = x[M, K] W[N, K]^T + b (x float32):
   fp8kit.<recipe>     fp8kit.torch.quantize_ (rowwise, tensorwise, block): W quantized and packed
                       once, x cast inside the GEMM; weight_only: x not quantized (taken as bfloat16),
                       W e4m3 rowwise - torchao.f8wo's and quanto's recipe
-  fp8kit.lwc          fp8kit.torch.enable_layerwise_casting (e4m3 storage, the Linear on FP8 directly)
+  fp8kit.lwc          fp8kit.torch.enable_layerwise_casting (e4m3 storage, the Linear on FP8 directly,
+                      x bfloat16 not quantized)
 Columns: gflops = 2 M N K / seconds (the best call, the implementations taking turns in five
 rounds of a second each; for M <= 16 each call after reading 256 MiB -
 on torch's OpenMP threads, which a model's other ops keep awake; --flush one-thread: numpy's -

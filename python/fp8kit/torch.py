@@ -49,12 +49,17 @@ import fp8kit
 RECIPES = ("rowwise", "tensorwise", "block", "mxfp8", "weight_only")
 
 
+# The recipes whose input is not quantized ("none": taken as bfloat16, fp8kit::GemmA), by their
+# weight's scaling: weight_only (quantize_'s; torchao's Float8WeightOnlyConfig and optimum-quanto's
+# qfloat8 weights: per output row) and layerwise (enable_layerwise_casting's native Linear: one
+# scale, or none as Diffusers stores weights; the input stays in compute_dtype as Diffusers computes).
+_WEIGHT_ONLY = {"weight_only": "row", "layerwise": "tensor"}
+
+
 def _recipe_scalings(recipe):
-    """(input scaling, weight scaling) of a quantize_ recipe. weight_only: the input is not
-    quantized ("none": taken as bfloat16, fp8kit::GemmA) and the weight is e4m3 per output row -
-    torchao's Float8WeightOnlyConfig and optimum-quanto's qfloat8 weights."""
-    if recipe == "weight_only":
-        return "none", "row"
+    """(input scaling, weight scaling) of a Float8Linear's recipe."""
+    if recipe in _WEIGHT_ONLY:
+        return "none", _WEIGHT_ONLY[recipe]
     return tuple(fp8kit._fp8kit.recipe_scalings(recipe))
 
 
@@ -152,7 +157,7 @@ class Float8Linear(nn.Module):
 
     def __init__(self, in_features, out_features, bias=True, recipe="rowwise", format="e4m3fn"):
         super().__init__()
-        if recipe not in RECIPES:
+        if recipe not in RECIPES and recipe not in _WEIGHT_ONLY:
             raise fp8kit.Error(f"fp8kit.torch: recipe '{recipe}', expected one of {', '.join(RECIPES)}")
         self.in_features, self.out_features, self.recipe = in_features, out_features, recipe
         self.input_scaling, self.weight_scaling = _recipe_scalings(recipe)
@@ -390,11 +395,11 @@ def _cast_hooks(module, storage_dtype, compute_dtype, non_blocking):
 
 
 def _native_linear(linear_module, storage_dtype, compute_dtype, scaled):
-    """A Float8Linear (tensor scaling) holding the Linear's weight in storage_dtype: with a
-    per-tensor scale (scaled), or cast as it is, scale 1 (Diffusers' storage). The bias stays in
-    compute_dtype (N values; Diffusers rounds it to FP8 too)."""
+    """A Float8Linear (recipe layerwise: the input not quantized) holding the Linear's weight in
+    storage_dtype: with a per-tensor scale (scaled), or cast as it is, scale 1 (Diffusers' storage).
+    The bias stays in compute_dtype (N values; Diffusers rounds it to FP8 too)."""
     m = Float8Linear(linear_module.in_features, linear_module.out_features, linear_module.bias is not None,
-                     "tensorwise", str(storage_dtype).removeprefix("torch.float8_"))
+                     "layerwise", str(storage_dtype).removeprefix("torch.float8_"))
     m.weight, m.weight_scale_inv = _fp8_weight(linear_module.weight, storage_dtype, "tensor", scaled)
     if linear_module.bias is not None:
         m.bias = nn.Parameter(linear_module.bias.detach().to(compute_dtype), requires_grad=False)
@@ -434,8 +439,9 @@ def enable_layerwise_casting(model, storage_dtype=torch.float8_e4m3fn, compute_d
     the weights of the layers below model that no pattern (re.search on the qualified name;
     "auto": DEFAULT_SKIP_MODULES_PATTERN) or class skips are stored in storage_dtype. Convolutions
     are upcast to compute_dtype around each forward, as Diffusers does; with native_fp8, nn.Linear
-    layers instead compute on the FP8 weight directly - the activation cast to FP8 with one scale
-    inside fp8kit's GEMM, float32 sums, output in the input's dtype - and keep no upcast copy, and
+    layers instead compute on the FP8 weight directly - the activation as Diffusers computes it,
+    not quantized (taken as bfloat16: fp8kit's weight-only GEMM), float32 sums, output in the
+    input's dtype - and keep no upcast copy, and
     nn.Embedding layers become Float8Embedding, whose lookup decodes only the rows it reads.
     scaled: weights stored with a per-tensor scale (fp8_max / amax), or False as Diffusers stores
     them (cast as they are: small weights lose bits in FP8's subnormals).

@@ -3,9 +3,9 @@ apply_layerwise_casting on the same model.
 
 Oracles: Diffusers itself (which layers are stored in FP8 under its default skip patterns; the
 upcast layers' outputs, bit for bit), and for the Linear layers that compute on their FP8 weight
-directly, the float64 product of the activation cast to FP8 (one scale, fp8kit.quantize - checked
-against numpy in test_package.py) and the stored weight, within the float32 sum bound of
-test_gemm.py. The nearest wrong answer - the activation not cast - fails that bound.
+directly, the float64 product of the activation as it is (bfloat16, not quantized: Diffusers'
+compute_dtype) and the stored weight, within the float32 sum bound of test_gemm.py. The nearest
+wrong answer - the activation cast to FP8, as an FP8 GEMM would - fails that bound.
 
 Run by scripts/test.sh (pytest, on the package scripts/setup.sh installed into .venv).
 """
@@ -75,14 +75,15 @@ def test_native_linear_is_the_float64_product_of_its_fp8_operands(scaled):
     with torch.no_grad():
         y = layer(h)
     assert y.dtype == torch.bfloat16
-    a64 = fp8kit.dequantize(fp8kit.quantize(h, scaling="tensor")).astype(np.float64)  # exact: tensor scale, 1 product
+    a64 = h.double().numpy()  # the activation as it is (bfloat16): not quantized, as Diffusers computes
     w8 = layer.weight.view(torch.uint8).numpy()
     b64 = fp8kit.decode(w8, "e4m3fn").astype(np.float64) * np.float64(layer.weight_scale_inv.item())
     d64 = a64 @ b64.T + layer.bias.double().numpy()
     # float32 sums and bias, then one rounding to bfloat16 (u = 2^-8).
     tol = bound(a64, b64, d64) + 2 * U * np.abs(d64) + 2.0 ** -8 * np.abs(d64)
     assert np.all(np.abs(y.double().numpy() - d64) <= tol)
-    wrong = h.double().numpy() @ b64.T + layer.bias.double().numpy()  # the activation left unquantized
+    # The nearest wrong answer: the activation quantized (e4m3, one scale) as an FP8 GEMM would.
+    wrong = fp8kit.dequantize(fp8kit.quantize(h, scaling="tensor")).astype(np.float64) @ b64.T + layer.bias.double().numpy()
     assert np.any(np.abs(wrong - d64) > tol)
     if scaled:  # a per-tensor scale keeps small weights out of FP8's subnormals: an error some ten times
         # smaller than the unscaled cast's here (3 mantissa bits on every weight, against 0-2 on most)
