@@ -613,6 +613,16 @@ TEST(GemmWeightOnly, RoundsToBf16AndFlushesBelowTwoToTheMinus102) {
     });
 }
 
+// The cuda backend has no weight-only GEMM: a device A without quantize options is refused with
+// an error that says so (not run as something else).
+TEST(GemmWeightOnly, CudaRefusesIt) {
+    FP8KIT_SKIP_WITHOUT_CUDA();
+    const QTensor qb = test::qtensor_to(quantize(as_tensor(gaussian(16, 32, 1), 16, 32, DType::f32), qopts(Scaling::row(), Format::e4m3fn)),
+                                        Device::cuda);
+    const Tensor x = as_tensor(gaussian(16, 32, 2), 16, 32, DType::bf16).to(Device::cuda);
+    test::expect_error([&] { (void)gemm(x, qb); }, "weight-only");
+}
+
 // ---- the fused cast ----
 
 // gemm({x, options}, B) quantizes A inside the GEMM with exactly quantize()'s codes and scales,
