@@ -9,6 +9,7 @@ FP8 inside fp8kit's GEMM (dynamic scaling, never written out) and sums in float3
     fp8kit.torch.quantize_(model)                  # rowwise e4m3, every nn.Linear
     fp8kit.torch.quantize_(model, "tensorwise", filter_fn=lambda m, fqn: "lm_head" not in fqn)
     fp8kit.torch.quantize_(model, "weight_only")   # torchao's Float8WeightOnlyConfig: x not quantized
+    fp8kit.torch.quantize_(model, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))  # torchao's
     y = model(x)                                   # float32 / bfloat16 / float16 x, same dtype out
 
 Training: convert_to_float8_training(model, module_filter_fn=None, config="tensorwise") with
@@ -197,12 +198,60 @@ class Float8Linear(nn.Module):
                 f"recipe={self.recipe}, format={str(self.weight.dtype).removeprefix('torch.float8_')}")
 
 
+def _granularity_name(g):
+    """torchao's granularity object as fp8kit names a scaling: tensor, row, block(RxC); else its repr."""
+    name = type(g).__name__
+    if name == "PerTensor":
+        return "tensor"
+    if name == "PerRow" and getattr(g, "dim", -1) in (-1, 1):
+        return "row"
+    if name == "PerBlock" and len(getattr(g, "block_size", ())) == 2:
+        return "block({}x{})".format(*g.block_size)
+    return repr(g)
+
+
+def _recipe_of_torchao_config(config):
+    """The recipe of quantize_ that does what a torchao float8 config asks, on fp8kit's kernels:
+    Float8DynamicActivationFloat8WeightConfig with e4m3fn operands and PerTensor, PerRow or
+    DeepSeek-V3's 1x128 / 128x128 PerBlock granularity -> tensorwise, rowwise, block;
+    Float8WeightOnlyConfig with e4m3fn per-row weights -> weight_only. torchao is not imported:
+    the config is read by its class name and fields. Anything else: an fp8kit.Error naming it."""
+    kind = type(config).__name__
+    where = f"fp8kit.torch.quantize_: torchao's {kind}"
+    e4m3 = torch.float8_e4m3fn
+    if kind == "Float8WeightOnlyConfig":
+        g = getattr(config, "granularity", None)
+        if config.weight_dtype != e4m3 or (g is not None and _granularity_name(g) != "row"):
+            raise fp8kit.Error(f"{where} with weight_dtype {config.weight_dtype} and granularity {g}: fp8kit's "
+                               "weight_only recipe is e4m3fn per row")
+        return "weight_only"
+    if kind == "Float8DynamicActivationFloat8WeightConfig":
+        g = config.granularity  # one for both operands, or [activation's, weight's]; None: tensor
+        pair = g if isinstance(g, (list, tuple)) else (g, g)
+        names = tuple("tensor" if x is None else _granularity_name(x) for x in pair)
+        recipe = {("tensor", "tensor"): "tensorwise", ("row", "row"): "rowwise",
+                  ("block(1x128)", "block(128x128)"): "block"}.get(names)
+        if recipe is None or config.activation_dtype != e4m3 or config.weight_dtype != e4m3:
+            raise fp8kit.Error(f"{where} with activation_dtype {config.activation_dtype}, weight_dtype "
+                               f"{config.weight_dtype} and granularity {list(names)}: fp8kit runs e4m3fn with "
+                               "[tensor, tensor], [row, row] or [block(1x128), block(128x128)]")
+        if getattr(config, "activation_value_lb", None) is not None or getattr(config, "activation_value_ub", None) is not None:
+            raise fp8kit.Error(f"{where} with activation_value_lb / _ub: fp8kit's casts do not clamp the activation's amax")
+        return recipe
+    raise fp8kit.Error(f"fp8kit.torch.quantize_: config of type {kind}, expected a recipe name ({', '.join(RECIPES)}), "
+                       "Float8DynamicActivationFloat8WeightConfig or Float8WeightOnlyConfig")
+
+
 def quantize_(model, config=None, filter_fn=None):
     """Replaces, in place, every nn.Linear of model that filter_fn(module, fqn) accepts (all when
     None) by a Float8Linear. config: a recipe name - "rowwise" (the default), "tensorwise",
     "block", "mxfp8", or "weight_only" (e4m3 rowwise weights, activations not quantized but taken
-    as bfloat16: torchao's Float8WeightOnlyConfig) - as torchao's quantize_(model, config, filter_fn)."""
+    as bfloat16) - or torchao's config object for one of them (Float8DynamicActivationFloat8WeightConfig
+    with PerTensor / PerRow / 1x128-128x128 PerBlock granularity, Float8WeightOnlyConfig), as
+    torchao's quantize_(model, config, filter_fn)."""
     recipe = config or "rowwise"
+    if not isinstance(recipe, str):
+        recipe = _recipe_of_torchao_config(recipe)
     if recipe not in RECIPES:
         raise fp8kit.Error(f"fp8kit.torch.quantize_: config '{recipe}', expected one of {', '.join(RECIPES)}")
     chosen = [(fqn, m) for fqn, m in model.named_modules()

@@ -132,6 +132,32 @@ def test_weight_only_is_torchaos_float8_weight_only():
     assert s_rowwise < s_theirs - 0.05  # the nearest wrong answer: activations quantized
 
 
+def test_torchaos_config_objects_pick_the_same_recipe():
+    # quantize_ takes torchao's own config objects, as torchao's quantize_ does: each gives the
+    # recipe of the same name's layers (same buffers, same output bit for bit); what fp8kit cannot
+    # run as asked is refused, naming it, rather than run as something else.
+    ao = pytest.importorskip("torchao.quantization")
+    cases = [(ao.Float8DynamicActivationFloat8WeightConfig(), "tensorwise"),
+             (ao.Float8DynamicActivationFloat8WeightConfig(granularity=ao.PerRow()), "rowwise"),
+             (ao.Float8DynamicActivationFloat8WeightConfig(granularity=[ao.PerBlock([1, 128]), ao.PerBlock([128, 128])]),
+              "block"),
+             (ao.Float8WeightOnlyConfig(), "weight_only")]
+    x = torch.randn(5, 96)
+    for config, recipe in cases:
+        ours, named = mlp(13), mlp(13)
+        f8.quantize_(ours, config)
+        f8.quantize_(named, recipe)
+        assert ours[0].recipe == recipe and ours[2].recipe == recipe
+        with torch.no_grad():
+            assert torch.equal(ours(x), named(x))
+    for bad, needle in [(ao.Float8DynamicActivationFloat8WeightConfig(weight_dtype=torch.float8_e5m2), "e5m2"),
+                        (ao.Float8WeightOnlyConfig(weight_dtype=torch.float8_e5m2), "e5m2"),
+                        (ao.Float8DynamicActivationFloat8WeightConfig(activation_value_ub=100.0), "activation_value"),
+                        (ao.Int8WeightOnlyConfig(), "Int8WeightOnlyConfig")]:
+        with pytest.raises(fp8kit.Error, match=needle):
+            f8.quantize_(mlp(14), bad)
+
+
 def test_bfloat16_in_bfloat16_out_and_the_weight_quantized_once():
     model = mlp(2)
     f8.quantize_(model)
