@@ -388,9 +388,14 @@ def convert_to_float8_training(module, *, module_filter_fn=None, config=None):
     """torchao's convert_to_float8_training on fp8kit's kernels: every nn.Linear of module that
     module_filter_fn(mod, fqn) accepts (all when None) and whose in and out features are multiples
     of 16 (the FP8 GEMM's operand rule, as torchao's) becomes a Float8TrainingLinear sharing its
-    Parameters. config: a recipe name of TRAINING_RECIPES (default "tensorwise", as torchao's).
+    Parameters. config: a recipe name of TRAINING_RECIPES (default "tensorwise", as torchao's), or
+    torchao's Float8LinearConfig as its from_recipe_name makes it for tensorwise, rowwise or
+    rowwise_with_gw_hp (compared field by field with torchao's own; any other config is refused).
     Returns module (converted in place; an nn.Linear itself is returned converted)."""
     config = config or "tensorwise"
+    if type(config).__name__ == "Float8LinearConfig":
+        named = type(config).from_recipe_name
+        config = next((n for n in ("tensorwise", "rowwise", "rowwise_with_gw_hp") if named(n) == config), config)
     if not isinstance(config, str) or config not in TRAINING_RECIPES:
         raise fp8kit.Error(f"fp8kit.torch.convert_to_float8_training: config {config!r}, expected one of "
                            f"{', '.join(TRAINING_RECIPES)}")

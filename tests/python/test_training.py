@@ -18,6 +18,7 @@ Oracles:
 Run by scripts/test.sh (pytest, on the package scripts/setup.sh installed into .venv).
 """
 
+import dataclasses
 import os
 
 import ml_dtypes
@@ -177,6 +178,19 @@ def test_delayed_scaling_uses_the_amax_of_earlier_steps():
     assert np.all(np.abs(y2.double().numpy() - want) <= tol + 2 * U * np.abs(want) + 2 * U * np.abs(lin.bias.detach().double().numpy()))
     own = cast64(x2.numpy(), "tensorwise", "input") @ b64.T
     assert np.any(np.abs(own - want) > tol)
+
+
+def test_torchaos_float8_linear_config_objects_name_their_recipe():
+    # config may be torchao's Float8LinearConfig as from_recipe_name makes it: the same recipe as its
+    # name; a config changed from those (here: power-of-2 scales) is refused, not run as the recipe.
+    torchao_float8 = pytest.importorskip("torchao.float8")
+    make = torchao_float8.Float8LinearConfig.from_recipe_name
+    for name in ("tensorwise", "rowwise", "rowwise_with_gw_hp"):
+        model = f8.convert_to_float8_training(torch.nn.Sequential(torch.nn.Linear(64, 32)), config=make(name))
+        assert model[0].config == name
+    changed = dataclasses.replace(make("rowwise"), round_scales_to_power_of_2=not make("rowwise").round_scales_to_power_of_2)
+    with pytest.raises(fp8kit.Error, match="Float8LinearConfig"):
+        f8.convert_to_float8_training(torch.nn.Sequential(torch.nn.Linear(64, 32)), config=changed)
 
 
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "rowwise_with_gw_hp"])
