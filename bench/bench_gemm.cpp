@@ -30,6 +30,9 @@
 // gflops / the peak of what the kernel multiplies: the bf16 dot-product peak (VDPBF16PS) for
 // oneDNN's bf16 and fp8kit's avx512-bf16 kernels, else the float32 FMA peak. AMX tiles (fp8kit's
 // amx kernels, oneDNN's bf16 where the CPU has AMX) can pass either.
+// The implementations of a shape take turns (best_seconds_in_turns: five rounds of a fifth of the
+// budget each), so that a minute of higher memory bandwidth on a shared VM reaches all of them;
+// the time is each one's fastest call. Each one's D is checked after each of its turns.
 // Every implementation writes D into an output allocated once, outside the timing. Every large
 // buffer - each side's weights and their copies, the flush / read-peak buffer - is a Tensor
 // (fp8kit's host memory: 2 MiB-aligned, on huge pages where the OS grants them), so no side
@@ -73,6 +76,7 @@ namespace {
 constexpr size_t flush_bytes = size_t(1) << 30;
 constexpr int64_t memory_bound_m = 16;              // M <= this: bound by reading the weights
 constexpr double working_set_llc = 8.0;             // weight copies of a memory-bound call: x LLC
+constexpr int turn_rounds = 5;                      // a shape's implementations take turns: rounds
 constexpr int error_samples = 64;
 constexpr uint32_t a_seed = 1, w_seed = 2;
 
@@ -207,10 +211,10 @@ public:
             Problem p{m, wc.n, wc.k, normal_tensor(m, wc.k, DType::f32, a_seed),
                       normal_tensor(m, wc.k, DType::bf16, a_seed), w, {}};
             p.samples = reference_samples(p.a, w);
-            openblas_gflops_ = 0.0;
             run_openblas(p);
             run_onednn(p);
             run_fp8kit(p, packed);
+            time_shape(p);
         }
     }
 
@@ -264,7 +268,6 @@ private:
     double dot_gflops_ = 0.0;  // 0: no AVX512-BF16
     ReadPeak read_{};
     double read_gbps_ = 0.0;
-    double openblas_gflops_ = 0.0;  // of the current shape; 0: not measured
     std::vector<Row> machine_, rows_, skipped_;
     std::vector<std::string> failures_;  // results outside their error bound
 #if defined(FP8KIT_BENCH_DNNL)
@@ -279,77 +282,106 @@ private:
         skipped_.push_back(r.add("skipped", why));
     }
 
-    // Times `call` on p, checks `result()` (D, [m, n] f32), records the row and returns GFLOP/s.
-    double measure(const Problem& p, const std::string& impl, const std::string& kernel, int bytes_per_weight,
-                   const std::function<void()>& call, const std::function<const float*()>& result) {
+    // One implementation of the current shape: `call` (which holds what it needs: weights, copies,
+    // output), and `result()`, its D ([m, n] f32) after a call.
+    struct Candidate {
+        std::string impl, kernel;
+        int bytes_per_weight;
+        std::function<void()> call;
+        std::function<const float*()> result;
+    };
+    std::vector<Candidate> shape_;  // the current shape's, timed together by time_shape
+
+    void add(const std::string& impl, const std::string& kernel, int bytes_per_weight, std::function<void()> call,
+             std::function<const float*()> result) {
+        shape_.push_back({impl, kernel, bytes_per_weight, std::move(call), std::move(result)});
+    }
+
+    // Times the shape's implementations in turns (five rounds; memory-bound shapes with the flush
+    // before every call), checks each one's D after each of its turns, and records a row each.
+    void time_shape(const Problem& p) {
         const bool memory_bound = p.m <= memory_bound_m;
-        const double s = memory_bound
-                             ? best_seconds(call, budget_,
-                                            [&] { sink_ += parallel_read(flush_.raw_data(), flush_bytes, threads_); })
-                             : best_seconds(call, budget_);
-        const double gflops = 2.0 * double(p.m) * double(p.n) * double(p.k) / s * 1e-9;
-        const double weight_bytes = double(p.n) * double(p.k) * bytes_per_weight;
-        Row row;
-        row.add("bench", "gemm")
-            .add("impl", impl)
-            .add("m", (long long)p.m)
-            .add("n", (long long)p.n)
-            .add("k", (long long)p.k)
-            .add("threads", (long long)threads_)
-            .add("kernel", kernel)
-            .add("seconds", s, 4)
-            .add("gflops", gflops, 4);
-        if (openblas_gflops_ > 0.0) row.add("vs_openblas", gflops / openblas_gflops_, 3);
-        row.add("weight_bytes", (long long)weight_bytes);
-        if (memory_bound) row.add("copies", (long long)weight_copies(p.m, weight_bytes));
-        if (memory_bound) {
-            row.add("bound", "read_bw").add("of_bound", weight_bytes / s * 1e-9 / read_gbps_, 3);
-        } else {
-            // Where bf16 pairs are what the kernel multiplies, its bound is the dot-product peak.
-            const bool dots = dot_gflops_ > 0.0 && (impl == "onednn.bf16" || kernel.ends_with(":avx512-bf16"));
-            row.add("bound", dots ? "dot_bf16" : "fma_f32").add("of_bound", gflops / (dots ? dot_gflops_ : fma_.gflops), 3);
+        std::vector<std::function<void()>> calls;
+        for (const Candidate& c : shape_) calls.push_back(c.call);
+        std::vector<double> err(shape_.size(), 0.0);
+        const std::vector<double> best = best_seconds_in_turns(
+            calls, budget_, turn_rounds,
+            memory_bound ? std::function<void()>([&] { sink_ += parallel_read(flush_.raw_data(), flush_bytes, threads_); })
+                         : std::function<void()>(),
+            [&](size_t i) { err[i] = std::max(err[i], rel_err(shape_[i].result(), p.n, p.samples)); });
+        double openblas_gflops = 0.0;  // the ratio base of this shape
+        for (size_t i = 0; i < shape_.size(); ++i) {
+            const Candidate& c = shape_[i];
+            const double s = best[i];
+            const double gflops = 2.0 * double(p.m) * double(p.n) * double(p.k) / s * 1e-9;
+            const double weight_bytes = double(p.n) * double(p.k) * c.bytes_per_weight;
+            if (c.impl.starts_with("openblas.")) openblas_gflops = gflops;
+            Row row;
+            row.add("bench", "gemm")
+                .add("impl", c.impl)
+                .add("m", (long long)p.m)
+                .add("n", (long long)p.n)
+                .add("k", (long long)p.k)
+                .add("threads", (long long)threads_)
+                .add("kernel", c.kernel)
+                .add("seconds", s, 4)
+                .add("gflops", gflops, 4);
+            if (openblas_gflops > 0.0) row.add("vs_openblas", gflops / openblas_gflops, 3);
+            row.add("weight_bytes", (long long)weight_bytes);
+            if (memory_bound) row.add("copies", (long long)weight_copies(p.m, weight_bytes));
+            if (memory_bound) {
+                row.add("bound", "read_bw").add("of_bound", weight_bytes / s * 1e-9 / read_gbps_, 3);
+            } else {
+                // Where bf16 pairs are what the kernel multiplies, its bound is the dot-product peak.
+                const bool dots = dot_gflops_ > 0.0 && (c.impl == "onednn.bf16" || c.kernel.ends_with(":avx512-bf16"));
+                row.add("bound", dots ? "dot_bf16" : "fma_f32").add("of_bound", gflops / (dots ? dot_gflops_ : fma_.gflops), 3);
+            }
+            row.add("rel_err", err[i], 2);
+            rows_.push_back(row);
+            // A result outside its error bound fails the benchmark (after it is printed): a fast
+            // wrong answer is not a result.
+            const double bound = max_rel_err(c.bytes_per_weight);
+            if (!(err[i] <= bound)) {
+                failures_.push_back(c.impl + " at " + std::to_string(p.m) + " x " + std::to_string(p.n) + " x " +
+                                    std::to_string(p.k) + ": rel_err " + std::to_string(err[i]) + " > " +
+                                    std::to_string(bound));
+            }
         }
-        const double err = rel_err(result(), p.n, p.samples);
-        row.add("rel_err", err, 2);
-        rows_.push_back(row);
-        // A result outside its error bound fails the benchmark (after it is printed): a fast wrong
-        // answer is not a result.
-        const double bound = max_rel_err(bytes_per_weight);
-        if (!(err <= bound)) {
-            failures_.push_back(impl + " at " + std::to_string(p.m) + " x " + std::to_string(p.n) + " x " +
-                                std::to_string(p.k) + ": rel_err " + std::to_string(err) + " > " + std::to_string(bound));
-        }
-        return gflops;
+        shape_.clear();
     }
 
     // OpenBLAS: sgemm, or sgemv for M = 1 (what a BLAS user calls for one row), writing into a
-    // buffer given once. Sets the ratio base of this shape.
+    // buffer given once. The ratio base of its shape.
     void run_openblas(const Problem& p) {
 #if defined(FP8KIT_BENCH_OPENBLAS)
+        // The weight and its copies (memory-bound shapes), taken in turn, and D.
+        struct State {
+            std::vector<Tensor> copies;
+            std::vector<const float*> ws;
+            size_t next = 0;
+            std::vector<float> d;
+        };
+        auto st = std::make_shared<State>();
+        st->ws.push_back(p.w.data<float>());
+        for (int c = 1; c < weight_copies(p.m, double(p.n) * double(p.k) * 4); ++c) {
+            st->copies.push_back(p.w.clone());
+            st->ws.push_back(st->copies.back().data<float>());
+        }
+        st->d.resize(size_t(p.m * p.n));
         const auto m = blasint(p.m), n = blasint(p.n), k = blasint(p.k);
         const float* a = p.a.data<float>();
-        const float* w0 = p.w.data<float>();
-        // The weight and its copies (memory-bound shapes), taken in turn.
-        std::vector<Tensor> copies;
-        std::vector<const float*> ws{w0};
-        for (int c = 1; c < weight_copies(p.m, double(p.n) * double(p.k) * 4); ++c) {
-            copies.push_back(p.w.clone());
-            ws.push_back(copies.back().data<float>());
-        }
-        size_t next = 0;
-        const auto w = [&] { return ws[next++ % ws.size()]; };
-        std::vector<float> d(size_t(p.m * p.n));
-        const auto out = [&d] { return d.data(); };
+        const int threads = threads_;
+        const auto out = [st] { return st->d.data(); };
         const std::string core = openblas_get_corename();
         if (p.m == 1) {
-            openblas_gflops_ = measure(
-                p, "openblas.sgemv", core, 4,
-                [&] { cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, 1.0f, w(), k, a, 1, 0.0f, d.data(), 1); }, out);
+            add("openblas.sgemv", core, 4, [st, a, n, k] {
+                cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, 1.0f, st->ws[st->next++ % st->ws.size()], k, a, 1, 0.0f,
+                            st->d.data(), 1);
+            }, out);
         } else {
-            openblas_gflops_ = measure(
-                p, "openblas.sgemm", core, 4,
-                [&] { openblas_sgemm(a, w(), d.data(), m, n, k, threads_); },
-                out);
+            add("openblas.sgemm", core, 4, [st, a, m, n, k, threads] {
+                openblas_sgemm(a, st->ws[st->next++ % st->ws.size()], st->d.data(), m, n, k, threads);
+            }, out);
         }
 #else
         (void)p;
@@ -394,14 +426,16 @@ private:
                 }
                 memory dst(pd.dst_desc(), engine_);
                 stream_.wait();
-                size_t next = 0;
-                measure(p, bf16_inputs ? "onednn.bf16" : "onednn.f32", pd.impl_info_str(), bytes,
-                        [&] {
-                            const memory& wei = weis[next++ % weis.size()];
-                            prim.execute(stream_, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}});
-                            stream_.wait();
-                        },
-                        [&] { return static_cast<const float*>(dst.get_data_handle()); });
+                // The call holds the primitive, its memories (handles) and the weights' buffers.
+                auto next = std::make_shared<size_t>(0);
+                dnnl::stream stream = stream_;
+                add(bf16_inputs ? "onednn.bf16" : "onednn.f32", pd.impl_info_str(), bytes,
+                    [prim, src, weis, wei_buffers, dst, next, stream]() mutable {
+                        const memory& wei = weis[(*next)++ % weis.size()];
+                        prim.execute(stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}});
+                        stream.wait();
+                    },
+                    [dst] { return static_cast<const float*>(dst.get_data_handle()); });
             } catch (const dnnl::error& e) {
                 skip(bf16_inputs ? "onednn.bf16" : "onednn.f32", std::string("oneDNN: ") + e.what(), &p);
             }
@@ -419,34 +453,36 @@ private:
     void run_fp8kit(const Problem& p, const std::vector<Packed>& packed) {
         const std::string kernel = std::string(to_string(active_isa())) + ":" + std::string(gemm_kernels_name());
         const Tensor d = Tensor::empty({p.m, p.n}, DType::f32);
-        const auto out = [&d] { return d.data<float>(); };
+        const auto out = [d] { return d.data<float>(); };
         const int copies = weight_copies(p.m, double(p.n) * double(p.k));
         // The packed weight and its copies (memory-bound shapes: each packs the codes anew), taken
         // in turn by call(w) as each call's weight.
-        auto record = [&](const std::string& impl, const Packed& w, const std::function<void(const PackedWeight&)>& call) {
-            std::vector<PackedWeight> ws{w.w};
-            while (int(ws.size()) < copies) ws.emplace_back(w.w.source());
-            size_t next = 0;
-            measure(p, impl, kernel, 1, [&] { call(ws[next++ % ws.size()]); }, out);
+        auto record = [&](const std::string& impl, const Packed& w, std::function<void(const PackedWeight&)> call) {
+            auto ws = std::make_shared<std::vector<PackedWeight>>(1, w.w);
+            while (int(ws->size()) < copies) ws->emplace_back(w.w.source());
+            auto next = std::make_shared<size_t>(0);
+            add(impl, kernel, 1, [ws, next, call] { call((*ws)[(*next)++ % ws->size()]); }, out);
         };
         for (const Packed& w : packed) {
             const QTensor qa = quantize(p.a, w.recipe.options(Role::input));
-            record(w.impl, w, [&](const PackedWeight& pw) { gemm(qa, pw, {}, d); });
+            record(w.impl, w, [qa, d](const PackedWeight& pw) { gemm(qa, pw, {}, d); });
         }
         const Packed& first = packed.front();
         const QuantizeOptions fused = first.recipe.options(Role::input);
-        record("fp8kit.fused.f32", first, [&](const PackedWeight& pw) { gemm({p.a, fused}, pw, {}, d); });
-        record("fp8kit.fused.bf16", first, [&](const PackedWeight& pw) { gemm({p.a_bf16, fused}, pw, {}, d); });
+        const Tensor a = p.a, a_bf16 = p.a_bf16;
+        record("fp8kit.fused.f32", first, [a, fused, d](const PackedWeight& pw) { gemm({a, fused}, pw, {}, d); });
+        record("fp8kit.fused.bf16", first, [a_bf16, fused, d](const PackedWeight& pw) { gemm({a_bf16, fused}, pw, {}, d); });
         // Packing inside the call: the weight's QTensor and copies of its codes, taken in turn.
         const QTensor qa = quantize(p.a, fused);
-        std::vector<QTensor> sources{first.w.source()};
-        while (int(sources.size()) < copies) {
+        auto sources = std::make_shared<std::vector<QTensor>>(1, first.w.source());
+        while (int(sources->size()) < copies) {
             QTensor q = first.w.source();
             q.data = q.data.clone();
-            sources.push_back(q);
+            sources->push_back(q);
         }
-        size_t next = 0;
-        measure(p, "fp8kit.e4m3.pack", kernel, 1, [&] { gemm(qa, sources[next++ % sources.size()], {}, d); }, out);
+        auto next = std::make_shared<size_t>(0);
+        add("fp8kit.e4m3.pack", kernel, 1, [qa, sources, next, d] { gemm(qa, (*sources)[(*next)++ % sources->size()], {}, d); },
+            out);
     }
 };
 

@@ -32,15 +32,25 @@ double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock:
 }  // namespace
 
 double best_seconds(const std::function<void()>& fn, double budget, const std::function<void()>& before) {
-    fn();  // warm-up: page faults, caches, thread team
-    double best = 1e300;
-    const auto start = Clock::now();
-    for (int runs = 0; runs < 3 || since(start) < budget; ++runs) {
-        if (before) before();
-        const auto t0 = Clock::now();
-        fn();
-        best = std::min(best, since(t0));
-        if (runs > 10000) break;
+    return best_seconds_in_turns({fn}, budget, 3, before)[0];
+}
+
+std::vector<double> best_seconds_in_turns(const std::vector<std::function<void()>>& calls, double budget, int rounds,
+                                          const std::function<void()>& before,
+                                          const std::function<void(size_t)>& after) {
+    for (const auto& fn : calls) fn();  // warm-up: page faults, caches, thread team
+    std::vector<double> best(calls.size(), 1e300);
+    for (int round = 0; round < rounds; ++round) {
+        for (size_t i = 0; i < calls.size(); ++i) {
+            const auto start = Clock::now();
+            for (int runs = 0; runs < 1 || (since(start) < budget / rounds && runs < 10000); ++runs) {
+                if (before) before();
+                const auto t0 = Clock::now();
+                calls[i]();
+                best[i] = std::min(best[i], since(t0));
+            }
+            if (after) after(i);
+        }
     }
     return best;
 }

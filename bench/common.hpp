@@ -25,6 +25,16 @@ struct Options {
 // `before`, when given, runs untimed ahead of every timed call (e.g. flushing the caches).
 double best_seconds(const std::function<void()>& fn, double budget, const std::function<void()>& before = {});
 
+// best_seconds of several calls that take turns: after one warm-up call each, `rounds` rounds in
+// which each call repeats for budget / rounds seconds (at least once); `after(i)`, when given,
+// runs after call i's turn (a check of its result). Why turns: on a shared VM whose memory
+// bandwidth moves from one minute to the next (54-88 GB/s within an hour on the Zen 5 of
+// docs/PERF.md), implementations timed one after another each meet a bandwidth of their own,
+// and a ratio of them measures the VM; in turns a burst reaches every one alike.
+std::vector<double> best_seconds_in_turns(const std::vector<std::function<void()>>& calls, double budget, int rounds,
+                                          const std::function<void()>& before = {},
+                                          const std::function<void(size_t)>& after = {});
+
 // A [rows, cols] f32 or bf16 tensor of deterministic, roughly normal values: the sum of four
 // uniforms scaled to variance 1 (Irwin-Hall; |x| < 3.47, never subnormal). The same seed gives
 // the same values in either dtype (bf16: rounded to nearest even).
