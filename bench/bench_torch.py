@@ -39,7 +39,7 @@ first step's weight gradient against torch float32's.
 16 layers, random weights, nothing downloaded): prefill of 128 tokens and decode tokens/s (the
 median step of 16; 3 for the peers at ~0.5 tokens/s), with
 sqnr_db of the prefill's last logits against the float32 model's.
-Default: all three sections (about 25 minutes on 2 cores). Results: docs/PERF.md.
+Default: all three sections (about 8 minutes on 2 Zen 5 cores). Results: docs/PERF.md.
 Not run by the tests (speed is never asserted in tests).
 
 Memory: fp8kit puts blocks of 2 MiB and more (its packed weights) on huge pages where the OS
