@@ -170,7 +170,9 @@ void run_gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, co
         }
         if (a.hp->dim() != 2) throw Error("fp8kit::gemm: A must be 2-d, got shape " + shape_str(a.hp->shape()));
         x = detail::as_matrix(*a.hp, "gemm");
-        oa = {nullptr, x.ref.rows, x.ref.cols, x.ref.cols, qb.format(), {x.ref.rows, x.ref.cols}, &unit_scale, false, 1};
+        // One scale (1) for all of A: one group of its whole extent (at least 1 x 1 when empty).
+        const GroupShape whole{std::max<int64_t>(x.ref.rows, 1), std::max<int64_t>(x.ref.cols, 1)};
+        oa = {nullptr, x.ref.rows, x.ref.cols, x.ref.cols, qb.format(), whole, &unit_scale, false, 1};
     } else {
         const QuantizeOptions& o = a.quantize;
         detail::check_quantize_options(o, "fp8kit::gemm: A's quantize options: ");

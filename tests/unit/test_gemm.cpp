@@ -238,6 +238,8 @@ TEST(GemmHand, EmptyDimensions) {
         EXPECT_EQ(gemm(q(0, 16), q(5, 16)).shape(), (Shape{0, 5}));
         EXPECT_EQ(gemm(q(3, 16), q(0, 16)).shape(), (Shape{3, 0}));
         EXPECT_EQ(gemm(q(0, 40, Scaling::mx32()), q(0, 40, Scaling::mx32())).shape(), (Shape{0, 0}));
+        EXPECT_EQ(gemm(Tensor::zeros({0, 16}, DType::f32), q(5, 16)).shape(), (Shape{0, 5}));  // weight-only
+        EXPECT_EQ(gemm(Tensor::zeros({3, 16}, DType::bf16), q(0, 16)).shape(), (Shape{3, 0}));
     });
 }
 
@@ -247,6 +249,7 @@ TEST(GemmHand, EmptyK) {
         GemmOptions o;
         o.bias = Tensor::from(std::vector<float>{1, 2}, {2});
         expect_values(gemm(q(1, 0, Scaling::tensor()), q(2, 0, Scaling::tensor()), o), {{1, 2}});
+        expect_values(gemm(Tensor::zeros({1, 0}, DType::f32), q(2, 0, Scaling::tensor()), o), {{1, 2}});  // weight-only
     });
 }
 
