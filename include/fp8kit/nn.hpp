@@ -97,6 +97,10 @@ public:
     Parameter& weight() const { return *weight_; }
     Parameter* bias() const { return bias_.get(); }
     MatmulPrecision precision = MatmulPrecision::f32;
+    // With an FP8-stored weight (layerwise casting, an FP8 checkpoint): x cast to FP8 inside the
+    // GEMM (input_quantization), or when false, weight-only - x taken as bf16, not quantized
+    // (fp8kit::GemmA; Diffusers' and torchao Float8WeightOnlyConfig's numerics).
+    bool quantize_input = true;
 
     virtual Tensor forward(const Tensor& x);
     virtual Tensor backward(const Tensor& dy);
@@ -292,6 +296,9 @@ struct LayerwiseCastingOptions {
     // tensor, rowwise: a scale per row, block: 128x128, mxfp8: 1x32 e8m0; other parameters tensor
     // scaling); modules without an entry are cast as without a policy. Needs scaled storage.
     std::optional<Policy> policy;
+    // The Linear layers that compute on their FP8 weight: x cast to FP8 (true), or weight-only
+    // (false: x as bf16, as Diffusers computes in compute_dtype; Linear::quantize_input).
+    bool quantize_input = true;
 };
 struct LayerwiseCastingReport {
     std::vector<std::string> cast, native;  // upcast per forward / computed in FP8 directly

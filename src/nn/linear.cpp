@@ -1,7 +1,7 @@
 // src/nn/linear.cpp: the Linear module (float32, or bf16-emulated GEMM inputs, on the public ops
 // linear_forward / linear_backward of <fp8kit/ops.hpp>; or an FP8-stored weight - layerwise
 // casting, an FP8 checkpoint - used directly by fp8kit::gemm with x quantized to match,
-// input_quantization). Checked against PyTorch (tests/nn/test_torch_gpt.cpp); the ops by
+// input_quantization, or weight-only when quantize_input is false). Checked against PyTorch (tests/nn/test_torch_gpt.cpp); the ops by
 // tests/ops/test_matmul.cpp and tests/ops/test_backward.cpp.
 #include <cmath>
 #include <optional>
@@ -55,7 +55,8 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias) : in_(in_fe
 }
 
 Linear::Linear(const Linear& src)
-    : Module(src), precision(src.precision), in_(src.in_), out_(src.out_), weight_(src.weight_), bias_(src.bias_) {}
+    : Module(src), precision(src.precision), quantize_input(src.quantize_input), in_(src.in_), out_(src.out_),
+      weight_(src.weight_), bias_(src.bias_) {}
 
 // Checks x [..., in] (f32, contiguous) and returns it as [N, in].
 static Tensor as_rows(const Tensor& x, int64_t in, const char* who) {
@@ -73,7 +74,7 @@ Tensor Linear::forward(const Tensor& x) {
     if (w.stored && computes_natively_in_fp8(kind())) {
         if (const auto qo = input_quantization(*w.stored)) {
             // An FP8-stored weight (layerwise casting, an FP8 checkpoint) goes to the GEMM as is;
-            // x is cast inside it with the matching scaling.
+            // x is cast inside it with the matching scaling, or weight-only taken as bf16.
             GemmOptions go;
             if (bias_) go.bias = bias_->compute_value();
             x_ = Tensor();
@@ -82,7 +83,7 @@ Tensor Linear::forward(const Tensor& x) {
                 packed_->source().scale_inv.const_raw_data() != s.scale_inv.const_raw_data()) {
                 packed_.emplace(s);  // packed once, not per call (a decode step is mostly this GEMM)
             }
-            return gemm({x2, *qo}, *packed_, go).reshape(yshape);
+            return gemm(quantize_input ? GemmA(x2, *qo) : GemmA(x2), *packed_, go).reshape(yshape);
         }
     }
     const Tensor wv = w.compute_value();  // upcast, for this call only, when stored in FP8

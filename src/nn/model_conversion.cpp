@@ -232,6 +232,7 @@ LayerwiseCastingReport enable_layerwise_casting(Module& model, const LayerwiseCa
             p->value = Tensor();
             p->grad = Tensor();
         }
+        if (auto* l = dynamic_cast<Linear*>(m)) l->quantize_input = opts.quantize_input;
         (computes_natively_in_fp8(kind) ? report.native : report.cast).push_back(name);
     }
     for (const auto& [n, p] : model.named_parameters()) report.bytes_after += p->bytes();

@@ -185,6 +185,40 @@ TEST(LayerwiseCasting, DefaultSkipPatternsClassesCapabilityAndMemory) {
     EXPECT_THROW(m.linear("head").backward(y), Error);
 }
 
+// quantize_input false: every Linear that computes on its FP8 weight runs weight-only (x as bf16,
+// as Diffusers computes), which Linear::forward then does (tests/nn/test_parameters.cpp checks its
+// product); its output's SQNR against the float32 layer is then that of the weight's rounding
+// alone: x's e4m3 rounding, noise as large as the weight's, costs the x-quantizing layer up to
+// 3 dB (measured 28.8 against 31.5 dB here; required: at least 1 dB).
+TEST(LayerwiseCasting, WeightOnlyLinearLayersLeaveXUnquantized) {
+    const auto sqnr_db = [](bool quantize_input, bool* flags_set) {
+        OddModel m;
+        std::mt19937_64 g(5);
+        std::normal_distribution<float> nd;
+        std::vector<float> xv(size_t(7 * 48));
+        for (float& v : xv) v = nd(g);
+        const Tensor x = Tensor::from(xv, {7, 48});
+        const Tensor ref = m.linear("head").forward(x);
+        LayerwiseCastingOptions o;
+        o.quantize_input = quantize_input;
+        const LayerwiseCastingReport r = enable_layerwise_casting(m, o);
+        *flags_set = true;
+        for (const std::string& name : r.native) *flags_set = *flags_set && m.linear(name).quantize_input == quantize_input;
+        const Tensor y = m.linear("head").forward(x);
+        double s = 0, e = 0;
+        for (int64_t i = 0; i < ref.numel(); ++i) {
+            const double a = ref.data<float>()[i], b = y.data<float>()[i];
+            s += a * a;
+            e += (a - b) * (a - b);
+        }
+        return 10 * std::log10(s / e);
+    };
+    bool set_fp8 = false, set_wo = false;
+    const double fp8 = sqnr_db(true, &set_fp8), weight_only = sqnr_db(false, &set_wo);
+    EXPECT_TRUE(set_fp8 && set_wo);
+    EXPECT_GE(weight_only, fp8 + 1.0) << "weight-only " << weight_only << " dB, x in e4m3 " << fp8 << " dB";
+}
+
 TEST(LayerwiseCasting, UnscaledStorageLosesSmallWeights) {
     // N(0, 0.001) weights (a small layer, e.g. a residual projection late in training): without a
     // scale most of them fall below e4m3fn's smallest step (2^-9 = 0.00195) and round to 0 or

@@ -271,9 +271,11 @@ double sqnr_db(const Tensor& ref, const Tensor& x) {
 }
 
 // y = l.forward(x) with an FP8-stored weight against the float64 product of what the GEMM is
-// handed: x cast with input_quantization (dequantized), the FP8 weight dequantized, plus the bias;
-// within float32 accumulation: |y - ref| <= 2 K 2^-24 sum_k |a_k b_k| + 1e-6. Taking the upcast path
-// instead (x unquantized) would miss by x's e4m3 rounding, far outside this bound.
+// handed: x cast with input_quantization (dequantized) - or, weight-only (quantize_input false),
+// x rounded to bf16 - the FP8 weight dequantized, plus the bias; within float32 accumulation:
+// |y - ref| <= 2 K 2^-24 sum_k |a_k b_k| + 1e-6. Taking the upcast path instead (x unquantized)
+// would miss by x's e4m3 (or bf16) rounding, far outside this bound, and so would the other of
+// the two casts.
 void expect_native_fp8_product(Linear& l, std::mt19937_64& g) {
     const QTensor& w = *l.weight().stored;
     const int64_t n = 5, k = l.in_features(), o = l.out_features();
@@ -282,7 +284,12 @@ void expect_native_fp8_product(Linear& l, std::mt19937_64& g) {
     for (float& v : xv) v = d(g);
     const Tensor x = Tensor::from(xv, {n, k});
     const Tensor y = l.forward(x);
-    const Tensor xq = dequantize(quantize(x, *nn::input_quantization(w)), DType::f32);
+    Tensor xq = x.clone();
+    if (l.quantize_input) {
+        xq = dequantize(quantize(x, *nn::input_quantization(w)), DType::f32);
+    } else {
+        for (int64_t i = 0; i < xq.numel(); ++i) xq.data<float>()[i] = float(bf16(xq.data<float>()[i]));
+    }
     const Tensor wd = dequantize(w, DType::f32);
     const Tensor bias = l.bias()->compute_value();
     int64_t bad = 0;
@@ -324,6 +331,30 @@ TEST(Checkpoint, LinearRepacksOnlyAStoredWeightThatWasReplaced) {
     expect_native_fp8_product(l, g);
     l.weight().stored = quantize(random_weight(), tensor);
     expect_native_fp8_product(l, g);
+}
+
+// quantize_input false: the Linear runs the weight-only GEMM on its FP8-stored weight (tensor and
+// row scales), x taken as bf16; the same bound, which the x-quantized product misses.
+TEST(Checkpoint, LinearWeightOnlyTakesXAsBf16) {
+    std::mt19937_64 g(12);
+    Linear l(96, 40);
+    l.quantize_input = false;
+    std::normal_distribution<float> d(0.0f, 0.5f);
+    for (const Scaling s : {Scaling::tensor(), Scaling::row()}) {
+        std::vector<float> v(size_t(40 * 96));
+        for (float& x : v) x = d(g);
+        QuantizeOptions q;
+        q.scaling = s;
+        l.weight().stored = quantize(Tensor::from(v, {40, 96}), q);
+        l.weight().value = Tensor();
+        expect_native_fp8_product(l, g);
+    }
+    // The same x through the x-quantizing forward differs (by x's e4m3 rounding).
+    const Tensor x = Tensor::full({3, 96}, 0.3f);
+    const Tensor wo = l.forward(x);
+    l.quantize_input = true;
+    const Tensor q8 = l.forward(x);
+    EXPECT_NE(wo.data<float>()[0], q8.data<float>()[0]);
 }
 
 TEST(Checkpoint, TrainedModelQuantizedByTheCommandHoldsTheDerivedFloors) {
