@@ -73,6 +73,17 @@ std::string why(const std::vector<std::pair<std::string, std::string>>& v, const
 }
 using Names = std::vector<std::string>;
 
+// 10 log10(sum ref^2 / sum (y - ref)^2) over two float32 tensors of one shape.
+double sqnr_db(const Tensor& ref, const Tensor& y) {
+    double s = 0, e = 0;
+    for (int64_t i = 0; i < ref.numel(); ++i) {
+        const double a = ref.data<float>()[i], b = y.data<float>()[i];
+        s += a * a;
+        e += (a - b) * (a - b);
+    }
+    return 10 * std::log10(s / e);
+}
+
 TEST(Convert, DefaultFilterRefusesDimsNotMultipleOf16) {
     OddModel m;
     const ConversionReport r = convert_to_float8_training(m, default_filter(), Float8LinearOptions{});
@@ -174,13 +185,7 @@ TEST(LayerwiseCasting, DefaultSkipPatternsClassesCapabilityAndMemory) {
     EXPECT_LT(r.bytes_after, r.bytes_before / 2);
     // The FP8-weight layer against the float32 one: e4m3fn weights and inputs, tensor scales.
     const Tensor y = m.linear("head").forward(x);
-    double s = 0, e = 0;
-    for (int64_t i = 0; i < ref.numel(); ++i) {
-        const double a = ref.data<float>()[i], b = y.data<float>()[i];
-        s += a * a;
-        e += (a - b) * (a - b);
-    }
-    EXPECT_GE(10 * std::log10(s / e), 25.0);
+    EXPECT_GE(sqnr_db(ref, y), 25.0);
     // Inference only: no backward through an FP8-stored weight.
     EXPECT_THROW(m.linear("head").backward(y), Error);
 }
@@ -191,7 +196,7 @@ TEST(LayerwiseCasting, DefaultSkipPatternsClassesCapabilityAndMemory) {
 // alone: x's e4m3 rounding, noise as large as the weight's, costs the x-quantizing layer up to
 // 3 dB (measured 28.8 against 31.5 dB here; required: at least 1 dB).
 TEST(LayerwiseCasting, WeightOnlyLinearLayersLeaveXUnquantized) {
-    const auto sqnr_db = [](bool quantize_input, bool* flags_set) {
+    const auto layer_sqnr_db = [](bool quantize_input, bool* flags_set) {
         OddModel m;
         std::mt19937_64 g(5);
         std::normal_distribution<float> nd;
@@ -204,17 +209,10 @@ TEST(LayerwiseCasting, WeightOnlyLinearLayersLeaveXUnquantized) {
         const LayerwiseCastingReport r = enable_layerwise_casting(m, o);
         *flags_set = true;
         for (const std::string& name : r.native) *flags_set = *flags_set && m.linear(name).quantize_input == quantize_input;
-        const Tensor y = m.linear("head").forward(x);
-        double s = 0, e = 0;
-        for (int64_t i = 0; i < ref.numel(); ++i) {
-            const double a = ref.data<float>()[i], b = y.data<float>()[i];
-            s += a * a;
-            e += (a - b) * (a - b);
-        }
-        return 10 * std::log10(s / e);
+        return sqnr_db(ref, m.linear("head").forward(x));
     };
     bool set_fp8 = false, set_wo = false;
-    const double fp8 = sqnr_db(true, &set_fp8), weight_only = sqnr_db(false, &set_wo);
+    const double fp8 = layer_sqnr_db(true, &set_fp8), weight_only = layer_sqnr_db(false, &set_wo);
     EXPECT_TRUE(set_fp8 && set_wo);
     EXPECT_GE(weight_only, fp8 + 1.0) << "weight-only " << weight_only << " dB, x in e4m3 " << fp8 << " dB";
 }
