@@ -66,9 +66,9 @@ def _recipe_scalings(recipe):
 
 def _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling):
     """The extension's FusedLinear of a Float8Linear (its PackedWeight, the input's e4m3fn
-    saturating cast with input_scaling - "none": no cast, weight-only - and its bias), made on first use and again only after a
-    buffer or the bias is written (load_state_dict, copy_): kept on the weight tensor, keyed by the
-    version counters."""
+    saturating cast with input_scaling - "none": no cast, weight-only - and its bias), made on
+    first use and again only after a buffer or the bias is written (load_state_dict, copy_): kept
+    on the weight tensor, keyed by the version counters."""
     key = (weight._version, weight_scale_inv._version, weight_scaling, input_scaling,
            None if bias is None else bias._version)
     cached = getattr(weight, "_fp8kit_fused", None)
@@ -88,8 +88,9 @@ _OUT_DTYPES = {getattr(torch, name): (name, i) for i, name in enumerate(fp8kit._
 def _linear(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling):
     """y[M, N] = deq(fp8(x))[M, K] . deq(weight)[N, K]^T (+ bias[N]), x float32 / bfloat16 / float16,
     y in x's dtype: x quantized with input_scaling (e4m3fn, saturating) inside the GEMM - or with
-    "none" taken as bfloat16 - float32 sums. The extension is called directly, with the bias's view cached beside the packed weight:
-    fp8kit.gemm's argument handling costs more than the GEMM of a decode step's small layer."""
+    "none" taken as bfloat16 - float32 sums. The extension is called directly, with the bias's
+    view cached beside the packed weight: fp8kit.gemm's argument handling costs more than the
+    GEMM of a decode step's small layer."""
     out = _OUT_DTYPES.get(x.dtype)
     if out is None:
         raise fp8kit.Error(f"fp8kit.torch: the input is {x.dtype}; Float8Linear takes float32, bfloat16 or float16")
@@ -235,8 +236,9 @@ def _recipe_of_torchao_config(config):
             raise fp8kit.Error(f"{where} with activation_dtype {config.activation_dtype}, weight_dtype "
                                f"{config.weight_dtype} and granularity {list(names)}: fp8kit runs e4m3fn with "
                                "[tensor, tensor], [row, row] or [block(1x128), block(128x128)]")
-        if getattr(config, "activation_value_lb", None) is not None or getattr(config, "activation_value_ub", None) is not None:
-            raise fp8kit.Error(f"{where} with activation_value_lb / _ub: fp8kit's casts do not clamp the activation's amax")
+        if any(getattr(config, f, None) is not None for f in ("activation_value_lb", "activation_value_ub")):
+            raise fp8kit.Error(f"{where} with activation_value_lb / _ub: fp8kit's casts do not clamp the "
+                               "activation's amax")
         return recipe
     raise fp8kit.Error(f"fp8kit.torch.quantize_: config of type {kind}, expected a recipe name ({', '.join(RECIPES)}), "
                        "Float8DynamicActivationFloat8WeightConfig or Float8WeightOnlyConfig")

@@ -139,8 +139,8 @@ def test_torchaos_config_objects_pick_the_same_recipe():
     ao = pytest.importorskip("torchao.quantization")
     cases = [(ao.Float8DynamicActivationFloat8WeightConfig(), "tensorwise"),
              (ao.Float8DynamicActivationFloat8WeightConfig(granularity=ao.PerRow()), "rowwise"),
-             (ao.Float8DynamicActivationFloat8WeightConfig(granularity=[ao.PerBlock([1, 128]), ao.PerBlock([128, 128])]),
-              "block"),
+             (ao.Float8DynamicActivationFloat8WeightConfig(
+                 granularity=[ao.PerBlock([1, 128]), ao.PerBlock([128, 128])]), "block"),
              (ao.Float8WeightOnlyConfig(), "weight_only")]
     x = torch.randn(5, 96)
     for config, recipe in cases:

@@ -188,7 +188,8 @@ def test_torchaos_float8_linear_config_objects_name_their_recipe():
     for name in ("tensorwise", "rowwise", "rowwise_with_gw_hp"):
         model = f8.convert_to_float8_training(torch.nn.Sequential(torch.nn.Linear(64, 32)), config=make(name))
         assert model[0].config == name
-    changed = dataclasses.replace(make("rowwise"), round_scales_to_power_of_2=not make("rowwise").round_scales_to_power_of_2)
+    rowwise = make("rowwise")
+    changed = dataclasses.replace(rowwise, round_scales_to_power_of_2=not rowwise.round_scales_to_power_of_2)
     with pytest.raises(fp8kit.Error, match="Float8LinearConfig"):
         f8.convert_to_float8_training(torch.nn.Sequential(torch.nn.Linear(64, 32)), config=changed)
 
