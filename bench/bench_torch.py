@@ -249,9 +249,8 @@ def train_step_impls(d):
 
 
 def run_train(d, budget, rows):
-    """Every implementation's step in turn, round after round (at least 5, for `budget` seconds in
-    all per implementation), each keeping its fastest: a burst of the VM's noise then hits every
-    implementation's rounds alike instead of one implementation's whole measurement."""
+    """Every implementation's step in turn, in best_seconds' rounds (`budget` seconds each in
+    all), each keeping its fastest."""
     g = torch.Generator().manual_seed(1)
     x, target = torch.randn(TRAIN_TOKENS, d, generator=g), torch.randn(TRAIN_TOKENS, d, generator=g)
     steps, grads = {}, {}
@@ -266,18 +265,11 @@ def run_train(d, budget, rows):
         step()  # the first step's gradient, from the shared initial weights, is the check
         grads[name] = model[0].weight.grad.double()
         steps[name] = step
-    best = {name: math.inf for name in steps}
-    rounds, start = 0, time.perf_counter()
-    while rounds < 5 or time.perf_counter() - start < budget * len(steps):
-        for name, step in steps.items():
-            t0 = time.perf_counter()
-            step()
-            best[name] = min(best[name], time.perf_counter() - t0)
-        rounds += 1
+    best = best_seconds(steps, budget)
     base, ref_grad = best["torch.f32"], grads["torch.f32"]
     for name, s in best.items():
         rows.append({"bench": "torch_train", "impl": name, "m": TRAIN_TOKENS, "n": d, "k": d,
-                     "threads": torch.get_num_threads(), "seconds": s, "rounds": rounds,
+                     "threads": torch.get_num_threads(), "seconds": s,
                      "tokens_per_s": round(TRAIN_TOKENS / s, 1), "vs_f32": round(base / s, 3),
                      "sqnr_db": round(sqnr_db(grads[name], ref_grad), 2)})
 

@@ -125,6 +125,12 @@ size_t PackedWeight::packed_bytes() const noexcept { return packed_bytes_; }
 
 namespace {
 
+// A high-precision A (fused cast or weight-only) as the matrix the backends read.
+detail::Matrix hp_matrix(const Tensor& hp) {
+    if (hp.dim() != 2) throw Error("fp8kit::gemm: A must be 2-d, got shape " + shape_str(hp.shape()));
+    return detail::as_matrix(hp, "gemm");
+}
+
 // The GEMM into *given (checked against the shape), else into a new tensor put in *made: the
 // caller's handle is not copied.
 void run_gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, const Tensor* given, Tensor* made) {
@@ -168,8 +174,7 @@ void run_gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, co
             throw Error("fp8kit::gemm: weight-only A (a tensor without quantize options) runs on the cpu only; A is on " +
                         std::string(to_string(d.device)) + " (give it quantize options: the fused cast)");
         }
-        if (a.hp->dim() != 2) throw Error("fp8kit::gemm: A must be 2-d, got shape " + shape_str(a.hp->shape()));
-        x = detail::as_matrix(*a.hp, "gemm");
+        x = hp_matrix(*a.hp);
         // One scale (1) for all of A: one group of its whole extent (at least 1 x 1 when empty).
         const GroupShape whole{std::max<int64_t>(x.ref.rows, 1), std::max<int64_t>(x.ref.cols, 1)};
         oa = {nullptr, x.ref.rows, x.ref.cols, x.ref.cols, qb.format(), whole, &unit_scale, false, 1};
@@ -177,8 +182,7 @@ void run_gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, co
         const QuantizeOptions& o = a.quantize;
         detail::check_quantize_options(o, "fp8kit::gemm: A's quantize options: ");
         if (o.transpose) throw Error("fp8kit::gemm: A's quantize options ask for a transpose; the GEMM uses A as is");
-        if (a.hp->dim() != 2) throw Error("fp8kit::gemm: A must be 2-d, got shape " + shape_str(a.hp->shape()));
-        x = detail::as_matrix(*a.hp, "gemm");
+        x = hp_matrix(*a.hp);
         const int64_t rows = x.ref.rows, cols = x.ref.cols;
         (void)k_extent(o.scaling, cols, "A");
         const bool mx = o.scaling.granularity == Granularity::mx32;

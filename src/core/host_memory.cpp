@@ -91,13 +91,18 @@ Cache& cache() {
     return *c;
 }
 
+// A large block of `rounded` bytes (a multiple of host_cache_min): a cached one, else a new one.
+std::byte* large_take(size_t rounded) {
+    std::byte* p = cache().take(rounded);
+    return p != nullptr ? p : large_new(rounded);
+}
+
 }  // namespace
 
 std::shared_ptr<std::byte> host_allocate(size_t bytes) {
     if (bytes < host_cache_min) return {aligned_new(round_up(bytes, tensor_alignment)), release};
     const size_t rounded = round_up(bytes, host_cache_min);
-    std::byte* p = cache().take(rounded);
-    return {p != nullptr ? p : large_new(rounded), [rounded](std::byte* q) { cache().give({q, rounded}); }};
+    return {large_take(rounded), [rounded](std::byte* q) { cache().give({q, rounded}); }};
 }
 
 namespace {
@@ -117,11 +122,7 @@ thread_local ScratchList scratch_list;
 }  // namespace
 
 void* scratch_acquire(size_t bytes) {
-    if (bytes >= host_cache_min) {
-        const size_t rounded = round_up(bytes, host_cache_min);
-        std::byte* p = cache().take(rounded);
-        return p != nullptr ? p : large_new(rounded);
-    }
+    if (bytes >= host_cache_min) return large_take(round_up(bytes, host_cache_min));
     bytes = round_up(bytes, tensor_alignment);
     auto& blocks = scratch_list.blocks;
     for (size_t i = 0; i < blocks.size(); ++i) {

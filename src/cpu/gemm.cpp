@@ -87,27 +87,31 @@ constexpr GemmKernels portable_kernels{&expand_portable, &widen_bf16<&expand_por
 
 // ---- packing A ----
 
-// Row i of A's codes into packed bf16 row `out` (kl.padded elements, group padding zeroed).
-void pack_row(const uint8_t* codes, const KLayout& kl, const ExpandTable& table, const GemmKernels& kern,
-              uint16_t* out) {
+// One packed bf16 row of A (kl.padded elements): fill(k0, len, dst) writes the len elements of
+// the K group that starts at k0 into dst; the group padding is zeroed here.
+template <class Fill>
+void pack_groups(const KLayout& kl, uint16_t* out, Fill&& fill) {
     for (int64_t g = 0; g < kl.groups; ++g) {
         const int64_t len = kl.k > 0 ? kl.len(g) : 0;
-        kern.expand(codes + g * kl.group, len, table, out + g * kl.group_padded);
-        std::memset(out + g * kl.group_padded + len, 0, size_t(kl.group_padded - len) * sizeof(uint16_t));
+        uint16_t* dst = out + g * kl.group_padded;
+        fill(g * kl.group, len, dst);
+        std::memset(dst + len, 0, size_t(kl.group_padded - len) * sizeof(uint16_t));
     }
 }
 
+// Row i of A's codes into packed bf16 row `out`.
+void pack_row(const uint8_t* codes, const KLayout& kl, const ExpandTable& table, const GemmKernels& kern,
+              uint16_t* out) {
+    pack_groups(kl, out, [&](int64_t k0, int64_t len, uint16_t* dst) { kern.expand(codes + k0, len, table, dst); });
+}
+
 // Row i of a weight-only A into packed bf16 row `out`: weight_only_bits of each element (the
-// element type chosen once per row), group padding zeroed.
+// element type chosen once per row).
 void pack_row_weight_only(const detail::MatrixRef& x, int64_t i, const KLayout& kl, uint16_t* out) {
     const auto pack = [&](const auto* row) {
-        for (int64_t g = 0; g < kl.groups; ++g) {
-            const int64_t len = kl.k > 0 ? kl.len(g) : 0;
-            const auto* in = row + g * kl.group;
-            uint16_t* o = out + g * kl.group_padded;
-            for (int64_t e = 0; e < len; ++e) o[e] = detail::weight_only_bits(float(in[e]));
-            std::memset(o + len, 0, size_t(kl.group_padded - len) * sizeof(uint16_t));
-        }
+        pack_groups(kl, out, [&](int64_t k0, int64_t len, uint16_t* dst) {
+            for (int64_t e = 0; e < len; ++e) dst[e] = detail::weight_only_bits(float(row[k0 + e]));
+        });
     };
     switch (x.dtype) {
         case DType::bf16: return pack(static_cast<const bf16*>(x.data) + i * x.ld);
