@@ -13,7 +13,7 @@ Rows, per Linear shape y[M, N] = x[M, K] W[N, K]^T + b (x float32):
   quanto.qfloat8      optimum-quanto quantize(weights=qfloat8) + freeze   tests/requirements-peers.txt)
   diffusers.lwc       Diffusers' apply_layerwise_casting (e4m3 storage, bfloat16 compute, x bfloat16)
   fp8kit.<recipe>     fp8kit.torch.quantize_ (rowwise, tensorwise, block): W quantized and packed
-                      once, x cast inside the GEMM; weight_only: x not quantized (taken as bfloat16),
+                      once, x cast inside the GEMM; weight_only: x not quantized (two bf16 terms),
                       W e4m3 rowwise - torchao.f8wo's and quanto's recipe
   fp8kit.lwc          fp8kit.torch.enable_layerwise_casting (e4m3 storage, the Linear on FP8 directly,
                       x bfloat16 not quantized)

@@ -272,7 +272,7 @@ GemmOptions gemm_options(const std::string& out_dtype, float alpha, float beta, 
 // arguments costs more than the GEMM. Holds the bias array, so its view stays valid.
 struct FusedLinear {
     PackedWeight b;
-    std::optional<QuantizeOptions> q;  // none: weight-only (x taken as bf16, not quantized)
+    std::optional<QuantizeOptions> q;  // none: weight-only (x not quantized)
     std::optional<Array> bias;
     GemmOptions o[3];  // by output dtype, in the order of fused_out_dtypes
 };
@@ -433,11 +433,11 @@ NB_MODULE(_fp8kit, m) {
               return gemm_array(GemmA(view(a, "a")), b, gemm_options(out_dtype, alpha, beta, c, bias, activation));
           },
           "a"_a, "b"_a, "out_dtype"_a, "alpha"_a, "beta"_a, "c"_a.none(), "bias"_a.none(), "activation"_a,
-          "The GEMM with a given in float32 / bfloat16 / float16 [M, K], not quantized: taken as bfloat16 "
-          "(weight-only FP8, fp8kit::GemmA).");
+          "The GEMM with a given in float32 / bfloat16 / float16 [M, K], not quantized: taken as the sum of "
+          "two bfloat16 terms (weight-only FP8, fp8kit::GemmA).");
     nb::class_<FusedLinear>(m, "FusedLinear",
                             "y = deq(fp8(x)) . deq(b)^T (+ bias) with everything but x fixed (fp8kit.torch's Linear); "
-                            "scaling 'none': y = bf16(x) . deq(b)^T, x not quantized (weight-only).")
+                            "scaling 'none': y = x . deq(b)^T, x not quantized (weight-only).")
         .def_prop_ro_static("out_dtypes", [](nb::handle) {
             return nb::make_tuple(fused_out_dtypes[0], fused_out_dtypes[1], fused_out_dtypes[2]);
         }, "The output dtypes' names, by the index __call__ takes.")

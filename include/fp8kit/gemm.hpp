@@ -62,7 +62,7 @@ struct GemmA {
     std::optional<QTensor> fp8;
     std::optional<Tensor> hp;  // [M, K] f32 / bf16 / f16, unit column stride or copied
     QuantizeOptions quantize;  // for hp, unless weight_only
-    bool weight_only = false;  // hp used as bf16, not quantized
+    bool weight_only = false;  // hp not quantized: taken as two bf16 terms (NUMERICS.md)
 };
 
 namespace detail { struct PackedAccess; }

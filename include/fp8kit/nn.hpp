@@ -98,8 +98,8 @@ public:
     Parameter* bias() const { return bias_.get(); }
     MatmulPrecision precision = MatmulPrecision::f32;
     // With an FP8-stored weight (layerwise casting, an FP8 checkpoint): x cast to FP8 inside the
-    // GEMM (input_quantization), or when false, weight-only - x taken as bf16, not quantized
-    // (fp8kit::GemmA; Diffusers' and torchao Float8WeightOnlyConfig's numerics).
+    // GEMM (input_quantization), or when false, weight-only - x not quantized but taken as two
+    // bf16 terms, hi + lo (fp8kit::GemmA; Diffusers' and torchao Float8WeightOnlyConfig's numerics).
     bool quantize_input = true;
 
     virtual Tensor forward(const Tensor& x);
@@ -297,7 +297,7 @@ struct LayerwiseCastingOptions {
     // scaling); modules without an entry are cast as without a policy. Needs scaled storage.
     std::optional<Policy> policy;
     // The Linear layers that compute on their FP8 weight: x cast to FP8 (true), or weight-only
-    // (false: x as bf16, as Diffusers computes in compute_dtype; Linear::quantize_input).
+    // (false: x not quantized, as Diffusers computes in compute_dtype; Linear::quantize_input).
     bool quantize_input = true;
 };
 struct LayerwiseCastingReport {

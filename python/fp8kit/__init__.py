@@ -186,8 +186,9 @@ def gemm(a, b, *, out_dtype="float32", alpha=1.0, beta=0.0, c=None, bias=None, a
 
     a: a QTensor, or float32 / bfloat16 / float16 [M, K] cast to FP8 inside the GEMM with the
     quantize options given here (format, scaling, ...: as fp8kit.quantize), never written out;
-    with scaling=None not quantized at all but taken as bfloat16 (weight-only FP8, torchao's
-    Float8WeightOnlyConfig: only b is FP8).
+    with scaling=None not quantized at all (weight-only FP8, torchao's Float8WeightOnlyConfig: only
+    b is FP8) but taken as two bfloat16 terms, hi = bf16(a) and lo = bf16(a - hi): 16 significant
+    bits, an f16 a exactly, a bfloat16 a as it is (docs/NUMERICS.md).
     b: a PackedWeight, or a QTensor [N, K] (packed for this call). out_dtype: float32, bfloat16 or
     float16. Returns numpy, or torch when a is a torch tensor.
     """

@@ -50,7 +50,7 @@ import fp8kit
 RECIPES = ("rowwise", "tensorwise", "block", "mxfp8", "weight_only")
 
 
-# The recipes whose input is not quantized ("none": taken as bfloat16, fp8kit::GemmA), by their
+# The recipes whose input is not quantized ("none": fp8kit's weight-only GEMM), by their
 # weight's scaling: weight_only (quantize_'s; torchao's Float8WeightOnlyConfig and optimum-quanto's
 # qfloat8 weights: per output row) and layerwise (enable_layerwise_casting's native Linear: one
 # scale, or none as Diffusers stores weights; the input stays in compute_dtype as Diffusers computes).
@@ -88,7 +88,7 @@ _OUT_DTYPES = {getattr(torch, name): (name, i) for i, name in enumerate(fp8kit._
 def _linear(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling):
     """y[M, N] = deq(fp8(x))[M, K] . deq(weight)[N, K]^T (+ bias[N]), x float32 / bfloat16 / float16,
     y in x's dtype: x quantized with input_scaling (e4m3fn, saturating) inside the GEMM - or with
-    "none" taken as bfloat16 - float32 sums. The extension is called directly, with the bias's
+    "none" not quantized (weight-only) - float32 sums. The extension is called directly, with the bias's
     view cached beside the packed weight: fp8kit.gemm's argument handling costs more than the
     GEMM of a decode step's small layer."""
     out = _OUT_DTYPES.get(x.dtype)
@@ -155,7 +155,7 @@ def _scale_tensor(scale_inv, scaling):
 class Float8Linear(nn.Module):
     """An nn.Linear for inference with an FP8 weight [out, in] (buffer `weight`, torch.float8_*)
     and its scale_inv (buffer `weight_scale_inv`): y = x W^T + b with x cast to FP8 in the GEMM
-    (recipe weight_only: x taken as bfloat16, not quantized)."""
+    (recipe weight_only: x not quantized)."""
 
     def __init__(self, in_features, out_features, bias=True, recipe="rowwise", format="e4m3fn"):
         super().__init__()
@@ -247,8 +247,8 @@ def _recipe_of_torchao_config(config):
 def quantize_(model, config=None, filter_fn=None):
     """Replaces, in place, every nn.Linear of model that filter_fn(module, fqn) accepts (all when
     None) by a Float8Linear. config: a recipe name - "rowwise" (the default), "tensorwise",
-    "block", "mxfp8", or "weight_only" (e4m3 rowwise weights, activations not quantized but taken
-    as bfloat16) - or torchao's config object for one of them (Float8DynamicActivationFloat8WeightConfig
+    "block", "mxfp8", or "weight_only" (e4m3 rowwise weights, activations not quantized: torchao's
+    Float8WeightOnlyConfig) - or torchao's config object for one of them (Float8DynamicActivationFloat8WeightConfig
     with PerTensor / PerRow / 1x128-128x128 PerBlock granularity, Float8WeightOnlyConfig), as
     torchao's quantize_(model, config, filter_fn)."""
     recipe = config or "rowwise"
@@ -496,7 +496,7 @@ def enable_layerwise_casting(model, storage_dtype=torch.float8_e4m3fn, compute_d
     "auto": DEFAULT_SKIP_MODULES_PATTERN) or class skips are stored in storage_dtype. Convolutions
     are upcast to compute_dtype around each forward, as Diffusers does; with native_fp8, nn.Linear
     layers instead compute on the FP8 weight directly - the activation as Diffusers computes it,
-    not quantized (taken as bfloat16: fp8kit's weight-only GEMM), float32 sums, output in the
+    not quantized (fp8kit's weight-only GEMM), float32 sums, output in the
     input's dtype - and keep no upcast copy, and
     nn.Embedding layers become Float8Embedding, whose lookup decodes only the rows it reads.
     scaled: weights stored with a per-tensor scale (fp8_max / amax), or False as Diffusers stores

@@ -155,7 +155,8 @@ struct GemmOperand {
 // backend fills fuse->scale_inv (A's scales, the layout of a.scale_inv) and *fuse->amax, exactly
 // as quantize(fuse) would. a then describes A's scales only.
 // Weight-only: a.data and fuse are null, and a_hp.data is A in high precision, which the backend
-// takes as weight_only_bits() of each element; a describes its scale (1). Host backends only.
+// takes as the sum of its two bf16 terms (weight_only_hi / weight_only_lo; lo is zero for a bf16
+// A); a describes its scale (1). Host backends only.
 // out may be c (accumulation: out = alpha AB + beta out): a backend reads c[i, j] before it
 // writes out[i, j], element by element.
 struct GemmJob {
@@ -174,18 +175,27 @@ struct GemmJob {
     MatrixRef a_hp{};          // weight-only: A [m, k] (else data is null)
 };
 
-// A weight-only GEMM's A element as the kernels take it: the bf16 nearest to x (ties to even; a
-// NaN quiet, Inf kept), or a zero of x's sign when |x| < 2^-102. Why the flush: a bf16 of at
-// least 2^-102 is a multiple of 2^-109 and an FP8 value of 2^-17 (e5m2fnuz's quantum, the finest),
-// so every product of the two, and every float32 sum of such products, is a multiple of 2^-126:
-// none is a float32 subnormal, which VDPBF16PS and TDPBF16PS flush to zero (the ref backend
-// takes the same values, so all backends multiply the same A).
-inline uint16_t weight_only_bits(float x) {
+// A weight-only GEMM's A element as the kernels take it: two bf16 terms, hi + lo, each of which the
+// bf16 kernels multiply exactly by an FP8 value. hi is the bf16 nearest to x (ties to even; a NaN
+// quiet, Inf kept); lo the bf16 nearest to x - hi (exact in float32: hi is within half a bf16 ulp
+// of x), zero where hi is NaN or Inf. Why two: one bf16 keeps 8 of a float32's 24 significant bits
+// (a rounding of <= 2^-9 relative, 0.01 dB of a Linear's SQNR against float32 activations, which
+// torchao's weight-only keeps); hi + lo keeps 16, and x - hi - lo is <= 2^-17 |x|. A bf16 x is hi
+// alone, and an f16 one (11 bits) is hi + lo exactly. Each term is a zero of its sign when below
+// 2^-102 in magnitude. Why the flush: a bf16 of at least 2^-102 is a multiple of 2^-109 and an FP8
+// value of 2^-17 (e5m2fnuz's quantum, the finest), so every product of the two, and every float32
+// sum of such products, is a multiple of 2^-126: none is a float32 subnormal, which VDPBF16PS and
+// TDPBF16PS flush to zero (the ref backend takes the same values, so all backends multiply the same
+// A). Selects, not branches: the packing loops vectorize.
+inline uint16_t weight_only_hi(float x) {
     const uint32_t u = std::bit_cast<uint32_t>(x), mag = u & 0x7fffffffu;
     const auto nan = uint16_t((u >> 16) | 0x40u), zero = uint16_t((u >> 16) & 0x8000u);
     const auto nearest = uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-    // Selects, not branches: the packing loop vectorizes.
     return mag > 0x7f800000u ? nan : mag < 0x0c800000u ? zero : nearest;  // 0x0c800000: 2^-102
+}
+inline uint16_t weight_only_lo(float x, uint16_t hi) {
+    const float rest = x - std::bit_cast<float>(uint32_t(hi) << 16);
+    return (hi & 0x7f80u) == 0x7f80u ? uint16_t(0) : weight_only_hi(rest);
 }
 
 // DelayedScaling::step: scale = compute_scale(max (or [0]) of history[0, length), fp8_max, ...,

@@ -105,12 +105,25 @@ void pack_row(const uint8_t* codes, const KLayout& kl, const ExpandTable& table,
     pack_groups(kl, out, [&](int64_t k0, int64_t len, uint16_t* dst) { kern.expand(codes + k0, len, table, dst); });
 }
 
-// Row i of a weight-only A into packed bf16 row `out`: weight_only_bits of each element (the
-// element type chosen once per row).
-void pack_row_weight_only(const detail::MatrixRef& x, int64_t i, const KLayout& kl, uint16_t* out) {
+// Packed rows per row of A: a weight-only A of more precision than bf16 (f32, f16) is packed as
+// two bf16 rows, its hi and lo terms (detail::weight_only_hi / _lo), whose sums the epilogue adds
+// (twice the products: the price of x to 16 significant bits instead of 8); else one row.
+int64_t a_terms(const GemmJob& job) { return job.a_hp.data != nullptr && job.a_hp.dtype != DType::bf16 ? 2 : 1; }
+
+// Row i of a weight-only A into packed bf16 row `out`, its hi terms, and with two terms its lo
+// terms into the next packed row, lda further (the element type chosen once per row).
+void pack_row_weight_only(const detail::MatrixRef& x, int64_t i, const KLayout& kl, int64_t terms, uint16_t* out,
+                          int64_t lda) {
     const auto pack = [&](const auto* row) {
         pack_groups(kl, out, [&](int64_t k0, int64_t len, uint16_t* dst) {
-            for (int64_t e = 0; e < len; ++e) dst[e] = detail::weight_only_bits(float(row[k0 + e]));
+            for (int64_t e = 0; e < len; ++e) dst[e] = detail::weight_only_hi(float(row[k0 + e]));
+        });
+        if (terms == 1) return;
+        pack_groups(kl, out + lda, [&](int64_t k0, int64_t len, uint16_t* dst) {
+            for (int64_t e = 0; e < len; ++e) {
+                const float v = float(row[k0 + e]);
+                dst[e] = detail::weight_only_lo(v, detail::weight_only_hi(v));
+            }
         });
     };
     switch (x.dtype) {
@@ -120,29 +133,34 @@ void pack_row_weight_only(const detail::MatrixRef& x, int64_t i, const KLayout& 
     }
 }
 
-// Scales of A per (row, K group): sa[i * groups + g].
-void a_scales(const GemmOperand& a, const KLayout& kl, int64_t r0, int64_t r1, float* sa) {
+// Scales of A's rows [r0, r1) per (packed row, K group): sa[(i * terms + t) * groups + g], the
+// same for each of a row's terms.
+void a_scales(const GemmOperand& a, const KLayout& kl, int64_t r0, int64_t r1, int64_t terms, float* sa) {
     for (int64_t i = r0; i < r1; ++i) {
-        for (int64_t g = 0; g < kl.groups; ++g) sa[i * kl.groups + g] = a.scale(i, g * kl.group);
+        for (int64_t t = 0; t < terms; ++t) {
+            for (int64_t g = 0; g < kl.groups; ++g) sa[(i * terms + t) * kl.groups + g] = a.scale(i, g * kl.group);
+        }
     }
 }
 
 float nan_max(float a, float b) { return std::isnan(a) || std::isnan(b) ? std::nanf("") : std::max(a, b); }
 
-// Packs A [m, k] into apk [Mp][lda] and its scales into sa; with the fused cast, quantizes it on
-// the way (fills job.fuse's scale_inv and amax as quantize() would); weight-only, rounds it to bf16.
-void pack_a(GemmJob& job, const KLayout& kl, const GemmKernels& kern, uint16_t* apk, int64_t lda, float* sa) {
-    const int64_t m = job.m, mp = round_up(m, gemm_tile);
+// Packs A [m, k] into apk [Mp][lda] (m * terms rows, a_terms) and its scales into sa; with the
+// fused cast, quantizes it on the way (fills job.fuse's scale_inv and amax as quantize() would);
+// weight-only, splits it into bf16 terms.
+void pack_a(GemmJob& job, const KLayout& kl, const GemmKernels& kern, int64_t terms, uint16_t* apk, int64_t lda,
+            float* sa) {
+    const int64_t m = job.m, pm = m * terms, mp = round_up(pm, gemm_tile);
     const ExpandTable& table = expand_table(job.a.format);
-    std::memset(apk + m * lda, 0, size_t((mp - m) * lda) * sizeof(uint16_t));
+    std::memset(apk + pm * lda, 0, size_t((mp - pm) * lda) * sizeof(uint16_t));
     if (job.fuse == nullptr) {
-        parallel_tasks(m, size_t(m * kl.padded), [&](int64_t i, int) {
+        parallel_tasks(m, size_t(pm * kl.padded), [&](int64_t i, int) {
             if (job.a_hp.data != nullptr) {
-                pack_row_weight_only(job.a_hp, i, kl, apk + i * lda);
+                pack_row_weight_only(job.a_hp, i, kl, terms, apk + i * terms * lda, lda);
             } else {
                 pack_row(job.a.data + i * job.a.ld, kl, table, kern, apk + i * lda);
             }
-            a_scales(job.a, kl, i, i + 1, sa);
+            a_scales(job.a, kl, i, i + 1, terms, sa);
         });
         return;
     }
@@ -186,7 +204,7 @@ void pack_a(GemmJob& job, const KLayout& kl, const GemmKernels& kern, uint16_t* 
         sub.amax = amaxes.get() + p;
         quantize(sub);  // nested in this task: runs on this thread
         for (int64_t i = 0; i < rows; ++i) pack_row(sub.data + i * job.k, kl, table, kern, apk + (r0 + i) * lda);
-        a_scales(job.a, kl, r0, r0 + rows, sa);
+        a_scales(job.a, kl, r0, r0 + rows, 1, sa);
     });
     if (!tensor) {
         for (int64_t p = 0; p < panels; ++p) total_amax = nan_max(total_amax, amaxes.get()[p]);
@@ -194,7 +212,7 @@ void pack_a(GemmJob& job, const KLayout& kl, const GemmKernels& kern, uint16_t* 
     *job.fuse->amax = std::isnan(total_amax) ? std::bit_cast<float>(detail::canonical_nan_bits) : total_amax;
 }
 
-// ---- one task: rows [r0, r1) of A (multiples of 16, r1 may pass m) x strips [s0, s1) of B ----
+// ---- one task: packed rows [r0, r1) of A (multiples of 16, r1 may pass them) x strips [s0, s1) of B ----
 
 struct Task {
     const GemmJob& job;
@@ -204,6 +222,8 @@ struct Task {
     int64_t lda;
     const float* sa;
     const ExpandTable& table;
+    int64_t terms;     // packed rows per row of A (a_terms)
+    int64_t packed_m;  // job.m * terms
 };
 
 // Rows [r0, r0 + rows) x strips [s0, s1) on 16x16 tiles into acc: windows of B widened (bf16
@@ -280,10 +300,10 @@ void run_task(const Task& t, int64_t r0, int64_t r1, int64_t s0, int64_t s1) {
     const int64_t ns = s1 - s0, rows = r1 - r0, ldacc = ns * gemm_tile;
     const bool one_group = kl.groups == 1;
     Scratch<float> acc(rows * ldacc);
-    const int64_t m_rows = std::min(rows, t.job.m - r0);  // rows of A here (the rest is padding)
-    // Chosen by the whole M, not this task's rows: which kernel runs (and so how D rounds) must
-    // not depend on how the rows were split between threads.
-    if (t.kern.small != nullptr && t.job.m <= t.kern.small_m_max) {
+    const int64_t m_rows = std::min(rows, t.packed_m - r0);  // packed rows of A here (the rest is padding)
+    // Chosen by all of packed A, not this task's rows: which kernel runs (and so how D rounds)
+    // must not depend on how the rows were split between threads.
+    if (t.kern.small != nullptr && t.packed_m <= t.kern.small_m_max) {
         t.kern.small(m_rows, t.apk + r0 * t.lda, t.lda, t.b, s0, s1, t.sa + r0 * kl.groups, t.table, acc.get(), ldacc);
     } else {
         run_tiles(t, r0, rows, s0, s1, acc.get(), ldacc);
@@ -293,11 +313,18 @@ void run_task(const Task& t, int64_t r0, int64_t r1, int64_t s0, int64_t s1) {
     const GemmJob& job = t.job;
     const int64_t j0 = s0 * gemm_tile, cols = std::min(job.n, s1 * gemm_tile) - j0;
     const float* sb = t.b.scales.data() + j0;
-    for (int64_t i = 0; i < m_rows; ++i) {
+    for (int64_t i = 0; i < m_rows; i += t.terms) {  // r0 is a multiple of terms (of 16)
         float* v = acc.get() + i * ldacc;
-        const int64_t gi = r0 + i;
+        const int64_t gi = (r0 + i) / t.terms;
+        if (t.terms == 2) {
+            // hi's sums plus lo's. A non-finite hi sum stays as it is: where B holds an Inf, lo's
+            // term may be 0 x Inf = NaN while hi's sum is the Inf that x . B is (lo is zero where
+            // hi is NaN or Inf, and only then; hi's sums overflow before lo's).
+            const float* lo = v + ldacc;
+            for (int64_t j = 0; j < cols; ++j) v[j] = std::isfinite(v[j]) ? v[j] + lo[j] : v[j];
+        }
         if (one_group) {
-            const float sa = t.sa[gi];
+            const float sa = t.sa[r0 + i];
             for (int64_t j = 0; j < cols; ++j) v[j] = job.alpha * (v[j] * (sa * sb[j]));
         } else {
             for (int64_t j = 0; j < cols; ++j) v[j] = job.alpha * v[j];
@@ -418,7 +445,7 @@ void gemm(GemmJob& job) {
     const PackedB& b = *static_cast<const PackedB*>(job.b_packed);
     const KLayout& kl = b.kl;
     const GemmKernels& kern = gemm_kernels();
-    const int64_t mp = round_up(job.m, gemm_tile);
+    const int64_t terms = a_terms(job), mp = round_up(job.m * terms, gemm_tile);
     // Row stride of packed A: a multiple of 64 bytes, but not of 512, so that the 16 rows of a
     // tile do not all fall into the same L1 set.
     const int64_t lda = kl.padded % 256 == 0 ? kl.padded + gemm_chunk : kl.padded;
@@ -427,7 +454,7 @@ void gemm(GemmJob& job) {
     // (their codes are zero, so are their scales).
     Scratch<float> sa(mp * kl.groups);
     std::fill(sa.get(), sa.get() + mp * kl.groups, 0.0f);
-    pack_a(job, kl, kern, apk.get(), lda, sa.get());
+    pack_a(job, kl, kern, terms, apk.get(), lda, sa.get());
 
     // Tasks: panels of strips x row ranges; rows split only when panels alone leave threads idle.
     const int64_t panel_strips = kern.panel_strips, panels = (b.strips + panel_strips - 1) / panel_strips;
@@ -435,8 +462,8 @@ void gemm(GemmJob& job) {
     const int threads = num_threads();
     const int64_t row_splits = std::min<int64_t>(row_blocks, panels >= 2 * threads ? 1 : (2 * threads + panels - 1) / panels);
     const int64_t rows_per_split = (row_blocks + row_splits - 1) / row_splits * block_rows;
-    const Task task{job, b, kern, apk.get(), lda, sa.get(), expand_table(b.format)};
-    const size_t work = size_t(job.m) * size_t(job.n) * size_t(std::max<int64_t>(job.k, 1));
+    const Task task{job, b, kern, apk.get(), lda, sa.get(), expand_table(b.format), terms, job.m * terms};
+    const size_t work = size_t(job.m * terms) * size_t(job.n) * size_t(std::max<int64_t>(job.k, 1));
     parallel_tasks(panels * row_splits, work, [&](int64_t t, int) {
         const int64_t p = t / row_splits, r = t % row_splits;
         const int64_t r0 = r * rows_per_split, r1 = std::min(mp, r0 + rows_per_split);

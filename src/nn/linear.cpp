@@ -74,7 +74,7 @@ Tensor Linear::forward(const Tensor& x) {
     if (w.stored && computes_natively_in_fp8(kind())) {
         if (const auto qo = input_quantization(*w.stored)) {
             // An FP8-stored weight (layerwise casting, an FP8 checkpoint) goes to the GEMM as is;
-            // x is cast inside it with the matching scaling, or weight-only taken as bf16.
+            // x is cast inside it with the matching scaling, or weight-only not quantized.
             GemmOptions go;
             if (bias_) go.bias = bias_->compute_value();
             x_ = Tensor();

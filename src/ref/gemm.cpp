@@ -3,7 +3,7 @@
 // products of dequantized inputs and against torch._scaled_mm (tests/golden/test_torch_gemm.cpp).
 //
 // Each K group's partial sum is exact here (float64 holds every sum of FP8 products of one group
-// for K < 2^20; weight-only, bf16 x FP8 products, to float64's precision), is multiplied by
+// for K < 2^20; weight-only, (bf16 + bf16) x FP8 products, to float64's precision), is multiplied by
 // sa * sb, and the groups are summed in float64: the value an ideal float32-accumulating kernel
 // approximates. Only the final store rounds (to float32, then to bf16/f16).
 #include <vector>
@@ -20,7 +20,8 @@ std::shared_ptr<const void> pack_weight(const ExecContext&, const detail::GemmOp
 namespace {
 
 // A's values [m, k]: its codes decoded; with the fused cast quantized whole first (the reference
-// has no packing); weight-only, each element as the kernels take it (weight_only_bits).
+// has no packing); weight-only, each element as the kernels take it: hi + lo (weight_only_hi / _lo,
+// summed exactly in float64).
 std::vector<double> a_values(detail::GemmJob& job) {
     std::vector<double> v(size_t(job.m * job.k));
     const detail::MatrixRef& hp = job.a_hp;
@@ -28,7 +29,8 @@ std::vector<double> a_values(detail::GemmJob& job) {
         for (int64_t i = 0; i < job.m; ++i) {
             for (int64_t kk = 0; kk < job.k; ++kk) {
                 const float x = detail::load_float(hp.data, hp.dtype, i * hp.ld + kk);
-                v[size_t(i * job.k + kk)] = double(float(bf16::from_bits(detail::weight_only_bits(x))));
+                const uint16_t hi = detail::weight_only_hi(x), lo = detail::weight_only_lo(x, hi);
+                v[size_t(i * job.k + kk)] = double(float(bf16::from_bits(hi))) + double(float(bf16::from_bits(lo)));
             }
         }
         return v;

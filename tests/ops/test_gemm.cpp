@@ -520,10 +520,10 @@ TEST(GemmOps, FnuzFormatsWithinTheFloat64Bound) {
 
 // ---- weight-only: A in high precision, only B in FP8 ----
 
-// A's element as a weight-only GEMM takes it (NUMERICS.md), computed here apart from the library's
-// bit manipulation: the significand rounded to 8 bits in float64 (nearbyint: ties to even), a zero
-// of its sign below 2^-102; NaN and Inf as they are.
-double weight_only64(double x) {
+// One bf16 term of a weight-only A (NUMERICS.md), computed here apart from the library's bit
+// manipulation: the significand rounded to 8 bits in float64 (nearbyint: ties to even), a zero of
+// its sign below 2^-102; NaN and Inf as they are.
+double bf16_term64(double x) {
     if (!std::isfinite(x) || x == 0) return x;
     if (std::fabs(x) < 0x1p-102) return std::copysign(0.0, x);
     int e = 0;
@@ -531,10 +531,18 @@ double weight_only64(double x) {
     return std::ldexp(std::nearbyint(std::ldexp(f, 8)), e - 8);
 }
 
+// A's element as a weight-only GEMM takes it: hi + lo, hi the bf16 term of x and lo that of
+// x - hi (exact in float64), lo zero where hi is NaN or Inf.
+double weight_only64(double x) {
+    const double hi = bf16_term64(x);
+    return std::isfinite(hi) ? hi + bf16_term64(x - hi) : hi;
+}
+
 // gemm(x, B) on every backend and ISA within the float64 bound of weight_only64(x) . deq(B)^T: f32,
 // bf16 and f16 x, B in e4m3fn, e5m2 (which an FP8 A could not meet) and e4m3fnuz with tensor, row,
 // 128x128 and mx32 scales, the grid's shapes (small-M kernels, tiles, K windows) and epilogues.
-// The bound is the FP8 GEMM's: each product of a bf16 and an FP8 value is exact in float32 too.
+// The bound is the FP8 GEMM's: each product of a bf16 term and an FP8 value is exact in float32
+// too, and hi's and lo's sums add up to at most the float32 sum of all the products would.
 TEST(GemmWeightOnly, WithinTheFloat64Bound) {
     const Scaling b_scalings[] = {Scaling::tensor(), Scaling::row(), Scaling::block(128, 128), Scaling::mx32()};
     const Format b_formats[] = {Format::e4m3fn, Format::e5m2, Format::e4m3fnuz};
@@ -563,9 +571,12 @@ TEST(GemmWeightOnly, WithinTheFloat64Bound) {
 }
 
 // x holding FP8 values exactly: gemm(x, B) is the FP8 GEMM of x's codes with scale 1, bit for bit
-// (the same bf16 operands reach the same kernels), on every backend and ISA, for one K group and
-// for 128-wide ones, at M on the small-M kernels and on the tiles. A packing that misplaced an
-// element, padding or a group would change D.
+// (bf16 x: the same bf16 operands reach the same kernels), on every backend and ISA, for one K
+// group and for 128-wide ones, at M on the small-M kernels and on the tiles. A packing that
+// misplaced an element, padding or a group would change D. float32 x too at M = 40, whose lo terms
+// are all zero and add +0 to each sum; not at small M, where its doubled packed rows may take
+// another kernel, which orders its float32 sums otherwise (M = 3: 6 rows, past the AVX2 small-M
+// kernel's 4; M = 1: 2 rows, not the single row's four interleaved sums).
 TEST(GemmWeightOnly, OfFp8ValuesEqualsTheFp8GemmBitForBit) {
     QuantizeOptions unit = qopts(Scaling::tensor(), Format::e4m3fn);
     unit.scale = Tensor::full({1}, 1.0f);
@@ -577,40 +588,91 @@ TEST(GemmWeightOnly, OfFp8ValuesEqualsTheFp8GemmBitForBit) {
             for (float& e : v) e *= 40.0f;  // codes across e4m3's range, some saturated at 448
             const QTensor qa = quantize(Tensor::from(v, {s.m, s.k}), unit);
             const Tensor x = dequantize(qa);  // float32 holding the codes' values
+            const Tensor xb = dequantize(qa, DType::bf16);
             const QTensor qb = quantize(as_tensor(gaussian(s.n, s.k, seed++), s.n, s.k, DType::f32), qopts(bs, Format::e4m3fn));
-            for_each_backend([&] { EXPECT_TRUE(identical(gemm(x, qb), gemm(qa, qb))); });
+            for_each_backend([&] {
+                const Tensor want = gemm(qa, qb);
+                EXPECT_TRUE(identical(gemm(xb, qb), want)) << "bf16 x";
+                if (s.m == 40) {
+                    EXPECT_TRUE(identical(gemm(x, qb), want)) << "f32 x";
+                }
+            });
         }
     }
 }
 
-// The rounding to bf16 and the flush, element by element: D[i, j] = a_i * b_j with one K element
-// and B's values 1 and -2 (scale 1), a single exact product, so D is weight_only64(a_i) * b_j
-// exactly on every backend and ISA: ties to even both ways, a value just past a tie, a carry into
-// the exponent (65504 -> 65536), the flush just below 2^-102 (unflushed, -1.5 x 2^-103 would stay
-// and 2^-102 (1 - 2^-20) would round up to 2^-102), 2^-102 and 3 x 2^-102 kept, NaN and Inf (a
-// NaN's row NaN, no other).
-TEST(GemmWeightOnly, RoundsToBf16AndFlushesBelowTwoToTheMinus102) {
-    const std::vector<float> a = {1.0f + 0x1p-8f,  1.0f + 3 * 0x1p-8f, 1.0f + 0x1p-8f + 0x1p-20f, -1.5f * 0x1p-103f,
-                                  0x1p-102f * (1.0f - 0x1p-20f), 0x1p-102f, -3.0f * 0x1p-102f, NAN, -INFINITY, 65504.0f};
-    const int64_t m = int64_t(a.size());
+// The split into bf16 terms and their flush, element by element: D[i, j] = a_i * b_j with one K
+// element and B's values 1 and -2 (scale 1), so D is weight_only64(a_i) * b_j exactly (hi b and
+// lo b are exact, and so is their sum here) on every backend and ISA: float32 x - ties to even both
+// ways (hi 1, lo 2^-8; hi 1 + 2^-6, lo -2^-8), 1 + 2^-12 (hi 1, lo 2^-12: one bf16 would lose it),
+// a value past a tie whose lo loses 2^-20 (1 + 2^-8 + 2^-20: hi 1 + 2^-7, lo -2^-8), a carry into
+// the exponent (65504 -> 65536 and lo -32), lo's own flush (2^-95 (1 + 2^-10): lo 2^-105 dropped),
+// the flush of x just below 2^-102 (unflushed, -1.5 x 2^-103 would stay and 2^-102 (1 - 2^-20)
+// would round up to 2^-102), 2^-102 and 3 x 2^-102 kept, NaN and Inf (a NaN's row NaN, no other);
+// bf16 x of the values it can hold, and f16 x of 1 + 2^-10 (exact: hi 1, lo 2^-10).
+TEST(GemmWeightOnly, SplitsIntoBf16TermsAndFlushesBelowTwoToTheMinus102) {
+    const std::vector<float> a = {1.0f + 0x1p-8f,  1.0f + 3 * 0x1p-8f, 1.0f + 0x1p-12f, 1.0f + 0x1p-8f + 0x1p-20f,
+                                  65504.0f, 0x1p-95f * (1.0f + 0x1p-10f), -1.5f * 0x1p-103f,
+                                  0x1p-102f * (1.0f - 0x1p-20f), 0x1p-102f, -3.0f * 0x1p-102f, NAN, -INFINITY};
     QuantizeOptions unit = qopts(Scaling::tensor(), Format::e4m3fn);
     unit.scale = Tensor::full({1}, 1.0f);
     const QTensor qb = quantize(Tensor::from(std::vector<float>{1.0f, -2.0f}, {2, 1}), unit);
-    const Tensor x = Tensor::from(a, {m, 1});
-    for_each_backend([&] {
-        const Tensor d = gemm(x, qb);
-        for (int64_t i = 0; i < m; ++i) {
-            for (int64_t j = 0; j < 2; ++j) {
-                const double want = weight_only64(double(a[size_t(i)])) * (j == 0 ? 1.0 : -2.0);
-                const double got = double(d.get({i, j}));
-                if (std::isnan(want)) {
-                    EXPECT_TRUE(std::isnan(got)) << "D[" << i << ", " << j << "] = " << got;
-                } else {
-                    EXPECT_EQ(got, want) << "D[" << i << ", " << j << "] for a = " << a[size_t(i)];
+    std::vector<bf16> in_bf16;
+    for (const float v : a) {
+        if (std::isnan(v) || double(float(bf16(v))) == double(v)) in_bf16.push_back(bf16(v));
+    }
+    const std::vector<f16> in_f16 = {f16(1.0f + 0x1p-10f), f16(-3.0f), f16(1.0f + 0x1p-8f)};
+    for (const Tensor& x : {Tensor::from(a, {int64_t(a.size()), 1}), Tensor::from(in_bf16, {int64_t(in_bf16.size()), 1}),
+                            Tensor::from(in_f16, {int64_t(in_f16.size()), 1})}) {
+        SCOPED_TRACE(std::string(to_string(x.dtype())) + " x");
+        for_each_backend([&] {
+            const Tensor d = gemm(x, qb);
+            for (int64_t i = 0; i < x.shape()[0]; ++i) {
+                const double ai = double(x.get({i, 0}));
+                for (int64_t j = 0; j < 2; ++j) {
+                    const double want = weight_only64(ai) * (j == 0 ? 1.0 : -2.0);
+                    const double got = double(d.get({i, j}));
+                    if (std::isnan(want)) {
+                        EXPECT_TRUE(std::isnan(got)) << "D[" << i << ", " << j << "] = " << got;
+                    } else {
+                        EXPECT_EQ(got, want) << "D[" << i << ", " << j << "] for a = " << ai;
+                    }
                 }
             }
+        });
+    }
+}
+
+// An Inf in B: x . B is Inf of x's sign where x is not zero, also where x's lo term is zero (lo
+// times Inf is NaN) or of the other sign (hi's Inf plus lo's -Inf is NaN): the lo sums are not
+// added to a non-finite hi sum. B (e5m2) row 1 holds +Inf at k = 5, A's column 5 is 1 (lo 0),
+// 1 + 2^-8 + 2^-20 (lo < 0), -(1 + 2^-12) (lo < 0 with hi), 0 (0 x Inf: NaN); the rest is finite.
+// M = 4 on the small-M kernels, 40 on the tiles, with one K group (row) and 128-wide ones.
+TEST(GemmWeightOnly, InfInBGivesInfNotNan) {
+    const int64_t n = 3, k = 200, ck = 5;
+    const float column[] = {1.0f, 1.0f + 0x1p-8f + 0x1p-20f, -(1.0f + 0x1p-12f), 0.0f};
+    for (const int64_t m : {int64_t(4), int64_t(40)}) {
+        for (const Scaling s : {Scaling::row(), Scaling::block(128, 128)}) {
+            SCOPED_TRACE(to_string(s) + " m=" + std::to_string(m));
+            std::vector<float> av = gaussian(m, k, 31);
+            for (int64_t i = 0; i < m; ++i) av[size_t(i * k + ck)] = column[i % 4];
+            QTensor qb = quantize(as_tensor(gaussian(n, k, 32), n, k, DType::f32), qopts(s, Format::e5m2));
+            qb.data.data<uint8_t>()[1 * k + ck] = 0x7c;
+            const Tensor x = Tensor::from(av, {m, k});
+            for_each_backend([&] {
+                const Tensor d = gemm(x, qb);
+                int bad = 0;
+                for (int64_t i = 0; i < m; ++i) {
+                    for (int64_t j = 0; j < n; ++j) {
+                        const float v = d.get({i, j}), c = column[i % 4];
+                        const bool ok = j != 1 ? std::isfinite(v) : c == 0 ? std::isnan(v) : v == std::copysign(INFINITY, c);
+                        if (!ok && ++bad <= 3) ADD_FAILURE() << "D[" << i << ", " << j << "] = " << v;
+                    }
+                }
+                EXPECT_EQ(bad, 0);
+            });
         }
-    });
+    }
 }
 
 // The cuda backend has no weight-only GEMM: a device A without quantize options is refused with

@@ -82,20 +82,25 @@ def test_fused_cast_gives_the_codes_quantize_gives(dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_weight_only_takes_x_as_bfloat16(dtype):
-    # scaling=None: x is not quantized but taken as bfloat16 (ml_dtypes' rounding, nearest even, is
-    # the oracle; no element here is below the 2^-102 fp8kit flushes) against the FP8 weight: D
-    # within the float32 sum bound of bf16(x) . deq(w)^T, and not of x itself (its bf16 rounding
-    # over K = 256 is far above the bound) nor of x quantized to e4m3.
+def test_weight_only_takes_x_as_two_bfloat16_terms(dtype):
+    # scaling=None: x is not quantized but taken as hi + lo, hi = bf16(x) and lo = bf16(x - hi)
+    # (ml_dtypes' rounding, nearest even, is the oracle; no element here is below the 2^-102
+    # fp8kit flushes; float16 x is hi + lo exactly) against the FP8 weight: D within the float32
+    # sum bound of (hi + lo) . deq(w)^T, and not of x as one bfloat16 (its 2^-9 rounding over
+    # K = 256 stands far above the bound) nor of x quantized to e4m3.
     x, w = operands(21, 40, 256, seed=7)
     x = x.astype(dtype)
     qw = fp8kit.quantize(w, scaling="row")
-    a64, b64 = x.astype(ml_dtypes.bfloat16).astype(np.float64), dequantized(qw, 1, 256)
+    hi = x.astype(np.float32).astype(ml_dtypes.bfloat16)
+    lo = (x.astype(np.float32) - hi.astype(np.float32)).astype(ml_dtypes.bfloat16)
+    a64, b64 = hi.astype(np.float64) + lo.astype(np.float64), dequantized(qw, 1, 256)
+    if dtype == "float16":
+        assert np.array_equal(a64, x.astype(np.float64))
     want = a64 @ b64.T
     d = fp8kit.gemm(x, fp8kit.PackedWeight(qw), scaling=None)
     tol = bound(a64, b64, want)
     assert np.all(np.abs(d - want) <= tol)
-    for wrong in (x.astype(np.float64), dequantized(fp8kit.quantize(x, scaling="row"), 1, 256)):
+    for wrong in (hi.astype(np.float64), dequantized(fp8kit.quantize(x, scaling="row"), 1, 256)):
         assert np.any(np.abs(d - wrong @ b64.T) > tol)
 
 
