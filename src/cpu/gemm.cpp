@@ -5,9 +5,11 @@
 // Blocking. B is packed once (pack_weight, FP8 codes in 16-column strips). A is packed per call
 // into bf16 rows - the fused cast quantizes A here, a 64-row panel at a time, with the cast
 // kernels quantize() uses, so the codes and scales are exactly quantize()'s and no FP8 copy of
-// A is ever written. Tasks are panels of 8 strips (128 columns) times a range of A's rows; a
-// task widens a window of its B panel (256 KiB: <= 1024 of K in bf16, 512 in float32; L2) once
-// and sweeps all its rows of A over it in 32x32 blocks, accumulating in a float32 buffer of its own.
+// A is ever written; a weight-only A is packed as its bf16 terms, two rows (hi, lo) for each row
+// of an f32 / f16 A, added in the epilogue. Tasks are panels of 8 strips (128 columns) times a
+// range of A's rows; a task widens a window of its B panel (256 KiB: <= 1024 of K in bf16, 512 in
+// float32; L2) once and sweeps all its rows of A over it in 32x32 blocks, accumulating in a
+// float32 buffer of its own.
 // With one K group (tensor, row scaling) the tiles sum all of K; with narrower groups each
 // group's partial sums are promoted into the accumulator as partial * (sa * sb).
 #include <bit>
@@ -318,8 +320,8 @@ void run_task(const Task& t, int64_t r0, int64_t r1, int64_t s0, int64_t s1) {
         const int64_t gi = (r0 + i) / t.terms;
         if (t.terms == 2) {
             // hi's sums plus lo's. A non-finite hi sum stays as it is: where B holds an Inf, lo's
-            // term may be 0 x Inf = NaN while hi's sum is the Inf that x . B is (lo is zero where
-            // hi is NaN or Inf, and only then; hi's sums overflow before lo's).
+            // term may be 0 x Inf = NaN while hi's sum is the Inf that x . B is (a NaN or Inf x is
+            // in hi alone, its lo zero; and hi's sums overflow before lo's).
             const float* lo = v + ldacc;
             for (int64_t j = 0; j < cols; ++j) v[j] = std::isfinite(v[j]) ? v[j] + lo[j] : v[j];
         }

@@ -136,8 +136,9 @@ struct GemmKernels {
     // loop would: the raw sum with one K group, else the groups' partial sums times sa * sb.
     void (*small)(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,
                   const float* sa, const ExpandTable& t, float* acc, int64_t ldacc);
-    // The largest M the small kernel takes (chosen by the whole M, never by a task's rows, so
-    // which kernel rounds D does not depend on the thread split).
+    // The largest M the small kernel takes (chosen by all of packed A's rows - two a row for a
+    // weight-only f32 / f16 A - never by a task's rows, so which kernel rounds D does not depend
+    // on the thread split).
     int64_t small_m_max;
     // The layer ops' float32 matmul (src/cpu/matmul.cpp): c[m, n] (+)= op(a)[m, k] . op(b)[k, n],
     // a stored [m, k] or [k, m] (ta), b [k, n] or [n, k] (tb); each element one float32 sum in k
