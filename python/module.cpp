@@ -468,7 +468,7 @@ NB_MODULE(_fp8kit, m) {
                   PolicyLayer l;
                   l.name = name;
                   l.fp8 = fp8;
-                  if (recipe) l.scheme = scheme_of_recipe(*recipe);
+                  if (recipe) l.set_recipe(*recipe);
                   if (l.fp8 && !l.scheme) {
                       throw Error("fp8kit.write_policy: layer '" + name + "' is fp8 but names no recipe");
                   }

@@ -193,8 +193,17 @@ struct PolicyLayer {
     std::string name;                   // weight name or its module prefix; empty: match by shape
     std::vector<int64_t> weight_shape;  // [out, in]; empty: match by name
     bool fp8 = true;
-    std::optional<Scheme> scheme;       // required when fp8
+    std::optional<Scheme> scheme;       // required when fp8: the weight's stored layout
     std::string reason;
+    // false for the recipe weight_only: the weight stored per row (channel) and the input not
+    // quantized where the layer runs (the weight-only GEMM) - an inference recipe, which training
+    // conversions refuse.
+    bool quantize_input = true;
+    // scheme and quantize_input from a policy's recipe name: tensorwise, rowwise, block, mxfp8
+    // (scheme_of_recipe) or weight_only; fp8kit::Error naming another.
+    void set_recipe(std::string_view recipe);
+    // The recipe name set_recipe takes back; "" without a scheme.
+    std::string_view recipe() const;
 };
 struct Policy {
     std::vector<PolicyLayer> layers;

@@ -561,8 +561,10 @@ def advise(model, example_inputs, path=None, *, recipes=("rowwise", "tensorwise"
     agree with the decision. SQNR: the FP8 output against the float64 product of the same input
     and weight. A layer goes FP8 with the fastest recipe whose median speedup is at least
     min_speedup and whose SQNR is at least sqnr_floor (25 dB: the NUMERICS.md floor of an FP8
-    GEMM). Returns the policy entries (docs/CHECKPOINTS.md); path: also written there as the
-    policy file that `fp8kit quantize --policy`, `fp8kit train --policy` and the library read."""
+    GEMM). recipes: any of RECIPES (weight_only too: an inference recipe, which the library's
+    layerwise casting runs with the input unquantized and its training conversions refuse).
+    Returns the policy entries (docs/CHECKPOINTS.md); path: also written there as the policy file
+    that `fp8kit quantize --policy`, `fp8kit train --policy` and the library read."""
     if rounds < 1:
         raise fp8kit.Error(f"fp8kit.torch.advise: rounds is {rounds}, expected >= 1")
     for r in recipes:

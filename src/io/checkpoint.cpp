@@ -240,6 +240,20 @@ const PolicyLayer* Policy::find(const std::string& weight, const Shape& shape) c
     return nullptr;
 }
 
+void PolicyLayer::set_recipe(std::string_view recipe) {
+    quantize_input = recipe != "weight_only";
+    try {
+        scheme = scheme_of_recipe(quantize_input ? recipe : "rowwise");
+    } catch (const Error&) {
+        throw Error("policy: unknown recipe '" + std::string(recipe) +
+                    "', expected tensorwise, rowwise, block, mxfp8 or weight_only");
+    }
+}
+
+std::string_view PolicyLayer::recipe() const {
+    return !scheme ? std::string_view() : quantize_input ? recipe_of(*scheme) : std::string_view("weight_only");
+}
+
 Policy read_policy(const std::string& path) {
     Json j;
     {
@@ -275,7 +289,7 @@ Policy read_policy(const std::string& path) {
         if (l.contains("recipe") && !l["recipe"].is_null()) {
             if (!l["recipe"].is_string()) throw bad("layer " + l.dump() + ": 'recipe' is not a string");
             try {
-                pl.scheme = scheme_of_recipe(l["recipe"].get<std::string>());
+                pl.set_recipe(l["recipe"].get<std::string>());
             } catch (const Error& e) {
                 throw bad(e.what());
             }
@@ -294,7 +308,7 @@ std::string policy_json(const Policy& p) {
         if (!l.name.empty()) o["name"] = l.name;
         if (!l.weight_shape.empty()) o["weight_shape"] = l.weight_shape;
         o["fp8"] = l.fp8;
-        o["recipe"] = l.scheme ? Json(recipe_of(*l.scheme)) : Json(nullptr);
+        o["recipe"] = l.scheme ? Json(l.recipe()) : Json(nullptr);
         o["reason"] = l.reason;
         layers.push_back(std::move(o));
     }

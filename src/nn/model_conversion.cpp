@@ -160,6 +160,11 @@ LinearPlan policy_plan(const Policy& policy, const Float8LinearOptions& defaults
             why = policy_reason(*e);
             return std::nullopt;
         }
+        if (!e->quantize_input) {
+            throw Error("fp8kit::nn::policy_plan: the policy's entry for '" + name +
+                        "' is weight_only, an inference recipe (the input not quantized); training needs tensorwise, "
+                        "rowwise, block or mxfp8");
+        }
         Float8LinearOptions o = defaults;
         o.recipe = parse_recipe(recipe_of(*e->scheme));  // read_policy requires a recipe when fp8
         return o;
@@ -207,14 +212,20 @@ LayerwiseCastingReport enable_layerwise_casting(Module& model, const LayerwiseCa
             if (c == kind) why = "class " + kind;
         for (const auto& [text, re] : patterns)
             if (why.empty() && std::regex_search(name, re)) why = "pattern '" + text + "'";
-        // The policy's layout for the weight (its recipe's weight scaling), or tensor scaling.
+        // The policy's layout for the weight (its recipe's weight scaling), or tensor scaling; and
+        // whether the entry lets a Linear cast its input (weight_only: not).
         std::optional<Scheme> weight_scheme;
+        bool quantize_input = opts.quantize_input;
         if (why.empty() && opts.policy) {
             for (const auto& [pn, p] : m->parameters()) {
                 if (pn != "weight" || !p->value.defined()) continue;
                 if (const PolicyLayer* e = policy_entry(*opts.policy, name, p->value.shape())) {
-                    if (!e->fp8) why = policy_reason(*e);
-                    else weight_scheme = e->scheme;
+                    if (!e->fp8) {
+                        why = policy_reason(*e);
+                    } else {
+                        weight_scheme = e->scheme;
+                        quantize_input = quantize_input && e->quantize_input;
+                    }
                 }
             }
         }
@@ -232,7 +243,7 @@ LayerwiseCastingReport enable_layerwise_casting(Module& model, const LayerwiseCa
             p->value = Tensor();
             p->grad = Tensor();
         }
-        if (auto* l = dynamic_cast<Linear*>(m)) l->quantize_input = opts.quantize_input;
+        if (auto* l = dynamic_cast<Linear*>(m)) l->quantize_input = quantize_input;
         (computes_natively_in_fp8(kind) ? report.native : report.cast).push_back(name);
     }
     for (const auto& [n, p] : model.named_parameters()) report.bytes_after += p->bytes();

@@ -338,6 +338,37 @@ TEST(Convert, PolicyDecidesPerLayerWithItsRecipeAndReason) {
     EXPECT_EQ(why(r2.skipped, "proj_in"), "no entry");
 }
 
+// A weight_only entry (what fp8kit.torch.advise writes when that recipe wins): layerwise casting
+// stores the weight per row and leaves that Linear's input unquantized (the weight-only GEMM),
+// the other entries' layers still casting theirs; policy_json writes the name back; a training
+// conversion refuses it, naming the layer, rather than train it as rowwise.
+TEST(LayerwiseCasting, PolicyWeightOnlyEntryLeavesThatInputUnquantized) {
+    OddModel m;
+    const std::vector<float> w_in = weights_of(m.linear("proj_in"));
+    LayerwiseCastingOptions o;
+    o.skip_patterns = {};
+    o.policy = policy_file("weight_only", R"J(
+        {"name": "proj_in", "fp8": true, "recipe": "weight_only", "reason": "r1"},
+        {"name": "head", "fp8": true, "recipe": "rowwise", "reason": "r2"})J");
+    EXPECT_NE(policy_json(*o.policy).find(R"("recipe": "weight_only")"), std::string::npos);
+    enable_layerwise_casting(m, o);
+    EXPECT_FALSE(m.linear("proj_in").quantize_input);
+    EXPECT_TRUE(m.linear("head").quantize_input);
+    EXPECT_TRUE(m.linear("proj_out").quantize_input);  // no entry: the options' default
+    EXPECT_EQ(m.linear("proj_in").weight().stored->scaling.granularity, Granularity::row);
+    EXPECT_EQ(m.linear("head").weight().stored->scaling.granularity, Granularity::row);
+    // x unquantized, only the weight's e4m3 rounding: 32.9 dB here (fixed seeds); x cast to e4m3
+    // as well, the nearest wrong answer, 30.4. The floor sits between the two.
+    const Tensor x = normal_input(9, 16, 5);
+    EXPECT_GE(forward_sqnr_db(m.linear("proj_in"), w_in, x), 31.5);
+    m.linear("proj_in").quantize_input = true;
+    EXPECT_LT(forward_sqnr_db(m.linear("proj_in"), w_in, x), 31.5);
+    OddModel t;
+    Float8LinearOptions defaults;
+    test::expect_error([&] { convert_to_float8_training(t, policy_plan(*o.policy, defaults)); },
+                       "'proj_in' is weight_only");
+}
+
 TEST(LayerwiseCasting, PolicySkipsWithItsReasonAndPicksTheStoredLayout) {
     OddModel m;
     std::map<std::string, std::vector<float>> w32;

@@ -54,6 +54,20 @@ def test_policy_written_is_the_one_the_library_reads(tmp_path):
         [(e["name"], e["fp8"], e["recipe"]) for e in entries]
 
 
+def test_weight_only_is_a_recipe_the_policy_file_keeps(tmp_path):
+    # advise may pick weight_only (x not quantized): the policy file names it and the library's
+    # reader takes it back as that recipe (stored per row, input unquantized), not as rowwise. Its
+    # SQNR is the weight's e4m3 rounding alone, above rowwise's (x in e4m3 too) on the same layer.
+    path = tmp_path / "policy.json"
+    net, x = Net(), (torch.randn(16, 128),)
+    wo = {e["name"]: e for e in f8.advise(net, x, path, rounds=1, min_speedup=0.0, recipes=("weight_only",))}
+    assert wo["up.weight"]["fp8"] and wo["up.weight"]["recipe"] == "weight_only"
+    read = {l["name"]: l for l in json.loads(fp8kit._fp8kit.read_policy(str(path)))["layers"]}
+    assert read["up.weight"]["recipe"] == "weight_only" and read["down.weight"]["recipe"] == "weight_only"
+    rw = {e["name"]: e for e in f8.advise(net, x, rounds=1, min_speedup=0.0, recipes=("rowwise",))}
+    assert sqnr_of(wo["up.weight"]) > sqnr_of(rw["up.weight"]) + 1.0
+
+
 def test_sqnr_floor_above_a_layer_refuses_it():
     net, x = Net(), (torch.randn(32, 128),)
     first = {e["name"]: e for e in f8.advise(net, x, rounds=1, min_speedup=0.0, recipes=("tensorwise",))}
