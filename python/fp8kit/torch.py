@@ -248,9 +248,10 @@ def quantize_(model, config=None, filter_fn=None):
     """Replaces, in place, every nn.Linear of model that filter_fn(module, fqn) accepts (all when
     None) by a Float8Linear. config: a recipe name - "rowwise" (the default), "tensorwise",
     "block", "mxfp8", or "weight_only" (e4m3 rowwise weights, activations not quantized: torchao's
-    Float8WeightOnlyConfig) - or torchao's config object for one of them (Float8DynamicActivationFloat8WeightConfig
-    with PerTensor / PerRow / 1x128-128x128 PerBlock granularity, Float8WeightOnlyConfig), as
-    torchao's quantize_(model, config, filter_fn)."""
+    Float8WeightOnlyConfig; a float32 / float16 activation is taken to 16 significant bits, twice
+    the products of a bfloat16 one at M >= 16) - or torchao's config object for one of them
+    (Float8DynamicActivationFloat8WeightConfig with PerTensor / PerRow / 1x128-128x128 PerBlock
+    granularity, Float8WeightOnlyConfig), as torchao's quantize_(model, config, filter_fn)."""
     recipe = config or "rowwise"
     if not isinstance(recipe, str):
         recipe = _recipe_of_torchao_config(recipe)
