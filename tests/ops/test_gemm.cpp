@@ -542,7 +542,9 @@ double weight_only64(double x) {
 // bf16 and f16 x, B in e4m3fn, e5m2 (which an FP8 A could not meet) and e4m3fnuz with tensor, row,
 // 128x128 and mx32 scales, the grid's shapes (small-M kernels, tiles, K windows) and epilogues.
 // The bound is the FP8 GEMM's: each product of a bf16 term and an FP8 value is exact in float32
-// too, and hi's and lo's sums add up to at most the float32 sum of all the products would.
+// too; the two terms' float32 sums err by the bound of their products' magnitudes, where |hi| +
+// |lo| <= (1 + 2^-8) |x|, and their sum rounds once more: (K + groups) 2^-8 + 1 more units of
+// eps |a||b|, inside the bound's slack of 6 (expect()) for K + groups <= 1280 (the grid: <= 1101).
 TEST(GemmWeightOnly, WithinTheFloat64Bound) {
     const Scaling b_scalings[] = {Scaling::tensor(), Scaling::row(), Scaling::block(128, 128), Scaling::mx32()};
     const Format b_formats[] = {Format::e4m3fn, Format::e5m2, Format::e4m3fnuz};
