@@ -121,11 +121,9 @@ void pack_row_weight_only(const detail::MatrixRef& x, int64_t i, const KLayout& 
             for (int64_t e = 0; e < len; ++e) dst[e] = detail::weight_only_hi(float(row[k0 + e]));
         });
         if (terms == 1) return;
+        // The hi term of each element is already packed lda back, at the same place in the row above.
         pack_groups(kl, out + lda, [&](int64_t k0, int64_t len, uint16_t* dst) {
-            for (int64_t e = 0; e < len; ++e) {
-                const float v = float(row[k0 + e]);
-                dst[e] = detail::weight_only_lo(v, detail::weight_only_hi(v));
-            }
+            for (int64_t e = 0; e < len; ++e) dst[e] = detail::weight_only_lo(float(row[k0 + e]), (dst - lda)[e]);
         });
     };
     switch (x.dtype) {
