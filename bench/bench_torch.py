@@ -39,7 +39,7 @@ first step's weight gradient against torch float32's.
 16 layers, random weights, nothing downloaded): prefill of 128 tokens (the faster of two) and decode tokens/s
 (the median step of 16; 4 for the peers at ~0.5 tokens/s), every model taking its turn in each
 of 4 rounds, with sqnr_db of the prefill's last logits against the float32 model's.
-Default: all three sections (about 8 minutes on 2 Zen 5 cores). Results: docs/PERF.md.
+Default: all three sections (about 8 minutes on 2 Zen 5 cores, 21 on 2 Zen 3 cores). Results: docs/PERF.md.
 Not run by the tests (speed is never asserted in tests).
 
 Memory: fp8kit puts blocks of 2 MiB and more (its packed weights) on huge pages where the OS
