@@ -1,7 +1,8 @@
 // tools/advise.cpp: `fp8kit advise (--shapes MxNxK,... | --model FILE) --out POLICY [--tokens M]
 // [--recipe R] [--input-dtype f32|bf16] [--min-speedup X] [--budget S]` - per linear layer (M tokens,
 // N outputs, K inputs), on this machine: the FP8 GEMM with the cast of A fused in (fp8kit::gemm
-// on f32 or bf16 A and the recipe, the weight quantized and packed once, outside the timing) timed
+// on f32 or bf16 A and the recipe, the weight quantized and packed once, outside the timing; with
+// --recipe weight_only the weight per row and A not quantized, GemmA(x), as quantize_'s) timed
 // against the float32 baseline the GEMM benchmark uses, OpenBLAS's cblas_sgemm on the same thread
 // count (bench::openblas_sgemm); the FP8 result's SQNR on sample activations - N(0,1) A
 // (bench::normal_tensor), with N(0,1) weights for --shapes or the model's own weights - against
@@ -114,9 +115,14 @@ void run_advise(const AdviseArgs& a) {
     if (a.tokens < 1) throw Error("--tokens " + std::to_string(a.tokens) + ": expected >= 1");
     if (!(a.budget > 0)) throw Error("--budget " + std::to_string(a.budget) + ": expected seconds > 0");
     if (!(a.min_speedup >= 0)) throw Error("--min-speedup " + std::to_string(a.min_speedup) + ": expected >= 0");
-    const Recipe recipe = parse_recipe(a.recipe);
-    if (recipe.kind == RecipeKind::delayed) throw Error("--recipe delayed needs training state; use tensorwise, rowwise, block or mxfp8");
-    const Scheme scheme = scheme_of_recipe(a.recipe);
+    // weight_only: the weight quantized as rowwise quantizes it (per output row), the activations
+    // not quantized (PolicyLayer::set_recipe's mapping, which the policy records).
+    const bool weight_only = a.recipe == "weight_only";
+    if (a.recipe == "delayed") throw Error("--recipe delayed needs training state; use tensorwise, rowwise, block, mxfp8 or weight_only");
+    if (!weight_only && a.recipe != "tensorwise" && a.recipe != "rowwise" && a.recipe != "block" && a.recipe != "mxfp8") {
+        throw Error("--recipe " + a.recipe + ": expected tensorwise, rowwise, block, mxfp8 or weight_only");
+    }
+    const Recipe recipe = parse_recipe(weight_only ? "rowwise" : a.recipe);
     if (a.input_dtype != "f32" && a.input_dtype != "bf16") throw Error("--input-dtype " + a.input_dtype + ": expected f32 or bf16");
     const DType input_dtype = a.input_dtype == "f32" ? DType::f32 : DType::bf16;
     std::vector<std::string> inputs;
@@ -134,9 +140,10 @@ void run_advise(const AdviseArgs& a) {
         }
     }
     nlohmann::ordered_json rows = nlohmann::ordered_json::array();
-    if (!a.json) std::printf("baseline: OpenBLAS cblas_sgemm, float32, %d thread(s); FP8: fp8kit::gemm, recipe %s, %s A cast fused, "
+    if (!a.json) std::printf("baseline: OpenBLAS cblas_sgemm, float32, %d thread(s); FP8: fp8kit::gemm, recipe %s, %s A %s, "
                 "W quantized and packed once; SQNR vs the float64 product on %lld rows of N(0,1) activations\n",
-                threads, a.recipe.c_str(), a.input_dtype.c_str(), static_cast<long long>(sample_rows));
+                threads, a.recipe.c_str(), a.input_dtype.c_str(), weight_only ? "not quantized" : "cast fused",
+                static_cast<long long>(sample_rows));
     if (!a.json) std::printf("%-40s %-18s %11s %11s %8s %9s  %s\n", "layer", "MxNxK", "f32 ms", "fp8 ms", "speedup", "SQNR dB", "fp8");
     Policy policy;
     for (size_t i = 0; i < layers.size(); ++i) {
@@ -151,7 +158,7 @@ void run_advise(const AdviseArgs& a) {
         const PackedWeight w(quantize(l.weight, recipe.options(Role::weight)));
         const QuantizeOptions qa = recipe.options(Role::input);
         Tensor d8;
-        const double t8 = bench::best_seconds([&] { d8 = gemm({x, qa}, w); }, a.budget);
+        const double t8 = bench::best_seconds([&] { d8 = gemm(weight_only ? GemmA(x) : GemmA(x, qa), w); }, a.budget);
         const double sqnr = gemm_sqnr(x32, l.weight, d8);
         const double speedup = t32 / t8;
         PolicyLayer pl;
@@ -161,7 +168,7 @@ void run_advise(const AdviseArgs& a) {
             pl.name = l.name;
         }
         pl.fp8 = speedup >= a.min_speedup && sqnr >= sqnr_floor;
-        if (pl.fp8) pl.scheme = scheme;
+        if (pl.fp8) pl.set_recipe(a.recipe);
         char reason[200];
         std::snprintf(reason, sizeof reason, "%s: fp8 %.2fx f32 speed at M=%lld (need %.2fx), sqnr %.1f dB (floor %.0f)",
                       pl.fp8 ? "faster and accurate" : (sqnr < sqnr_floor ? "not accurate enough" : "not faster"), speedup,
@@ -188,7 +195,8 @@ void add_advise_command(CLI::App& app) {
     c->add_option("--model", a->model, "a safetensors checkpoint (file or shard directory): each 2-D weight [N, K], M = --tokens");
     c->add_option("--out", a->out, "where to write the policy JSON")->required();
     c->add_option("--tokens", a->tokens, "M for --model")->capture_default_str();
-    c->add_option("--recipe", a->recipe, "tensorwise, rowwise, block or mxfp8")->capture_default_str();
+    c->add_option("--recipe", a->recipe, "tensorwise, rowwise, block, mxfp8 or weight_only (the weight per row, the activations not quantized)")
+        ->capture_default_str();
     c->add_option("--input-dtype", a->input_dtype, "activations given to the FP8 GEMM: f32 or bf16")->capture_default_str();
     c->add_option("--min-speedup", a->min_speedup, "FP8 only where at least this much faster than f32")->capture_default_str();
     c->add_option("--budget", a->budget, "seconds of timing per measurement")->capture_default_str();

@@ -109,6 +109,24 @@ check "quantize --policy (shapes): [200,96] and [96,200] block128, [96,96] the -
     grep -Eq '^model.layers.1.mlp.up_proj.weight_scale_inv +F32 +\[2, 1\]' pq.out &&
     grep -Eq '^model.layers.1.mlp.down_proj.weight_scale_inv +F32 +\[1, 2\]' pq.out &&
     grep -Eq '^model.layers.0.self_attn.q_proj.weight_scale +F32 +\[1\]' pq.out && grep -Eq '^lm_head.weight +F32 ' pq.out"
+# weight_only: the weight per row, x not quantized. Its SQNR tells the two apart on these fixed
+# N(0,1) samples: the weight's e4m3 rounding alone gives 31.0-31.3 dB, and casting x too adds an
+# error of the same size (-3 dB: 28.1-28.3, what rowwise measures), so 30 dB sits between them.
+"$fp8kit" advise --shapes 4x200x96,3x96x200 --recipe weight_only --min-speedup 0 --budget 0.01 --out pwo.json >/dev/null 2>&1; rc=$?
+check "advise --recipe weight_only: recipe weight_only, sqnr >= 30 dB (x not quantized)" "[ $rc -eq 0 ] && '$python' -c \"
+import json, re
+l = json.load(open('pwo.json'))['layers']
+assert len(l) == 2, l
+for x in l:
+    assert x['fp8'] is True and x['recipe'] == 'weight_only', x
+    assert float(re.search(r'sqnr ([0-9.]+) dB', x['reason']).group(1)) >= 30, x
+\""
+"$fp8kit" quantize m.safetensors pw.safetensors --scheme tensor --policy pwo.json >/dev/null 2>&1; rc=$?
+"$fp8kit" inspect pw.safetensors >pw.out 2>&1
+check "quantize --policy weight_only: those weights per row (channel), the rest the --scheme default" "[ $rc -eq 0 ] &&
+    grep -Eq '^model.layers.0.mlp.up_proj.weight_scale +F32 +\[200, 1\]' pw.out &&
+    grep -Eq '^model.layers.0.mlp.down_proj.weight_scale +F32 +\[96, 1\]' pw.out &&
+    grep -Eq '^model.layers.0.self_attn.q_proj.weight_scale +F32 +\[1\]' pw.out"
 "$fp8kit" advise --model m.safetensors --tokens 5 --recipe mxfp8 --min-speedup 0 --budget 0.01 --out pmodel.json >/dev/null 2>&1; rc=$?
 check "advise --model: one named layer per weight quantize converts (not embed, norm, lm_head), fp8 mxfp8" "[ $rc -eq 0 ] && '$python' -c \"
 import json
@@ -147,6 +165,8 @@ printf '{"format": "fp8kit-policy", "version": 1, "layers": [{"name": "x", "fp8"
 check "a policy layer fp8 without a recipe: exit 2 naming the file, no OUT" "[ $rc -eq 2 ] && grep -q 'pbad.json' e && grep -q 'names no recipe' e && [ ! -e pb.safetensors ]"
 "$fp8kit" advise --shapes 4x200 --out pa.json >/dev/null 2>e; rc=$?
 check "advise --shapes not MxNxK: exit 2 naming it, no policy" "[ $rc -eq 2 ] && grep -q \"'4x200' is not MxNxK\" e && [ ! -e pa.json ]"
+"$fp8kit" advise --shapes 4x8x8 --recipe foo --out pa.json >/dev/null 2>e; rc=$?
+check "advise --recipe foo: exit 2 naming it and the recipes it takes, no policy" "[ $rc -eq 2 ] && grep -q -- '--recipe foo: expected tensorwise, rowwise, block, mxfp8 or weight_only' e && [ ! -e pa.json ]"
 "$fp8kit" advise --shapes 4x8x8 --model m.safetensors --out pa.json >/dev/null 2>e; rc=$?
 check "advise with both --shapes and --model: exit 2" "[ $rc -eq 2 ] && grep -q 'exactly one of' e && [ ! -e pa.json ]"
 
