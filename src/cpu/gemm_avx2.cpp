@@ -62,7 +62,9 @@ __m256 decode8_f32(__m256i x, const ExpandTable& t) {
 // left by 7 has the sign in bits 15 and 14 and exponent and mantissa in bits 13-7, and one and
 // clears bit 14 and the rest. Its NaN code (exponent and mantissa all ones, 480 x 2^-8 in f16)
 // gets f16's NaN bits when Specials (a strip of PackedB with a NaN code; the others skip the
-// check). The 2^-8 is exact and is taken back on the A side (unit_log2), so no multiply per code.
+// check). The 2^-8 is exact and is taken back on the A side (unit_log2), so no multiply per code
+// - unless A holds a finite value of 2^120 or more (a weight-only A), which x 2^8 would overflow
+// where its products are finite: then one multiply a vector of codes (the small kernel's ScaleB).
 template <Format F>
 struct Decode {
     static constexpr int unit_log2 = F == Format::e4m3fn ? 8 : 0;
@@ -256,14 +258,16 @@ __m256 column_sums(__m256 x, __m256 y) {
     return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_hadd_ps(x, y)), 0xd8));
 }
 
-// Strip s of B times R rows of A (af, float32) into out[r * ldacc + col].
-template <Format F, int R, bool Specials>
+// Strip s of B times R rows of A (af, float32) into out[r * ldacc + col]. ScaleB: B's decoded
+// values times 2^unit_log2 (else af holds A times it).
+template <Format F, int R, bool Specials, bool ScaleB>
 void small_strip(const float* af, int64_t ldaf, const PackedB& b, int64_t s, const float* sa, const ExpandTable& t,
                  float* out, int64_t ldacc) {
     const KLayout& kl = b.kl;
     const int64_t cpg = kl.chunks_per_group();
     const bool one_group = kl.groups == 1;
     const uint8_t* codes = b.strip(s);
+    const __m256 unit = _mm256_set1_ps(std::ldexp(1.0f, Decode<F>::unit_log2));
     __m256 total[R][2];
     for (int r = 0; r < R; ++r) total[r][0] = total[r][1] = _mm256_setzero_ps();  // (set by group 0; for the compiler)
     for (int64_t g = 0; g < kl.groups; ++g) {
@@ -288,6 +292,9 @@ void small_strip(const float* af, int64_t ldaf, const PackedB& b, int64_t s, con
                 __m256 w[4];
                 Decode<F>::template sixteen<Specials>(chunk + p * 2 * gemm_tile, t, w[0], w[1]);
                 Decode<F>::template sixteen<Specials>(chunk + p * 2 * gemm_tile + 16, t, w[2], w[3]);
+                if constexpr (ScaleB) {
+                    for (__m256& v : w) v = _mm256_mul_ps(v, unit);
+                }
                 for (int v = 0; v < 4; ++v) {
                     for (int r = 0; r < R; ++r) lanes[r][v] = _mm256_fmadd_ps(pair[r], w[v], lanes[r][v]);
                 }
@@ -316,38 +323,55 @@ void small_strip(const float* af, int64_t ldaf, const PackedB& b, int64_t s, con
     }
 }
 
-template <Format F, int R>
+template <Format F, bool ScaleB, int R>
 void small_rows(const float* af, int64_t ldaf, const PackedB& b, int64_t s0, int64_t s1, const float* sa,
                 const ExpandTable& t, float* acc, int64_t ldacc) {
     for (int64_t s = s0; s < s1; ++s) {
         float* out = acc + (s - s0) * gemm_tile;
         if (b.strip_has_nan[size_t(s)]) {
-            small_strip<F, R, true>(af, ldaf, b, s, sa, t, out, ldacc);
+            small_strip<F, R, true, ScaleB>(af, ldaf, b, s, sa, t, out, ldacc);
         } else {
-            small_strip<F, R, false>(af, ldaf, b, s, sa, t, out, ldacc);
+            small_strip<F, R, false, ScaleB>(af, ldaf, b, s, sa, t, out, ldacc);
         }
     }
+}
+
+// Two rows at a time: 8 lane accumulators, 2 A pairs and the decode's temporaries fit the 16
+// registers.
+template <Format F, bool ScaleB>
+void small_all_rows(int64_t rows, const float* af, int64_t ldaf, const PackedB& b, int64_t s0, int64_t s1,
+                    const float* sa, const ExpandTable& t, float* acc, int64_t ldacc) {
+    int64_t r = 0;
+    for (; r + 2 <= rows; r += 2) {
+        small_rows<F, ScaleB, 2>(af + r * ldaf, ldaf, b, s0, s1, sa + r * b.kl.groups, t, acc + r * ldacc, ldacc);
+    }
+    if (r < rows) small_rows<F, ScaleB, 1>(af + r * ldaf, ldaf, b, s0, s1, sa + r * b.kl.groups, t, acc + r * ldacc, ldacc);
 }
 
 template <Format F>
 void small_format(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,
                   const float* sa, const ExpandTable& t, float* acc, int64_t ldacc) {
-    // A's few rows widened to float32 once per call, times 2^unit_log2 (exact), so a pair is one
-    // 64-bit broadcast.
+    // A's few rows widened to float32 once per call, times 2^unit_log2 (exact) unless a finite
+    // value of 2^120 or more would overflow, so a pair is one 64-bit broadcast.
     const int64_t ldaf = b.kl.padded;
-    const float unit = std::ldexp(1.0f, Decode<F>::unit_log2);
     std::vector<float> afv(size_t(rows * ldaf));
+    uint16_t large = 0;  // nonzero: some |A| in [2^120, Inf) (bf16 exponent field 247-254)
     for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t k = 0; k < ldaf; ++k) afv[size_t(r * ldaf + k)] = std::bit_cast<float>(uint32_t(a[r * lda + k]) << 16) * unit;
+        for (int64_t k = 0; k < ldaf; ++k) {
+            const uint16_t e = a[r * lda + k] & 0x7f80u;
+            large |= uint16_t(e >= (247u << 7) && e != 0x7f80u);
+            afv[size_t(r * ldaf + k)] = std::bit_cast<float>(uint32_t(a[r * lda + k]) << 16);
+        }
     }
-    const float* af = afv.data();
-    // Two rows at a time: 8 lane accumulators, 2 A pairs and the decode's temporaries fit the 16
-    // registers.
-    int64_t r = 0;
-    for (; r + 2 <= rows; r += 2) {
-        small_rows<F, 2>(af + r * ldaf, ldaf, b, s0, s1, sa + r * b.kl.groups, t, acc + r * ldacc, ldacc);
+    const bool scale_b = Decode<F>::unit_log2 != 0 && large != 0;
+    if (!scale_b) {
+        const float unit = std::ldexp(1.0f, Decode<F>::unit_log2);
+        for (float& v : afv) v *= unit;
     }
-    if (r < rows) small_rows<F, 1>(af + r * ldaf, ldaf, b, s0, s1, sa + r * b.kl.groups, t, acc + r * ldacc, ldacc);
+    if constexpr (Decode<F>::unit_log2 != 0) {
+        if (scale_b) return small_all_rows<F, true>(rows, afv.data(), ldaf, b, s0, s1, sa, t, acc, ldacc);
+    }
+    small_all_rows<F, false>(rows, afv.data(), ldaf, b, s0, s1, sa, t, acc, ldacc);
 }
 
 void small_avx2(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,

@@ -677,6 +677,44 @@ TEST(GemmWeightOnly, InfInBGivesInfNotNan) {
     }
 }
 
+// x near float32's largest values does not overflow before its products: D[i, j] = x_i * b_j with
+// one nonzero K element, B's values 1 and -0.5 (scale 1), so D is x_i b_j exactly (x bf16-exact:
+// hi = x, lo = 0), on every backend and ISA, for B in every format and x at M on the small-M
+// kernels (float32 x: M = 1, 2, packed as 2 and 4 rows; bf16 x: M = 1, 4) and on the tiles (M = 5).
+// The AVX2 small-M kernel once took e4m3fn's 2^-8 decode offset back on A's side (x 2^8): Inf for
+// |x| >= 2^120, where x b is finite.
+TEST(GemmWeightOnly, XNearTheFloat32MaxDoesNotOverflowBeforeItsProducts) {
+    const int64_t n = 20, k = 64;
+    const float big[] = {0x1p121f, -0x1.fep127f, 0x1.8p125f, -0x1p120f, 1.0f};  // 0x1.fep127: bf16's largest
+    const float b_column[] = {1.0f, -0.5f};
+    for (const Format fb : {Format::e4m3fn, Format::e5m2, Format::e4m3fnuz, Format::e5m2fnuz}) {
+        QuantizeOptions unit = qopts(Scaling::tensor(), fb);
+        unit.scale = Tensor::full({1}, 1.0f);
+        std::vector<float> w(size_t(n * k), 0.0f);
+        for (int64_t j = 0; j < n; ++j) w[size_t(j * k + 3)] = b_column[j % 2];
+        const QTensor qb = quantize(Tensor::from(w, {n, k}), unit);
+        for (const DType dtype : {DType::f32, DType::bf16}) {
+            for (const int64_t m : {int64_t(1), int64_t(2), int64_t(4), int64_t(5)}) {
+                SCOPED_TRACE(std::string(to_string(fb)) + " x " + std::string(to_string(dtype)) + " m=" + std::to_string(m));
+                std::vector<float> xv(size_t(m * k), 0.0f);
+                for (int64_t i = 0; i < m; ++i) xv[size_t(i * k + 3)] = big[i % std::size(big)];
+                const Tensor x = as_tensor(xv, m, k, dtype);
+                for_each_backend([&] {
+                    const Tensor d = gemm(x, qb);
+                    int bad = 0;
+                    for (int64_t i = 0; i < m; ++i) {
+                        for (int64_t j = 0; j < n; ++j) {
+                            const float want = big[i % std::size(big)] * b_column[j % 2], v = d.get({i, j});
+                            if (v != want && ++bad <= 3) ADD_FAILURE() << "D[" << i << ", " << j << "] = " << v << ", want " << want;
+                        }
+                    }
+                    EXPECT_EQ(bad, 0);
+                });
+            }
+        }
+    }
+}
+
 // The cuda backend has no weight-only GEMM: a device A without quantize options is refused with
 // an error that says so (not run as something else).
 TEST(GemmWeightOnly, CudaRefusesIt) {
