@@ -323,29 +323,30 @@ void small_strip(const float* af, int64_t ldaf, const PackedB& b, int64_t s, con
     }
 }
 
+// Strip s times R rows (the decode's NaN fix-up only where the strip holds a NaN code).
 template <Format F, bool ScaleB, int R>
-void small_rows(const float* af, int64_t ldaf, const PackedB& b, int64_t s0, int64_t s1, const float* sa,
-                const ExpandTable& t, float* acc, int64_t ldacc) {
-    for (int64_t s = s0; s < s1; ++s) {
-        float* out = acc + (s - s0) * gemm_tile;
-        if (b.strip_has_nan[size_t(s)]) {
-            small_strip<F, R, true, ScaleB>(af, ldaf, b, s, sa, t, out, ldacc);
-        } else {
-            small_strip<F, R, false, ScaleB>(af, ldaf, b, s, sa, t, out, ldacc);
-        }
+void small_rows(const float* af, int64_t ldaf, const PackedB& b, int64_t s, const float* sa, const ExpandTable& t,
+                float* out, int64_t ldacc) {
+    if (b.strip_has_nan[size_t(s)]) {
+        small_strip<F, R, true, ScaleB>(af, ldaf, b, s, sa, t, out, ldacc);
+    } else {
+        small_strip<F, R, false, ScaleB>(af, ldaf, b, s, sa, t, out, ldacc);
     }
 }
 
-// Two rows at a time: 8 lane accumulators, 2 A pairs and the decode's temporaries fit the 16
-// registers.
+// Strip by strip, two rows at a time (8 lane accumulators, 2 A pairs and the decode's temporaries
+// fit the 16 registers): a strip's codes (16 bytes a K) come from memory once, for the first pair
+// of rows, and from L2 for the others - rows outermost streamed all of B once per pair.
 template <Format F, bool ScaleB>
 void small_all_rows(int64_t rows, const float* af, int64_t ldaf, const PackedB& b, int64_t s0, int64_t s1,
                     const float* sa, const ExpandTable& t, float* acc, int64_t ldacc) {
-    int64_t r = 0;
-    for (; r + 2 <= rows; r += 2) {
-        small_rows<F, ScaleB, 2>(af + r * ldaf, ldaf, b, s0, s1, sa + r * b.kl.groups, t, acc + r * ldacc, ldacc);
+    const int64_t groups = b.kl.groups;
+    for (int64_t s = s0; s < s1; ++s) {
+        float* out = acc + (s - s0) * gemm_tile;
+        int64_t r = 0;
+        for (; r + 2 <= rows; r += 2) small_rows<F, ScaleB, 2>(af + r * ldaf, ldaf, b, s, sa + r * groups, t, out + r * ldacc, ldacc);
+        if (r < rows) small_rows<F, ScaleB, 1>(af + r * ldaf, ldaf, b, s, sa + r * groups, t, out + r * ldacc, ldacc);
     }
-    if (r < rows) small_rows<F, ScaleB, 1>(af + r * ldaf, ldaf, b, s0, s1, sa + r * b.kl.groups, t, acc + r * ldacc, ldacc);
 }
 
 template <Format F>
@@ -410,12 +411,13 @@ void expand_avx2(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t
     }
 }
 
-// Where the small-M kernel stops paying: its decode is shared by the rows of a call, but each row
-// adds 4 FMAs per 8 codes on top, while the tiles decode B once into a widened copy and then run at
-// FMA speed. 4 is an estimate of where the two meet, not a measured crossover: bench_gemm's M = 1
-// (small kernel) and M = 16 (tiles) rows bracket it (docs/PERF.md).
+// Where the small-M kernel stops paying: it decodes each strip once per pair of rows and runs at
+// about the same rate at every M (60-78 GFLOP/s on 2 Zen 3 cores, 4096 x 4096 from memory), while
+// the tiles decode B once into a widened copy but compute 16-row tiles whatever M is (M = 5: 29-32
+// GFLOP/s, 8: 44-50, 10: 55-69, 12: 64-82, 14: 76-95). 8 is below that crossover (10-12); it was
+// 4, which left M = 5-8 at half the small kernel's speed.
 constexpr GemmKernels avx2_kernels{&expand_avx2, &widen_b_avx2, 4, 16, 4, 3, &block_then_promote<&block_avx2>, &begin_avx2,
-                                    &no_tile_state, &small_avx2, 4, &matmul_f32_avx2, "avx2"};
+                                    &no_tile_state, &small_avx2, 8, &matmul_f32_avx2, "avx2"};
 static_assert(avx2_kernels.block_tiles <= max_block_tiles, "block_then_promote's part holds max_block_tiles row tiles");
 
 }  // namespace
