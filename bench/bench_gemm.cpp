@@ -6,7 +6,7 @@
 //
 // D[M, N] = A[M, K] . W[N, K]^T (W a Linear weight, [out, in]), f32 output, on
 //   square shapes  M = N = K in {512, 1024, 2048, 4096},
-//   LLM shapes     M in {1, 16, 128, 2048} x (N, K) in {(4096, 4096), (11008, 4096), (4096, 11008)}.
+//   LLM shapes     M in {1, 8, 16, 128, 2048} x (N, K) in {(4096, 4096), (11008, 4096), (4096, 11008)}.
 // Weights are prepared once per (N, K) outside the timing, as inference reuses them:
 //   openblas.sgemm     cblas_sgemm(RowMajor, NoTrans, Trans) on the f32 weights as they are
 //   openblas.sgemv     cblas_sgemv for M = 1
@@ -41,7 +41,7 @@
 // Threads: fp8kit::num_threads() for all three (OpenBLAS's OpenMP build and oneDNN's OpenMP
 // runtime follow the same OpenMP setting). Inputs: deterministic, roughly N(0, 1), A and W from
 // different seeds. A peer the build did not find (bench/CMakeLists.txt) is reported as skipped.
-// --quick: 512 square and M = 1, 16 with (4096, 4096), short budgets (~10 s on 2 idle cores).
+// --quick: 512 square and M = 1, 8, 16 with (4096, 4096), short budgets (~12 s on 2 idle cores).
 // Run by `bench_gemm [--json] [--quick]` and `fp8kit bench gemm`. Results: docs/PERF.md.
 #include <algorithm>
 #include <cmath>
@@ -88,11 +88,11 @@ struct WeightCase {
 };
 
 std::vector<WeightCase> weight_cases(bool quick) {
-    if (quick) return {{512, 512, {512}, true}, {4096, 4096, {1, 16}, false}};
+    if (quick) return {{512, 512, {512}, true}, {4096, 4096, {1, 8, 16}, false}};
     std::vector<WeightCase> c;
     for (int64_t s : {512, 1024, 2048, 4096}) c.push_back({s, s, {s}, true});
     const std::pair<int64_t, int64_t> llm[] = {{4096, 4096}, {11008, 4096}, {4096, 11008}};
-    for (const auto& nk : llm) c.push_back({nk.first, nk.second, {1, 16, 128, 2048}, false});
+    for (const auto& nk : llm) c.push_back({nk.first, nk.second, {1, 8, 16, 128, 2048}, false});
     return c;
 }
 
