@@ -115,14 +115,17 @@ void run_advise(const AdviseArgs& a) {
     if (a.tokens < 1) throw Error("--tokens " + std::to_string(a.tokens) + ": expected >= 1");
     if (!(a.budget > 0)) throw Error("--budget " + std::to_string(a.budget) + ": expected seconds > 0");
     if (!(a.min_speedup >= 0)) throw Error("--min-speedup " + std::to_string(a.min_speedup) + ": expected >= 0");
-    // weight_only: the weight quantized as rowwise quantizes it (per output row), the activations
-    // not quantized (PolicyLayer::set_recipe's mapping, which the policy records).
-    const bool weight_only = a.recipe == "weight_only";
     if (a.recipe == "delayed") throw Error("--recipe delayed needs training state; use tensorwise, rowwise, block, mxfp8 or weight_only");
-    if (!weight_only && a.recipe != "tensorwise" && a.recipe != "rowwise" && a.recipe != "block" && a.recipe != "mxfp8") {
-        throw Error("--recipe " + a.recipe + ": expected tensorwise, rowwise, block, mxfp8 or weight_only");
+    // The policy's recipe decides what is timed: its scheme quantizes the weight (weight_only: per
+    // row, as rowwise), quantize_input whether A is cast (weight_only: not, GemmA(x)).
+    PolicyLayer as_recorded;
+    try {
+        as_recorded.set_recipe(a.recipe);
+    } catch (const Error& e) {
+        throw Error(std::string("--recipe: ") + e.what());
     }
-    const Recipe recipe = parse_recipe(weight_only ? "rowwise" : a.recipe);
+    const bool weight_only = !as_recorded.quantize_input;
+    const Recipe recipe = parse_recipe(recipe_of(*as_recorded.scheme));
     if (a.input_dtype != "f32" && a.input_dtype != "bf16") throw Error("--input-dtype " + a.input_dtype + ": expected f32 or bf16");
     const DType input_dtype = a.input_dtype == "f32" ? DType::f32 : DType::bf16;
     std::vector<std::string> inputs;

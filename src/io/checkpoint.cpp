@@ -245,8 +245,7 @@ void PolicyLayer::set_recipe(std::string_view recipe) {
     try {
         scheme = scheme_of_recipe(quantize_input ? recipe : "rowwise");
     } catch (const Error&) {
-        throw Error("policy: unknown recipe '" + std::string(recipe) +
-                    "', expected tensorwise, rowwise, block, mxfp8 or weight_only");
+        throw Error("unknown recipe '" + std::string(recipe) + "', expected tensorwise, rowwise, block, mxfp8 or weight_only");
     }
 }
 

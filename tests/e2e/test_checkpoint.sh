@@ -166,7 +166,7 @@ check "a policy layer fp8 without a recipe: exit 2 naming the file, no OUT" "[ $
 "$fp8kit" advise --shapes 4x200 --out pa.json >/dev/null 2>e; rc=$?
 check "advise --shapes not MxNxK: exit 2 naming it, no policy" "[ $rc -eq 2 ] && grep -q \"'4x200' is not MxNxK\" e && [ ! -e pa.json ]"
 "$fp8kit" advise --shapes 4x8x8 --recipe foo --out pa.json >/dev/null 2>e; rc=$?
-check "advise --recipe foo: exit 2 naming it and the recipes it takes, no policy" "[ $rc -eq 2 ] && grep -q -- '--recipe foo: expected tensorwise, rowwise, block, mxfp8 or weight_only' e && [ ! -e pa.json ]"
+check "advise --recipe foo: exit 2 naming it and the recipes it takes, no policy" "[ $rc -eq 2 ] && grep -q -- \"--recipe: unknown recipe 'foo', expected tensorwise, rowwise, block, mxfp8 or weight_only\" e && [ ! -e pa.json ]"
 "$fp8kit" advise --shapes 4x8x8 --model m.safetensors --out pa.json >/dev/null 2>e; rc=$?
 check "advise with both --shapes and --model: exit 2" "[ $rc -eq 2 ] && grep -q 'exactly one of' e && [ ! -e pa.json ]"
 
