@@ -72,10 +72,11 @@ void tile_portable(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ch
     }
 }
 
-void block_portable(int mi, int nj, const uint16_t* a, int64_t lda, const void* bw, int64_t b_strip,
+void block_portable(int rows, int nj, const uint16_t* a, int64_t lda, const void* bw, int64_t b_strip,
                     int64_t chunks, float* c, int64_t ldc, bool accumulate) {
     const auto* b = static_cast<const uint16_t*>(bw);
-    for (int i = 0; i < mi; ++i) {
+    const int64_t mi = (rows + gemm_tile - 1) / gemm_tile;
+    for (int64_t i = 0; i < mi; ++i) {
         for (int j = 0; j < nj; ++j) {
             tile_portable(a + i * gemm_tile * lda, lda, b + j * b_strip, chunks, c + i * gemm_tile * ldc + j * gemm_tile,
                           ldc, accumulate);
@@ -226,8 +227,9 @@ struct Task {
     int64_t packed_m;  // job.m * terms
 };
 
-// Rows [r0, r0 + rows) x strips [s0, s1) on 16x16 tiles into acc: windows of B widened (bf16
-// or float32, the kernel's choice) once per task and reused by every pair of row tiles.
+// Packed rows [r0, r0 + rows) x strips [s0, s1) on 16x16 tiles into acc: windows of B widened
+// (bf16 or float32, the kernel's choice) once per task and reused by every pair of row tiles. A
+// last tile partly past the packed rows is computed whole or in part (GemmKernels::block).
 void run_tiles(const Task& t, int64_t r0, int64_t rows, int64_t s0, int64_t s1, float* acc_out, int64_t ldacc) {
     const KLayout& kl = t.b.kl;
     const int64_t ns = s1 - s0;
@@ -269,7 +271,7 @@ void run_tiles(const Task& t, int64_t r0, int64_t rows, int64_t s0, int64_t s1, 
             }
         };
         for (int64_t i = 0; i < rows; i += block_rows) {
-            const int mi = int(std::min(block_rows, rows - i) / gemm_tile);
+            const int block_m = int(std::min(block_rows, rows - i));
             const uint16_t* a = t.apk + (r0 + i) * t.lda + w0 * gemm_chunk;
             // One K group at a time across the strips, so that consecutive blocks read the same
             // rows of A (the AVX2 kernel widens them once for all strips).
@@ -282,12 +284,12 @@ void run_tiles(const Task& t, int64_t r0, int64_t rows, int64_t s0, int64_t s1, 
                     const std::byte* b = bexp.get() + (s * b_strip + q * gemm_chunk_codes) * eb;
                     prefetch_share();
                     if (one_group) {
-                        t.kern.block(mi, nj, a, t.lda, b, b_strip, wc, c, ldacc, w0 > 0, nullptr);
+                        t.kern.block(block_m, nj, a, t.lda, b, b_strip, wc, c, ldacc, w0 > 0, nullptr);
                         continue;
                     }
                     const Promotion promotion{t.sa + (r0 + i) * kl.groups + g, kl.groups,
                                               t.b.scales.data() + g * t.b.strips * gemm_tile + (s0 + s) * gemm_tile, g == 0};
-                    t.kern.block(mi, nj, a + q * gemm_chunk, t.lda, b, b_strip, cpg, c, ldacc, false, &promotion);
+                    t.kern.block(block_m, nj, a + q * gemm_chunk, t.lda, b, b_strip, cpg, c, ldacc, false, &promotion);
                 }
             }
         }
@@ -306,7 +308,7 @@ void run_task(const Task& t, int64_t r0, int64_t r1, int64_t s0, int64_t s1) {
     if (t.kern.small != nullptr && t.packed_m <= t.kern.small_m_max) {
         t.kern.small(m_rows, t.apk + r0 * t.lda, t.lda, t.b, s0, s1, t.sa + r0 * kl.groups, t.table, acc.get(), ldacc);
     } else {
-        run_tiles(t, r0, rows, s0, s1, acc.get(), ldacc);
+        run_tiles(t, r0, m_rows, s0, s1, acc.get(), ldacc);
     }
 
     // Epilogue: scales (one group), alpha, C, bias, activation, the output type.

@@ -75,9 +75,10 @@ void block_amx(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t b_stri
     if constexpr (MI > 1 && NJ > 1) _tile_stored(3, c1 + gemm_tile, sc);
 }
 
-void block_dispatch(int mi, int nj, const uint16_t* a, int64_t lda, const void* bw, int64_t b_strip,
+void block_dispatch(int rows, int nj, const uint16_t* a, int64_t lda, const void* bw, int64_t b_strip,
                     int64_t chunks, float* c, int64_t ldc, bool accumulate) {
     const auto* b = static_cast<const uint16_t*>(bw);
+    const int64_t mi = (rows + gemm_tile - 1) / gemm_tile;
     if (mi == 2 && nj == 2) return block_amx<2, 2>(a, lda, b, b_strip, chunks, c, ldc, accumulate);
     if (mi == 2) return block_amx<2, 1>(a, lda, b, b_strip, chunks, c, ldc, accumulate);
     if (nj == 2) return block_amx<1, 2>(a, lda, b, b_strip, chunks, c, ldc, accumulate);

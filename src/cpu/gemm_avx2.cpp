@@ -182,7 +182,7 @@ void micro(const float* af, int64_t ldaf, const float* b, int64_t kn, float* c, 
     }
 }
 
-// The block's A rows (mi x 16 rows, chunks x 32 bf16) widened to float32, per thread (48 x 128
+// The block's A rows (up to 48, chunks x 32 bf16) widened to float32, per thread (48 x 128
 // floats, 24 KiB, unless a K group is longer than the 128-K window). run_tiles calls block for every pair of strips with the same rows of
 // A, so the widened rows are kept until a block asks for others; begin() (the start of a task)
 // forgets them, since packed A lives only for one GEMM. Widening per call took 11% of a 2048^3
@@ -214,17 +214,29 @@ thread_local WidenedA widened_a;
 
 void begin_avx2() { widened_a.a = nullptr; }
 
+// Rows [0, rows) of af (ldaf apart) times a strip's K slice of b into c, in ceil(rows / 6) micro
+// calls of sizes as even as rows allows: 48 = 8 x 6, 32 = 6 + 6 + 5 x 4, 16 = 6 + 5 + 5, and a last
+// tile's rows only (10 = 5 + 5, 9 = 5 + 4) rather than all 16.
+using Micro = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, bool);
+constexpr Micro micros[7] = {nullptr, &micro<1>, &micro<2>, &micro<3>, &micro<4>, &micro<5>, &micro<6>};
+void micro_rows(int64_t rows, const float* af, int64_t ldaf, const float* b, int64_t kn, float* c, int64_t ldc,
+                bool accumulate) {
+    const int64_t calls = (rows + 5) / 6, base = rows / calls, bigger = rows % calls;
+    for (int64_t i = 0, r = 0; i < calls; r += base + (i < bigger), ++i) {
+        micros[base + (i < bigger)](af + r * ldaf, ldaf, b, kn, c + r * ldc, ldc, accumulate);
+    }
+}
+
 // K is swept in slices of at most 256 (the window is 128 of K: GemmKernels::window_chunks): a
 // strip's slice of B stays in L1 while every row group passes over it; the accumulators go
-// through c between slices, which keeps each element's sum in K order. Rows: 48 = 6 x 8 (every
-// whole block), 32 = 6 + 6 + 5 x 4 and 16 = 6 + 5 + 5 (a task's last rows).
-void block_avx2(int mi, int nj, const uint16_t* a, int64_t lda, const void* bw, int64_t b_strip, int64_t chunks,
+// through c between slices, which keeps each element's sum in K order. Only the rows asked for
+// are computed: M = 10 on one 16-row tile took as long as 16 (55-69 GFLOP/s on Zen 3).
+void block_avx2(int rows, int nj, const uint16_t* a, int64_t lda, const void* bw, int64_t b_strip, int64_t chunks,
                 float* c, int64_t ldc, bool accumulate) {
     constexpr int64_t slice = 8 * gemm_chunk;
     const auto* b = static_cast<const float*>(bw);
-    const int64_t rows = mi * gemm_tile, kn = chunks * gemm_chunk;
+    const int64_t kn = chunks * gemm_chunk;
     const float* af = widened_a.get(a, lda, rows, kn);
-    const int64_t fives = (6 - rows % 6) % 6, sixes = (rows - 5 * fives) / 6;
     // The block's sums so far (a line per row and strip) are asked for at once: each window
     // passes over the task's whole accumulator (4 MiB at 4096 rows), which has left L2 by the
     // next, and each micro call would wait for its lines in turn (4096^3: 0.90 -> 0.95x OpenBLAS,
@@ -240,9 +252,7 @@ void block_avx2(int mi, int nj, const uint16_t* a, int64_t lda, const void* bw, 
         for (int j = 0; j < nj; ++j) {
             const float* bj = b + j * b_strip + k0 * gemm_tile;
             float* cj = c + j * gemm_tile;
-            int64_t r = 0;
-            for (int64_t g = 0; g < sixes; ++g, r += 6) micro<6>(af + r * kn + k0, kn, bj, len, cj + r * ldc, ldc, add);
-            for (; r < rows; r += 5) micro<5>(af + r * kn + k0, kn, bj, len, cj + r * ldc, ldc, add);
+            micro_rows(rows, af + k0, kn, bj, len, cj, ldc, add);
         }
     }
 }
@@ -441,8 +451,6 @@ void matmul_f32_avx2(float* c, const float* a, bool ta, const float* b, bool tb,
     const std::vector<float> bp = matmul_panels_of_b(b, tb, n, k);
     static_assert(matmul_tile_cols == gemm_tile, "a panel of B is one strip of the tile kernel");
     const int64_t panels = (n + gemm_tile - 1) / gemm_tile;
-    using Micro = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, bool);
-    static constexpr Micro micros[7] = {nullptr, &micro<1>, &micro<2>, &micro<3>, &micro<4>, &micro<5>, &micro<6>};
     const int64_t row_tasks = (m + task_rows - 1) / task_rows, col_tasks = (panels + task_panels - 1) / task_panels;
 #pragma omp parallel for schedule(static) if (m * n * k > 32 * parallel_min_work)
     for (int64_t task = 0; task < row_tasks * col_tasks; ++task) {
@@ -453,10 +461,7 @@ void matmul_f32_avx2(float* c, const float* a, bool ta, const float* b, bool tb,
             const int64_t len = std::min(slice, k - k0);
             for (int64_t p = 0; p < np; ++p) {
                 const float* panel = bp.data() + (p0 + p) * k * gemm_tile + k0 * gemm_tile;
-                for (int64_t r = 0; r < rows; r += 6) {
-                    micros[std::min<int64_t>(6, rows - r)](a + (i0 + r) * k + k0, k, panel, len,
-                                                           acc + r * ldacc + p * gemm_tile, ldacc, k0 > 0);
-                }
+                micro_rows(rows, a + i0 * k + k0, k, panel, len, acc + p * gemm_tile, ldacc, k0 > 0);
             }
         }
         const int64_t cols = std::min(np * gemm_tile, n - p0 * gemm_tile);

@@ -298,10 +298,10 @@ void micro(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t b_strip, i
 // stay in L1 while every row group passes; the accumulators go through c between slices, which
 // keeps each element's pairs added in K order. A promotion needs its group in one slice.
 constexpr int64_t slice_chunks = 8;
-void sweep_slices(int mi, int nj, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t b_strip, int64_t kn,
+void sweep_slices(int block_m, int nj, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t b_strip, int64_t kn,
                   float* c, int64_t ldc, bool accumulate, const Promotion* promotion) {
     constexpr int64_t slice = slice_chunks * gemm_chunk;
-    const int64_t rows = mi * gemm_tile;
+    const int64_t rows = (block_m + gemm_tile - 1) / gemm_tile * gemm_tile;  // whole tiles
     for (int64_t k0 = 0; k0 < kn; k0 += slice) {
         const int64_t pairs = std::min(slice, kn - k0) / 2;
         const bool add = accumulate || k0 > 0;
@@ -325,18 +325,18 @@ void sweep_slices(int mi, int nj, const uint16_t* a, int64_t lda, const uint16_t
     }
 }
 
-void block_plain(int mi, int nj, const uint16_t* a, int64_t lda, const void* b, int64_t b_strip, int64_t chunks,
+void block_plain(int rows, int nj, const uint16_t* a, int64_t lda, const void* b, int64_t b_strip, int64_t chunks,
                  float* c, int64_t ldc, bool accumulate) {
-    sweep_slices(mi, nj, a, lda, static_cast<const uint16_t*>(b), b_strip, chunks * gemm_chunk, c, ldc, accumulate, nullptr);
+    sweep_slices(rows, nj, a, lda, static_cast<const uint16_t*>(b), b_strip, chunks * gemm_chunk, c, ldc, accumulate, nullptr);
 }
 
 // A group longer than a slice (block scaling wider than 256) is summed through a buffer first.
-void block_avx512(int mi, int nj, const uint16_t* a, int64_t lda, const void* b, int64_t b_strip, int64_t chunks,
+void block_avx512(int rows, int nj, const uint16_t* a, int64_t lda, const void* b, int64_t b_strip, int64_t chunks,
                   float* c, int64_t ldc, bool accumulate, const Promotion* promotion) {
     if (promotion != nullptr && chunks > slice_chunks) {
-        return block_then_promote<&block_plain>(mi, nj, a, lda, b, b_strip, chunks, c, ldc, accumulate, promotion);
+        return block_then_promote<&block_plain>(rows, nj, a, lda, b, b_strip, chunks, c, ldc, accumulate, promotion);
     }
-    sweep_slices(mi, nj, a, lda, static_cast<const uint16_t*>(b), b_strip, chunks * gemm_chunk, c, ldc, accumulate,
+    sweep_slices(rows, nj, a, lda, static_cast<const uint16_t*>(b), b_strip, chunks * gemm_chunk, c, ldc, accumulate,
                  promotion);
 }
 
