@@ -41,7 +41,7 @@
 // Threads: fp8kit::num_threads() for all three (OpenBLAS's OpenMP build and oneDNN's OpenMP
 // runtime follow the same OpenMP setting). Inputs: deterministic, roughly N(0, 1), A and W from
 // different seeds. A peer the build did not find (bench/CMakeLists.txt) is reported as skipped.
-// --quick: 512 square and M = 1, 8, 16 with (4096, 4096), short budgets (~12 s on 2 idle cores).
+// --quick: 512 square and M = 1, 8, 12, 16 with (4096, 4096) (12: a partial row tile), short budgets (~14 s on 2 idle cores).
 // Run by `bench_gemm [--json] [--quick]` and `fp8kit bench gemm`. Results: docs/PERF.md.
 #include <algorithm>
 #include <cmath>
@@ -88,7 +88,7 @@ struct WeightCase {
 };
 
 std::vector<WeightCase> weight_cases(bool quick) {
-    if (quick) return {{512, 512, {512}, true}, {4096, 4096, {1, 8, 16}, false}};
+    if (quick) return {{512, 512, {512}, true}, {4096, 4096, {1, 8, 12, 16}, false}};
     std::vector<WeightCase> c;
     for (int64_t s : {512, 1024, 2048, 4096}) c.push_back({s, s, {s}, true});
     const std::pair<int64_t, int64_t> llm[] = {{4096, 4096}, {11008, 4096}, {4096, 11008}};

@@ -22,7 +22,7 @@ void add_bench_command(CLI::App& app) {
     quantize->callback([opt] { bench::run_quantize(*opt, std::cout); });
     CLI::App* gemm = bench->add_subcommand("gemm", "scaled FP8 GEMM vs OpenBLAS and oneDNN, the FMA peak and read bandwidth");
     gemm->add_flag("--json", opt->json, "one JSON object per line");
-    gemm->add_flag("--quick", opt->quick, "512 square and M = 1, 8, 16 at 4096 x 4096, short budgets");
+    gemm->add_flag("--quick", opt->quick, "512 square and M = 1, 8, 12, 16 at 4096 x 4096, short budgets");
     gemm->callback([opt] {
         if (bench::run_gemm(*opt, std::cout) != 0) throw CheckFailed("bench gemm: a result outside its error bound (above)");
     });

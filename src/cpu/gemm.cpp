@@ -452,8 +452,8 @@ void gemm(GemmJob& job) {
     // tile do not all fall into the same L1 set.
     const int64_t lda = kl.padded % 256 == 0 ? kl.padded + gemm_chunk : kl.padded;
     Scratch<uint16_t> apk(mp * lda);
-    // Scales for every packed row: the tiles promote whole 16-row tiles, padding rows included
-    // (their codes are zero, so are their scales).
+    // Scales for every packed row: the AMX and AVX-512 tiles promote whole 16-row tiles, padding
+    // rows included (their codes are zero, so are their scales).
     Scratch<float> sa(mp * kl.groups);
     std::fill(sa.get(), sa.get() + mp * kl.groups, 0.0f);
     pack_a(job, kl, kern, terms, apk.get(), lda, sa.get());

@@ -422,10 +422,10 @@ void expand_avx2(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t
 }
 
 // Where the small-M kernel stops paying: it decodes each strip once per pair of rows and runs at
-// about the same rate at every M (60-78 GFLOP/s on 2 Zen 3 cores, 4096 x 4096 from memory), while
-// the tiles decode B once into a widened copy but compute 16-row tiles whatever M is (M = 5: 29-32
-// GFLOP/s, 8: 44-50, 10: 55-69, 12: 64-82, 14: 76-95). 8 is below that crossover (10-12); it was
-// 4, which left M = 5-8 at half the small kernel's speed.
+// about the same rate at every M (66-81 GFLOP/s on 2 Zen 3 cores, 4096 x 4096 from memory), while
+// the tiles decode B once into a widened copy and compute the rows there are (M = 5: 57-58
+// GFLOP/s, 8: 73-75, 9: 75-90, 10: 96-97, 16: 115-117). 8 is at that crossover; it was 4, which
+// left M = 5-8 on tiles that then computed 16 rows whatever M was (29-50 GFLOP/s).
 constexpr GemmKernels avx2_kernels{&expand_avx2, &widen_b_avx2, 4, 16, 4, 3, &block_then_promote<&block_avx2>, &begin_avx2,
                                     &no_tile_state, &small_avx2, 8, &matmul_f32_avx2, "avx2"};
 static_assert(avx2_kernels.block_tiles <= max_block_tiles, "block_then_promote's part holds max_block_tiles row tiles");
