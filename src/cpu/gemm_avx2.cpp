@@ -153,8 +153,9 @@ void widen_b_avx2(const uint8_t* codes, int64_t n, const ExpandTable& t, bool na
 // added in K order (fma: the exact product added, one rounding - the tiles' sum). A is float32
 // (row stride ldaf), so its broadcasts are loads. R = 6: 12 accumulators, the two B vectors and
 // one broadcast fill the 16 ymm registers, and 12 independent chains cover the FMA latency
-// (4 cycles x 2 pipes) with room; R = 5 (10 chains) takes the rest of a block's rows, where R = 4
-// (8 chains, none to spare) ran 17% slower a flop than R = 6 (perf, 4096^3). GCC keeps the
+// (4 cycles x 2 pipes) with room; R = 5 (10 chains) takes the rest of a whole block's rows, where
+// R = 4 (8 chains, none to spare) ran 17% slower a flop than R = 6 (perf, 4096^3); fewer rows only
+// where M leaves no more (micro_rows). GCC keeps the
 // accumulator array in registers only when the row loops are unrolled (else it stores them every
 // step: 35 instead of 96 GFLOP/s), hence FP8KIT_UNROLL.
 template <int R>

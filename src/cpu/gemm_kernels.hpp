@@ -111,23 +111,22 @@ struct GemmKernels {
     // (PackedB::strip_has_nan); false lets a kernel skip its fix-up for NaN codes.
     void (*widen_b)(const uint8_t* codes, int64_t n, const ExpandTable& t, bool nan, void* out);
     int64_t widened_bytes;
-    // run_tiles' tiling: strips of B per task (128 columns for 8), K chunks of B widened per
-    // window, and row tiles per block (a block is at most block_tiles x 16 rows). The bf16 tile
-    // kernels: 8 strips, 32 chunks (a 256 KiB window; 16 strips or 16 chunks ran 2-5% slower), 2
-    // row tiles. The AVX2 kernel widens A's rows to float32 once per (task, window, block), so
-    // wider panels save it work: 16 strips over a 4-chunk window (16 strips of float32 B, 128 KiB: an AVX2 machine's
-    // L2 is 256-512 KiB) ran 4096^3 at 0.94-0.97x OpenBLAS sgemm where 8 strips over 16 chunks
-    // ran 0.91-0.93x (alternating in one process, Zen 5); and 3 row tiles, 48 rows = 8 x 6 rows
-    // of its micro kernel (32 rows took two 6-row and four slower 5-row calls).
+    // run_tiles' tiling: strips of B per task (128 columns for 8), K chunks of B widened per window,
+    // and row tiles per block (a block is at most block_tiles x 16 rows). The bf16 tile kernels: 8
+    // strips, 32 chunks (a 256 KiB window; 16 strips or 16 chunks ran 2-5% slower), 2 row tiles. The
+    // AVX2 kernel widens A's rows to float32 once per (task, window, block), so wider panels save it
+    // work: 16 strips over a 4-chunk window (16 strips of float32 B, 128 KiB: an AVX2 machine's L2 is
+    // 256-512 KiB) ran 4096^3 at 0.94-0.97x OpenBLAS sgemm where 8 strips over 16 chunks ran
+    // 0.91-0.93x (alternating in one process, Zen 5); and 3 row tiles, 48 rows = 8 x 6 rows of its
+    // micro kernel (32 rows took two 6-row and four slower 5-row calls).
     int64_t panel_strips, window_chunks, block_tiles;
-    // C block of `rows` rows (1 .. block_tiles x 16, block_tiles <= max_block_tiles) and nj in
-    // {1, 2} 16-column tiles: the sums over `chunks` K chunks of A rows (a + r * lda, chunk q at + 32 q)
-    // times B strip tiles of the widened window (strip t at
-    // b + t * b_strip elements, chunk q at + 512 q elements), into c[r * ldc + col]. Without a
-    // promotion: added to c (accumulate) or written over it. With one, the chunks are one K
-    // group and its sums are promoted into c as promote_loop does. The AMX and AVX-512 kernels
-    // compute whole 16-row tiles (rows rounded up; A is padded to them), the AVX2 kernel only the
-    // rows asked for: c's rows past `rows` are not to be read.
+    // C block of `rows` rows (1 .. block_tiles x 16, block_tiles <= max_block_tiles) and nj in {1, 2}
+    // 16-column tiles: the sums over `chunks` K chunks of A rows (a + r * lda, chunk q at + 32 q)
+    // times B strip tiles of the widened window (strip t at b + t * b_strip elements, chunk q at + 512
+    // q elements), into c[r * ldc + col]. Without a promotion: added to c (accumulate) or written over
+    // it. With one, the chunks are one K group and its sums are promoted into c as promote_loop does.
+    // The AMX and AVX-512 kernels compute whole 16-row tiles (rows rounded up; A is padded to them),
+    // the AVX2 kernel only the rows asked for: c's rows past `rows` are not to be read.
     void (*block)(int rows, int nj, const uint16_t* a, int64_t lda, const void* b, int64_t b_strip, int64_t chunks,
                   float* c, int64_t ldc, bool accumulate, const Promotion* promotion);
     void (*begin)();  // per thread, at the start of a task (AMX: tile configuration; AVX2: forget widened A)
@@ -183,7 +182,7 @@ inline void promote_loop(const float* part, int64_t rows, int64_t cols, const fl
 // part, then promote_loop.
 template <void (*Block)(int, int, const uint16_t*, int64_t, const void*, int64_t, int64_t, float*, int64_t, bool)>
 void block_then_promote(int rows, int nj, const uint16_t* a, int64_t lda, const void* b, int64_t b_strip, int64_t chunks,
-                         float* c, int64_t ldc, bool accumulate, const Promotion* promotion) {
+                        float* c, int64_t ldc, bool accumulate, const Promotion* promotion) {
     if (promotion == nullptr) return Block(rows, nj, a, lda, b, b_strip, chunks, c, ldc, accumulate);
     alignas(64) float part[max_block_tiles * 2 * gemm_tile * gemm_tile];
     Block(rows, nj, a, lda, b, b_strip, chunks, part, 2 * gemm_tile, false);
