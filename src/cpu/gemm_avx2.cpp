@@ -155,9 +155,9 @@ void widen_b_avx2(const uint8_t* codes, int64_t n, const ExpandTable& t, bool na
 // one broadcast fill the 16 ymm registers, and 12 independent chains cover the FMA latency
 // (4 cycles x 2 pipes) with room; R = 5 (10 chains) takes the rest of a whole block's rows, where
 // R = 4 (8 chains, none to spare) ran 17% slower a flop than R = 6 (perf, 4096^3); fewer rows only
-// where M leaves no more (micro_rows). GCC keeps the
-// accumulator array in registers only when the row loops are unrolled (else it stores them every
-// step: 35 instead of 96 GFLOP/s), hence FP8KIT_UNROLL.
+// where M leaves no more (micro_rows). GCC keeps the accumulator array in registers only when the
+// row loops are unrolled (else it stores them every step: 35 instead of 96 GFLOP/s), hence
+// FP8KIT_UNROLL.
 template <int R>
 void micro(const float* af, int64_t ldaf, const float* b, int64_t kn, float* c, int64_t ldc, bool accumulate) {
     __m256 acc[R][2];
@@ -184,10 +184,10 @@ void micro(const float* af, int64_t ldaf, const float* b, int64_t kn, float* c, 
 }
 
 // The block's A rows (up to 48, chunks x 32 bf16) widened to float32, per thread (48 x 128
-// floats, 24 KiB, unless a K group is longer than the 128-K window). run_tiles calls block for every pair of strips with the same rows of
-// A, so the widened rows are kept until a block asks for others; begin() (the start of a task)
-// forgets them, since packed A lives only for one GEMM. Widening per call took 11% of a 2048^3
-// GEMM.
+// floats, 24 KiB, unless a K group is longer than the 128-K window). run_tiles calls block for
+// every pair of strips with the same rows of A, so the widened rows are kept until a block asks
+// for others; begin() (the start of a task) forgets them, since packed A lives only for one
+// GEMM. Widening per call took 11% of a 2048^3 GEMM.
 struct WidenedA {
     const uint16_t* a = nullptr;
     int64_t lda = 0, rows = 0, kn = 0;
@@ -223,8 +223,10 @@ constexpr Micro micros[7] = {nullptr, &micro<1>, &micro<2>, &micro<3>, &micro<4>
 void micro_rows(int64_t rows, const float* af, int64_t ldaf, const float* b, int64_t kn, float* c, int64_t ldc,
                 bool accumulate) {
     const int64_t calls = (rows + 5) / 6, base = rows / calls, bigger = rows % calls;
-    for (int64_t i = 0, r = 0; i < calls; r += base + (i < bigger), ++i) {
-        micros[base + (i < bigger)](af + r * ldaf, ldaf, b, kn, c + r * ldc, ldc, accumulate);
+    for (int64_t i = 0, r = 0; i < calls; ++i) {
+        const int64_t size = base + (i < bigger);
+        micros[size](af + r * ldaf, ldaf, b, kn, c + r * ldc, ldc, accumulate);
+        r += size;
     }
 }
 
@@ -355,7 +357,9 @@ void small_all_rows(int64_t rows, const float* af, int64_t ldaf, const PackedB& 
     for (int64_t s = s0; s < s1; ++s) {
         float* out = acc + (s - s0) * gemm_tile;
         int64_t r = 0;
-        for (; r + 2 <= rows; r += 2) small_rows<F, ScaleB, 2>(af + r * ldaf, ldaf, b, s, sa + r * groups, t, out + r * ldacc, ldacc);
+        for (; r + 2 <= rows; r += 2) {
+            small_rows<F, ScaleB, 2>(af + r * ldaf, ldaf, b, s, sa + r * groups, t, out + r * ldacc, ldacc);
+        }
         if (r < rows) small_rows<F, ScaleB, 1>(af + r * ldaf, ldaf, b, s, sa + r * groups, t, out + r * ldacc, ldacc);
     }
 }
