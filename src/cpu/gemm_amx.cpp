@@ -98,13 +98,19 @@ bool amx_usable() {
 }
 
 // The float32 matmul of the layer ops is AVX2's (no AMX tile computes in float32).
-constexpr GemmKernels amx_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 32, 2, &block_then_promote<&block_dispatch>,
+// A window of 64 chunks (2048 of K, 512 KiB of bf16 B for 8 strips: a quarter of a Sapphire Rapids
+// core's 2 MiB L2): each block loads and stores its four C tiles once per window, and with 32 chunks
+// that traffic held the tiles back. 2 threads, e4m3 tensorwise, in cache, best of 3-10 calls, two
+// runs each (2026-11-25): 2048^3 1544-1663 GFLOP/s with 32, 2033-2091 with 64, 1936-2014 with 128;
+// 2048 x 4096 x 4096 1598-1698 / 2007-2063 / 1453-1485; M = 128 1568-1640 / 1764-1847 / 1810-1822;
+// 8 and 16 chunks slower than 32 (2048^3: 1244, 1395).
+constexpr GemmKernels amx_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 64, 2, &block_then_promote<&block_dispatch>,
                                   &amx_begin, &amx_end, nullptr, 0, &matmul_f32_avx2, "amx"};
 // With AVX512-BF16, M <= 2 runs src/cpu/gemm_avx512.cpp's small kernel: each row costs it two
 // VDPBF16PS per 64 codes on top of the widening, so past 2 rows the tiles win even with their
 // widened copy of B (measured with bench_gemm on a Xeon with AMX: M = 3 and 4 ran 20% and 60%
 // slower than on the tiles).
-constexpr GemmKernels amx_bf16_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 32, 2,
+constexpr GemmKernels amx_bf16_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 64, 2,
                                        &block_then_promote<&block_dispatch>, &amx_begin, &amx_end, &small_bf16, 2,
                                        &matmul_f32_avx2, "amx"};
 

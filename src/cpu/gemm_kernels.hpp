@@ -113,7 +113,8 @@ struct GemmKernels {
     int64_t widened_bytes;
     // run_tiles' tiling: strips of B per task (128 columns for 8), K chunks of B widened per window,
     // and row tiles per block (a block is at most block_tiles x 16 rows). The bf16 tile kernels: 8
-    // strips, 32 chunks (a 256 KiB window; 16 strips or 16 chunks ran 2-5% slower), 2 row tiles. The
+    // strips, 32 chunks (a 256 KiB window; 16 strips or 16 chunks ran 2-5% slower on Zen 5's
+    // avx512-bf16 kernels; AMX: 64 chunks, src/cpu/gemm_amx.cpp says why), 2 row tiles. The
     // AVX2 kernel widens A's rows to float32 once per (task, window, block), so wider panels save it
     // work: 16 strips over a 4-chunk window (16 strips of float32 B, 128 KiB: an AVX2 machine's L2 is
     // 256-512 KiB) ran 4096^3 at 0.94-0.97x OpenBLAS sgemm where 8 strips over 16 chunks ran
