@@ -22,7 +22,7 @@
 // weight_bytes = N*K * 4 (f32), 2 (bf16) or 1 (fp8). bound / of_bound: for M <= 16 a GEMM reads
 // each weight once and does little else, so it is bound by memory, and is measured out of cache,
 // as in a model too large for it, by one rule for every implementation: each prepares `copies`
-// copies of its weight (in its own layout) that together are 8x the last-level cache, and the
+// copies of its weight (in its own layout) that together are 8x the last-level cache (at most 1 GiB), and the
 // timed calls take them in turn, with a read of 1 GiB (the caches' flush) before each. Why both:
 // the flush alone left weights that every call re-reads in the L3 of a Zen 5 (its replacement
 // keeps reused lines against a one-time stream): OpenBLAS's sgemv read 64 MiB of f32 weights at
@@ -75,7 +75,10 @@ namespace {
 // from memory.
 constexpr size_t flush_bytes = size_t(1) << 30;
 constexpr int64_t memory_bound_m = 16;              // M <= this: bound by reading the weights
-constexpr double working_set_llc = 8.0;             // weight copies of a memory-bound call: x LLC
+constexpr double working_set_llc = 8.0;             // weight copies of a memory-bound call: x LLC,
+constexpr double working_set_max = double(flush_bytes);  // and at most this many bytes: a Xeon's L3
+                                                         // of 480 MiB (a whole socket's, shared) asked
+                                                         // 3.8 GB of each implementation, 24 GB in all
 constexpr int turn_rounds = 5;                      // a shape's implementations take turns: rounds
 constexpr int error_samples = 64;
 constexpr uint32_t a_seed = 1, w_seed = 2;
@@ -133,10 +136,12 @@ double rel_err(const float* d, int64_t n, const std::vector<Sample>& samples) {
 }
 
 // How many copies of a weight of `weight_bytes` a call on M rows cycles through: 1 for compute-bound
-// shapes, else enough for working_set_llc times the last-level cache.
+// shapes, else enough for working_set_llc times the last-level cache, up to working_set_max bytes
+// (with the flush's 1 GiB read before every call, a copy is read again only gigabytes later).
 int weight_copies(int64_t m, double weight_bytes) {
     if (m > memory_bound_m) return 1;
-    return std::max(1, int(std::ceil(working_set_llc * double(last_level_cache_bytes()) / weight_bytes)));
+    const double working_set = std::min(working_set_llc * double(last_level_cache_bytes()), working_set_max);
+    return std::max(1, int(std::ceil(working_set / weight_bytes)));
 }
 
 // The largest relative RMS error against float64 a correct result has, by its operands' type
@@ -236,7 +241,7 @@ public:
            << " streams per thread; one plain 64-bit sum: " << read_.plain_gbps << " GB/s); last-level cache "
            << (last_level_cache_bytes() >> 20) << " MiB.\n"
            << "gflops = 2*M*N*K / seconds; vs_openblas = gflops / OpenBLAS's; weight_bytes: 4 (f32), 2 (bf16), 1 (fp8)\n"
-           << "per weight. M <= 16: out of cache (copies of each weight, 8x the last-level cache, taken in turn,\n"
+           << "per weight. M <= 16: out of cache (copies of each weight, 8x the last-level cache up to 1 GiB, taken in turn,\n"
            << "and the caches flushed before each call), of_bound = weight_bytes / seconds / read bandwidth;\n"
            << "larger M: of_bound = gflops / the peak of the kernel's arithmetic - the bf16 dot products' for\n"
            << "onednn.bf16 and the avx512-bf16 kernels, else the f32 FMAs' (AMX tiles can pass 1). rel_err: relative RMS\n"

@@ -18,10 +18,10 @@ Rows, per Linear shape y[M, N] = x[M, K] W[N, K]^T + b (x float32):
   fp8kit.lwc          fp8kit.torch.enable_layerwise_casting (e4m3 storage, the Linear on FP8 directly,
                       x bfloat16 not quantized)
 Columns: gflops = 2 M N K / seconds (the best call, the implementations taking turns in five
-rounds of a second each; for M <= 16 each call after reading 256 MiB -
+rounds of a second each; for M <= 16 each call after reading 256 MiB or more -
 on torch's OpenMP threads, which a model's other ops keep awake; --flush one-thread: numpy's -
-on the next of `copies` copies of the layer, 8x the last-level cache at one byte a weight, so the
-weights come from memory); vs_f32 = gflops / torch.f32's; sqnr_db = 10 log10
+on the next of `copies` copies of the layer, 8x the last-level cache at one byte a weight (at most
+512 MiB), so the weights come from memory); vs_f32 = gflops / torch.f32's; sqnr_db = 10 log10
 (sum y64^2 / sum (y - y64)^2) against the float64 product of the float32 x and W (every row checks
 its result: a wrong kernel shows as a low SQNR). Plus call_overhead_us: the best time of one
 call on a 16 x 16 layer at M = 1, where the arithmetic is negligible: what a call costs from
@@ -80,8 +80,8 @@ def best_seconds(calls, budget, flush=False, rounds=5):
     shared machine interference only adds time, and this VM's memory bandwidth moves by 1.5x
     between minutes, so each implementation takes its calls in every phase of a run rather than
     in a window of its own (taken in turn, a bf16 call of a burst once made a 1.8x ratio 1.3x).
-    flush: read 256 MiB before each call, so the weights come from memory, as in a model larger
-    than the caches."""
+    flush: read 256 MiB (twice a larger last-level cache, up to 1 GiB) before each call, so the
+    weights come from memory, as in a model larger than the caches."""
     global FLUSH
     if flush and FLUSH is None:
         # "team": read by torch on its OpenMP team (the one libgomp of the process, fp8kit's
@@ -89,7 +89,9 @@ def best_seconds(calls, budget, flush=False, rounds=5):
         # longer than libgomp's workers spin, and on a VM a worker asleep for 10 ms or more can
         # take 30-130 us to wake (docs/PERF.md): a delay added to every implementation's call
         # alike, which a model's decode, layer after layer, never pays.
-        FLUSH = torch.ones(64 << 20) if FLUSH_BY == "team" else np.ones(64 << 20, np.float32)
+        # 256 MiB, or twice a larger last-level cache up to 1 GiB.
+        floats = min(max(64 << 20, last_level_cache_bytes() // 2), 256 << 20)
+        FLUSH = torch.ones(floats) if FLUSH_BY == "team" else np.ones(floats, np.float32)
     for call in calls.values():
         call()
     best = dict.fromkeys(calls, math.inf)
@@ -139,6 +141,22 @@ def peer(name):
 
 
 MISSING = set()
+
+# A peer's measurement that would take longer than this is left out, with the time it would have
+# taken said in its row: torch 2.15's CPU _scaled_mm runs at 0.1 GFLOP/s at every M on a Sapphire
+# Rapids Xeon (at M = 2048 x 4096 x 4096, 11 minutes a call), and torchao's float8 training on it.
+MAX_MEASURE_S = 60.0
+RATES = {}  # impl -> the flop/s it ran at in this section's last shape that measured it
+
+
+def too_slow(name, flops, calls):
+    """The reason to leave `name` out where `calls` calls of `flops` each, at the rate it ran at
+    before, would take more than MAX_MEASURE_S; else None. Rates grow with M, so a rate from a
+    smaller M errs towards measuring."""
+    rate = RATES.get(name)
+    if rate is None or calls * flops / rate <= MAX_MEASURE_S:
+        return None
+    return f"not measured: ~{flops / rate:.0f} s a call at the {rate * 1e-9:.2f} GFLOP/s it ran at before"
 
 
 def converted(model, how):
@@ -195,10 +213,24 @@ def run_shape(m, n, k, budget, rows):
     # Memory-bound shapes (M <= 16) out of cache by one rule for every implementation: copies of
     # the layer that hold, at one byte a weight, 8x the last-level cache, called in turn, with the
     # flush before each call (the flush alone left re-read weights in a Zen 5's L3: bench_gemm.cpp).
-    copies = 1 if m > 16 else math.ceil(8 * last_level_cache_bytes() / (n * k))
+    # At most 512 MiB of FP8 codes a side (a Xeon's 480 MiB L3, a whole socket's, asked 3.8 GB of
+    # codes, and float32's copies four times that): with the flush before each call, a copy is read
+    # again only after gigabytes.
+    copies = 1 if m > 16 else math.ceil(min(8 * last_level_cache_bytes(), 512 << 20) / (n * k))
     linears = [linear] + [copy.deepcopy(linear) for _ in range(copies - 1)]
-    impls = {"torch.f32": linears, "torch.scaled_mm": [scaled_mm_linear(lin) for lin in linears]}
+    flops = 2 * m * n * k
+    # Each copy's first call, then at least one call in each of best_seconds' rounds and the check.
+    skipped = {how: too_slow(how, flops, copies + 6) for how in ("torch.scaled_mm",) + LINEAR_IMPLS}
+    for how, why in skipped.items():
+        if why:
+            rows.append({"bench": "torch", "impl": how, "m": m, "n": n, "k": k, "threads": torch.get_num_threads(),
+                         "note": why})
+    impls = {"torch.f32": linears}
+    if not skipped["torch.scaled_mm"]:
+        impls["torch.scaled_mm"] = [scaled_mm_linear(lin) for lin in linears]
     for how in LINEAR_IMPLS:
+        if skipped[how]:
+            continue
         made = [converted(torch.nn.Sequential(lin), how) for lin in linears]
         if made[0] is not None:
             impls[how] = [lambda _x, model=model, xin=x.to(dtype): model(xin) for model, dtype in made]
@@ -208,9 +240,10 @@ def run_shape(m, n, k, budget, rows):
                 f(x)
         turns = {name: itertools.cycle(fs) for name, fs in impls.items()}
         best = best_seconds({name: lambda t=turn: next(t)(x) for name, turn in turns.items()}, budget, flush=m <= 16)
-        base = 2 * m * n * k / best["torch.f32"] * 1e-9
+        base = flops / best["torch.f32"] * 1e-9
         for name, s in best.items():
-            gflops = 2 * m * n * k / s * 1e-9
+            RATES[name] = flops / s
+            gflops = flops / s * 1e-9
             rows.append({"bench": "torch", "impl": name, "m": m, "n": n, "k": k, "threads": torch.get_num_threads(),
                          "copies": copies, "seconds": s, "gflops": round(gflops, 3), "vs_f32": round(gflops / base, 3),
                          "sqnr_db": round(sqnr_db(impls[name][0](x), ref), 2)})
@@ -250,11 +283,18 @@ def train_step_impls(d):
 
 def run_train(d, budget, rows):
     """Every implementation's step in turn, in best_seconds' rounds (`budget` seconds each in
-    all), each keeping its fastest."""
+    all), each keeping its fastest; one whose first step took more than MAX_MEASURE_S / 6 is
+    timed by that step alone, and left out at a larger d where its steps would take too long."""
     g = torch.Generator().manual_seed(1)
     x, target = torch.randn(TRAIN_TOKENS, d, generator=g), torch.randn(TRAIN_TOKENS, d, generator=g)
-    steps, grads = {}, {}
+    flops = 6 * 2 * TRAIN_TOKENS * d * d  # three GEMMs in each of two Linear layers
+    steps, grads, once = {}, {}, {}
     for name, make in train_step_impls(d).items():
+        why = too_slow("train:" + name, flops, 1)
+        if why:
+            rows.append({"bench": "torch_train", "impl": name, "m": TRAIN_TOKENS, "n": d, "k": d,
+                         "threads": torch.get_num_threads(), "note": why.replace("a call", "a step")})
+            continue
         model = make()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
@@ -262,16 +302,23 @@ def run_train(d, budget, rows):
             opt.zero_grad()
             torch.nn.functional.mse_loss(model(x), target).backward()
             opt.step()
+        t0 = time.perf_counter()
         step()  # the first step's gradient, from the shared initial weights, is the check
+        first = time.perf_counter() - t0
         grads[name] = model[0].weight.grad.double()
-        steps[name] = step
-    best = best_seconds(steps, budget)
+        if first > MAX_MEASURE_S / 6 and name != "torch.f32":
+            once[name] = first  # a first step: an upper bound of a step's time
+        else:
+            steps[name] = step
+    best = {**best_seconds(steps, budget), **once}
     base, ref_grad = best["torch.f32"], grads["torch.f32"]
     for name, s in best.items():
+        RATES["train:" + name] = flops / s
         rows.append({"bench": "torch_train", "impl": name, "m": TRAIN_TOKENS, "n": d, "k": d,
                      "threads": torch.get_num_threads(), "seconds": s,
                      "tokens_per_s": round(TRAIN_TOKENS / s, 1), "vs_f32": round(base / s, 3),
-                     "sqnr_db": round(sqnr_db(grads[name], ref_grad), 2)})
+                     "sqnr_db": round(sqnr_db(grads[name], ref_grad), 2),
+                     **({"note": "one step (the first)"} if name in once else {})})
 
 
 LLAMA = dict(vocab_size=32000, hidden_size=1536, intermediate_size=4096, num_hidden_layers=16, num_attention_heads=12,
@@ -359,8 +406,8 @@ def main():
         return
     print(f"fp8kit bench torch: torch {torch.__version__}, fp8kit {fp8kit.__version__}, {a.threads} threads, "
           f"{cpu_model()}")
-    tables = {"torch": ("impl m n k gflops vs_f32 sqnr_db call_overhead_us", "GFLOP/s of y = x W^T + b"),
-              "torch_train": ("impl m n k tokens_per_s vs_f32 sqnr_db", "training step, m tokens, width n"),
+    tables = {"torch": ("impl m n k gflops vs_f32 sqnr_db call_overhead_us note", "GFLOP/s of y = x W^T + b"),
+              "torch_train": ("impl m n k tokens_per_s vs_f32 sqnr_db note", "training step, m tokens, width n"),
               "torch_model": ("impl params_m prefill_s decode_tokens_per_s sqnr_db", "LlamaForCausalLM")}
     for bench, (cols, title) in tables.items():
         table = [r for r in rows if r["bench"] == bench]
