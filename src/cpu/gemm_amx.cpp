@@ -109,9 +109,10 @@ constexpr GemmKernels amx_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8,
 // With AVX512-BF16, M <= 2 runs src/cpu/gemm_avx512.cpp's small kernel: each row costs it two
 // VDPBF16PS per 64 codes on top of the widening, so past 2 rows the tiles win even with their
 // widened copy of B (measured with bench_gemm on a Xeon with AMX: M = 3 and 4 ran 20% and 60%
-// slower than on the tiles).
+// slower than on the tiles). A single row streams two strips at once (gemm_avx512.cpp,
+// small_strips_for).
 constexpr GemmKernels amx_bf16_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 64, 2,
-                                       &block_then_promote<&block_dispatch>, &amx_begin, &amx_end, &small_bf16, 2,
+                                       &block_then_promote<&block_dispatch>, &amx_begin, &amx_end, &small_bf16<2>, 2,
                                        &matmul_f32_avx2, "amx"};
 
 }  // namespace

@@ -96,8 +96,9 @@ namespace {
 // accumulators beside the widening's 8 tables and constants and its 2 outputs in the 32
 // registers, and enough independent chains for VDPBF16PS (latency ~6 cycles, two a cycle on
 // Zen 5): two pairs a line make a chain 12 cycles per 64 codes, so below 9 rows two strips pass
-// at once. A single row (M = 1) streams one strip and sums its pairs in four accumulators, by
-// pair index mod 4 (two lines' pairs in flight), added (0 + 1) + (2 + 3) at the group's end: with
+// at once. A single row (M = 1) streams one strip (two on AMX CPUs: small_strips_for) and sums
+// its pairs in four accumulators a strip, by pair index mod 4 (two lines' pairs in flight), added
+// (0 + 1) + (2 + 3) at the group's end: with
 // two (even and odd pairs) a chain took one VDPBF16PS a line, and its latency held a core at
 // ~52 GB/s of codes from L2 (82 with four, 84 with eight; 2 threads from L3: 90 -> 155 GB/s;
 // Zen 5); two strips at once streamed the codes 4-8% slower out of cache. VDPBF16PS
@@ -144,7 +145,7 @@ void small_block(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, co
             // 8-10% faster than 8 at 60-75 GB/s (32: alike; an L2 prefetch 48-96 chunks ahead
             // besides: 10% slower), while two strips 16 ahead each (M = 2-8) streamed 2% slower
             // than 8 (gemm() on rotating weight copies, the settings alternated in one process).
-            constexpr int64_t chunks_ahead = R == 1 ? 16 : 8;  // a single row streams one strip (S = 1)
+            constexpr int64_t chunks_ahead = R == 1 ? 16 : 8;  // a single row streams one strip or two
             for (int j = 0; j < S; ++j) {
                 for (int line = 0; line < gemm_chunk_codes / 64; ++line) {
                     _mm_prefetch(reinterpret_cast<const char*>(codes[j] + (q + chunks_ahead) * gemm_chunk_codes + line * 64), _MM_HINT_T0);
@@ -196,20 +197,27 @@ void small_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, i
     if constexpr (S > 1) small_strips<R, S / 2>(a, lda, b, s, s1, sa, widen, acc, ldacc);
 }
 
-// Strips per block for R rows (see small_block).
-constexpr int small_strips_for(int rows) { return rows == 1 || rows > 8 ? 1 : 2; }
+// Strips per block for R rows (see small_block); a single row streams OneRow strips at once. One
+// on Zen 5 (two streamed its codes 4-8% slower out of cache); two on Sapphire Rapids, whose core
+// pulls more from memory with two streams than with one: M = 1 out of cache, gemm() on rotating
+// 1 GiB of weight copies, 2 threads, 4096 x 4096 and 11008 x 4096: 21.1-21.7 GB/s of codes with
+// one strip, 24.6-25.4 with two, 24.5-25.5 with four (2026-11-25).
+template <int OneRow>
+constexpr int small_strips_for(int rows) { return rows == 1 ? OneRow : rows > 8 ? 1 : 2; }
 
 using SmallRows = void (*)(const uint16_t*, int64_t, const PackedB&, int64_t, int64_t, const float*, const Widen&,
                            float*, int64_t);
-template <std::size_t... R>
+template <int OneRow, std::size_t... R>
 constexpr std::array<SmallRows, sizeof...(R)> small_rows_table(std::index_sequence<R...>) {
-    return {&small_strips<int(R) + 1, small_strips_for(int(R) + 1)>...};
+    return {&small_strips<int(R) + 1, small_strips_for<OneRow>(int(R) + 1)>...};
 }
 constexpr int small_rows_max = 16;
-constexpr auto small_rows = small_rows_table(std::make_index_sequence<small_rows_max>());
+template <int OneRow>
+constexpr auto small_rows = small_rows_table<OneRow>(std::make_index_sequence<small_rows_max>());
 
 }  // namespace
 
+template <int OneRowStrips>
 void small_bf16(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,
                 const float* sa, const ExpandTable& t, float* acc, int64_t ldacc) {
     // Rows in even groups of up to 16 (17 rows: 9 and 8, never a single row, which sums apart).
@@ -221,11 +229,15 @@ void small_bf16(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, 
     for (int64_t s = s0; s < s1; s += step) {
         const int64_t e = std::min(s1, s + step);
         for (int64_t r = 0; r < rows; r += per) {
-            small_rows[size_t(std::min(per, rows - r) - 1)](a + r * lda, lda, b, s, e, sa + r * b.kl.groups, widen,
-                                                            acc + r * ldacc + (s - s0) * gemm_tile, ldacc);
+            small_rows<OneRowStrips>[size_t(std::min(per, rows - r) - 1)](a + r * lda, lda, b, s, e, sa + r * b.kl.groups,
+                                                                          widen, acc + r * ldacc + (s - s0) * gemm_tile, ldacc);
         }
     }
 }
+template void small_bf16<1>(int64_t, const uint16_t*, int64_t, const PackedB&, int64_t, int64_t, const float*,
+                            const ExpandTable&, float*, int64_t);
+template void small_bf16<2>(int64_t, const uint16_t*, int64_t, const PackedB&, int64_t, int64_t, const float*,
+                            const ExpandTable&, float*, int64_t);
 
 namespace {
 
@@ -350,7 +362,7 @@ bool vbmi_and_bf16() {
 
 // The layer ops' float32 matmul stays AVX2's (VDPBF16PS would round its float32 inputs to bf16).
 constexpr GemmKernels avx512_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 32, 2, &block_avx512,
-                                     &no_tile_state, &no_tile_state, &small_bf16,
+                                     &no_tile_state, &no_tile_state, &small_bf16<1>,
                                      avx512_small_m_max, &matmul_f32_avx2, "avx512-bf16"};
 
 }  // namespace

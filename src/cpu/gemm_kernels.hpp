@@ -204,7 +204,9 @@ inline void no_tile_state() {}
 
 // The widening and small-M kernel of src/cpu/gemm_avx512.cpp, which the AMX kernels share: built
 // with AVX-512 flags, called only where avx512_gemm_kernels() is not null (AVX512-VBMI and -BF16).
+// small_bf16<S>: a single row streams S strips at once (1: the avx512-bf16 set, 2: AMX).
 void expand_vbmi(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t* out);
+template <int OneRowStrips>
 void small_bf16(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,
                 const float* sa, const ExpandTable& t, float* acc, int64_t ldacc);
 
