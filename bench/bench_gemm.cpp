@@ -22,14 +22,14 @@
 // weight_bytes = N*K * 4 (f32), 2 (bf16) or 1 (fp8). bound / of_bound: for M <= 16 a GEMM reads
 // each weight once and does little else, so it is bound by memory, and is measured out of cache,
 // as in a model too large for it, by one rule for every implementation: each prepares `copies`
-// copies of its weight (in its own layout) that together are 8x the last-level cache (at most 1 GiB), and the
-// timed calls take them in turn, with a read of 1 GiB (the caches' flush) before each. Why both:
-// the flush alone left weights that every call re-reads in the L3 of a Zen 5 (its replacement
-// keeps reused lines against a one-time stream): OpenBLAS's sgemv read 64 MiB of f32 weights at
-// 1.3x the read peak. of_bound = weight_bytes / seconds / read bandwidth. For larger M, of_bound =
-// gflops / the peak of what the kernel multiplies: the bf16 dot-product peak (VDPBF16PS) for
-// oneDNN's bf16 and fp8kit's avx512-bf16 kernels, else the float32 FMA peak. AMX tiles (fp8kit's
-// amx kernels, oneDNN's bf16 where the CPU has AMX) can pass either.
+// copies of its weight (in its own layout) that together are 8x the last-level cache (at most
+// 1 GiB), and the timed calls take them in turn, with a read of 1 GiB (the caches' flush) before
+// each. Why both: the flush alone left weights that every call re-reads in the L3 of a Zen 5 (its
+// replacement keeps reused lines against a one-time stream): OpenBLAS's sgemv read 64 MiB of f32
+// weights at 1.3x the read peak. of_bound = weight_bytes / seconds / read bandwidth. For larger M,
+// of_bound = gflops / the peak of what the kernel multiplies: the bf16 dot-product peak (VDPBF16PS)
+// for oneDNN's bf16 and fp8kit's avx512-bf16 kernels, else the float32 FMA peak. AMX tiles
+// (fp8kit's amx kernels, oneDNN's bf16 where the CPU has AMX) can pass either.
 // The implementations of a shape take turns (best_seconds_in_turns: five rounds of a fifth of the
 // budget each), so that a minute of higher memory bandwidth on a shared VM reaches all of them;
 // the time is each one's fastest call. Each one's D is checked after each of its turns.

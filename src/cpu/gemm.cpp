@@ -8,8 +8,8 @@
 // A is ever written; a weight-only A is packed as its bf16 terms, two rows (hi, lo) for each row
 // of an f32 / f16 A, added in the epilogue. Tasks are panels of 8 strips (128 columns) times a
 // range of A's rows; a task widens a window of its B panel (256 KiB: <= 1024 of K in bf16, 512 in
-// float32; AMX 512 KiB, 2048 of K; L2) once and sweeps all its rows of A over it in 32x32 blocks, accumulating in a
-// float32 buffer of its own.
+// float32; on AMX 512 KiB, 2048 of K; L2) once and sweeps all its rows of A over it in 32x32
+// blocks, accumulating in a float32 buffer of its own.
 // With one K group (tensor, row scaling) the tiles sum all of K; with narrower groups each
 // group's partial sums are promoted into the accumulator as partial * (sa * sb).
 #include <bit>

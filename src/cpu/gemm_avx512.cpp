@@ -96,14 +96,13 @@ namespace {
 // accumulators beside the widening's 8 tables and constants and its 2 outputs in the 32
 // registers, and enough independent chains for VDPBF16PS (latency ~6 cycles, two a cycle on
 // Zen 5): two pairs a line make a chain 12 cycles per 64 codes, so below 9 rows two strips pass
-// at once. A single row (M = 1) streams one strip (two on AMX CPUs: small_strips_for) and sums
-// its pairs in four accumulators a strip, by pair index mod 4 (two lines' pairs in flight), added
-// (0 + 1) + (2 + 3) at the group's end: with
-// two (even and odd pairs) a chain took one VDPBF16PS a line, and its latency held a core at
-// ~52 GB/s of codes from L2 (82 with four, 84 with eight; 2 threads from L3: 90 -> 155 GB/s;
-// Zen 5); two strips at once streamed the codes 4-8% slower out of cache. VDPBF16PS
-// flushes subnormal products to zero; a product of two FP8 values as bf16 is never subnormal in
-// float32 (the smallest, 2^-17 * 2^-17 of e5m2fnuz, is 2^-34).
+// at once. A single row (M = 1) streams one strip (two on AMX CPUs: small_strips_for) and sums its
+// pairs in four accumulators a strip, by pair index mod 4 (two lines' pairs in flight), added
+// (0 + 1) + (2 + 3) at the group's end: with two (even and odd pairs) a chain took one VDPBF16PS a
+// line, and its latency held a core at ~52 GB/s of codes from L2 (82 with four, 84 with eight; 2
+// threads from L3: 90 -> 155 GB/s; Zen 5); two strips at once streamed the codes 4-8% slower out of
+// cache. VDPBF16PS flushes subnormal products to zero; a product of two FP8 values as bf16 is never
+// subnormal in float32 (the smallest, 2^-17 * 2^-17 of e5m2fnuz, is 2^-34).
 template <int R, int S>
 void small_block(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, const float* sa, const Widen& widen,
                  float* acc, int64_t ldacc) {
