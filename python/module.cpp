@@ -459,7 +459,41 @@ NB_MODULE(_fp8kit, m) {
                  }
                  return gemm_array(f.q ? GemmA(view(a, "a"), *f.q) : GemmA(view(a, "a")), f.b, f.o[out]);
              },
-             "a"_a, "out"_a, "D for a (float32 / bfloat16 / float16 [M, K]) in out_dtypes[out].");
+             "a"_a, "out"_a, "D for a (float32 / bfloat16 / float16 [M, K]) in out_dtypes[out].")
+        // fp8kit.torch's eager forward: a torch tensor reaches nanobind only through DLPack (~2-4 us
+        // a tensor, more than a decode step's small GEMM) or numpy (float32 / float16 only), so its
+        // Float8Linear passes the addresses of x and of the y it allocated instead. The caller
+        // guarantees what an array would have told: both on the CPU, C-contiguous, [m, k] and
+        // [m, n] of out_dtypes[dtype], alive for the call. Checked here: k against the weight, m and
+        // the dtype index (from_external: null and misaligned addresses), so a wrong shape is an
+        // error and not a stray read.
+        .def("call_into",
+             [](const FusedLinear& f, uintptr_t x, int64_t m, int64_t k, int dtype, uintptr_t out) {
+                 if (dtype < 0 || dtype > 2) {
+                     throw Error("fp8kit.FusedLinear.call_into: dtype is " + std::to_string(dtype) + ", expected an index of out_dtypes: 0, 1 or 2");
+                 }
+                 if (k != f.b.k() || m < 0) {
+                     throw Error("fp8kit.FusedLinear.call_into: x is [" + std::to_string(m) + ", " + std::to_string(k) +
+                                 "], expected [M, " + std::to_string(f.b.k()) + "] (the weight's in_features)");
+                 }
+                 const DType d = f.o[dtype].out_dtype;
+                 const auto external = [&](uintptr_t p, int64_t cols, bool read_only, const char* name) {
+                     Tensor::External e;
+                     e.data = reinterpret_cast<void*>(p);
+                     e.dtype = d;
+                     e.shape = {m, cols};
+                     e.strides = {cols, 1};
+                     e.read_only = read_only;
+                     e.name = name;
+                     return Tensor::from_external(nullptr, std::move(e));
+                 };
+                 const Tensor xt = external(x, k, true, "x"), y = external(out, f.b.n(), false, "out");
+                 nb::gil_scoped_release nogil;
+                 gemm(f.q ? GemmA(xt, *f.q) : GemmA(xt), f.b, f.o[dtype], y);
+             },
+             "x"_a, "m"_a, "k"_a, "dtype"_a, "out"_a,
+             "y[m, n] = D for x[m, k] at address x, written at address out, both C-contiguous in out_dtypes[dtype] "
+             "(fp8kit.torch's eager path; the caller keeps both alive).");
     // (name, fp8, recipe, reason) per layer
     using PolicyEntry = std::tuple<std::string, bool, std::optional<std::string>, std::string>;
     m.def("write_policy", [](const std::string& path, const std::vector<PolicyEntry>& layers) {

@@ -86,23 +86,31 @@ _OUT_DTYPES = {getattr(torch, name): (name, i) for i, name in enumerate(fp8kit._
 
 
 def _linear(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling):
-    """y[M, N] = deq(fp8(x))[M, K] . deq(weight)[N, K]^T (+ bias[N]), x float32 / bfloat16 / float16,
-    y in x's dtype: x quantized with input_scaling (e4m3fn, saturating) inside the GEMM - or with
-    "none" not quantized (weight-only) - float32 sums. The extension is called directly, with the bias's
-    view cached beside the packed weight: fp8kit.gemm's argument handling costs more than the
-    GEMM of a decode step's small layer."""
+    """y[..., N] = deq(fp8(x))[..., K] . deq(weight)[N, K]^T (+ bias[N]), x float32 / bfloat16 / float16
+    with any leading dimensions (the operator passes [M, K]), y in x's dtype: x quantized with
+    input_scaling (e4m3fn, saturating) inside the GEMM - or with "none" not quantized (weight-only) -
+    float32 sums. The extension is called directly, with the bias's view cached beside the packed
+    weight: fp8kit.gemm's argument handling costs more than the GEMM of a decode step's small layer."""
     out = _OUT_DTYPES.get(x.dtype)
     if out is None:
         raise fp8kit.Error(f"fp8kit.torch: the input is {x.dtype}; Float8Linear takes float32, bfloat16 or float16")
     fused = _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling)
-    # A float32 / float16 CPU tensor that needs no grad straight to numpy: 0.5 us where
-    # _to_extension's checks take 1.4 (a decode step's layer costs ~5). Anything else - bfloat16,
-    # another device, requires_grad - numpy() refuses, and _to_extension takes it or names the error.
-    try:
-        xe = x.numpy()
-    except (TypeError, RuntimeError):
-        xe = fp8kit._to_extension(x)
-    return fp8kit._out(fused(xe, out[1]), out[0], True)
+    shape = x.shape
+    if x.is_cpu and x.is_contiguous():
+        # The addresses of x, as [M, K] rows, and of a new y to the extension (FusedLinear.call_into):
+        # about 1.5 us where numpy views and a reshape each way took 4.5 (a DLPack capsule, for
+        # bfloat16, 2 more) - at a decode step's small layers, as much as the GEMM. Contiguity is
+        # what the extension cannot see; it checks K against the weight.
+        # (torch.empty parses positional sizes in half the time of a tuple built from shape.)
+        k, n = shape[-1], weight.shape[0]
+        y = torch.empty(shape[0], n, dtype=x.dtype) if len(shape) == 2 else torch.empty(*shape[:-1], n, dtype=x.dtype)
+        fused.call_into(x.data_ptr(), x.numel() // k if k else math.prod(shape[:-1]), k, out[1], y.data_ptr())
+        return y
+    # Strided x, or a tensor on another device: _to_extension copies what a stride forces, or
+    # names the device it cannot read.
+    rows = x.reshape(-1, shape[-1]) if len(shape) != 2 else x
+    y = fp8kit._out(fused(fp8kit._to_extension(rows), out[1]), out[0], True)
+    return y if len(shape) == 2 else y.reshape(*shape[:-1], y.shape[-1])
 
 
 @torch.library.custom_op("fp8kit::linear", mutates_args=())
@@ -179,20 +187,20 @@ class Float8Linear(nn.Module):
         return m
 
     def forward(self, x):
-        # x [..., in] -> y [..., out]: the GEMM sees [M, in] rows.
+        # x [..., in] -> y [..., out]: the GEMM sees [M, in] rows (M = the leading dimensions' product).
         shape = x.shape
         if not shape or shape[-1] != self.in_features:
             raise fp8kit.Error(f"fp8kit.torch.Float8Linear: the input has shape {list(shape)}, but in_features "
                                f"{self.in_features}")
-        two_d = len(shape) == 2
-        rows = x if two_d else x.reshape(-1, self.in_features)
-        op = _linear if _plain_eager(rows) else torch.ops.fp8kit.linear
         # The tensors through the module's dicts: Module.__getattr__ costs about 1 us a name, a
         # tenth of a decode step's small layer.
         buffers = self._buffers
-        y = op(rows, buffers["weight"], buffers["weight_scale_inv"], self._parameters["bias"], self.input_scaling,
-               self.weight_scaling)
-        return y if two_d else y.reshape(*shape[:-1], self.out_features)
+        w, w_scale_inv, bias = buffers["weight"], buffers["weight_scale_inv"], self._parameters["bias"]
+        if _plain_eager(x):  # any leading dimensions, without a reshape either way
+            return _linear(x, w, w_scale_inv, bias, self.input_scaling, self.weight_scaling)
+        y = torch.ops.fp8kit.linear(x if len(shape) == 2 else x.reshape(-1, self.in_features), w, w_scale_inv, bias,
+                                    self.input_scaling, self.weight_scaling)
+        return y if len(shape) == 2 else y.reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "

@@ -181,6 +181,48 @@ def test_bfloat16_in_bfloat16_out_and_the_weight_quantized_once():
     assert model[0].weight._fp8kit_fused[1] is fused  # packed once, reused
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_every_layout_of_x_gives_the_rows_result(dtype):
+    # Contiguous x of any rank goes to the extension by address ([M, K] rows, M the leading
+    # dimensions' product; test_quantize_replaces_linears_and_matches_float64 holds those rows to
+    # float64); strided x through an array view. Each layout must give the same rows bit for bit:
+    # a wrong M, a reshape in the wrong order or a strided x read as if contiguous would not.
+    model = mlp(11)
+    f8.quantize_(model)
+    layer = model[0]
+    x = torch.randn(6, 96).to(dtype)
+    with torch.no_grad():
+        rows = layer(x)
+        assert rows.shape == (6, 160) and rows.dtype == dtype
+        assert torch.equal(layer(x.reshape(2, 3, 96)), rows.reshape(2, 3, 160))
+        assert torch.equal(layer(x[4]), rows[4])  # one vector: [96] -> [160]
+        strided = x.t().contiguous().t()  # the same values, column-major
+        assert not strided.is_contiguous() and torch.equal(layer(strided), rows)
+        swapped = x.reshape(2, 3, 96).transpose(0, 1)  # [3, 2, 96], rows out of memory order
+        assert torch.equal(layer(swapped), rows.reshape(2, 3, 160).transpose(0, 1))
+        assert not torch.equal(layer(x.flip(0)), rows)  # the test tells rows apart
+
+
+def test_the_address_entry_checks_what_it_can():
+    # FusedLinear.call_into trusts fp8kit.torch for contiguity, but not for K, the dtype index or
+    # a null address: each is an fp8kit.Error naming it, and y is left as it was.
+    model = mlp(12)
+    f8.quantize_(model)
+    x, y = torch.randn(1, 96), torch.zeros(1, 160)
+    with torch.no_grad():
+        model[0](x)
+    fused = model[0].weight._fp8kit_fused[1]
+    with pytest.raises(fp8kit.Error, match=r"\[1, 95\].*\[M, 96\]"):
+        fused.call_into(x.data_ptr(), 1, 95, 0, y.data_ptr())
+    with pytest.raises(fp8kit.Error, match="dtype is 3.*0, 1 or 2"):
+        fused.call_into(x.data_ptr(), 1, 96, 3, y.data_ptr())
+    with pytest.raises(fp8kit.Error, match="null"):
+        fused.call_into(0, 1, 96, 0, y.data_ptr())
+    assert torch.count_nonzero(y) == 0
+    fused.call_into(x.data_ptr(), 1, 96, 0, y.data_ptr())
+    assert torch.equal(y, model[0](x))
+
+
 def test_export_and_compile_trace_the_custom_op():
     model = mlp(3)
     f8.quantize_(model)
