@@ -1,6 +1,7 @@
 // src/cpu/gemm_amx.cpp: the GEMM kernels on Intel AMX (TDPBF16PS on 16x16 float32 tiles), with
-// src/cpu/gemm_avx512.cpp's AVX-512 VBMI widening (FP8 -> bf16 byte tables) and, where the CPU has
-// AVX512-BF16, its small-M kernel for M <= 2. Built with -mamx-tile -mamx-bf16 -mavx512*; used
+// the AVX-512 VBMI widening (FP8 -> bf16 byte tables, src/cpu/widen_vbmi.hpp): tiles over widened
+// windows of B, a streaming tile kernel for 2 <= M <= 32 and, where the CPU has AVX512-BF16,
+// src/cpu/gemm_avx512.cpp's small-M kernel for M = 1. Built with -mamx-tile -mamx-bf16 -mavx512*; used
 // only when cpuid reports AMX-TILE, AMX-BF16 and AVX512-VBMI, XCR0 has the tile state, and
 // (Linux) the kernel grants this process the tile data state. Checked against the reference
 // backend by tests/ops/test_gemm.cpp (the avx512 ISA path on an AMX machine).
@@ -9,6 +10,7 @@
 #include <cpuid.h>
 
 #include "cpu/gemm_kernels.hpp"
+#include "cpu/widen_vbmi.hpp"
 #include "platform/platform.hpp"
 
 namespace fp8kit::cpu {
@@ -85,6 +87,98 @@ void block_dispatch(int rows, int nj, const uint16_t* a, int64_t lda, const void
     block_amx<1, 1>(a, lda, b, b_strip, chunks, c, ldc, accumulate);
 }
 
+// ---- small M on the tiles: B widened in L1 chunk by chunk, straight into the tile unit ----
+// For 3 to 32 packed rows of A (one or two A tiles) the window of run_tiles (64 chunks of 8
+// strips widened into L2, then tile-loaded back) made M = 16 read its codes at half the rate of
+// M = 1; here each 512-code chunk of two strips is widened into a 2 KiB buffer in L1 and
+// tile-loaded at once, B streamed once per call. The sums are the tiles': TDPBF16PS over the
+// chunks in K order into zeroed C tiles, each K group's sums promoted by promote_loop (one group:
+// the raw sums, scaled in the epilogue), so D is bit for bit what run_tiles gives.
+template <int MI, int NJ>
+void stream_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, int rows, const float* sa,
+                   const Widen& widen, float* acc, int64_t ldacc) {
+    const KLayout& kl = b.kl;
+    const int64_t cpg = kl.chunks_per_group(), sa_bytes = lda * 2;
+    const uint16_t* a1 = a + gemm_tile * lda;
+    const uint8_t* codes[NJ];
+    bool nan[NJ];
+    for (int j = 0; j < NJ; ++j) {
+        codes[j] = b.strip(s + j);
+        nan[j] = widen.neg_zero_is_nan && b.strip_has_nan[size_t(s + j)] != 0;
+    }
+    alignas(64) uint16_t wide[2][NJ][gemm_chunk_codes];  // by chunk parity: widening the next while the tiles load this
+    alignas(64) float part[2 * gemm_tile][2 * gemm_tile];
+    for (int64_t g = 0; g < kl.groups; ++g) {
+        _tile_zero(0);
+        if constexpr (NJ > 1) _tile_zero(1);
+        if constexpr (MI > 1) _tile_zero(2);
+        if constexpr (MI > 1 && NJ > 1) _tile_zero(3);
+        for (int64_t q = g * cpg; q < (g + 1) * cpg; ++q) {
+            // 8 chunks (4 KiB a strip) ahead into L1, as the small-M kernel does.
+            for (int j = 0; j < NJ; ++j) {
+                for (int line = 0; line < gemm_chunk_codes / 64; ++line) {
+                    _mm_prefetch(reinterpret_cast<const char*>(codes[j] + (q + 8) * gemm_chunk_codes + line * 64), _MM_HINT_T0);
+                }
+            }
+            uint16_t (*w)[gemm_chunk_codes] = wide[q & 1];
+            for (int j = 0; j < NJ; ++j) {
+                for (int line = 0; line < gemm_chunk_codes / 64; ++line) {
+                    __m512i w0, w1;
+                    widen(codes[j] + q * gemm_chunk_codes + 64 * line, w0, w1, nan[j]);
+                    _mm512_store_si512(w[j] + 64 * line, w0);
+                    _mm512_store_si512(w[j] + 64 * line + 32, w1);
+                }
+            }
+            _tile_loadd(4, a + q * gemm_chunk, sa_bytes);
+            _tile_loadd(6, w[0], 64);
+            if constexpr (NJ > 1) _tile_loadd(7, w[1], 64);
+            if constexpr (MI > 1) _tile_loadd(5, a1 + q * gemm_chunk, sa_bytes);
+            _tile_dpbf16ps(0, 4, 6);
+            if constexpr (NJ > 1) _tile_dpbf16ps(1, 4, 7);
+            if constexpr (MI > 1) _tile_dpbf16ps(2, 5, 6);
+            if constexpr (MI > 1 && NJ > 1) _tile_dpbf16ps(3, 5, 7);
+        }
+        // One group: the raw sums into acc. Groups: this one's sums, promoted as run_tiles does.
+        float* c = kl.groups == 1 ? acc : &part[0][0];
+        const int64_t ldc = kl.groups == 1 ? ldacc : 2 * gemm_tile;
+        _tile_stored(0, c, ldc * 4);
+        if constexpr (NJ > 1) _tile_stored(1, c + gemm_tile, ldc * 4);
+        if constexpr (MI > 1) _tile_stored(2, c + gemm_tile * ldc, ldc * 4);
+        if constexpr (MI > 1 && NJ > 1) _tile_stored(3, c + gemm_tile * ldc + gemm_tile, ldc * 4);
+        if (kl.groups > 1) {
+            promote_loop(&part[0][0], rows, NJ * gemm_tile, sa + g, kl.groups,
+                         b.scales.data() + g * b.strips * gemm_tile + s * gemm_tile, acc, ldacc, g == 0);
+        }
+    }
+}
+
+// GemmKernels::small of the AMX sets: a single row on the AVX512-BF16 small-M kernel where the CPU
+// has it (two VDPBF16PS per 64 codes, src/cpu/gemm_avx512.cpp), else strips in pairs through
+// stream_strips. 2 threads, e4m3 rowwise A cast in the call, 4 x 4096 x 4096 weights in turn
+// (L3), GFLOP/s, two runs, against run_tiles before (2026-11-26): M = 2 125-130 (VDPBF16PS 95-99,
+// tiles 92-95), M = 4 248-258 (97-108), M = 16 842-879 (288-399), M = 32 1395-1413 (633-667); at
+// M = 1 VDPBF16PS keeps ~1.3x the streaming tiles' rate (12 cycles per 64 codes against 13.5-16.
+// docs/PERF.md). M = 33 on the tiles: 570.
+template <bool Bf16Rows>
+void small_amx(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,
+               const float* sa, const ExpandTable& t, float* acc, int64_t ldacc) {
+    if (Bf16Rows && rows <= 1) return small_bf16<2>(rows, a, lda, b, s0, s1, sa, t, acc, ldacc);
+    const Widen widen(t);
+    amx_begin();
+    for (int64_t s = s0; s < s1; s += 2) {
+        float* c = acc + (s - s0) * gemm_tile;
+        const int r = int(rows);
+        if (s + 1 < s1) {
+            rows > gemm_tile ? stream_strips<2, 2>(a, lda, b, s, r, sa, widen, c, ldacc)
+                             : stream_strips<1, 2>(a, lda, b, s, r, sa, widen, c, ldacc);
+        } else {
+            rows > gemm_tile ? stream_strips<2, 1>(a, lda, b, s, r, sa, widen, c, ldacc)
+                             : stream_strips<1, 1>(a, lda, b, s, r, sa, widen, c, ldacc);
+        }
+    }
+    amx_end();
+}
+
 // cpuid leaf 7: EDX 22 AMX-BF16, 24 AMX-TILE; ECX 1 AVX512-VBMI. XCR0 17-18: tile config and
 // data state enabled by the OS. The OS may further hand tile data out per process on request
 // (Linux: arch_prctl ARCH_REQ_XCOMP_PERM), which the platform layer asks for.
@@ -105,15 +199,12 @@ bool amx_usable() {
 // 2048 x 4096 x 4096 1598-1698 / 2007-2063 / 1453-1485; M = 128 1568-1640 / 1764-1847 / 1810-1822;
 // 8 and 16 chunks slower than 32 (2048^3: 1244, 1395).
 constexpr GemmKernels amx_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 64, 2, &block_then_promote<&block_dispatch>,
-                                  &amx_begin, &amx_end, nullptr, 0, &matmul_f32_avx2, "amx"};
-// With AVX512-BF16, M <= 2 runs src/cpu/gemm_avx512.cpp's small kernel: each row costs it two
-// VDPBF16PS per 64 codes on top of the widening, so past 2 rows the tiles win even with their
-// widened copy of B (measured with bench_gemm on a Xeon with AMX: M = 3 and 4 ran 20% and 60%
-// slower than on the tiles). A single row streams two strips at once (gemm_avx512.cpp,
-// small_strips_for).
+                                  &amx_begin, &amx_end, &small_amx<false>, 2 * gemm_tile, &matmul_f32_avx2, "amx"};
+// With AVX512-BF16: M = 1 on src/cpu/gemm_avx512.cpp's small kernel, two strips at once
+// (small_strips_for); M <= 32 (two A tiles) streams through the tiles (small_amx).
 constexpr GemmKernels amx_bf16_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 64, 2,
-                                       &block_then_promote<&block_dispatch>, &amx_begin, &amx_end, &small_bf16<2>, 2,
-                                       &matmul_f32_avx2, "amx"};
+                                       &block_then_promote<&block_dispatch>, &amx_begin, &amx_end, &small_amx<true>,
+                                       2 * gemm_tile, &matmul_f32_avx2, "amx"};
 
 }  // namespace
 

@@ -869,20 +869,23 @@ TEST(GemmOps, ThreadCountDoesNotChangeD) {
     }
 }
 
-// On the avx512-bf16 kernels the small-M kernel (2 <= M <= 32) adds each output's K pairs in K
-// order into one float32 lane, as the tiles do: the first M rows of A give the first M rows of
-// the tiles' D (M = 64) bit for bit, for one K group (row) and for many (block, mx32; each
-// group's partial sum promoted in turn). M = 1 is the stated exception (even and odd pairs apart,
-// NUMERICS.md). Rowwise and blockwise A scales depend on their own row only, so the rows'
-// codes and scales are the same in both products.
-TEST(GemmOps, SmallMKernelSumsAsTheTilesOnAvx512Bf16) {
+// The small-M kernels add each output's K pairs in K order into one float32 lane, as the tiles
+// do: the first M rows of A give the first M rows of the tiles' D (M = 64) bit for bit, for one K
+// group (row) and for many (block, mx32; each group's partial sum promoted in turn). On the
+// avx512-bf16 kernels that is the VDPBF16PS kernel at 2 <= M <= 32; on AMX the same kernel at M =
+// 2 and the streaming tile kernel at 3 <= M <= 32 (one and two A tiles, one strip left over at
+// n = 130). M = 1 is the stated exception (pairs in four lanes, NUMERICS.md). Rowwise and
+// blockwise A scales depend on their own row only, so the rows' codes and scales are the same in
+// both products.
+TEST(GemmOps, SmallMKernelsSumAsTheTiles) {
     const int64_t big = 64, n = 130, k = 1100;
     bool ran = false;
     uint32_t seed = 900;
     const std::vector<float> xv = gaussian(big, k, seed++);
     on_backend(Backend::cpu, [&] {
         for_each_isa([&](Isa) {
-            if (std::string(gemm_kernels_name()) != "avx512-bf16") return;
+            const std::string kernels(gemm_kernels_name());
+            if (kernels != "avx512-bf16" && kernels != "amx") return;
             ran = true;
             for (const GranCase& g : gran_cases()) {
                 if (g.name == "tensor" || g.name == "tensor_x_block") continue;  // A's scale spans all rows
@@ -905,10 +908,9 @@ TEST(GemmOps, SmallMKernelSumsAsTheTilesOnAvx512Bf16) {
     if (!ran) {
         const char* env = std::getenv("FP8KIT_ISA");
         if (env != nullptr && *env != '\0' && cpu_supports(Isa::avx512)) {
-            GTEST_SKIP() << "FP8KIT_ISA=" << env << " chose a path without the avx512-bf16 GEMM kernels";
+            GTEST_SKIP() << "FP8KIT_ISA=" << env << " chose a path without the avx512-bf16 or amx GEMM kernels";
         }
-        GTEST_SKIP() << "needs the avx512-bf16 GEMM kernels: this CPU lacks AVX-512, AVX512-BF16 or VBMI, or has AMX "
-                        "(whose tiles the avx512 path takes)";
+        GTEST_SKIP() << "needs the avx512-bf16 or amx GEMM kernels: this CPU lacks AVX-512 with AVX512-BF16 and VBMI";
     }
 }
 
