@@ -458,11 +458,15 @@ void gemm(GemmJob& job) {
     std::fill(sa.get(), sa.get() + mp * kl.groups, 0.0f);
     pack_a(job, kl, kern, terms, apk.get(), lda, sa.get());
 
-    // Tasks: panels of strips x row ranges; rows split only when panels alone leave threads idle.
+    // Tasks: panels of strips x row ranges; rows split only when panels alone leave threads idle,
+    // and never on the small-M kernel, which may pick its way of summing by the rows it is given
+    // (AMX: one row apart), so that D does not depend on the split.
     const int64_t panel_strips = kern.panel_strips, panels = (b.strips + panel_strips - 1) / panel_strips;
     const int64_t block_rows = kern.block_tiles * gemm_tile, row_blocks = (mp + block_rows - 1) / block_rows;
     const int threads = num_threads();
-    const int64_t row_splits = std::min<int64_t>(row_blocks, panels >= 2 * threads ? 1 : (2 * threads + panels - 1) / panels);
+    const bool small = kern.small != nullptr && job.m * terms <= kern.small_m_max;
+    const int64_t row_splits = small ? 1
+                                     : std::min<int64_t>(row_blocks, panels >= 2 * threads ? 1 : (2 * threads + panels - 1) / panels);
     const int64_t rows_per_split = (row_blocks + row_splits - 1) / row_splits * block_rows;
     const Task task{job, b, kern, apk.get(), lda, sa.get(), expand_table(b.format), terms, job.m * terms};
     const size_t work = size_t(job.m * terms) * size_t(job.n) * size_t(std::max<int64_t>(job.k, 1));

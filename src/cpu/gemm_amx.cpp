@@ -1,6 +1,6 @@
 // src/cpu/gemm_amx.cpp: the GEMM kernels on Intel AMX (TDPBF16PS on 16x16 float32 tiles), with
 // the AVX-512 VBMI widening (FP8 -> bf16 byte tables, src/cpu/widen_vbmi.hpp): tiles over widened
-// windows of B, a streaming tile kernel for 2 <= M <= 32 and, where the CPU has AVX512-BF16,
+// windows of B, a streaming tile kernel for 2 <= M <= 128 and, where the CPU has AVX512-BF16,
 // src/cpu/gemm_avx512.cpp's small-M kernel for M = 1. Built with -mamx-tile -mamx-bf16 -mavx512*; used
 // only when cpuid reports AMX-TILE, AMX-BF16 and AVX512-VBMI, XCR0 has the tile state, and
 // (Linux) the kernel grants this process the tile data state. Checked against the reference
@@ -88,10 +88,10 @@ void block_dispatch(int rows, int nj, const uint16_t* a, int64_t lda, const void
 }
 
 // ---- small M on the tiles: B widened in L1 chunk by chunk, straight into the tile unit ----
-// For 3 to 32 packed rows of A (one or two A tiles) the window of run_tiles (64 chunks of 8
-// strips widened into L2, then tile-loaded back) made M = 16 read its codes at half the rate of
-// M = 1; here each 512-code chunk of two strips is widened into a 2 KiB buffer in L1 and
-// tile-loaded at once, B streamed once per call. The sums are the tiles': TDPBF16PS over the
+// Up to 32 packed rows of A (one or two A tiles) against two strips of B. run_tiles widens a window
+// of B (64 chunks of 8 strips) into L2 and tile-loads it back for each block of rows, which made
+// M = 16 read its codes at half the rate of M = 1; here each 512-code chunk of the two strips is
+// widened into a 2 KiB buffer in L1 and tile-loaded at once. The sums are the tiles': TDPBF16PS over the
 // chunks in K order into zeroed C tiles, each K group's sums promoted by promote_loop (one group:
 // the raw sums, scaled in the epilogue), so D is bit for bit what run_tiles gives.
 template <int MI, int NJ>
@@ -153,12 +153,17 @@ void stream_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, 
 }
 
 // GemmKernels::small of the AMX sets: a single row on the AVX512-BF16 small-M kernel where the CPU
-// has it (two VDPBF16PS per 64 codes, src/cpu/gemm_avx512.cpp), else strips in pairs through
-// stream_strips. 2 threads, e4m3 rowwise A cast in the call, 4 x 4096 x 4096 weights in turn
-// (L3), GFLOP/s, two runs, against run_tiles before (2026-11-26): M = 2 125-130 (VDPBF16PS 95-99,
-// tiles 92-95), M = 4 248-258 (97-108), M = 16 842-879 (288-399), M = 32 1395-1413 (633-667); at
-// M = 1 VDPBF16PS keeps ~1.3x the streaming tiles' rate (12 cycles per 64 codes against 13.5-16.
-// docs/PERF.md). M = 33 on the tiles: 570.
+// has it (two VDPBF16PS per 64 codes, src/cpu/gemm_avx512.cpp), else strip pairs through
+// stream_strips, in blocks of 32 rows (the pair's codes read again from L2 for each block).
+// 2 threads, e4m3 rowwise A cast in the call, 4 x 4096 x 4096 weights in turn (L3), GFLOP/s, two
+// runs each, against run_tiles (2026-11-26): M = 2 125-130 (VDPBF16PS 95-99, tiles 92-95), M = 4
+// 248-258 (97-108), 16 842-879 (288-399), 32 1395-1413 (633-667), 48 1265-1333 (849-927), 64
+// 1389-1654 (1054-1098), 96 1691-1702 (1265-1350), 128 1670-1678 (1406-1605); at 256 alike
+// (1523-1711 against 1575-1730), at 512 the tiles' window wins (1709-1871 against 1305-1351): up
+// to 128 rows here. At M = 1 VDPBF16PS keeps ~1.3x the streaming tiles' rate (12 cycles per 64
+// codes against 13.5-16, docs/PERF.md).
+constexpr int64_t amx_small_m_max = 128;
+
 template <bool Bf16Rows>
 void small_amx(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,
                const float* sa, const ExpandTable& t, float* acc, int64_t ldacc) {
@@ -166,14 +171,18 @@ void small_amx(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, i
     const Widen widen(t);
     amx_begin();
     for (int64_t s = s0; s < s1; s += 2) {
-        float* c = acc + (s - s0) * gemm_tile;
-        const int r = int(rows);
-        if (s + 1 < s1) {
-            rows > gemm_tile ? stream_strips<2, 2>(a, lda, b, s, r, sa, widen, c, ldacc)
-                             : stream_strips<1, 2>(a, lda, b, s, r, sa, widen, c, ldacc);
-        } else {
-            rows > gemm_tile ? stream_strips<2, 1>(a, lda, b, s, r, sa, widen, c, ldacc)
-                             : stream_strips<1, 1>(a, lda, b, s, r, sa, widen, c, ldacc);
+        for (int64_t r0 = 0; r0 < rows; r0 += 2 * gemm_tile) {  // row blocks of 32: the strip pair again from L2
+            const uint16_t* ar = a + r0 * lda;
+            const float* sar = sa + r0 * b.kl.groups;
+            float* c = acc + r0 * ldacc + (s - s0) * gemm_tile;
+            const int r = int(std::min<int64_t>(2 * gemm_tile, rows - r0));
+            if (s + 1 < s1) {
+                r > gemm_tile ? stream_strips<2, 2>(ar, lda, b, s, r, sar, widen, c, ldacc)
+                              : stream_strips<1, 2>(ar, lda, b, s, r, sar, widen, c, ldacc);
+            } else {
+                r > gemm_tile ? stream_strips<2, 1>(ar, lda, b, s, r, sar, widen, c, ldacc)
+                              : stream_strips<1, 1>(ar, lda, b, s, r, sar, widen, c, ldacc);
+            }
         }
     }
     amx_end();
@@ -199,12 +208,12 @@ bool amx_usable() {
 // 2048 x 4096 x 4096 1598-1698 / 2007-2063 / 1453-1485; M = 128 1568-1640 / 1764-1847 / 1810-1822;
 // 8 and 16 chunks slower than 32 (2048^3: 1244, 1395).
 constexpr GemmKernels amx_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 64, 2, &block_then_promote<&block_dispatch>,
-                                  &amx_begin, &amx_end, &small_amx<false>, 2 * gemm_tile, &matmul_f32_avx2, "amx"};
+                                  &amx_begin, &amx_end, &small_amx<false>, amx_small_m_max, &matmul_f32_avx2, "amx"};
 // With AVX512-BF16: M = 1 on src/cpu/gemm_avx512.cpp's small kernel, two strips at once
-// (small_strips_for); M <= 32 (two A tiles) streams through the tiles (small_amx).
+// (small_strips_for); 2 <= M <= 128 streams through the tiles (small_amx).
 constexpr GemmKernels amx_bf16_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 64, 2,
                                        &block_then_promote<&block_dispatch>, &amx_begin, &amx_end, &small_amx<true>,
-                                       2 * gemm_tile, &matmul_f32_avx2, "amx"};
+                                       amx_small_m_max, &matmul_f32_avx2, "amx"};
 
 }  // namespace
 

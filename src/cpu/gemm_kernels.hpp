@@ -132,10 +132,12 @@ struct GemmKernels {
                   float* c, int64_t ldc, bool accumulate, const Promotion* promotion);
     void (*begin)();  // per thread, at the start of a task (AMX: tile configuration; AVX2: forget widened A)
     void (*end)();
-    // Small M (null where the kernel set has none): rows <= small_m_max rows of packed A times
-    // strips [s0, s1) of b over all of K, FP8 codes widened in registers as they are read (B
-    // streamed once, no widened copy). Leaves in acc[r * ldacc + col] what the block/promote
-    // loop would: the raw sum with one K group, else the groups' partial sums times sa * sb.
+    // Small M (null where the kernel set has none): all rows (<= small_m_max) of packed A times
+    // strips [s0, s1) of b over all of K, FP8 codes widened as they are read (in registers, or
+    // chunk by chunk into L1 for the AMX tiles; B streamed once, no widened window). Leaves in
+    // acc[r * ldacc + col] what the block/promote loop would: the raw sum with one K group, else
+    // the groups' partial sums times sa * sb. gemm() never splits rows between tasks here, so a
+    // kernel may choose how it sums by `rows` (AMX: a single row on VDPBF16PS).
     void (*small)(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,
                   const float* sa, const ExpandTable& t, float* acc, int64_t ldacc);
     // The largest M the small kernel takes (chosen by all of packed A's rows - two a row for a

@@ -870,15 +870,15 @@ TEST(GemmOps, ThreadCountDoesNotChangeD) {
 }
 
 // The small-M kernels add each output's K pairs in K order into one float32 lane, as the tiles
-// do: the first M rows of A give the first M rows of the tiles' D (M = 64) bit for bit, for one K
+// do: the first M rows of A give the first M rows of the tiles' D (M = 160) bit for bit, for one K
 // group (row) and for many (block, mx32; each group's partial sum promoted in turn). On the
-// avx512-bf16 kernels that is the VDPBF16PS kernel at 2 <= M <= 32; on AMX the same kernel at M =
-// 2 and the streaming tile kernel at 3 <= M <= 32 (one and two A tiles, one strip left over at
-// n = 130). M = 1 is the stated exception (pairs in four lanes, NUMERICS.md). Rowwise and
+// avx512-bf16 kernels that is the VDPBF16PS kernel at 2 <= M <= 32; on AMX the streaming tile
+// kernel at 2 <= M <= 128 (one and two A tiles, blocks of 32 rows, one strip left over at n = 130;
+// the tiles' D from M = 160). M = 1 is the stated exception (pairs in four lanes, NUMERICS.md). Rowwise and
 // blockwise A scales depend on their own row only, so the rows' codes and scales are the same in
 // both products.
 TEST(GemmOps, SmallMKernelsSumAsTheTiles) {
-    const int64_t big = 64, n = 130, k = 1100;
+    const int64_t big = 160, n = 130, k = 1100;
     bool ran = false;
     uint32_t seed = 900;
     const std::vector<float> xv = gaussian(big, k, seed++);
@@ -894,7 +894,7 @@ TEST(GemmOps, SmallMKernelsSumAsTheTiles) {
                 const QTensor qb = quantize(as_tensor(gaussian(n, k, seed++), n, k, DType::f32),
                                             qopts(g.b, Format::e4m3fn, g.power_of_two));
                 const std::vector<double> tiles = values(gemm(quantize(as_tensor(xv, big, k, DType::f32), oa), qb));
-                for (const int64_t m : {2, 3, 8, 9, 16, 17, 31, 32}) {
+                for (const int64_t m : {2, 3, 8, 9, 16, 17, 31, 32, 33, 48, 100, 128}) {
                     const std::vector<float> x(xv.begin(), xv.begin() + m * k);
                     const std::vector<double> small = values(gemm(quantize(as_tensor(x, m, k, DType::f32), oa), qb));
                     int64_t differ = 0;
