@@ -225,6 +225,9 @@ struct Task {
     const ExpandTable& table;
     int64_t terms;     // packed rows per row of A (a_terms)
     int64_t packed_m;  // job.m * terms
+    // On the small-M kernel: chosen by all of packed A, not a task's rows, so that which kernel
+    // runs (and so how D rounds) does not depend on how the work was split between threads.
+    bool small;
 };
 
 // Packed rows [r0, r0 + rows) x strips [s0, s1) on 16x16 tiles into acc: windows of B widened
@@ -303,9 +306,7 @@ void run_task(const Task& t, int64_t r0, int64_t r1, int64_t s0, int64_t s1) {
     const bool one_group = kl.groups == 1;
     Scratch<float> acc(rows * ldacc);
     const int64_t m_rows = std::min(rows, t.packed_m - r0);  // packed rows of A here (the rest is padding)
-    // Chosen by all of packed A, not this task's rows: which kernel runs (and so how D rounds)
-    // must not depend on how the rows were split between threads.
-    if (t.kern.small != nullptr && t.packed_m <= t.kern.small_m_max) {
+    if (t.small) {
         t.kern.small(m_rows, t.apk + r0 * t.lda, t.lda, t.b, s0, s1, t.sa + r0 * kl.groups, t.table, acc.get(), ldacc);
     } else {
         run_tiles(t, r0, m_rows, s0, s1, acc.get(), ldacc);
@@ -468,7 +469,7 @@ void gemm(GemmJob& job) {
     const int64_t row_splits = small ? 1
                                      : std::min<int64_t>(row_blocks, panels >= 2 * threads ? 1 : (2 * threads + panels - 1) / panels);
     const int64_t rows_per_split = (row_blocks + row_splits - 1) / row_splits * block_rows;
-    const Task task{job, b, kern, apk.get(), lda, sa.get(), expand_table(b.format), terms, job.m * terms};
+    const Task task{job, b, kern, apk.get(), lda, sa.get(), expand_table(b.format), terms, job.m * terms, small};
     const size_t work = size_t(job.m * terms) * size_t(job.n) * size_t(std::max<int64_t>(job.k, 1));
     parallel_tasks(panels * row_splits, work, [&](int64_t t, int) {
         const int64_t p = t / row_splits, r = t % row_splits;
