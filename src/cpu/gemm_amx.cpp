@@ -43,6 +43,37 @@ void amx_begin() { _tile_loadconfig(&config); }
 
 void amx_end() { _tile_release(); }
 
+// The 2x2 C block's tile steps, shared by block_amx (B from a widened window) and stream_strips
+// (B from a chunk widened into L1): MI A tiles (a0; a1 16 rows below) times NJ B tiles (b0, b1).
+template <int MI, int NJ>
+void zero_c() {
+    _tile_zero(0);
+    if constexpr (NJ > 1) _tile_zero(1);
+    if constexpr (MI > 1) _tile_zero(2);
+    if constexpr (MI > 1 && NJ > 1) _tile_zero(3);
+}
+
+template <int MI, int NJ>
+void store_c(float* c, int64_t ldc) {
+    const int64_t sc = ldc * 4;
+    _tile_stored(0, c, sc);
+    if constexpr (NJ > 1) _tile_stored(1, c + gemm_tile, sc);
+    if constexpr (MI > 1) _tile_stored(2, c + gemm_tile * ldc, sc);
+    if constexpr (MI > 1 && NJ > 1) _tile_stored(3, c + gemm_tile * ldc + gemm_tile, sc);
+}
+
+template <int MI, int NJ>
+void step_c(const uint16_t* a0, const uint16_t* a1, int64_t sa, const uint16_t* b0, const uint16_t* b1) {
+    _tile_loadd(4, a0, sa);
+    _tile_loadd(6, b0, 64);
+    if constexpr (NJ > 1) _tile_loadd(7, b1, 64);
+    if constexpr (MI > 1) _tile_loadd(5, a1, sa);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (NJ > 1) _tile_dpbf16ps(1, 4, 7);
+    if constexpr (MI > 1) _tile_dpbf16ps(2, 5, 6);
+    if constexpr (MI > 1 && NJ > 1) _tile_dpbf16ps(3, 5, 7);
+}
+
 template <int MI, int NJ>
 void block_amx(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t b_strip, int64_t chunks, float* c,
                int64_t ldc, bool accumulate) {
@@ -56,25 +87,12 @@ void block_amx(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t b_stri
         if constexpr (MI > 1) _tile_loadd(2, c1, sc);
         if constexpr (MI > 1 && NJ > 1) _tile_loadd(3, c1 + gemm_tile, sc);
     } else {
-        _tile_zero(0);
-        if constexpr (NJ > 1) _tile_zero(1);
-        if constexpr (MI > 1) _tile_zero(2);
-        if constexpr (MI > 1 && NJ > 1) _tile_zero(3);
+        zero_c<MI, NJ>();
     }
     for (int64_t q = 0; q < chunks; ++q) {
-        _tile_loadd(4, a + q * gemm_chunk, sa);
-        _tile_loadd(6, b + q * gemm_chunk_codes, 64);
-        if constexpr (NJ > 1) _tile_loadd(7, b1 + q * gemm_chunk_codes, 64);
-        if constexpr (MI > 1) _tile_loadd(5, a1 + q * gemm_chunk, sa);
-        _tile_dpbf16ps(0, 4, 6);
-        if constexpr (NJ > 1) _tile_dpbf16ps(1, 4, 7);
-        if constexpr (MI > 1) _tile_dpbf16ps(2, 5, 6);
-        if constexpr (MI > 1 && NJ > 1) _tile_dpbf16ps(3, 5, 7);
+        step_c<MI, NJ>(a + q * gemm_chunk, a1 + q * gemm_chunk, sa, b + q * gemm_chunk_codes, b1 + q * gemm_chunk_codes);
     }
-    _tile_stored(0, c, sc);
-    if constexpr (NJ > 1) _tile_stored(1, c + gemm_tile, sc);
-    if constexpr (MI > 1) _tile_stored(2, c1, sc);
-    if constexpr (MI > 1 && NJ > 1) _tile_stored(3, c1 + gemm_tile, sc);
+    store_c<MI, NJ>(c, ldc);
 }
 
 void block_dispatch(int rows, int nj, const uint16_t* a, int64_t lda, const void* bw, int64_t b_strip,
@@ -109,10 +127,7 @@ void stream_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, 
     alignas(64) uint16_t wide[2][NJ][gemm_chunk_codes];  // by chunk parity: widening the next while the tiles load this
     alignas(64) float part[2 * gemm_tile][2 * gemm_tile];
     for (int64_t g = 0; g < kl.groups; ++g) {
-        _tile_zero(0);
-        if constexpr (NJ > 1) _tile_zero(1);
-        if constexpr (MI > 1) _tile_zero(2);
-        if constexpr (MI > 1 && NJ > 1) _tile_zero(3);
+        zero_c<MI, NJ>();
         for (int64_t q = g * cpg; q < (g + 1) * cpg; ++q) {
             // 8 chunks (4 KiB a strip) ahead into L1, as the small-M kernel does.
             for (int j = 0; j < NJ; ++j) {
@@ -129,22 +144,11 @@ void stream_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, 
                     _mm512_store_si512(w[j] + 64 * line + 32, w1);
                 }
             }
-            _tile_loadd(4, a + q * gemm_chunk, sa_bytes);
-            _tile_loadd(6, w[0], 64);
-            if constexpr (NJ > 1) _tile_loadd(7, w[1], 64);
-            if constexpr (MI > 1) _tile_loadd(5, a1 + q * gemm_chunk, sa_bytes);
-            _tile_dpbf16ps(0, 4, 6);
-            if constexpr (NJ > 1) _tile_dpbf16ps(1, 4, 7);
-            if constexpr (MI > 1) _tile_dpbf16ps(2, 5, 6);
-            if constexpr (MI > 1 && NJ > 1) _tile_dpbf16ps(3, 5, 7);
+            step_c<MI, NJ>(a + q * gemm_chunk, a1 + q * gemm_chunk, sa_bytes, w[0], w[NJ - 1]);
         }
         // One group: the raw sums into acc. Groups: this one's sums, promoted as run_tiles does.
         float* c = kl.groups == 1 ? acc : &part[0][0];
-        const int64_t ldc = kl.groups == 1 ? ldacc : 2 * gemm_tile;
-        _tile_stored(0, c, ldc * 4);
-        if constexpr (NJ > 1) _tile_stored(1, c + gemm_tile, ldc * 4);
-        if constexpr (MI > 1) _tile_stored(2, c + gemm_tile * ldc, ldc * 4);
-        if constexpr (MI > 1 && NJ > 1) _tile_stored(3, c + gemm_tile * ldc + gemm_tile, ldc * 4);
+        store_c<MI, NJ>(c, kl.groups == 1 ? ldacc : 2 * gemm_tile);
         if (kl.groups > 1) {
             promote_loop(&part[0][0], rows, NJ * gemm_tile, sa + g, kl.groups,
                          b.scales.data() + g * b.strips * gemm_tile + s * gemm_tile, acc, ldacc, g == 0);
