@@ -487,9 +487,10 @@ NB_MODULE(_fp8kit, m) {
                      e.name = name;
                      return Tensor::from_external(nullptr, std::move(e));
                  };
-                 const Tensor xt = external(x, k, true, "x"), y = external(out, f.b.n(), false, "out");
+                 const GemmA a = f.q ? GemmA(external(x, k, true, "x"), *f.q) : GemmA(external(x, k, true, "x"));
+                 const Tensor y = external(out, f.b.n(), false, "out");
                  nb::gil_scoped_release nogil;
-                 gemm(f.q ? GemmA(xt, *f.q) : GemmA(xt), f.b, f.o[dtype], y);
+                 gemm(a, f.b, f.o[dtype], y);
              },
              "x"_a, "m"_a, "k"_a, "dtype"_a, "out"_a,
              "y[m, n] = D for x[m, k] at address x, written at address out, both C-contiguous in out_dtypes[dtype] "

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <utility>
 
 #include "fp8kit/backend.hpp"
 #include "fp8kit/quantize.hpp"
@@ -57,8 +58,9 @@ struct GemmOptions {
 // and gemm(x, w) read well.
 struct GemmA {
     GemmA(const QTensor& q) : fp8(q) {}                                   // NOLINT: implicit
-    GemmA(const Tensor& x, const QuantizeOptions& q) : hp(x), quantize(q) {}  // NOLINT
-    GemmA(const Tensor& x) : hp(x), weight_only(true) {}                  // NOLINT
+    // x by value: a caller's temporary moves in (its shape is not copied)
+    GemmA(Tensor x, const QuantizeOptions& q) : hp(std::move(x)), quantize(q) {}  // NOLINT
+    GemmA(Tensor x) : hp(std::move(x)), weight_only(true) {}                      // NOLINT
     std::optional<QTensor> fp8;
     std::optional<Tensor> hp;  // [M, K] f32 / bf16 / f16, unit column stride or copied
     QuantizeOptions quantize;  // for hp, unless weight_only

@@ -68,7 +68,7 @@ def _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling):
     """The extension's FusedLinear of a Float8Linear (its PackedWeight, the input's e4m3fn
     saturating cast with input_scaling - "none": no cast, weight-only - and its bias), made on
     first use and again only after a buffer or the bias is written (load_state_dict, copy_): kept
-    on the weight tensor, keyed by the version counters."""
+    on the weight tensor, keyed by the version counters. Returns (the FusedLinear, out_features)."""
     key = (weight._version, weight_scale_inv._version, weight_scaling, input_scaling,
            None if bias is None else bias._version)
     cached = getattr(weight, "_fp8kit_fused", None)
@@ -76,7 +76,7 @@ def _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling):
         q = fp8kit.qtensor(weight, weight_scale_inv, weight_scaling)
         fused = fp8kit._fp8kit.FusedLinear(fp8kit.PackedWeight(q), "e4m3fn", input_scaling, "saturate",
                                            None if bias is None else fp8kit._to_extension(bias))
-        cached = (key, fused, bias)
+        cached = (key, (fused, weight.shape[0]), bias)
         weight._fp8kit_fused = cached
     return cached[1]
 
@@ -94,7 +94,7 @@ def _linear(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling):
     out = _OUT_DTYPES.get(x.dtype)
     if out is None:
         raise fp8kit.Error(f"fp8kit.torch: the input is {x.dtype}; Float8Linear takes float32, bfloat16 or float16")
-    fused = _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling)
+    fused, n = _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling)
     shape = x.shape
     if x.is_cpu and x.is_contiguous():
         # The addresses of x, as [M, K] rows, and of a new y to the extension (FusedLinear.call_into):
@@ -102,7 +102,7 @@ def _linear(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling):
         # bfloat16, 2 more) - at a decode step's small layers, as much as the GEMM. Contiguity is
         # what the extension cannot see; it checks K against the weight.
         # (torch.empty parses positional sizes in half the time of a tuple built from shape.)
-        k, n = shape[-1], weight.shape[0]
+        k = shape[-1]
         y = torch.empty(shape[0], n, dtype=x.dtype) if len(shape) == 2 else torch.empty(*shape[:-1], n, dtype=x.dtype)
         fused.call_into(x.data_ptr(), x.numel() // k if k else math.prod(shape[:-1]), k, out[1], y.data_ptr())
         return y

@@ -161,24 +161,29 @@ Tensor Tensor::view_of(std::shared_ptr<const void> owner, const void* data, Shap
 }
 
 Tensor Tensor::from_external(std::shared_ptr<const void> owner, External m) {
-    const std::string where = "fp8kit::Tensor::from_external" + (m.name.empty() ? std::string() : " ('" + m.name + "')") + ": ";
+    // The message's prefix is built only on error: fp8kit.torch wraps two tensors a call.
+    const auto where = [&m] {
+        return "fp8kit::Tensor::from_external" + (m.name.empty() ? std::string() : " ('" + m.name + "')") + ": ";
+    };
     check_shape(m.shape, "from_external");
     if (m.strides.empty()) m.strides = row_major_strides(m.shape);
     if (m.strides.size() != m.shape.size()) {
-        throw Error(where + "strides " + to_string(m.strides) + " do not match shape " + to_string(m.shape));
+        throw Error(where() + "strides " + to_string(m.strides) + " do not match shape " + to_string(m.shape));
     }
     for (int64_t s : m.strides) {
-        if (s < 0) throw Error(where + "stride " + std::to_string(s) + " is negative (copy such an array first)");
+        if (s < 0) throw Error(where() + "stride " + std::to_string(s) + " is negative (copy such an array first)");
     }
-    if (m.data == nullptr && count(m.shape) != 0) throw Error(where + "data is null");
+    if (m.data == nullptr && count(m.shape) != 0) throw Error(where() + "data is null");
     if (reinterpret_cast<uintptr_t>(m.data) % dtype_size(m.dtype) != 0) {
-        throw Error(where + "data is not aligned to its " + std::to_string(dtype_size(m.dtype)) + "-byte elements (" +
+        throw Error(where() + "data is not aligned to its " + std::to_string(dtype_size(m.dtype)) + "-byte elements (" +
                     std::string(to_string(m.dtype)) + ")");
     }
     Tensor t;
     // The aliasing constructor: t's storage points at data and owns a share of owner. An owner
-    // that is empty still needs a control block, so that the tensor is defined().
-    if (!owner) owner = std::make_shared<int>(0);
+    // that is empty still needs a control block, so that the tensor is defined(): one shared by
+    // all of them.
+    static const std::shared_ptr<const void> no_owner = std::make_shared<int>(0);
+    if (!owner) owner = no_owner;
     t.storage_ = std::shared_ptr<std::byte>(std::move(owner), static_cast<std::byte*>(m.data));
     t.strides_ = std::move(m.strides);
     t.shape_ = std::move(m.shape);

@@ -176,9 +176,9 @@ def test_bfloat16_in_bfloat16_out_and_the_weight_quantized_once():
     with torch.no_grad():
         y = model(x)
         assert y.dtype == torch.bfloat16
-        fused = model[0].weight._fp8kit_fused[1]
+        fused = model[0].weight._fp8kit_fused[1][0]
         model(x)
-    assert model[0].weight._fp8kit_fused[1] is fused  # packed once, reused
+    assert model[0].weight._fp8kit_fused[1][0] is fused  # packed once, reused
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -211,7 +211,7 @@ def test_the_address_entry_checks_what_it_can():
     x, y = torch.randn(1, 96), torch.zeros(1, 160)
     with torch.no_grad():
         model[0](x)
-    fused = model[0].weight._fp8kit_fused[1]
+    fused = model[0].weight._fp8kit_fused[1][0]
     with pytest.raises(fp8kit.Error, match=r"\[1, 95\].*\[M, 96\]"):
         fused.call_into(x.data_ptr(), 1, 95, 0, y.data_ptr())
     with pytest.raises(fp8kit.Error, match="dtype is 3.*0, 1 or 2"):

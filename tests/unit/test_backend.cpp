@@ -232,6 +232,16 @@ TEST(Tensor, ExternalStridedMemoryWithOwner) {
                  "negative");
     expect_error([&] { (void)Tensor::from_external(nullptr, {&x, {2, 2}, {1}, DType::f32, Device::cpu, false, ""}); },
                  "do not match");
+    expect_error([&] { (void)Tensor::from_external(nullptr, {&x, {2, 2}, {-1, 1}, DType::f32, Device::cpu, false, "w"}); },
+                 "from_external ('w'): stride -1 is negative");
+    // Without an owner (the control block is one for all such tensors): defined, and two at
+    // different addresses share no storage (gemm's out-overlaps-input check relies on it).
+    float y[4] = {};
+    const Tensor u = Tensor::from_external(nullptr, {y, {2, 2}, {}, DType::f32, Device::cpu, false, ""});
+    const Tensor v = Tensor::from_external(nullptr, {&x, {1}, {}, DType::f32, Device::cpu, false, ""});
+    EXPECT_TRUE(u.defined() && v.defined());
+    EXPECT_FALSE(u.shares_storage_with(v));
+    EXPECT_TRUE(u.shares_storage_with(Tensor::from_external(nullptr, {y, {4}, {}, DType::f32, Device::cpu, true, ""})));
 }
 
 TEST(Scales, AmaxAndDelayedStateAreTensors) {
