@@ -171,7 +171,7 @@ constexpr int64_t amx_small_m_max = 128;
 template <bool Bf16Rows>
 void small_amx(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,
                const float* sa, const ExpandTable& t, float* acc, int64_t ldacc) {
-    if (Bf16Rows && rows <= 1) return small_bf16<2>(rows, a, lda, b, s0, s1, sa, t, acc, ldacc);
+    if (Bf16Rows && rows <= 1) return small_bf16<amx_one_row>(rows, a, lda, b, s0, s1, sa, t, acc, ldacc);
     const Widen widen(t);
     amx_begin();
     for (int64_t s = s0; s < s1; s += 2) {

@@ -56,7 +56,7 @@ namespace {
 // threads from L3: 90 -> 155 GB/s; Zen 5); two strips at once streamed the codes 4-8% slower out of
 // cache. VDPBF16PS flushes subnormal products to zero; a product of two FP8 values as bf16 is never
 // subnormal in float32 (the smallest, 2^-17 * 2^-17 of e5m2fnuz, is 2^-34).
-template <int R, int S>
+template <OneRowStream P, int R, int S>
 void small_block(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, const float* sa, const Widen& widen,
                  float* acc, int64_t ldacc) {
     const KLayout& kl = b.kl;
@@ -68,6 +68,19 @@ void small_block(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, co
         nan80[j] = widen.neg_zero_is_nan && b.strip_has_nan[size_t(s + j)] != 0;
     }
     constexpr int lanes = R == 1 ? 4 : 1;  // accumulators per row and strip: pair p goes to p % lanes
+    // M = 1: line `line` of strip j's chunk `ahead` chunks past q in this thread's stream - past
+    // the strip's end, of the next block's strip j (the caller's next block: strips s + S on, in
+    // memory right after these), where the stream goes next; null past B.
+    const int64_t total_chunks = kl.padded / gemm_chunk;
+    const auto stream_line = [&](int j, int64_t q, int64_t ahead, int line) -> const char* {
+        int64_t at = q + ahead;
+        const uint8_t* strip = codes[j];
+        if (at >= total_chunks) {
+            at -= total_chunks;
+            strip = at < total_chunks && s + S + j < b.strips ? b.strip(s + S + j) : nullptr;
+        }
+        return strip == nullptr ? nullptr : reinterpret_cast<const char*>(strip + at * gemm_chunk_codes + line * 64);
+    };
     for (int64_t g = 0; g < kl.groups; ++g) {
         // This group's scales of the next block of strips, a strip's whole sweep of K ahead: the
         // group-major table puts a strip's line of each group 16 x strips floats apart, where no
@@ -91,16 +104,29 @@ void small_block(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, co
             }
         }
         for (int64_t q = g * cpg; q < (g + 1) * cpg; ++q) {
-            // Every line of each strip's chunk `chunks_ahead` chunks ahead (M = 1: 16, 8 KiB; else
-            // 8). M = 1 out of cache streamed its codes at 0.82-0.84 of the read peak with none,
-            // 0.89-0.90 with 8 ahead (at 54 GB/s); since it sums in four lanes, 16 ahead streams
-            // 8-10% faster than 8 at 60-75 GB/s (32: alike; an L2 prefetch 48-96 chunks ahead
-            // besides: 10% slower), while two strips 16 ahead each (M = 2-8) streamed 2% slower
-            // than 8 (gemm() on rotating weight copies, the settings alternated in one process).
-            constexpr int64_t chunks_ahead = R == 1 ? 16 : 8;  // a single row streams one strip or two
+            // Every line of each strip's chunk some chunks ahead: M > 1 8 into L1; M = 1 as P says.
+            // Zen 5 (P = avx512_one_row): M = 1 out of cache streamed its codes at 0.82-0.84 of
+            // the read peak with none, 0.89-0.90 with 8 ahead (at 54 GB/s); since it sums in four
+            // lanes, 16 ahead streams 8-10% faster than 8 at 60-75 GB/s (32: alike; an L2
+            // prefetch 48-96 chunks ahead besides: 10% slower), while two strips 16 ahead each
+            // (M = 2-8) streamed 2% slower than 8 (gemm() on rotating weight copies, the settings
+            // alternated in one process). Sapphire Rapids (amx_one_row, two strips): 4 ahead into
+            // L1 and 32 into L2, past the strips' end into the next block's, against 16 into L1
+            // (which spilled into the next strip in memory, for one of the two the wrong one):
+            // gemm() from f32 x on 708 MiB of 1536 x 1536 copies 19.0-20.2 -> 20.6-21.8 GB/s, 400
+            // MiB of 4096 x 4096 copies 22.9-23.8 -> 24.4-28.4 (2 threads, four rounds with the
+            // two settings alternated; 16 + 48 and 8 + 24 alike, 4 + 64 no better).
+            // (M > 1 keeps its addresses as they were: see the caution above.)
             for (int j = 0; j < S; ++j) {
                 for (int line = 0; line < gemm_chunk_codes / 64; ++line) {
-                    _mm_prefetch(reinterpret_cast<const char*>(codes[j] + (q + chunks_ahead) * gemm_chunk_codes + line * 64), _MM_HINT_T0);
+                    if constexpr (R > 1) {
+                        _mm_prefetch(reinterpret_cast<const char*>(codes[j] + (q + 8) * gemm_chunk_codes + line * 64), _MM_HINT_T0);
+                    } else {
+                        if (const char* p = stream_line(j, q, P.l1_ahead, line)) _mm_prefetch(p, _MM_HINT_T0);
+                        if constexpr (P.l2_ahead > 0) {
+                            if (const char* p = stream_line(j, q, P.l2_ahead, line)) _mm_prefetch(p, _MM_HINT_T1);
+                        }
+                    }
                 }
             }
             for (int l = 0; l < gemm_chunk_codes / 64; ++l) {
@@ -142,34 +168,34 @@ void small_block(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, co
 }
 
 // Strips [s, s1) for R rows: blocks of S strips, then of S / 2, ... for the rest.
-template <int R, int S>
+template <OneRowStream P, int R, int S>
 void small_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, int64_t s1, const float* sa,
                   const Widen& widen, float* acc, int64_t ldacc) {
-    for (; s + S <= s1; s += S, acc += S * gemm_tile) small_block<R, S>(a, lda, b, s, sa, widen, acc, ldacc);
-    if constexpr (S > 1) small_strips<R, S / 2>(a, lda, b, s, s1, sa, widen, acc, ldacc);
+    for (; s + S <= s1; s += S, acc += S * gemm_tile) small_block<P, R, S>(a, lda, b, s, sa, widen, acc, ldacc);
+    if constexpr (S > 1) small_strips<P, R, S / 2>(a, lda, b, s, s1, sa, widen, acc, ldacc);
 }
 
-// Strips per block for R rows (see small_block); a single row streams OneRow strips at once. One
+// Strips per block for R rows (see small_block); a single row streams P.strips at once. One
 // on Zen 5 (two streamed its codes 4-8% slower out of cache); two on Sapphire Rapids, whose core
 // pulls more from memory with two streams than with one: M = 1 out of cache, gemm() on rotating
 // 1 GiB of weight copies, 2 threads, 4096 x 4096 and 11008 x 4096: 21.1-21.7 GB/s of codes with
 // one strip, 24.6-25.4 with two, 24.5-25.5 with four (2026-11-25).
-template <int OneRow>
-constexpr int small_strips_for(int rows) { return rows == 1 ? OneRow : rows > 8 ? 1 : 2; }
+template <OneRowStream P>
+constexpr int small_strips_for(int rows) { return rows == 1 ? P.strips : rows > 8 ? 1 : 2; }
 
 using SmallRows = void (*)(const uint16_t*, int64_t, const PackedB&, int64_t, int64_t, const float*, const Widen&,
                            float*, int64_t);
-template <int OneRow, std::size_t... R>
+template <OneRowStream P, std::size_t... R>
 constexpr std::array<SmallRows, sizeof...(R)> small_rows_table(std::index_sequence<R...>) {
-    return {&small_strips<int(R) + 1, small_strips_for<OneRow>(int(R) + 1)>...};
+    return {&small_strips<P, int(R) + 1, small_strips_for<P>(int(R) + 1)>...};
 }
 constexpr int small_rows_max = 16;
-template <int OneRow>
-constexpr auto small_rows = small_rows_table<OneRow>(std::make_index_sequence<small_rows_max>());
+template <OneRowStream P>
+constexpr auto small_rows = small_rows_table<P>(std::make_index_sequence<small_rows_max>());
 
 }  // namespace
 
-template <int OneRowStrips>
+template <OneRowStream P>
 void small_bf16(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,
                 const float* sa, const ExpandTable& t, float* acc, int64_t ldacc) {
     // Rows in even groups of up to 16 (17 rows: 9 and 8, never a single row, which sums apart).
@@ -181,15 +207,15 @@ void small_bf16(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, 
     for (int64_t s = s0; s < s1; s += step) {
         const int64_t e = std::min(s1, s + step);
         for (int64_t r = 0; r < rows; r += per) {
-            small_rows<OneRowStrips>[size_t(std::min(per, rows - r) - 1)](a + r * lda, lda, b, s, e, sa + r * b.kl.groups,
+            small_rows<P>[size_t(std::min(per, rows - r) - 1)](a + r * lda, lda, b, s, e, sa + r * b.kl.groups,
                                                                           widen, acc + r * ldacc + (s - s0) * gemm_tile, ldacc);
         }
     }
 }
-template void small_bf16<1>(int64_t, const uint16_t*, int64_t, const PackedB&, int64_t, int64_t, const float*,
-                            const ExpandTable&, float*, int64_t);
-template void small_bf16<2>(int64_t, const uint16_t*, int64_t, const PackedB&, int64_t, int64_t, const float*,
-                            const ExpandTable&, float*, int64_t);
+template void small_bf16<avx512_one_row>(int64_t, const uint16_t*, int64_t, const PackedB&, int64_t, int64_t,
+                                         const float*, const ExpandTable&, float*, int64_t);
+template void small_bf16<amx_one_row>(int64_t, const uint16_t*, int64_t, const PackedB&, int64_t, int64_t,
+                                      const float*, const ExpandTable&, float*, int64_t);
 
 namespace {
 
@@ -314,7 +340,7 @@ bool vbmi_and_bf16() {
 
 // The layer ops' float32 matmul stays AVX2's (VDPBF16PS would round its float32 inputs to bf16).
 constexpr GemmKernels avx512_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 32, 2, &block_avx512,
-                                     &no_tile_state, &no_tile_state, &small_bf16<1>,
+                                     &no_tile_state, &no_tile_state, &small_bf16<avx512_one_row>,
                                      avx512_small_m_max, &matmul_f32_avx2, "avx512-bf16"};
 
 }  // namespace

@@ -206,9 +206,17 @@ inline void no_tile_state() {}
 
 // The widening and small-M kernel of src/cpu/gemm_avx512.cpp, which the AMX kernels share: built
 // with AVX-512 flags, called only where avx512_gemm_kernels() is not null (AVX512-VBMI and -BF16).
-// small_bf16<S>: a single row streams S strips at once (1: the avx512-bf16 set, 2: AMX).
+// small_bf16<P>: a single row streams B as P says (src/cpu/gemm_avx512.cpp measures both).
 void expand_vbmi(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t* out);
-template <int OneRowStrips>
+// How the small-M kernel streams B for a single row (M = 1): strips at once, and how many chunks
+// ahead in its thread's stream it prefetches each strip's lines into L1 and into L2 (0: none).
+struct OneRowStream {
+    int strips;
+    int l1_ahead, l2_ahead;
+};
+inline constexpr OneRowStream avx512_one_row{1, 16, 0};  // the avx512-bf16 set (Zen 4 and 5)
+inline constexpr OneRowStream amx_one_row{2, 4, 32};     // AMX CPUs (Sapphire Rapids)
+template <OneRowStream P>
 void small_bf16(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,
                 const float* sa, const ExpandTable& t, float* acc, int64_t ldacc);
 
