@@ -113,9 +113,10 @@ void small_block(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, co
             // alternated in one process). Sapphire Rapids (amx_one_row, two strips): 4 ahead into
             // L1 and 32 into L2, past the strips' end into the next block's, against 16 into L1
             // (which spilled into the next strip in memory, for one of the two the wrong one):
-            // gemm() from f32 x on 708 MiB of 1536 x 1536 copies 19.0-20.2 -> 20.6-21.8 GB/s, 400
-            // MiB of 4096 x 4096 copies 22.9-23.8 -> 24.4-28.4 (2 threads, four rounds with the
-            // two settings alternated; 16 + 48 and 8 + 24 alike, 4 + 64 no better).
+            // gemm() from f32 x on 708 MB of 1536 x 1536 copies 19.5-20.4 -> 23.4 GB/s, 403 MB of
+            // 4096 x 4096 copies 22.6-23.4 -> 25.6-25.7, 451 MB of 11008 x 4096 20.0-23.3 ->
+            // 25.2-25.7 (2 threads, the two builds alternated; of the plans tried, 8 + 24 and
+            // 16 + 48 came close, 4 + 64 no better, NTA for the near ones halved the stream).
             // (M > 1 keeps its addresses as they were: see the caution above.)
             for (int j = 0; j < S; ++j) {
                 for (int line = 0; line < gemm_chunk_codes / 64; ++line) {
