@@ -35,6 +35,7 @@ import math
 import re
 import statistics
 import time
+import weakref
 from typing import Optional
 
 import torch
@@ -64,6 +65,20 @@ def _recipe_scalings(recipe):
     return tuple(fp8kit._fp8kit.recipe_scalings(recipe))
 
 
+def _dropped():
+    """What a copied or unpickled _Cached becomes: nothing (made again on first use)."""
+    return None
+
+
+class _Cached(tuple):
+    """What fp8kit.torch caches on a tensor (the extension's FusedLinear and its key): dropped by
+    deepcopy and pickle - an extension object does not copy, and a copy's tensors are others - so
+    a copied model makes its own on first use."""
+
+    def __reduce__(self):
+        return (_dropped, ())
+
+
 def _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling):
     """The extension's FusedLinear of a Float8Linear (its PackedWeight, the input's e4m3fn
     saturating cast with input_scaling - "none": no cast, weight-only - and its bias), made on
@@ -76,7 +91,7 @@ def _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling):
         q = fp8kit.qtensor(weight, weight_scale_inv, weight_scaling)
         fused = fp8kit._fp8kit.FusedLinear(fp8kit.PackedWeight(q), "e4m3fn", input_scaling, "saturate",
                                            None if bias is None else fp8kit._to_extension(bias))
-        cached = (key, (fused, weight.shape[0]), bias)
+        cached = _Cached((key, (fused, weight.shape[0]), bias))
         weight._fp8kit_fused = cached
     return cached[1]
 
@@ -111,6 +126,145 @@ def _linear(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling):
     rows = x.reshape(-1, shape[-1]) if len(shape) != 2 else x
     y = fp8kit._out(fused(fp8kit._to_extension(rows), out[1]), out[0], True)
     return y if len(shape) == 2 else y.reshape(*shape[:-1], y.shape[-1])
+
+
+# ---- siblings: the Linear layers a model calls one after another on the same input ----
+
+def _state(m):
+    """What a Float8Linear's packed weight is made of - its weight, weight_scale_inv and bias - and
+    their version counters (an in-place write, load_state_dict, bumps one)."""
+    bias = m._parameters["bias"]
+    w, s = m._buffers["weight"], m._buffers["weight_scale_inv"]
+    return (w, s, bias), (w._version, s._version, None if bias is None else bias._version)
+
+
+def _same_state(a, b):
+    return a[1] == b[1] and all(x is y for x, y in zip(a[0], b[0]))
+
+
+class _Siblings:
+    """Float8Linear children of one module with the same in_features, recipe, weight dtype and bias
+    or none (quantize_ and enable_layerwise_casting group them), run as the model runs them: the
+    layers it calls in a row on one tensor - attention's q, k and v projections, an MLP's gate and
+    up - are seen doing so (a "run": the same tensor object at the same version counter), and from
+    then on, where a call is memory-bound (at most MAX_ROWS rows), the run's first layer computes
+    all of their outputs in one GEMM over the run's weights stacked [sum of N, K], and each later
+    layer of the run, called on that tensor, gets its part. What a decode step gains: each weight is
+    still read once, but in one stream per run instead of one per layer, and one call's fixed costs
+    instead of three - which on a small CPU are large: the weight stream evicts the interpreter's
+    and torch's code and data from L2, and a call's Python path then takes 30-50 us, not 5 (the
+    bench's Llama, rowwise, 2 Sapphire Rapids cores, fused and not in turn: 0-11% a decode step).
+
+    Every output is the one the layer computes alone, bit for bit: an output column's sum reads only
+    x and that column's weight row, in K order, whichever GEMM it is part of; the stacked weight keeps
+    each layer's row, block (when the layers' N are whole 128-row blocks) or e8m0 scales, and a
+    per-tensor scale becomes that layer's rows' scale (the GEMM scales each column by its own).
+    A part is served only to the layer it was computed for, for the same tensor at the same version,
+    and only while that layer's weight, scales and bias are the tensors, at the versions, the GEMM
+    read; anything else - another input, an x written in place, a reloaded weight, an inference
+    tensor (which has no version counter) - and the layer computes alone, as do calls of more rows
+    (compute-bound: one GEMM gains nothing there, and its parts would need copying out)."""
+
+    MAX_ROWS = 16
+
+    def __init__(self, members):
+        self.members = members  # the Float8Linear layers, in their parent's order
+        self.plan = {}          # first member's index -> the run's indices, as last seen
+        self._reset()
+
+    def _reset(self):
+        self.run = None    # (weakref of x, x's version, [indices]): the members called on x so far
+        self.stash = None  # (that run, {index: (its part, the member's state)}): parts not yet served
+        self.fused = {}    # run's indices -> (the members' states, FusedLinear, their out_features)
+
+    def __getstate__(self):  # deepcopy and pickle: the members and the plan; not the GEMM nor outputs
+        return {"members": self.members, "plan": self.plan}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._reset()
+
+    def _learn(self, run):
+        """A run seen: its first member leads it from the next call on (a run of one: no plan), if
+        the run's weights stack with their scales unchanged."""
+        seen = tuple(run)
+        if self.plan.get(run[0]) == seen:
+            return
+        block = re.fullmatch(r"block\((\d+)x\d+\)", self.members[run[0]].weight_scaling)
+        if len(run) > 1 and (block is None or all(self.members[i].out_features % int(block[1]) == 0 for i in run[:-1])):
+            self.plan[run[0]] = seen
+        else:
+            self.plan.pop(run[0], None)
+
+    def _gemm(self, run):
+        """The run's stacked weight as a FusedLinear, made again when a member's state changed."""
+        states = [_state(self.members[i]) for i in run]
+        cached = self.fused.get(run)
+        if cached is None or not all(_same_state(a, b) for a, b in zip(cached[0], states)):
+            mods = [self.members[i] for i in run]
+            m0 = mods[0]
+            codes = torch.cat([m.weight for m in mods])
+            scaling = m0.weight_scaling
+            if scaling == "tensor":  # one scale a layer: each of its rows takes it
+                scales = torch.cat([m.weight_scale_inv.float().expand(m.out_features, 1) for m in mods])
+                scaling = "row"
+            else:
+                scales = torch.cat([m.weight_scale_inv for m in mods])
+            bias = None if m0.bias is None else torch.cat([m.bias.detach() for m in mods])
+            gemm = fp8kit._fp8kit.FusedLinear(fp8kit.PackedWeight(fp8kit.qtensor(codes, scales, scaling)), "e4m3fn",
+                                              m0.input_scaling, "saturate",
+                                              None if bias is None else fp8kit._to_extension(bias))
+            cached = self.fused[run] = (states, gemm, [m.out_features for m in mods])
+        return cached
+
+    def __call__(self, i, x):
+        """Member i's output for x (CPU, C-contiguous, a Float8Linear dtype): its part of its run's
+        GEMM; or None, and the member computes alone."""
+        if x.is_inference():
+            return None
+        version = x._version
+        run = self.run
+        if run is not None and run[0]() is x and run[1] == version and i not in run[2]:
+            run[2].append(i)  # a later member of the run: its part, if the first one computed it
+            stash = self.stash  # read once: another thread may replace it (each GEMM releases the GIL)
+            if stash is not None and stash[0] is run:
+                got = stash[1].pop(i, None)
+                if got is not None and _same_state(got[1], _state(self.members[i])):
+                    return got[0]
+            return None
+        if run is not None:
+            self._learn(run[2])
+        run = self.run = (weakref.ref(x), version, [i])
+        plan = self.plan.get(i)
+        k = x.shape[-1]
+        rows = x.numel() // k if k else 0
+        if plan is None or not 0 < rows <= self.MAX_ROWS:
+            return None
+        states, gemm, sizes = self._gemm(plan)
+        y = torch.empty(*x.shape[:-1], sum(sizes), dtype=x.dtype)
+        gemm.call_into(x.data_ptr(), rows, k, _OUT_DTYPES[x.dtype][1], y.data_ptr())
+        # One row: each part is contiguous as it is; more: a copy of at most MAX_ROWS rows each.
+        parts = y.split_with_sizes(sizes, -1)
+        if rows > 1:
+            parts = [p.contiguous() for p in parts]
+        self.stash = (run, {j: (parts[p], states[p]) for p, j in enumerate(plan) if p})
+        return parts[0]
+
+
+def _group_siblings(model):
+    """Gives every group of two or more Float8Linear children of one module, alike in in_features,
+    recipe, weight dtype and bias or none, one _Siblings."""
+    for parent in model.modules():
+        groups = {}
+        for child in parent.children():
+            if type(child) is Float8Linear:
+                key = (child.in_features, child.recipe, child.weight.dtype, child.bias is None)
+                groups.setdefault(key, []).append(child)
+        for members in groups.values():
+            if len(members) > 1:
+                siblings = _Siblings(members)
+                for i, m in enumerate(members):
+                    m._siblings = (siblings, i)
 
 
 @torch.library.custom_op("fp8kit::linear", mutates_args=())
@@ -165,6 +319,8 @@ class Float8Linear(nn.Module):
     and its scale_inv (buffer `weight_scale_inv`): y = x W^T + b with x cast to FP8 in the GEMM
     (recipe weight_only: x not quantized)."""
 
+    _siblings = None  # (_Siblings, this layer's index there): set by quantize_ / enable_layerwise_casting
+
     def __init__(self, in_features, out_features, bias=True, recipe="rowwise", format="e4m3fn"):
         super().__init__()
         if recipe not in RECIPES and recipe not in _WEIGHT_ONLY:
@@ -197,6 +353,11 @@ class Float8Linear(nn.Module):
         buffers = self._buffers
         w, w_scale_inv, bias = buffers["weight"], buffers["weight_scale_inv"], self._parameters["bias"]
         if _plain_eager(x):  # any leading dimensions, without a reshape either way
+            siblings = self._siblings
+            if siblings is not None and x.is_cpu and x.dtype in _OUT_DTYPES and x.is_contiguous():
+                y = siblings[0](siblings[1], x)
+                if y is not None:
+                    return y
             return _linear(x, w, w_scale_inv, bias, self.input_scaling, self.weight_scaling)
         y = torch.ops.fp8kit.linear(x if len(shape) == 2 else x.reshape(-1, self.in_features), w, w_scale_inv, bias,
                                     self.input_scaling, self.weight_scaling)
@@ -252,14 +413,18 @@ def _recipe_of_torchao_config(config):
                        "Float8DynamicActivationFloat8WeightConfig or Float8WeightOnlyConfig")
 
 
-def quantize_(model, config=None, filter_fn=None):
+def quantize_(model, config=None, filter_fn=None, *, fuse_siblings=True):
     """Replaces, in place, every nn.Linear of model that filter_fn(module, fqn) accepts (all when
     None) by a Float8Linear. config: a recipe name - "rowwise" (the default), "tensorwise",
     "block", "mxfp8", or "weight_only" (e4m3 rowwise weights, activations not quantized: torchao's
     Float8WeightOnlyConfig; a float32 / float16 activation is taken to 16 significant bits, twice
     the products of a bfloat16 one at M >= 16) - or torchao's config object for one of them
     (Float8DynamicActivationFloat8WeightConfig with PerTensor / PerRow / 1x128-128x128 PerBlock
-    granularity, Float8WeightOnlyConfig), as torchao's quantize_(model, config, filter_fn)."""
+    granularity, Float8WeightOnlyConfig), as torchao's quantize_(model, config, filter_fn).
+    fuse_siblings: Float8Linear layers of one module that the model calls in a row on the same
+    input (q, k and v; gate and up) run as one GEMM at up to 16 rows, with the same outputs bit for
+    bit (_Siblings; it holds one more packed copy of those weights where the model also runs
+    them at more rows)."""
     recipe = config or "rowwise"
     if not isinstance(recipe, str):
         recipe = _recipe_of_torchao_config(recipe)
@@ -272,6 +437,8 @@ def quantize_(model, config=None, filter_fn=None):
             raise fp8kit.Error("fp8kit.torch.quantize_: the model is itself an nn.Linear; quantize_ replaces the "
                                "Linear layers inside a model (wrap it: nn.Sequential(linear))")
         _replace(model, fqn, Float8Linear.from_linear(m, recipe))
+    if fuse_siblings:
+        _group_siblings(model)
 
 
 # ---- training: convert_to_float8_training ----
@@ -499,7 +666,7 @@ class Float8Embedding(nn.Module):
 
 def enable_layerwise_casting(model, storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16,
                              skip_modules_pattern="auto", skip_modules_classes=None, non_blocking=False, *,
-                             native_fp8=True, scaled=True):
+                             native_fp8=True, scaled=True, fuse_siblings=True):
     """Diffusers' layerwise casting (ModelMixin.enable_layerwise_casting, apply_layerwise_casting):
     the weights of the layers below model that no pattern (re.search on the qualified name;
     "auto": DEFAULT_SKIP_MODULES_PATTERN) or class skips are stored in storage_dtype. Convolutions
@@ -509,7 +676,8 @@ def enable_layerwise_casting(model, storage_dtype=torch.float8_e4m3fn, compute_d
     input's dtype - and keep no upcast copy, and
     nn.Embedding layers become Float8Embedding, whose lookup decodes only the rows it reads.
     scaled: weights stored with a per-tensor scale (fp8_max / amax), or False as Diffusers stores
-    them (cast as they are: small weights lose bits in FP8's subnormals).
+    them (cast as they are: small weights lose bits in FP8's subnormals). fuse_siblings: as
+    quantize_'s, for the native Linear layers.
     Returns a LayerwiseCastingReport saying which layer went which way."""
     if not (storage_dtype.is_floating_point and storage_dtype.itemsize == 1):
         raise fp8kit.Error(f"fp8kit.torch.enable_layerwise_casting: storage_dtype {storage_dtype} is not an FP8 dtype")
@@ -541,6 +709,8 @@ def enable_layerwise_casting(model, storage_dtype=torch.float8_e4m3fn, compute_d
                 visit(sub, f"{prefix}.{name}" if prefix else name, module, name)
 
     visit(model, "", None, None)
+    if fuse_siblings:
+        _group_siblings(model)
     return report
 
 

@@ -274,3 +274,142 @@ def test_filter_fn_picks_layers_by_name():
 def test_bad_use_raises_fp8kit_error_naming_it(call, needle):
     with pytest.raises(fp8kit.Error, match=needle):
         call(mlp(7))
+
+
+# ---- siblings: Linear layers called in a row on one input run as one GEMM (fp8kit.torch._Siblings) ----
+
+class Attention(torch.nn.Module):
+    """q, k and v on one input, o on another - as transformers' attention calls its projections."""
+
+    def __init__(self, d=256, kv=128):
+        super().__init__()
+        self.q, self.k, self.v = torch.nn.Linear(d, d), torch.nn.Linear(d, kv), torch.nn.Linear(d, kv)
+        self.o = torch.nn.Linear(d, d)
+
+    def forward(self, x):
+        return self.o(self.q(x) + torch.cat([self.k(x), self.v(x)], -1))
+
+
+def fused_and_alone(recipe, seed):
+    """The same Attention quantized with and without fuse_siblings."""
+    torch.manual_seed(seed)
+    fused = Attention()
+    alone = copy.deepcopy(fused)
+    f8.quantize_(fused, recipe)
+    f8.quantize_(alone, recipe, fuse_siblings=False)
+    return fused, alone
+
+
+@pytest.mark.parametrize("recipe", ["rowwise", "tensorwise", "block", "mxfp8", "weight_only"])
+def test_siblings_on_one_input_run_as_one_gemm_with_each_layers_own_output(recipe):
+    # The oracle: each layer computing alone (itself held to float64 above). An output column's sum
+    # does not depend on which GEMM it is part of, so every part must be equal bit for bit; a part
+    # served to the wrong layer (k's and v's have one shape), a scale of the wrong layer (tensorwise
+    # keeps one per layer) or a row shifted in the stacked weight would not be.
+    fused, alone = fused_and_alone(recipe, 20)
+    group = fused.q._siblings[0]
+    assert fused.o._siblings[0] is group and alone.q._siblings is None
+    with torch.no_grad():
+        fused(torch.randn(1, 256))  # the first pass sees the run (q, k, v on one x)
+        assert group.plan == {0: (0, 1, 2)}
+        for rows in (1, 5, 16, 17, 2):
+            x = torch.randn(rows, 256)
+            got = [fused.q(x), fused.k(x), fused.v(x)]
+            ran_as_one = group.stash is not None and group.stash[0][0]() is x
+            assert ran_as_one == (rows <= 16)  # more rows: compute-bound, each layer alone
+            if ran_as_one:
+                assert group.stash[1] == {}  # k and v were served their parts
+            for y, want in zip(got, (alone.q(x), alone.k(x), alone.v(x))):
+                assert y.is_contiguous() and torch.equal(y, want)
+            assert torch.equal(fused.o(got[0]), alone.o(got[0]))
+        assert not torch.equal(alone.k(x), alone.v(x))  # the test tells k's part from v's
+
+
+def test_a_sibling_never_gets_a_stale_part():
+    fused, alone = fused_and_alone("rowwise", 21)
+    group = fused.q._siblings[0]
+
+    def q_runs_the_gemm(x):
+        fused(torch.randn(1, 256))  # a plain pass: the run (q, k, v) is planned again
+        assert group.plan[0] == (0, 1, 2)
+        fused.q(x)
+        assert group.stash[0][0]() is x and set(group.stash[1]) == {1, 2}
+
+    with torch.no_grad():
+        # x written in place after q's GEMM: k and v compute alone, on the new x.
+        x = torch.randn(1, 256)
+        q_runs_the_gemm(x)
+        x.mul_(2)
+        assert torch.equal(fused.k(x), alone.k(x)) and torch.equal(fused.v(x), alone.v(x))
+        # k's weight reloaded after q's GEMM: k computes with the weight it has now.
+        x = torch.randn(1, 256)
+        q_runs_the_gemm(x)
+        fused.k.load_state_dict(alone.v.state_dict())
+        assert torch.equal(fused.k(x), alone.v(x)) and not torch.equal(alone.k(x), alone.v(x))
+        assert torch.equal(fused.v(x), alone.v(x))
+        # and the next GEMM stacks the reloaded weight: the part it computed for k is right
+        x = torch.randn(1, 256)
+        q_runs_the_gemm(x)
+        assert torch.equal(group.stash[1][1][0], alone.v(x))
+        assert torch.equal(fused.k(x), alone.v(x)) and group.stash[1].keys() == {2}
+        # k called on another tensor: not served q's GEMM's part for x
+        x, other = torch.randn(1, 256), torch.randn(1, 256)
+        q_runs_the_gemm(x)
+        assert torch.equal(fused.k(other), alone.v(other))
+        # an inference tensor has no version counter: every layer alone
+        with torch.inference_mode():
+            x = torch.randn(1, 256)
+            assert torch.equal(fused(x), alone.o(alone.q(x) + torch.cat([alone.v(x), alone.v(x)], -1)))
+
+
+def test_siblings_survive_deepcopy_and_keep_the_state_dict():
+    fused, alone = fused_and_alone("tensorwise", 22)
+    x = torch.randn(1, 256)
+    with torch.no_grad():
+        fused(x)
+        fused(x)
+        twin = copy.deepcopy(fused)
+        assert twin.q._siblings[0] is not fused.q._siblings[0] and twin.q._siblings[0].members[1] is twin.k
+        assert torch.equal(twin(x), alone(x)) and torch.equal(fused(x), alone(x))
+        buffer = io.BytesIO()
+        torch.save(fused, buffer)  # the whole module: its packed weights are made again, not pickled
+        buffer.seek(0)
+        assert torch.equal(torch.load(buffer, weights_only=False)(x), alone(x))
+    assert fused.state_dict().keys() == alone.state_dict().keys()
+
+
+def test_a_transformers_llama_decodes_the_same_tokens_with_its_projections_fused():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(23)
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    fused = transformers.LlamaForCausalLM(config).eval()
+    alone = copy.deepcopy(fused)
+    f8.quantize_(fused)
+    f8.quantize_(alone, fuse_siblings=False)
+    ids = torch.randint(0, 256, (1, 8), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        outs = [m(ids, use_cache=True) for m in (fused, alone)]
+        for _ in range(3):
+            assert torch.equal(outs[0].logits, outs[1].logits)
+            tok = outs[1].logits[:, -1:].argmax(-1)
+            outs = [m(tok, past_key_values=o.past_key_values, use_cache=True) for m, o in zip((fused, alone), outs)]
+        assert torch.equal(outs[0].logits, outs[1].logits)
+    layer = fused.model.layers[1]
+    attn, mlp_ = layer.self_attn, layer.mlp
+    assert attn.q_proj._siblings[0].plan == {0: (0, 1, 2)}  # q, k, v (o_proj: its own input)
+    assert [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj] == attn.q_proj._siblings[0].members
+    assert mlp_.gate_proj._siblings[0].plan == {0: (0, 1)} and mlp_.down_proj._siblings is None
+
+
+def test_layerwise_casting_fuses_its_native_linears_too():
+    torch.manual_seed(24)
+    fused = Attention().to(torch.bfloat16)
+    alone = copy.deepcopy(fused)
+    f8.enable_layerwise_casting(fused, skip_modules_pattern=None)
+    f8.enable_layerwise_casting(alone, skip_modules_pattern=None, fuse_siblings=False)
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(2, 256).to(torch.bfloat16)
+            assert torch.equal(fused(x), alone(x))
+    assert fused.q._siblings[0].plan == {0: (0, 1, 2)}
