@@ -195,6 +195,8 @@ class _Siblings:
             self.plan[run[0]] = seen
         else:
             self.plan.pop(run[0], None)
+        runs = set(self.plan.values())  # the stacked weights of runs no longer planned: freed
+        self.fused = {r: f for r, f in self.fused.items() if r in runs}
 
     def _gemm(self, run):
         """The run's stacked weight as a FusedLinear, made again when a member's state changed."""

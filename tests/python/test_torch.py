@@ -356,6 +356,8 @@ def test_a_sibling_never_gets_a_stale_part():
         x, other = torch.randn(1, 256), torch.randn(1, 256)
         q_runs_the_gemm(x)
         assert torch.equal(fused.k(other), alone.v(other))
+        # and q was seen alone on x: its run is planned no more, and its stacked weight is freed
+        assert 0 not in group.plan and (0, 1, 2) not in group.fused and (1, 2) in group.fused
         # an inference tensor has no version counter: every layer alone
         with torch.inference_mode():
             x = torch.randn(1, 256)
