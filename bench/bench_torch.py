@@ -21,7 +21,10 @@ Columns: gflops = 2 M N K / seconds (the best call, the implementations taking t
 rounds of a second each; for M <= 16 each call after reading 256 MiB or more -
 on torch's OpenMP threads, which a model's other ops keep awake; --flush one-thread: numpy's -
 on the next of `copies` copies of the layer, 8x the last-level cache at one byte a weight (at most
-512 MiB), so the weights come from memory); vs_f32 = gflops / torch.f32's; sqnr_db = 10 log10
+512 MiB), so the weights come from memory, and after one call of the same implementation on a
+16-output copy of the layer with the same x, so that its code and x are in cache as a model's
+previous layer leaves them: after the flush alone, a 16 x 16 Linear's call took 200-500 us here,
+nn.Linear's and fp8kit's alike, against 5 warm); vs_f32 = gflops / torch.f32's; sqnr_db = 10 log10
 (sum y64^2 / sum (y - y64)^2) against the float64 product of the float32 x and W (every row checks
 its result: a wrong kernel shows as a low SQNR). Plus call_overhead_us: the best time of one
 call on a 16 x 16 layer at M = 1, where the arithmetic is negligible: what a call costs from
@@ -74,14 +77,15 @@ FLUSH = None  # read before each memory-bound call (M <= 16): larger than the la
 FLUSH_BY = "team"  # --flush: "team" (torch's OpenMP threads) or "one-thread" (numpy)
 
 
-def best_seconds(calls, budget, flush=False, rounds=5):
+def best_seconds(calls, budget, flush=False, rounds=5, warm=None):
     """name -> the fastest of its repeated calls (after one warm-up each), the implementations in
     turn for `rounds` rounds of budget / rounds seconds each (at least one call a round): on a
     shared machine interference only adds time, and this VM's memory bandwidth moves by 1.5x
     between minutes, so each implementation takes its calls in every phase of a run rather than
     in a window of its own (taken in turn, a bf16 call of a burst once made a 1.8x ratio 1.3x).
     flush: read 256 MiB (twice a larger last-level cache, up to 1 GiB) before each call, so the
-    weights come from memory, as in a model larger than the caches."""
+    weights come from memory, as in a model larger than the caches; then warm[name]() (untimed),
+    where given."""
     global FLUSH
     if flush and FLUSH is None:
         # "team": read by torch on its OpenMP team (the one libgomp of the process, fp8kit's
@@ -101,6 +105,8 @@ def best_seconds(calls, budget, flush=False, rounds=5):
             while calls_made < 1 or time.perf_counter() - start < budget / rounds:
                 if flush:
                     FLUSH.sum()
+                if warm:
+                    warm[name]()
                 t0 = time.perf_counter()
                 call()
                 best[name] = min(best[name], time.perf_counter() - t0)
@@ -225,21 +231,27 @@ def run_shape(m, n, k, budget, rows):
         if why:
             rows.append({"bench": "torch", "impl": how, "m": m, "n": n, "k": k, "threads": torch.get_num_threads(),
                          "note": why})
-    impls = {"torch.f32": linears}
+    # After the flush, one call of each implementation on its copy of this small layer (the first 16
+    # outputs), untimed: its code and x back in cache, as a model's previous layer leaves them.
+    small = torch.nn.Linear(k, 16)
+    small.load_state_dict({"weight": linear.weight[:16], "bias": linear.bias[:16]})
+    impls = {"torch.f32": linears + [small]}
     if not skipped["torch.scaled_mm"]:
-        impls["torch.scaled_mm"] = [scaled_mm_linear(lin) for lin in linears]
+        impls["torch.scaled_mm"] = [scaled_mm_linear(lin) for lin in linears + [small]]
     for how in LINEAR_IMPLS:
         if skipped[how]:
             continue
-        made = [converted(torch.nn.Sequential(lin), how) for lin in linears]
+        made = [converted(torch.nn.Sequential(lin), how) for lin in linears + [small]]
         if made[0] is not None:
             impls[how] = [lambda _x, model=model, xin=x.to(dtype): model(xin) for model, dtype in made]
+    warm = {name: (lambda f=fs.pop(): f(x)) for name, fs in impls.items()}  # the small layer's, taken out
     with torch.no_grad():
         for fs in impls.values():
             for f in fs:  # every copy's first call (fp8kit packs its weight there) before the timing
                 f(x)
         turns = {name: itertools.cycle(fs) for name, fs in impls.items()}
-        best = best_seconds({name: lambda t=turn: next(t)(x) for name, turn in turns.items()}, budget, flush=m <= 16)
+        best = best_seconds({name: lambda t=turn: next(t)(x) for name, turn in turns.items()}, budget, flush=m <= 16,
+                            warm=warm if m <= 16 else None)
         base = flops / best["torch.f32"] * 1e-9
         for name, s in best.items():
             RATES[name] = flops / s
