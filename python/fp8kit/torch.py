@@ -153,7 +153,8 @@ class _Siblings:
     still read once, but in one stream per run instead of one per layer, and one call's fixed costs
     instead of three - which on a small CPU are large: the weight stream evicts the interpreter's
     and torch's code and data from L2, and a call's Python path then takes 30-50 us, not 5 (the
-    bench's Llama, rowwise, 2 Sapphire Rapids cores, fused and not in turn: 0-11% a decode step).
+    bench's Llama, rowwise, 2 Sapphire Rapids cores: 65 Linear calls a decode step instead of 113,
+    0-11% a step in bursts of 4, -1 to +4% one step at a time; docs/PERF.md).
 
     Every output is the one the layer computes alone, bit for bit: an output column's sum reads only
     x and that column's weight row, in K order, whichever GEMM it is part of; the stacked weight keeps
