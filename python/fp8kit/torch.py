@@ -3,7 +3,9 @@
 torchao's `quantize_(model, Float8DynamicActivationFloat8WeightConfig())` and optimum-quanto's
 `qfloat8`, but running FP8 on a CPU: every chosen nn.Linear becomes a Float8Linear whose weight
 is quantized once (e4m3, per recipe) and packed once, and whose forward casts the activation to
-FP8 inside fp8kit's GEMM (dynamic scaling, never written out) and sums in float32.
+FP8 inside fp8kit's GEMM (dynamic scaling, never written out) and sums in float32. Layers that
+the model calls in a row on one input (q, k, v; gate, up) then run as one GEMM at decode's few
+rows (_Siblings), each output bit for bit its own.
 
     import fp8kit.torch
     fp8kit.torch.quantize_(model)                  # rowwise e4m3, every nn.Linear
