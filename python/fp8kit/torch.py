@@ -81,19 +81,24 @@ class _Cached(tuple):
         return (_dropped, ())
 
 
+def _fused_linear(q, input_scaling, bias):
+    """The extension's FusedLinear over the QTensor q: its PackedWeight, the input's e4m3fn
+    saturating cast with input_scaling ("none": no cast, weight-only) and the bias (or None)."""
+    return fp8kit._fp8kit.FusedLinear(fp8kit.PackedWeight(q), "e4m3fn", input_scaling, "saturate",
+                                      None if bias is None else fp8kit._to_extension(bias))
+
+
 def _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling):
-    """The extension's FusedLinear of a Float8Linear (its PackedWeight, the input's e4m3fn
-    saturating cast with input_scaling - "none": no cast, weight-only - and its bias), made on
-    first use and again only after a buffer or the bias is written (load_state_dict, copy_): kept
-    on the weight tensor, keyed by the version counters. Returns (the FusedLinear, out_features)."""
+    """The FusedLinear of a Float8Linear, made on first use and again only after a buffer or the
+    bias is written (load_state_dict, copy_) or replaced: kept on the weight tensor, keyed by the
+    version counters, and holding the scale and bias it read - a tensor assigned in their place has
+    a counter of its own, so they are compared by identity. Returns (the FusedLinear, out_features)."""
     key = (weight._version, weight_scale_inv._version, weight_scaling, input_scaling,
            None if bias is None else bias._version)
     cached = getattr(weight, "_fp8kit_fused", None)
-    if cached is None or cached[0] != key or cached[2] is not bias:  # (a new bias Parameter: its own view)
-        q = fp8kit.qtensor(weight, weight_scale_inv, weight_scaling)
-        fused = fp8kit._fp8kit.FusedLinear(fp8kit.PackedWeight(q), "e4m3fn", input_scaling, "saturate",
-                                           None if bias is None else fp8kit._to_extension(bias))
-        cached = _Cached((key, (fused, weight.shape[0]), bias))
+    if cached is None or cached[0] != key or cached[2] is not bias or cached[3] is not weight_scale_inv:
+        fused = _fused_linear(fp8kit.qtensor(weight, weight_scale_inv, weight_scaling), input_scaling, bias)
+        cached = _Cached((key, (fused, weight.shape[0]), bias, weight_scale_inv))
         weight._fp8kit_fused = cached
     return cached[1]
 
@@ -216,9 +221,7 @@ class _Siblings:
             else:
                 scales = torch.cat([m.weight_scale_inv for m in mods])
             bias = None if m0.bias is None else torch.cat([m.bias.detach() for m in mods])
-            gemm = fp8kit._fp8kit.FusedLinear(fp8kit.PackedWeight(fp8kit.qtensor(codes, scales, scaling)), "e4m3fn",
-                                              m0.input_scaling, "saturate",
-                                              None if bias is None else fp8kit._to_extension(bias))
+            gemm = _fused_linear(fp8kit.qtensor(codes, scales, scaling), m0.input_scaling, bias)
             cached = self.fused[run] = (states, gemm, [m.out_features for m in mods])
         return cached
 

@@ -259,6 +259,23 @@ def test_state_dict_round_trip_repacks_the_loaded_weight(recipe, scale_shape, sc
         assert not torch.equal(stale, source(x))
 
 
+def test_a_scale_or_bias_assigned_anew_is_not_served_stale():
+    # The packed weight is cached on the weight tensor and keyed by version counters; a scale or a
+    # bias replaced by another tensor (not written in place) must be repacked all the same. Oracle:
+    # a copy of the layer, which packs afresh.
+    model = mlp(13)
+    f8.quantize_(model)
+    layer = model[0]
+    x = torch.randn(2, 96)
+    with torch.no_grad():
+        before = layer(x)
+        layer.weight_scale_inv = layer.weight_scale_inv * 2
+        assert torch.equal(layer(x), copy.deepcopy(layer)(x)) and not torch.equal(layer(x), before)
+        before = layer(x)
+        layer.bias = torch.nn.Parameter(layer.bias + 1, requires_grad=False)
+        assert torch.equal(layer(x), copy.deepcopy(layer)(x)) and not torch.equal(layer(x), before)
+
+
 def test_filter_fn_picks_layers_by_name():
     model = mlp(6)
     f8.quantize_(model, filter_fn=lambda m, fqn: fqn == "2")
