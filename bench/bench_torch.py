@@ -231,27 +231,30 @@ def run_shape(m, n, k, budget, rows):
         if why:
             rows.append({"bench": "torch", "impl": how, "m": m, "n": n, "k": k, "threads": torch.get_num_threads(),
                          "note": why})
-    # After the flush, one call of each implementation on its copy of this small layer (the first 16
-    # outputs), untimed: its code and x back in cache, as a model's previous layer leaves them.
-    small = torch.nn.Linear(k, 16)
-    small.load_state_dict({"weight": linear.weight[:16], "bias": linear.bias[:16]})
-    impls = {"torch.f32": linears + [small]}
+    # Memory-bound: after the flush, one call of each implementation on its copy of a small layer
+    # (the first 16 outputs), untimed: its code and x back in cache, as a model's previous layer
+    # leaves them. Each implementation's list ends with it until it is taken out below.
+    if m <= 16:
+        small = torch.nn.Linear(k, 16)
+        small.load_state_dict({"weight": linear.weight[:16], "bias": linear.bias[:16]})
+        linears = linears + [small]
+    impls = {"torch.f32": linears}
     if not skipped["torch.scaled_mm"]:
-        impls["torch.scaled_mm"] = [scaled_mm_linear(lin) for lin in linears + [small]]
+        impls["torch.scaled_mm"] = [scaled_mm_linear(lin) for lin in linears]
     for how in LINEAR_IMPLS:
         if skipped[how]:
             continue
-        made = [converted(torch.nn.Sequential(lin), how) for lin in linears + [small]]
+        made = [converted(torch.nn.Sequential(lin), how) for lin in linears]
         if made[0] is not None:
             impls[how] = [lambda _x, model=model, xin=x.to(dtype): model(xin) for model, dtype in made]
-    warm = {name: (lambda f=fs.pop(): f(x)) for name, fs in impls.items()}  # the small layer's, taken out
+    warm = {name: (lambda f=fs.pop(): f(x)) for name, fs in impls.items()} if m <= 16 else None
     with torch.no_grad():
         for fs in impls.values():
             for f in fs:  # every copy's first call (fp8kit packs its weight there) before the timing
                 f(x)
         turns = {name: itertools.cycle(fs) for name, fs in impls.items()}
         best = best_seconds({name: lambda t=turn: next(t)(x) for name, turn in turns.items()}, budget, flush=m <= 16,
-                            warm=warm if m <= 16 else None)
+                            warm=warm)
         base = flops / best["torch.f32"] * 1e-9
         for name, s in best.items():
             RATES[name] = flops / s
