@@ -18,6 +18,8 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <span>
@@ -275,10 +277,46 @@ struct FusedLinear {
     std::optional<QuantizeOptions> q;  // none: weight-only (x not quantized)
     std::optional<Array> bias;
     GemmOptions o[3];  // by output dtype, in the order of fused_out_dtypes
+    std::vector<int64_t> parts;  // the widths of the outputs call_into_parts writes (sum: N), if any
 };
 // FusedLinear's output dtypes, by the index its __call__ takes (exported as
 // FusedLinear.out_dtypes, from which fp8kit.torch builds its index).
 constexpr const char* fused_out_dtypes[3] = {"float32", "bfloat16", "float16"};
+
+// y[m, N] = the FusedLinear's GEMM of x[m, k], both at raw addresses, C-contiguous, of
+// out_dtypes[dtype] (FusedLinear.call_into; `what` names the method in errors). Checked here: k
+// against the weight, m and the dtype index (from_external: null and misaligned addresses), so a
+// wrong shape is an error and not a stray read. Releases the GIL around the GEMM.
+const GemmOptions& fused_options(const FusedLinear& f, int dtype, const char* what) {
+    if (dtype < 0 || dtype > 2) {
+        throw Error(std::string(what) + ": dtype is " + std::to_string(dtype) + ", expected an index of out_dtypes: 0, 1 or 2");
+    }
+    return f.o[dtype];
+}
+
+void fused_call(const FusedLinear& f, uintptr_t x, int64_t m, int64_t k, int dtype, void* out, const char* what) {
+    const GemmOptions& o = fused_options(f, dtype, what);
+    if (k != f.b.k() || m < 0) {
+        throw Error(std::string(what) + ": x is [" + std::to_string(m) + ", " + std::to_string(k) + "], expected [M, " +
+                    std::to_string(f.b.k()) + "] (the weight's in_features)");
+    }
+    const DType d = o.out_dtype;
+    const auto external = [&](void* p, int64_t cols, bool read_only, const char* name) {
+        Tensor::External e;
+        e.data = p;
+        e.dtype = d;
+        e.shape = {m, cols};
+        e.strides = {cols, 1};
+        e.read_only = read_only;
+        e.name = name;
+        return Tensor::from_external(nullptr, std::move(e));
+    };
+    void* const xp = reinterpret_cast<void*>(x);
+    const GemmA a = f.q ? GemmA(external(xp, k, true, "x"), *f.q) : GemmA(external(xp, k, true, "x"));
+    const Tensor y = external(out, f.b.n(), false, "out");
+    nb::gil_scoped_release nogil;
+    gemm(a, f.b, o, y);
+}
 
 NumpyArray gemm_array(const GemmA& a, const PackedWeight& b, const GemmOptions& o) {
     Tensor d;
@@ -443,15 +481,24 @@ NB_MODULE(_fp8kit, m) {
         }, "The output dtypes' names, by the index __call__ takes.")
         .def("__init__",
              [](FusedLinear* self, const PackedWeight& b, const std::string& format, const std::string& scaling,
-                const std::string& overflow, const std::optional<Array>& bias) {
+                const std::string& overflow, const std::optional<Array>& bias, const std::vector<int64_t>& parts) {
                  std::optional<QuantizeOptions> q;  // scaling "none": weight-only
                  if (scaling != "none") q = quantize_options(format, scaling, overflow, false, 0.0f, "floor", "propagate");
-                 auto* f = new (self) FusedLinear{b, q, bias, {}};
+                 int64_t sum = 0;
+                 for (const int64_t w : parts) {
+                     if (w <= 0) throw Error("fp8kit.FusedLinear: a part's width is " + std::to_string(w));
+                     sum += w;
+                 }
+                 if (!parts.empty() && sum != b.n()) {
+                     throw Error("fp8kit.FusedLinear: the parts' widths sum to " + std::to_string(sum) + ", the weight has N = " +
+                                 std::to_string(b.n()));
+                 }
+                 auto* f = new (self) FusedLinear{b, q, bias, {}, parts};
                  for (int i = 0; i < 3; ++i) {
                      f->o[i] = gemm_options(fused_out_dtypes[i], 1.0f, 0.0f, std::nullopt, f->bias, "none");
                  }
              },
-             "b"_a, "format"_a, "scaling"_a, "overflow"_a, "bias"_a.none())
+             "b"_a, "format"_a, "scaling"_a, "overflow"_a, "bias"_a.none(), "parts"_a = std::vector<int64_t>{})
         .def("__call__",
              [](const FusedLinear& f, const Array& a, int out) {
                  if (out < 0 || out > 2) {
@@ -469,32 +516,40 @@ NB_MODULE(_fp8kit, m) {
         // error and not a stray read.
         .def("call_into",
              [](const FusedLinear& f, uintptr_t x, int64_t m, int64_t k, int dtype, uintptr_t out) {
-                 if (dtype < 0 || dtype > 2) {
-                     throw Error("fp8kit.FusedLinear.call_into: dtype is " + std::to_string(dtype) + ", expected an index of out_dtypes: 0, 1 or 2");
-                 }
-                 if (k != f.b.k() || m < 0) {
-                     throw Error("fp8kit.FusedLinear.call_into: x is [" + std::to_string(m) + ", " + std::to_string(k) +
-                                 "], expected [M, " + std::to_string(f.b.k()) + "] (the weight's in_features)");
-                 }
-                 const DType d = f.o[dtype].out_dtype;
-                 const auto external = [&](uintptr_t p, int64_t cols, bool read_only, const char* name) {
-                     Tensor::External e;
-                     e.data = reinterpret_cast<void*>(p);
-                     e.dtype = d;
-                     e.shape = {m, cols};
-                     e.strides = {cols, 1};
-                     e.read_only = read_only;
-                     e.name = name;
-                     return Tensor::from_external(nullptr, std::move(e));
-                 };
-                 const GemmA a = f.q ? GemmA(external(x, k, true, "x"), *f.q) : GemmA(external(x, k, true, "x"));
-                 const Tensor y = external(out, f.b.n(), false, "out");
-                 nb::gil_scoped_release nogil;
-                 gemm(a, f.b, f.o[dtype], y);
+                 fused_call(f, x, m, k, dtype, reinterpret_cast<void*>(out), "fp8kit.FusedLinear.call_into");
              },
              "x"_a, "m"_a, "k"_a, "dtype"_a, "out"_a,
              "y[m, n] = D for x[m, k] at address x, written at address out, both C-contiguous in out_dtypes[dtype] "
-             "(fp8kit.torch's eager path; the caller keeps both alive).");
+             "(fp8kit.torch's eager path; the caller keeps both alive).")
+        // fp8kit.torch's siblings (layers run as one GEMM over their stacked weights): D's column
+        // blocks, of the widths given as `parts` at construction, each to a tensor of its own.
+        // Why not views of one output: at a decode step torch's split_with_sizes took 61 us a call
+        // (its code cold after the weight stream) where the GEMM took 360-580; this copies at most
+        // MAX_ROWS rows of D (a row at decode: 18-32 KiB).
+        .def("call_into_parts",
+             [](const FusedLinear& f, uintptr_t x, int64_t m, int64_t k, int dtype, const std::vector<uintptr_t>& outs) {
+                 const char* what = "fp8kit.FusedLinear.call_into_parts";
+                 if (outs.size() != f.parts.size()) {
+                     throw Error(std::string(what) + ": " + std::to_string(outs.size()) + " outputs for " +
+                                 std::to_string(f.parts.size()) + " parts");
+                 }
+                 thread_local std::vector<std::byte> d;  // D [m, N]: per thread, as each call releases the GIL
+                 const size_t esize = dtype_size(fused_options(f, dtype, what).out_dtype);
+                 d.resize(size_t(std::max<int64_t>(m, 0)) * size_t(f.b.n()) * esize);
+                 fused_call(f, x, m, k, dtype, d.data(), what);
+                 const size_t row = size_t(f.b.n()) * esize;
+                 size_t at = 0;
+                 for (size_t p = 0; p < outs.size(); ++p) {
+                     const size_t width = size_t(f.parts[p]) * esize;
+                     for (int64_t i = 0; i < m; ++i) {
+                         std::memcpy(reinterpret_cast<std::byte*>(outs[p]) + size_t(i) * width, d.data() + size_t(i) * row + at, width);
+                     }
+                     at += width;
+                 }
+             },
+             "x"_a, "m"_a, "k"_a, "dtype"_a, "outs"_a,
+             "call_into with D's column blocks (the widths `parts`) written to the addresses outs, each C-contiguous "
+             "[m, part], in out_dtypes[dtype].");
     // (name, fp8, recipe, reason) per layer
     using PolicyEntry = std::tuple<std::string, bool, std::optional<std::string>, std::string>;
     m.def("write_policy", [](const std::string& path, const std::vector<PolicyEntry>& layers) {

@@ -81,11 +81,12 @@ class _Cached(tuple):
         return (_dropped, ())
 
 
-def _fused_linear(q, input_scaling, bias):
+def _fused_linear(q, input_scaling, bias, parts=()):
     """The extension's FusedLinear over the QTensor q: its PackedWeight, the input's e4m3fn
-    saturating cast with input_scaling ("none": no cast, weight-only) and the bias (or None)."""
+    saturating cast with input_scaling ("none": no cast, weight-only), the bias (or None) and the
+    widths of the outputs its call_into_parts writes (siblings)."""
     return fp8kit._fp8kit.FusedLinear(fp8kit.PackedWeight(q), "e4m3fn", input_scaling, "saturate",
-                                      None if bias is None else fp8kit._to_extension(bias))
+                                      None if bias is None else fp8kit._to_extension(bias), list(parts))
 
 
 def _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling):
@@ -107,6 +108,20 @@ def _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling):
 _OUT_DTYPES = {getattr(torch, name): (name, i) for i, name in enumerate(fp8kit._fp8kit.FusedLinear.out_dtypes)}
 
 
+def _call_into(fused, n, x, dtype_index):
+    """y[..., n] = fused's GEMM of x [..., K] (CPU, C-contiguous, out_dtypes[dtype_index]), y new in
+    x's dtype: the addresses of x, as [M, K] rows, and of y to the extension (FusedLinear.call_into)
+    - about 1.5 us where numpy views and a reshape each way took 4.5 (a DLPack capsule, for
+    bfloat16, 2 more), at a decode step's small layers as much as the GEMM. Contiguity is what the
+    extension cannot see; it checks K against the weight. (new_empty with positional sizes: 0.2 us
+    less than torch.empty with a dtype, which parses more overloads.)"""
+    shape = x.shape
+    k = shape[-1]
+    y = x.new_empty(shape[0], n) if len(shape) == 2 else x.new_empty(*shape[:-1], n)
+    fused.call_into(x.data_ptr(), x.numel() // k if k else math.prod(shape[:-1]), k, dtype_index, y.data_ptr())
+    return y
+
+
 def _linear(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling):
     """y[..., N] = deq(fp8(x))[..., K] . deq(weight)[N, K]^T (+ bias[N]), x float32 / bfloat16 / float16
     with any leading dimensions (the operator passes [M, K]), y in x's dtype: x quantized with
@@ -117,19 +132,11 @@ def _linear(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling):
     if out is None:
         raise fp8kit.Error(f"fp8kit.torch: the input is {x.dtype}; Float8Linear takes float32, bfloat16 or float16")
     fused, n = _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling)
-    shape = x.shape
     if x.is_cpu and x.is_contiguous():
-        # The addresses of x, as [M, K] rows, and of a new y to the extension (FusedLinear.call_into):
-        # about 1.5 us where numpy views and a reshape each way took 4.5 (a DLPack capsule, for
-        # bfloat16, 2 more) - at a decode step's small layers, as much as the GEMM. Contiguity is
-        # what the extension cannot see; it checks K against the weight.
-        # (torch.empty parses positional sizes in half the time of a tuple built from shape.)
-        k = shape[-1]
-        y = torch.empty(shape[0], n, dtype=x.dtype) if len(shape) == 2 else torch.empty(*shape[:-1], n, dtype=x.dtype)
-        fused.call_into(x.data_ptr(), x.numel() // k if k else math.prod(shape[:-1]), k, out[1], y.data_ptr())
-        return y
+        return _call_into(fused, n, x, out[1])
     # Strided x, or a tensor on another device: _to_extension copies what a stride forces, or
     # names the device it cannot read.
+    shape = x.shape
     rows = x.reshape(-1, shape[-1]) if len(shape) != 2 else x
     y = fp8kit._out(fused(fp8kit._to_extension(rows), out[1]), out[0], True)
     return y if len(shape) == 2 else y.reshape(*shape[:-1], y.shape[-1])
@@ -221,13 +228,14 @@ class _Siblings:
             else:
                 scales = torch.cat([m.weight_scale_inv for m in mods])
             bias = None if m0.bias is None else torch.cat([m.bias.detach() for m in mods])
-            gemm = _fused_linear(fp8kit.qtensor(codes, scales, scaling), m0.input_scaling, bias)
-            cached = self.fused[run] = (states, gemm, [m.out_features for m in mods])
+            sizes = [m.out_features for m in mods]
+            gemm = _fused_linear(fp8kit.qtensor(codes, scales, scaling), m0.input_scaling, bias, sizes)
+            cached = self.fused[run] = (states, gemm, sizes)
         return cached
 
-    def __call__(self, i, x):
-        """Member i's output for x (CPU, C-contiguous, a Float8Linear dtype): its part of its run's
-        GEMM; or None, and the member computes alone."""
+    def __call__(self, i, x, dtype_index):
+        """Member i's output for x (CPU, C-contiguous, of FusedLinear.out_dtypes[dtype_index]): its
+        part of its run's GEMM; or None, and the member computes alone."""
         if x.is_inference():
             return None
         version = x._version
@@ -249,12 +257,9 @@ class _Siblings:
         if plan is None or not 0 < rows <= self.MAX_ROWS:
             return None
         states, gemm, sizes = self._gemm(plan)
-        y = torch.empty(*x.shape[:-1], sum(sizes), dtype=x.dtype)
-        gemm.call_into(x.data_ptr(), rows, k, _OUT_DTYPES[x.dtype][1], y.data_ptr())
-        # One row: each part is contiguous as it is; more: a copy of at most MAX_ROWS rows each.
-        parts = y.split_with_sizes(sizes, -1)
-        if rows > 1:
-            parts = [p.contiguous() for p in parts]
+        lead = x.shape[:-1]
+        parts = [x.new_empty(*lead, n) for n in sizes]  # each C-contiguous, written by the extension
+        gemm.call_into_parts(x.data_ptr(), rows, k, dtype_index, [p.data_ptr() for p in parts])
         self.stash = (run, {j: (parts[p], states[p]) for p, j in enumerate(plan) if p})
         return parts[0]
 
@@ -361,12 +366,16 @@ class Float8Linear(nn.Module):
         buffers = self._buffers
         w, w_scale_inv, bias = buffers["weight"], buffers["weight_scale_inv"], self._parameters["bias"]
         if _plain_eager(x):  # any leading dimensions, without a reshape either way
-            siblings = self._siblings
-            if siblings is not None and x.is_cpu and x.dtype in _OUT_DTYPES and x.is_contiguous():
-                y = siblings[0](siblings[1], x)
-                if y is not None:
-                    return y
-            return _linear(x, w, w_scale_inv, bias, self.input_scaling, self.weight_scaling)
+            out = _OUT_DTYPES.get(x.dtype)
+            if out is not None and x.is_cpu and x.is_contiguous():
+                siblings = self._siblings
+                if siblings is not None:
+                    y = siblings[0](siblings[1], x, out[1])
+                    if y is not None:
+                        return y
+                fused, n = _fused(w, w_scale_inv, self.weight_scaling, bias, self.input_scaling)
+                return _call_into(fused, n, x, out[1])
+            return _linear(x, w, w_scale_inv, bias, self.input_scaling, self.weight_scaling)  # or its error
         y = torch.ops.fp8kit.linear(x if len(shape) == 2 else x.reshape(-1, self.in_features), w, w_scale_inv, bias,
                                     self.input_scaling, self.weight_scaling)
         return y if len(shape) == 2 else y.reshape(*shape[:-1], self.out_features)

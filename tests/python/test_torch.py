@@ -223,6 +223,34 @@ def test_the_address_entry_checks_what_it_can():
     assert torch.equal(y, model[0](x))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_call_into_parts_writes_each_column_block_to_its_own_tensor(dtype):
+    # What siblings read: D's column blocks of the widths given at construction, each a C-contiguous
+    # [m, width] of its own. Three rows and unequal widths: a part written with D's row stride, or
+    # from the wrong offset, differs from D's columns (the oracle: call_into's D of the same GEMM).
+    torch.manual_seed(5)
+    w = torch.randn(160, 96)
+    q = fp8kit.quantize(w, "e4m3fn", "row")
+    x = torch.randn(3, 96, dtype=dtype)
+    index = f8._OUT_DTYPES[dtype][1]
+    whole = f8._fused_linear(q, "row", None)
+    d = torch.empty(3, 160, dtype=dtype)
+    whole.call_into(x.data_ptr(), 3, 96, index, d.data_ptr())
+    split = f8._fused_linear(q, "row", None, [40, 8, 112])
+    parts = [torch.zeros(3, n, dtype=dtype) for n in (40, 8, 112)]
+    with pytest.raises(fp8kit.Error, match="2 outputs for 3 parts"):
+        split.call_into_parts(x.data_ptr(), 3, 96, index, [p.data_ptr() for p in parts[:2]])
+    with pytest.raises(fp8kit.Error, match=r"\[3, 95\].*\[M, 96\]"):
+        split.call_into_parts(x.data_ptr(), 3, 95, index, [p.data_ptr() for p in parts])
+    assert all(torch.count_nonzero(p) == 0 for p in parts)
+    split.call_into_parts(x.data_ptr(), 3, 96, index, [p.data_ptr() for p in parts])
+    assert torch.equal(torch.cat(parts, 1), d)
+    with pytest.raises(fp8kit.Error, match="sum to 150, the weight has N = 160"):
+        f8._fused_linear(q, "row", None, [40, 110])
+    with pytest.raises(fp8kit.Error, match="width is 0"):
+        f8._fused_linear(q, "row", None, [160, 0])
+
+
 def test_export_and_compile_trace_the_custom_op():
     model = mlp(3)
     f8.quantize_(model)
