@@ -283,10 +283,7 @@ struct FusedLinear {
 // FusedLinear.out_dtypes, from which fp8kit.torch builds its index).
 constexpr const char* fused_out_dtypes[3] = {"float32", "bfloat16", "float16"};
 
-// y[m, N] = the FusedLinear's GEMM of x[m, k], both at raw addresses, C-contiguous, of
-// out_dtypes[dtype] (FusedLinear.call_into; `what` names the method in errors). Checked here: k
-// against the weight, m and the dtype index (from_external: null and misaligned addresses), so a
-// wrong shape is an error and not a stray read. Releases the GIL around the GEMM.
+// The FusedLinear's options for out_dtypes[dtype]; an fp8kit::Error for another index.
 const GemmOptions& fused_options(const FusedLinear& f, int dtype, const char* what) {
     if (dtype < 0 || dtype > 2) {
         throw Error(std::string(what) + ": dtype is " + std::to_string(dtype) + ", expected an index of out_dtypes: 0, 1 or 2");
@@ -294,6 +291,10 @@ const GemmOptions& fused_options(const FusedLinear& f, int dtype, const char* wh
     return f.o[dtype];
 }
 
+// y[m, N] = the FusedLinear's GEMM of x[m, k], both at raw addresses, C-contiguous, of
+// out_dtypes[dtype] (call_into and call_into_parts; `what` names the method in errors). Checked
+// here: k against the weight, m and the dtype index (from_external: null and misaligned
+// addresses), so a wrong shape is an error and not a stray read. Releases the GIL around the GEMM.
 void fused_call(const FusedLinear& f, uintptr_t x, int64_t m, int64_t k, int dtype, void* out, const char* what) {
     const GemmOptions& o = fused_options(f, dtype, what);
     if (k != f.b.k() || m < 0) {
@@ -311,8 +312,8 @@ void fused_call(const FusedLinear& f, uintptr_t x, int64_t m, int64_t k, int dty
         e.name = name;
         return Tensor::from_external(nullptr, std::move(e));
     };
-    void* const xp = reinterpret_cast<void*>(x);
-    const GemmA a = f.q ? GemmA(external(xp, k, true, "x"), *f.q) : GemmA(external(xp, k, true, "x"));
+    Tensor xt = external(reinterpret_cast<void*>(x), k, true, "x");
+    const GemmA a = f.q ? GemmA(std::move(xt), *f.q) : GemmA(std::move(xt));
     const Tensor y = external(out, f.b.n(), false, "out");
     nb::gil_scoped_release nogil;
     gemm(a, f.b, o, y);
@@ -523,9 +524,9 @@ NB_MODULE(_fp8kit, m) {
              "(fp8kit.torch's eager path; the caller keeps both alive).")
         // fp8kit.torch's siblings (layers run as one GEMM over their stacked weights): D's column
         // blocks, of the widths given as `parts` at construction, each to a tensor of its own.
-        // Why not views of one output: at a decode step torch's split_with_sizes took 61 us a call
-        // (its code cold after the weight stream) where the GEMM took 360-580; this copies at most
-        // MAX_ROWS rows of D (a row at decode: 18-32 KiB).
+        // Why not views of one output: at more than one row a part's view is strided and was copied
+        // by torch (.contiguous() a part, after split_with_sizes): 3 x 256^2 at 16 rows took 103 us
+        // that way, 71 this way. Here at most MAX_ROWS rows of D are copied (a decode row: 18-32 KiB).
         .def("call_into_parts",
              [](const FusedLinear& f, uintptr_t x, int64_t m, int64_t k, int dtype, const std::vector<uintptr_t>& outs) {
                  const char* what = "fp8kit.FusedLinear.call_into_parts";
@@ -533,8 +534,14 @@ NB_MODULE(_fp8kit, m) {
                      throw Error(std::string(what) + ": " + std::to_string(outs.size()) + " outputs for " +
                                  std::to_string(f.parts.size()) + " parts");
                  }
-                 thread_local std::vector<std::byte> d;  // D [m, N]: per thread, as each call releases the GIL
                  const size_t esize = dtype_size(fused_options(f, dtype, what).out_dtype);
+                 for (size_t p = 0; p < outs.size(); ++p) {  // before the GEMM: the copies below cannot fail
+                     if ((outs[p] == 0 && m > 0) || outs[p] % esize != 0) {
+                         throw Error(std::string(what) + ": outs[" + std::to_string(p) + "] is " +
+                                     (outs[p] == 0 ? "null" : "not aligned to its elements"));
+                     }
+                 }
+                 thread_local std::vector<std::byte> d;  // D [m, N]: per thread, as each call releases the GIL
                  d.resize(size_t(std::max<int64_t>(m, 0)) * size_t(f.b.n()) * esize);
                  fused_call(f, x, m, k, dtype, d.data(), what);
                  const size_t row = size_t(f.b.n()) * esize;

@@ -242,6 +242,8 @@ def test_call_into_parts_writes_each_column_block_to_its_own_tensor(dtype):
         split.call_into_parts(x.data_ptr(), 3, 96, index, [p.data_ptr() for p in parts[:2]])
     with pytest.raises(fp8kit.Error, match=r"\[3, 95\].*\[M, 96\]"):
         split.call_into_parts(x.data_ptr(), 3, 95, index, [p.data_ptr() for p in parts])
+    with pytest.raises(fp8kit.Error, match=r"outs\[1\] is null"):
+        split.call_into_parts(x.data_ptr(), 3, 96, index, [parts[0].data_ptr(), 0, parts[2].data_ptr()])
     assert all(torch.count_nonzero(p) == 0 for p in parts)
     split.call_into_parts(x.data_ptr(), 3, 96, index, [p.data_ptr() for p in parts])
     assert torch.equal(torch.cat(parts, 1), d)
