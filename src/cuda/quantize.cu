@@ -261,6 +261,88 @@ __global__ void quantize_tile_kernel(TileJob job) {
     }
 }
 
+// ---- quantize, the row-major path: 8 elements a thread, 16-byte loads ----
+//
+// Why: the tile kernel stages every element in shared memory and finds its group through tables;
+// on an H100 it cast at 0.08-0.13x the device-to-device copy (docs/PERF.md), bound by
+// instructions, not memory. Most casts need none of that: no transposed copy, rows of a multiple
+// of 8 elements, and groups that never split 8 neighbours of a row (block 1x128 and 128x128,
+// mx32, row and tensor scaling). Here each thread loads 8 elements at once and stores their 8
+// codes as one 8-byte word; a warp covers 32 such chunks of a row. Groups of 1 x gc with gc a
+// power of two from 8 to 256 that divides the row (block 1x128, mx32) reduce their amax over the
+// gc / 8 lanes holding them - x read once; other groupings take their amaxes from the group_amax
+// pass before (or the fixed scale). The encode is encode_scaled, the tile kernel's, element for
+// element: the codes and scales are those of ref either way (tests/ops/test_quantize.cpp runs
+// both paths: its shapes with rows of a multiple of 8 take this one).
+struct RowsJob {
+    MatrixRef x;
+    detail::ScaleRule rule;
+    Overflow overflow;
+    Grouping g;
+    int lanes;            // lanes a group spans when reduced in the warp (gc / 8); 0: amax given
+    unsigned* amax;       // the whole input's (key), combined with atomicMax
+};
+
+// Elements [i, j, j + 8) of x as float (exact), from one 16-byte load (two for float32).
+__device__ inline void load8(const MatrixRef& x, int64_t at, float* v, float) {
+    const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(x.data) + at);
+    const float4 a = p[0], b = p[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+template <class H>
+__device__ inline void load8(const MatrixRef& x, int64_t at, float* v, H) {
+    const uint4 w = *reinterpret_cast<const uint4*>(static_cast<const H*>(x.data) + at);
+    const H* h = reinterpret_cast<const H*>(&w);
+    for (int e = 0; e < 8; ++e) v[e] = to_float(h[e]);
+}
+
+template <Format F, class T>
+__global__ void quantize_rows_kernel(RowsJob job) {
+    const Grouping& G = job.g;
+    const int lane = threadIdx.x % 32;
+    // A trip: 32 chunks (256 elements) of one row. Within a row, 32-bit arithmetic (rows_path
+    // bounds rows and cols): a 64-bit division costs a GPU dozens of instructions, and this kernel
+    // is to be bound by memory.
+    const uint32_t cols = uint32_t(job.x.cols), grows = uint32_t(G.rows), gcols = uint32_t(G.cols);
+    const int64_t per_row = (job.x.cols + 255) / 256;
+    const int64_t trips = job.x.rows * per_row, warps = int64_t(gridDim.x) * (threads / 32);
+    uint32_t total = 0;
+    // The whole warp takes each trip (its lanes' shuffles need all 32), lanes past the row idle.
+    for (int64_t t = int64_t(blockIdx.x) * (threads / 32) + threadIdx.x / 32; t < trips; t += warps) {
+        const uint32_t i = uint32_t(t / per_row);
+        const uint32_t j = uint32_t(t - int64_t(i) * per_row) * 256u + uint32_t(lane) * 8u;
+        const bool in = j < cols;
+        float v[8] = {};
+        if (in) load8(job.x, int64_t(i) * job.x.ld + j, v, T{});
+        uint32_t key = 0;
+        for (int e = 0; e < 8; ++e) key = max(key, abs_key(v[e]));
+        total = max(total, key);
+        const uint32_t gi = i / grows, gj = j / gcols;
+        float amax;
+        if (job.lanes > 0) {  // a group's lanes: an aligned run of job.lanes (a power of two) in a row
+            for (int o = job.lanes / 2; o > 0; o >>= 1) key = max(key, __shfl_xor_sync(0xffffffffu, key, o));
+            amax = __uint_as_float(key);
+        } else {
+            amax = G.amax != nullptr && in ? G.amax[int64_t(gi) * G.grid_cols + gj] : 0.0f;
+        }
+        if (!in) continue;
+        const detail::GroupScale sc = detail::group_scale(amax, job.rule);
+        if (i - gi * grows == 0 && j - gj * gcols == 0) store_scale(G, job.rule, gi, gj, sc);  // the group's first chunk
+        uint32_t word[2] = {0, 0};
+        for (int e = 0; e < 8; ++e) word[e / 4] |= uint32_t(encode_scaled<F>(v[e], sc.scale, job.overflow)) << (8 * (e % 4));
+        *reinterpret_cast<uint2*>(G.data + int64_t(i) * cols + j) = make_uint2(word[0], word[1]);
+    }
+    // One atomic per block (see the tile kernel).
+    total = warp_max(total);
+    __shared__ uint32_t warp_keys[threads / 32];
+    if (lane == 0) warp_keys[threadIdx.x / 32] = total;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int k = 1; k < threads / 32; ++k) total = max(total, warp_keys[k]);
+        atomicMax(job.amax, total);
+    }
+}
+
 constexpr int64_t max_tile_side = 128;
 constexpr size_t max_tile_smem = 96 * 1024;
 
@@ -292,7 +374,65 @@ void group_amax(const ExecContext& ctx, const MatrixRef& x, GroupShape group, fl
     launch_group_amax(stream_of(ctx), x, group, out);
 }
 
+namespace {
+
+// Whether the row-major path takes this quantize (see quantize_rows_kernel).
+bool rows_path(const detail::QuantizeJob& job) {
+    const auto aligned = [](const void* p, size_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; };
+    const GroupShape g = job.group;
+    constexpr int64_t limit = int64_t(1) << 30;  // rows, columns and groups in 32-bit arithmetic
+    return job.data_t == nullptr && job.x.cols % 8 == 0 && job.x.ld % 8 == 0 && aligned(job.x.data, 16) &&
+           aligned(job.data, 8) && (g.cols % 8 == 0 || g.cols >= job.x.cols) && job.x.rows < limit &&
+           job.x.cols < limit && g.rows < limit && g.cols < limit;
+}
+
+void launch_rows(const detail::QuantizeJob& job) {
+    const cudaStream_t s = stream_of(job.ctx);
+    const int64_t rows = job.x.rows, cols = job.x.cols;
+    const GroupShape g = job.group;
+    const bool fixed = job.rule.fixed_scale != nullptr;
+    RowsJob r{job.x, job.rule, job.overflow,
+              {g.rows, g.cols, (rows + g.rows - 1) / g.rows, (cols + g.cols - 1) / g.cols, false, false, nullptr,
+               job.data, job.scale_inv, 0},
+              0, reinterpret_cast<unsigned*>(job.amax)};
+    // A group of 1 x gc (gc = 8 ... 256, a power of two dividing the row) is whole within a warp.
+    const bool in_warp = g.rows == 1 && g.cols <= 256 && (g.cols & (g.cols - 1)) == 0 && cols % g.cols == 0;
+    std::shared_ptr<std::byte> amaxes;
+    if (!fixed && in_warp) {
+        r.lanes = int(g.cols / 8);
+    } else if (!fixed) {
+        amaxes = allocate(size_t(r.g.grid_rows * r.g.grid_cols) * sizeof(float));
+        float* a = reinterpret_cast<float*>(amaxes.get());
+        launch_group_amax(s, job.x, g, a);
+        r.g.amax = a;
+    }
+    FP8KIT_CUDA_CHECK(cudaMemsetAsync(job.amax, 0, sizeof(float), s));
+    // At most 4096 blocks (a few waves on any GPU; as many same-address atomics), each warp looping.
+    const unsigned blocks = blocks_for(rows * ((cols + 255) / 256), threads / 32, 4096);
+    const auto launch = [&](auto kernel) {
+        kernel<<<blocks, threads, 0, s>>>(r);
+        check_launch("quantize_rows_kernel");
+    };
+    const auto for_dtype = [&](auto type) {
+        using T = decltype(type);
+        switch (job.rule.format) {
+            case Format::e4m3fn: launch(quantize_rows_kernel<Format::e4m3fn, T>); break;
+            case Format::e5m2: launch(quantize_rows_kernel<Format::e5m2, T>); break;
+            case Format::e4m3fnuz: launch(quantize_rows_kernel<Format::e4m3fnuz, T>); break;
+            default: launch(quantize_rows_kernel<Format::e5m2fnuz, T>); break;
+        }
+    };
+    switch (job.x.dtype) {
+        case DType::bf16: for_dtype(__nv_bfloat16{}); break;
+        case DType::f16: for_dtype(__half{}); break;
+        default: for_dtype(float{}); break;
+    }
+}
+
+}  // namespace
+
 void quantize(detail::QuantizeJob& job) {
+    if (rows_path(job)) return launch_rows(job);
     const cudaStream_t s = stream_of(job.ctx);
     const int64_t rows = job.x.rows, cols = job.x.cols;
     TileJob t{job.x, job.rule, job.overflow, 0, 0, 0, {}, job.data_t != nullptr ? 2 : 1,
