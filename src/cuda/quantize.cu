@@ -14,6 +14,7 @@
 // dimension). Delayed scaling (a given scale) needs no amax before encoding: one read.
 #include <algorithm>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 #include <cuda_fp8.h>
@@ -376,6 +377,25 @@ void group_amax(const ExecContext& ctx, const MatrixRef& x, GroupShape group, fl
 
 namespace {
 
+// launch(format, type) with the job's format as a std::integral_constant<Format, F> and a value of
+// its input's element type (float, __nv_bfloat16, __half): the kernels are templates on both.
+template <class Launch>
+void for_format_and_dtype(const detail::QuantizeJob& job, Launch&& launch) {
+    const auto for_dtype = [&](auto type) {
+        switch (job.rule.format) {
+            case Format::e4m3fn: return launch(std::integral_constant<Format, Format::e4m3fn>{}, type);
+            case Format::e5m2: return launch(std::integral_constant<Format, Format::e5m2>{}, type);
+            case Format::e4m3fnuz: return launch(std::integral_constant<Format, Format::e4m3fnuz>{}, type);
+            default: return launch(std::integral_constant<Format, Format::e5m2fnuz>{}, type);
+        }
+    };
+    switch (job.x.dtype) {
+        case DType::bf16: return for_dtype(__nv_bfloat16{});
+        case DType::f16: return for_dtype(__half{});
+        default: return for_dtype(float{});
+    }
+}
+
 // Whether the row-major path takes this quantize (see quantize_rows_kernel).
 bool rows_path(const detail::QuantizeJob& job) {
     const auto aligned = [](const void* p, size_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; };
@@ -409,24 +429,10 @@ void launch_rows(const detail::QuantizeJob& job) {
     FP8KIT_CUDA_CHECK(cudaMemsetAsync(job.amax, 0, sizeof(float), s));
     // At most 4096 blocks (a few waves on any GPU; as many same-address atomics), each warp looping.
     const unsigned blocks = blocks_for(rows * ((cols + 255) / 256), threads / 32, 4096);
-    const auto launch = [&](auto kernel) {
-        kernel<<<blocks, threads, 0, s>>>(r);
+    for_format_and_dtype(job, [&](auto format, auto type) {
+        quantize_rows_kernel<decltype(format)::value, decltype(type)><<<blocks, threads, 0, s>>>(r);
         check_launch("quantize_rows_kernel");
-    };
-    const auto for_dtype = [&](auto type) {
-        using T = decltype(type);
-        switch (job.rule.format) {
-            case Format::e4m3fn: launch(quantize_rows_kernel<Format::e4m3fn, T>); break;
-            case Format::e5m2: launch(quantize_rows_kernel<Format::e5m2, T>); break;
-            case Format::e4m3fnuz: launch(quantize_rows_kernel<Format::e4m3fnuz, T>); break;
-            default: launch(quantize_rows_kernel<Format::e5m2fnuz, T>); break;
-        }
-    };
-    switch (job.x.dtype) {
-        case DType::bf16: for_dtype(__nv_bfloat16{}); break;
-        case DType::f16: for_dtype(__half{}); break;
-        default: for_dtype(float{}); break;
-    }
+    });
 }
 
 }  // namespace
@@ -483,25 +489,12 @@ void quantize(detail::QuantizeJob& job) {
     }
     FP8KIT_CUDA_CHECK(cudaMemsetAsync(job.amax, 0, sizeof(float), s));
     const int64_t tiles = (rows + t.tile_rows - 1) / t.tile_rows * t.tiles_across;
-    const auto launch = [&](auto kernel) {
+    for_format_and_dtype(job, [&](auto format, auto type) {
+        const auto kernel = quantize_tile_kernel<decltype(format)::value, decltype(type)>;
         FP8KIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
         kernel<<<unsigned(tiles), threads, smem, s>>>(t);
         check_launch("quantize_tile_kernel");
-    };
-    const auto for_dtype = [&](auto type) {
-        using T = decltype(type);
-        switch (job.rule.format) {
-            case Format::e4m3fn: launch(quantize_tile_kernel<Format::e4m3fn, T>); break;
-            case Format::e5m2: launch(quantize_tile_kernel<Format::e5m2, T>); break;
-            case Format::e4m3fnuz: launch(quantize_tile_kernel<Format::e4m3fnuz, T>); break;
-            default: launch(quantize_tile_kernel<Format::e5m2fnuz, T>); break;
-        }
-    };
-    switch (job.x.dtype) {
-        case DType::bf16: for_dtype(__nv_bfloat16{}); break;
-        case DType::f16: for_dtype(__half{}); break;
-        default: for_dtype(float{}); break;
-    }
+    });
 }
 
 void dequantize(const detail::DequantizeJob& job) {
