@@ -12,6 +12,9 @@
 // column scaling of long rows or columns) get their amax from a group_amax pass first: two reads
 // (three for cast_transpose with row or column scaling, whose transposed groups are the other
 // dimension). Delayed scaling (a given scale) needs no amax before encoding: one read.
+// A quantize without the transposed copy, on rows of a multiple of 8 elements, takes the row-major
+// kernel instead (quantize_rows_kernel: no shared memory, 1 x gc groups reduced in the warp; the
+// same reads otherwise) - written without a GPU at hand, to be measured (docs/PERF.md).
 #include <algorithm>
 #include <numeric>
 #include <type_traits>
