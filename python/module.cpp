@@ -18,7 +18,6 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
-#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -283,24 +282,24 @@ struct FusedLinear {
 // FusedLinear.out_dtypes, from which fp8kit.torch builds its index).
 constexpr const char* fused_out_dtypes[3] = {"float32", "bfloat16", "float16"};
 
-// The FusedLinear's options for out_dtypes[dtype]; an fp8kit::Error for another index.
-const GemmOptions& fused_options(const FusedLinear& f, int dtype, const char* what) {
+// The FusedLinear's options for out_dtypes[dtype], once the call's arguments are checked: the
+// dtype index, m and k against the weight - each an fp8kit::Error naming `what`, the method.
+const GemmOptions& fused_checked(const FusedLinear& f, int64_t m, int64_t k, int dtype, const char* what) {
     if (dtype < 0 || dtype > 2) {
         throw Error(std::string(what) + ": dtype is " + std::to_string(dtype) + ", expected an index of out_dtypes: 0, 1 or 2");
     }
-    return f.o[dtype];
-}
-
-// y[m, N] = the FusedLinear's GEMM of x[m, k], both at raw addresses, C-contiguous, of
-// out_dtypes[dtype] (call_into and call_into_parts; `what` names the method in errors). Checked
-// here: k against the weight, m and the dtype index (from_external: null and misaligned
-// addresses), so a wrong shape is an error and not a stray read. Releases the GIL around the GEMM.
-void fused_call(const FusedLinear& f, uintptr_t x, int64_t m, int64_t k, int dtype, void* out, const char* what) {
-    const GemmOptions& o = fused_options(f, dtype, what);
     if (k != f.b.k() || m < 0) {
         throw Error(std::string(what) + ": x is [" + std::to_string(m) + ", " + std::to_string(k) + "], expected [M, " +
                     std::to_string(f.b.k()) + "] (the weight's in_features)");
     }
+    return f.o[dtype];
+}
+
+// y[m, N] = the FusedLinear's GEMM of x[m, k] with the options o (fused_checked's), both at raw
+// addresses, C-contiguous, of o's dtype (call_into and call_into_parts). from_external refuses null
+// and misaligned addresses, so a wrong argument is an error and not a stray read. Releases the GIL
+// around the GEMM.
+void fused_call(const FusedLinear& f, const GemmOptions& o, uintptr_t x, int64_t m, int64_t k, void* out) {
     const DType d = o.out_dtype;
     const auto external = [&](void* p, int64_t cols, bool read_only, const char* name) {
         Tensor::External e;
@@ -517,7 +516,8 @@ NB_MODULE(_fp8kit, m) {
         // error and not a stray read.
         .def("call_into",
              [](const FusedLinear& f, uintptr_t x, int64_t m, int64_t k, int dtype, uintptr_t out) {
-                 fused_call(f, x, m, k, dtype, reinterpret_cast<void*>(out), "fp8kit.FusedLinear.call_into");
+                 const GemmOptions& o = fused_checked(f, m, k, dtype, "fp8kit.FusedLinear.call_into");
+                 fused_call(f, o, x, m, k, reinterpret_cast<void*>(out));
              },
              "x"_a, "m"_a, "k"_a, "dtype"_a, "out"_a,
              "y[m, n] = D for x[m, k] at address x, written at address out, both C-contiguous in out_dtypes[dtype] "
@@ -534,7 +534,8 @@ NB_MODULE(_fp8kit, m) {
                      throw Error(std::string(what) + ": " + std::to_string(outs.size()) + " outputs for " +
                                  std::to_string(f.parts.size()) + " parts");
                  }
-                 const size_t esize = dtype_size(fused_options(f, dtype, what).out_dtype);
+                 const GemmOptions& o = fused_checked(f, m, k, dtype, what);
+                 const size_t esize = dtype_size(o.out_dtype);
                  for (size_t p = 0; p < outs.size(); ++p) {  // before the GEMM: the copies below cannot fail
                      if ((outs[p] == 0 && m > 0) || outs[p] % esize != 0) {
                          throw Error(std::string(what) + ": outs[" + std::to_string(p) + "] is " +
@@ -542,8 +543,8 @@ NB_MODULE(_fp8kit, m) {
                      }
                  }
                  thread_local std::vector<std::byte> d;  // D [m, N]: per thread, as each call releases the GIL
-                 d.resize(size_t(std::max<int64_t>(m, 0)) * size_t(f.b.n()) * esize);
-                 fused_call(f, x, m, k, dtype, d.data(), what);
+                 d.resize(size_t(m) * size_t(f.b.n()) * esize);
+                 fused_call(f, o, x, m, k, d.data());
                  const size_t row = size_t(f.b.n()) * esize;
                  size_t at = 0;
                  for (size_t p = 0; p < outs.size(); ++p) {
