@@ -12,9 +12,13 @@
 // column scaling of long rows or columns) get their amax from a group_amax pass first: two reads
 // (three for cast_transpose with row or column scaling, whose transposed groups are the other
 // dimension). Delayed scaling (a given scale) needs no amax before encoding: one read.
-// A quantize without the transposed copy, on rows of a multiple of 8 elements, takes the row-major
-// kernel instead (quantize_rows_kernel: no shared memory, 1 x gc groups reduced in the warp; the
-// same reads otherwise) - written without a GPU at hand, to be measured (docs/PERF.md).
+// A quantize without the transposed copy, on rows of a multiple of 8 elements 16-byte aligned,
+// takes the row-major kernels instead (16-byte loads, 8 elements a thread, no shared memory):
+// groups of several rows and 1024 to 16384 elements (block 128x128) one group a block, held in
+// registers (quantize_groups_kernel: one read); 1 x gc groups that fit a warp (block
+// 1x128, mx32) reduced across its lanes (quantize_rows_kernel: one read); larger groups (tensor
+// scaling) after the amax pass, which on such rows reads 16 bytes a lane too (band_amax_kernel):
+// two reads. docs/PERF.md has their rates beside a device-to-device copy.
 #include <algorithm>
 #include <numeric>
 #include <type_traits>
@@ -33,6 +37,35 @@ namespace {
 using detail::MatrixRef;
 
 constexpr int threads = 256;
+
+// An input element as float (exact).
+__device__ inline float to_float(float v) { return v; }
+__device__ inline float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ inline float to_float(__half v) { return __half2float(v); }
+
+// Elements [at, at + 8) of x's storage as float (exact), from one 16-byte load (two for float32).
+__device__ inline void load8(const MatrixRef& x, int64_t at, float* v, float) {
+    const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(x.data) + at);
+    const float4 a = p[0], b = p[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+template <class H>
+__device__ inline void load8(const MatrixRef& x, int64_t at, float* v, H) {
+    const uint4 w = *reinterpret_cast<const uint4*>(static_cast<const H*>(x.data) + at);
+    const H* h = reinterpret_cast<const H*>(&w);
+    for (int e = 0; e < 8; ++e) v[e] = to_float(h[e]);
+}
+
+// The max of `key` over the block (of `threads` threads), in every thread. Every thread calls it.
+__device__ inline uint32_t block_max(uint32_t key) {
+    __shared__ uint32_t warp_keys[threads / 32];
+    key = warp_max(key);
+    if (threadIdx.x % 32 == 0) warp_keys[threadIdx.x / 32] = key;
+    __syncthreads();
+    for (int k = 0; k < threads / 32; ++k) key = max(key, warp_keys[k]);
+    __syncthreads();  // warp_keys free for the next call
+    return key;
+}
 
 // ---- group amax: out[g] = max |x| over group g (keys: see abs_key), out zeroed first ----
 
@@ -60,14 +93,52 @@ __global__ void group_amax_kernel(MatrixRef x, GroupShape g, int64_t gcols, int6
     for (int64_t r = chunk * per; r < r1; ++r) {
         for (int64_t c = threadIdx.x; c < w; c += threads) key = max(key, abs_key(load_element(x, i0 + r, j0 + c)));
     }
-    key = warp_max(key);
-    __shared__ uint32_t part[threads / 32];
-    if (lane == 0) part[warp] = key;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int k = 1; k < threads / 32; ++k) key = max(key, part[k]);
-        atomicMax(&out[q], key);
+    key = block_max(key);
+    if (threadIdx.x == 0) atomicMax(&out[q], key);
+}
+
+// Groups of whole rows (tensor scaling: one band of all rows; row scaling: bands of one row), on
+// rows of a multiple of 8 elements, 16-byte aligned. Why not group_amax_kernel: element by element,
+// its loads cap the first read of tensor and row scaling far under the memory's rate. Here a warp
+// takes a row at a time, 8 elements a lane from one 16-byte load, 4 loads in flight; a warp's
+// running max goes out when its band changes, and with one band once per block.
+template <class T>
+__global__ void band_amax_kernel(MatrixRef x, int64_t band_rows, unsigned* out) {
+    const int lane = threadIdx.x % 32;
+    const bool one_band = band_rows >= x.rows;
+    const int64_t warps = int64_t(gridDim.x) * (threads / 32);
+    int64_t band = -1;
+    uint32_t run = 0;
+    for (int64_t i = int64_t(blockIdx.x) * (threads / 32) + threadIdx.x / 32; i < x.rows; i += warps) {
+        if (i / band_rows != band) {  // warp-uniform: i is the warp's
+            run = warp_max(run);
+            if (band >= 0 && lane == 0) atomicMax(&out[band], run);
+            band = i / band_rows;
+            run = 0;
+        }
+        for (int64_t j = int64_t(lane) * 8; j < x.cols; j += 4 * 256) {
+            float v[4][8];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                if (j + u * 256 < x.cols) {
+                    load8(x, i * x.ld + j + u * 256, v[u], T{});
+                } else {
+                    for (int e = 0; e < 8; ++e) v[u][e] = 0.0f;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                for (int e = 0; e < 8; ++e) run = max(run, abs_key(v[u][e]));
+            }
+        }
     }
+    if (!one_band) {
+        run = warp_max(run);
+        if (band >= 0 && lane == 0) atomicMax(&out[band], run);
+        return;
+    }
+    run = block_max(run);
+    if (threadIdx.x == 0) atomicMax(out, run);
 }
 
 // Enqueues the group amax of x into out (float bits), zeroing out first.
@@ -75,7 +146,17 @@ void launch_group_amax(cudaStream_t s, const MatrixRef& x, GroupShape g, float* 
     const int64_t grows = (x.rows + g.rows - 1) / g.rows, gcols = (x.cols + g.cols - 1) / g.cols;
     const int64_t ngroups = grows * gcols, size = min(g.rows, x.rows) * min(g.cols, x.cols);
     FP8KIT_CUDA_CHECK(cudaMemsetAsync(out, 0, size_t(ngroups) * sizeof(float), s));
-    if (size <= 1024) {
+    if (g.cols >= x.cols && x.cols % 8 == 0 && x.ld % 8 == 0 && reinterpret_cast<uintptr_t>(x.data) % 16 == 0) {
+        // At most 2048 blocks of 8 warps: a row or more a warp; with one band, that many atomics.
+        const unsigned blocks = blocks_for(x.rows, threads / 32, 2048);
+        auto* keys = reinterpret_cast<unsigned*>(out);
+        switch (x.dtype) {
+            case DType::bf16: band_amax_kernel<__nv_bfloat16><<<blocks, threads, 0, s>>>(x, g.rows, keys); break;
+            case DType::f16: band_amax_kernel<__half><<<blocks, threads, 0, s>>>(x, g.rows, keys); break;
+            default: band_amax_kernel<float><<<blocks, threads, 0, s>>>(x, g.rows, keys); break;
+        }
+        check_launch("band_amax_kernel");
+    } else if (size <= 1024) {
         group_amax_kernel<<<blocks_for(ngroups, threads / 32, 1u << 30), threads, 0, s>>>(x, g, gcols, ngroups, 0,
                                                                                       reinterpret_cast<unsigned*>(out));
     } else {
@@ -150,10 +231,6 @@ __device__ inline uint8_t encode_scaled(float v, float s, Overflow o) {
 // Shared memory: the tile as float [tile_rows][tile_cols + 1] (the pad keeps column walks off one
 // bank), each grouping's local scales, then each grouping's local group row of every tile row and
 // group column of every tile column (so the encode loop divides nothing).
-__device__ inline float to_float(float v) { return v; }
-__device__ inline float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ inline float to_float(__half v) { return __half2float(v); }
-
 template <Format F, class T>
 __global__ void quantize_tile_kernel(TileJob job) {
     extern __shared__ float smem[];
@@ -287,17 +364,12 @@ struct RowsJob {
     unsigned* amax;       // the whole input's (key), combined with atomicMax
 };
 
-// Elements [i, j, j + 8) of x as float (exact), from one 16-byte load (two for float32).
-__device__ inline void load8(const MatrixRef& x, int64_t at, float* v, float) {
-    const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(x.data) + at);
-    const float4 a = p[0], b = p[1];
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-}
-template <class H>
-__device__ inline void load8(const MatrixRef& x, int64_t at, float* v, H) {
-    const uint4 w = *reinterpret_cast<const uint4*>(static_cast<const H*>(x.data) + at);
-    const H* h = reinterpret_cast<const H*>(&w);
-    for (int e = 0; e < 8; ++e) v[e] = to_float(h[e]);
+// The codes of v[0..8) * s, stored as one 8-byte word at dst (8-byte aligned).
+template <Format F>
+__device__ inline void encode8(const float (&v)[8], float s, Overflow o, uint8_t* dst) {
+    uint32_t word[2] = {0, 0};
+    for (int e = 0; e < 8; ++e) word[e / 4] |= uint32_t(encode_scaled<F>(v[e], s, o)) << (8 * (e % 4));
+    *reinterpret_cast<uint2*>(dst) = make_uint2(word[0], word[1]);
 }
 
 template <Format F, class T>
@@ -306,7 +378,8 @@ __global__ void quantize_rows_kernel(RowsJob job) {
     const int lane = threadIdx.x % 32;
     // A trip: 32 chunks (256 elements) of one row. Within a row, 32-bit arithmetic (rows_path
     // bounds rows and cols): a 64-bit division costs a GPU dozens of instructions, and this kernel
-    // is to be bound by memory.
+    // is to be bound by memory. (Four trips a warp with their loads first ran slower on an H200:
+    // 0.36x the copy against 0.42x, its registers leaving fewer warps a multiprocessor.)
     const uint32_t cols = uint32_t(job.x.cols), grows = uint32_t(G.rows), gcols = uint32_t(G.cols);
     const int64_t per_row = (job.x.cols + 255) / 256;
     const int64_t trips = job.x.rows * per_row, warps = int64_t(gridDim.x) * (threads / 32);
@@ -332,19 +405,59 @@ __global__ void quantize_rows_kernel(RowsJob job) {
         if (!in) continue;
         const detail::GroupScale sc = detail::group_scale(amax, job.rule);
         if (i - gi * grows == 0 && j - gj * gcols == 0) store_scale(G, job.rule, gi, gj, sc);  // the group's first chunk
-        uint32_t word[2] = {0, 0};
-        for (int e = 0; e < 8; ++e) word[e / 4] |= uint32_t(encode_scaled<F>(v[e], sc.scale, job.overflow)) << (8 * (e % 4));
-        *reinterpret_cast<uint2*>(G.data + int64_t(i) * cols + j) = make_uint2(word[0], word[1]);
+        encode8<F>(v, sc.scale, job.overflow, G.data + int64_t(i) * cols + j);
     }
-    // One atomic per block (see the tile kernel).
-    total = warp_max(total);
-    __shared__ uint32_t warp_keys[threads / 32];
-    if (lane == 0) warp_keys[threadIdx.x / 32] = total;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int k = 1; k < threads / 32; ++k) total = max(total, warp_keys[k]);
-        atomicMax(job.amax, total);
+    total = block_max(total);  // one atomic per block (see the tile kernel)
+    if (threadIdx.x == 0) atomicMax(job.amax, total);
+}
+
+// ---- quantize, one group a block: groups of several rows, up to 16384 elements ----
+//
+// Why: groups of several rows (block 128x128) do not fit a warp, and through the rows kernel they
+// would need the group_amax pass first - two reads of x. Here a block
+// holds a whole group in registers (up to 8 chunks of 8 elements a thread, all loaded before any
+// is used), reduces its amax across the block, then encodes from the registers: x read once.
+// Blocks loop over the groups; one atomic per block.
+// Group sizes (elements) it takes: up to 8 chunks of 8 a thread; from 4 elements a thread on (smaller
+// groups would leave most of a block idle: they take the amax pass and the rows kernel). Groups of
+// one row (row scaling) ran slower here than the amax pass and the rows kernel (0.23x the copy
+// against 0.32x, an H200): a block's loads stop while it reduces and encodes, and its registers
+// leave 2 blocks a multiprocessor; they stay there.
+constexpr int64_t block_group_min = threads * 4, block_group_max = threads * 8 * 8;
+
+template <Format F, class T>
+__global__ void quantize_groups_kernel(RowsJob job) {
+    const Grouping& G = job.g;
+    const uint32_t rows = uint32_t(job.x.rows), cols = uint32_t(job.x.cols);
+    const int64_t ngroups = G.grid_rows * G.grid_cols;
+    uint32_t total = 0;
+    for (int64_t q = blockIdx.x; q < ngroups; q += gridDim.x) {
+        const uint32_t gi = uint32_t(q / G.grid_cols), gj = uint32_t(q - int64_t(gi) * G.grid_cols);
+        const uint32_t i0 = gi * uint32_t(G.rows), j0 = gj * uint32_t(G.cols);
+        const uint32_t w8 = min(uint32_t(G.cols), cols - j0) / 8, n = min(uint32_t(G.rows), rows - i0) * w8;
+        float v[8][8];
+        uint32_t key = 0;
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            const uint32_t c = threadIdx.x + u * threads;
+            if (c < n) {
+                load8(job.x, int64_t(i0 + c / w8) * job.x.ld + j0 + c % w8 * 8, v[u], T{});
+            } else {
+                for (int e = 0; e < 8; ++e) v[u][e] = 0.0f;
+            }
+            for (int e = 0; e < 8; ++e) key = max(key, abs_key(v[u][e]));
+        }
+        key = block_max(key);
+        total = max(total, key);
+        const detail::GroupScale sc = detail::group_scale(__uint_as_float(key), job.rule);
+        if (threadIdx.x == 0) store_scale(G, job.rule, gi, gj, sc);
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            const uint32_t c = threadIdx.x + u * threads;
+            if (c < n) encode8<F>(v[u], sc.scale, job.overflow, G.data + int64_t(i0 + c / w8) * cols + j0 + c % w8 * 8);
+        }
     }
+    if (threadIdx.x == 0) atomicMax(job.amax, total);  // total is the block's (block_max)
 }
 
 constexpr int64_t max_tile_side = 128;
@@ -418,8 +531,20 @@ void launch_rows(const detail::QuantizeJob& job) {
               {g.rows, g.cols, (rows + g.rows - 1) / g.rows, (cols + g.cols - 1) / g.cols, false, false, nullptr,
                job.data, job.scale_inv, 0},
               0, reinterpret_cast<unsigned*>(job.amax)};
-    // A group of 1 x gc (gc = 8 ... 256, a power of two dividing the row) is whole within a warp.
+    // A group of 1 x gc (gc = 8 ... 256, a power of two dividing the row) is whole within a warp;
+    // groups of several rows and 1024 to 16384 elements within a block (quantize_groups_kernel).
     const bool in_warp = g.rows == 1 && g.cols <= 256 && (g.cols & (g.cols - 1)) == 0 && cols % g.cols == 0;
+    const int64_t group_size = std::min(g.rows, rows) * std::min(g.cols, cols);
+    const bool in_block = std::min(g.rows, rows) > 1 && group_size >= block_group_min && group_size <= block_group_max;
+    FP8KIT_CUDA_CHECK(cudaMemsetAsync(job.amax, 0, sizeof(float), s));
+    if (!fixed && !in_warp && in_block) {
+        // At most 1024 blocks (about one wave), each looping over groups: as many same-address atomics.
+        const unsigned blocks = blocks_for(r.g.grid_rows * r.g.grid_cols, 1, 1024);
+        return for_format_and_dtype(job, [&](auto format, auto type) {
+            quantize_groups_kernel<decltype(format)::value, decltype(type)><<<blocks, threads, 0, s>>>(r);
+            check_launch("quantize_groups_kernel");
+        });
+    }
     std::shared_ptr<std::byte> amaxes;
     if (!fixed && in_warp) {
         r.lanes = int(g.cols / 8);
@@ -429,9 +554,8 @@ void launch_rows(const detail::QuantizeJob& job) {
         launch_group_amax(s, job.x, g, a);
         r.g.amax = a;
     }
-    FP8KIT_CUDA_CHECK(cudaMemsetAsync(job.amax, 0, sizeof(float), s));
     // At most 4096 blocks (a few waves on any GPU; as many same-address atomics), each warp looping.
-    const unsigned blocks = blocks_for(rows * ((cols + 255) / 256), threads / 32, 4096);
+    const unsigned blocks = blocks_for(rows * ((cols + 255) / 256), threads / 32 * 4, 4096);
     for_format_and_dtype(job, [&](auto format, auto type) {
         quantize_rows_kernel<decltype(format)::value, decltype(type)><<<blocks, threads, 0, s>>>(r);
         check_launch("quantize_rows_kernel");

@@ -253,6 +253,18 @@ TEST(QuantizeOps, CudaAmaxEqualsRef) {
     // A large input: amax and tensor scaling through the many-blocks-per-group path.
     const Tensor big = make_input(2049, 3001, DType::bf16, true, 5);
     EXPECT_EQ(bits(amax(big.to(Device::cuda))), bits(on_backend(Backend::ref, [&] { return amax(big); })));
+    // Rows of a multiple of 8 (the row-major kernels), 1032 long; with 32 x 32 blocks, more groups
+    // than blocks, so the blocks of the one-group-a-block kernel take several groups each.
+    const Tensor tall = make_input(2000, 1032, DType::bf16, true, 7);
+    std::vector<Case> tall_cases = granularities();
+    QuantizeOptions block32;
+    block32.scaling = Scaling::block(32, 32);
+    tall_cases.push_back({"block_32x32", block32});
+    for (const Case& c : tall_cases) {
+        SCOPED_TRACE(c.name + " 2000x1032");
+        expect_same(test::qtensor_to(quantize(tall.to(Device::cuda), on_device(c.opts)), Device::cpu),
+                    on_backend(Backend::ref, [&] { return quantize(tall, c.opts); }));
+    }
     const Tensor bigf = make_input(2049, 3001, DType::f32, false, 6);
     for (const Case& c : granularities()) {
         QuantizeOptions opts = c.opts;
