@@ -8,7 +8,8 @@
 //   fp8kit.block         fp8kit::gemm, 1x128 A x 128x128 B (cuBLASLt's block scaling inside)
 //   fp8kit.block.fused   fp8kit::gemm with bf16 A and the block recipe (the cast inside the call)
 //   fp8kit.block.own     the same GEMM with a zero bias, which takes fp8kit's own tensor-core
-//                        kernel (mma.sync; the bias costs one add per element of D)
+//                        kernel (wgmma on sm_90, mma.sync on sm_89; the bias costs one add per
+//                        element of D)
 // and the casts in GB/s (bytes read + written) against a device-to-device copy.
 // Each GEMM's D is checked against cuBLASLt's bf16 D on a sample of elements (relative RMS error
 // below 0.1; FP8 rounding gives about 0.03): a wrong result fails the benchmark (exit 1).

@@ -151,6 +151,10 @@ inline std::string cuda_absent_reason() {
         if (!fp8kit_absent.empty()) GTEST_SKIP() << fp8kit_absent;              \
     } while (0)
 
+// The compute capability (major * 10 + minor) of the cuda tests' GPU, 0 without one or without the
+// cuda backend (tests/cuda_capability.cpp, linked into the binaries that ask).
+int cuda_compute_capability();
+
 // For a test with a cuda part beside its host checks: true when the cuda backend can run; else it
 // prints which part did not run and why (a failing driver fails the test, as cuda_absent_reason).
 inline bool cuda_part_runs(const char* part) {

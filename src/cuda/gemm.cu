@@ -4,10 +4,11 @@
 //    (outer-vector scales) and block 1x128 x 128x128 (VEC128 / BLK128x128 scales, DeepSeek-V3's
 //    recipe), dimensions multiples of 16 (K of 128 for blocks); its scale pointers take the device
 //    scale_inv of each operand (A's 1x128 scales transposed on the device): no host round trip;
-//  - an own tensor-core kernel (mma.sync m16n8k32 on e4m3/e5m2, sm_89 and sm_90a) for every other
-//    K group of 32 to 128 or all of K (block 1x128 x 128x128 with DeepGEMM's numerics, mx32,
-//    rowwise, any shape and epilogue): products summed by the tensor cores over at most 128 of K,
-//    then promoted into a float32 accumulator with their group's scales, every K group;
+//  - own tensor-core kernels for every other K group of 32 to 128 or all of K (block 1x128 x
+//    128x128 with DeepGEMM's numerics, mx32, rowwise, any shape and epilogue): products summed by
+//    the tensor cores over at most 128 of K, then promoted into a float32 accumulator with their
+//    group's scales, every K group - wgmma m64n128k32 on sm_90 (Hopper) for K groups of 128 or one
+//    group, mma.sync m16n8k32 (sm_89 and sm_90a) for the rest;
 //  - a plain CUDA-core kernel for the rest (e4m3fnuz / e5m2fnuz, which the tensor cores do not
 //    take; K groups narrower than 32 or not a multiple of it; unaligned rows).
 // The epilogue (beta C, bias, GELU, rounding to f32/bf16/f16) is that of NUMERICS.md in float32.
@@ -16,7 +17,7 @@
 // Checked by tests/ops/test_gemm.cpp (cuda against float64 within the derived bound) when a GPU is
 // present; timed by bench/bench_gemm_cuda.cpp against cuBLASLt and torch._scaled_mm.
 //
-// The tensor-core instructions are reached through PTX (mma.sync, ldmatrix, cp.async): CUDA C++
+// The tensor-core instructions are reached through PTX (mma.sync, wgmma, ldmatrix, cp.async): CUDA C++
 // has no intrinsic for FP8 matrix instructions. This is device code only; nvcc assembles it for
 // every host platform.
 #include <cublasLt.h>
@@ -25,6 +26,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <type_traits>
 
 #include "cuda/common.cuh"
 #include "cuda/device.hpp"
@@ -133,9 +135,9 @@ __global__ void gemm_simt_kernel(GemmJob j) {
 constexpr int tc_warps_m = 4, tc_warps_n = 4, tc_mt = 2, tc_nt = 4;
 constexpr int tc_bm = tc_warps_m * tc_mt * 16, tc_bn = tc_warps_n * tc_nt * 8, tc_bk = 128, tc_stages = 3;
 constexpr int tc_threads = 32 * tc_warps_m * tc_warps_n;
-constexpr int tc_rows_per_pass = tc_threads / 8;  // rows one pass of the block copies (16 bytes a thread)
 constexpr int tc_stage_bytes = (tc_bm + tc_bn) * tc_bk;
 constexpr int tc_smem = tc_stages * tc_stage_bytes;
+static_assert(tc_bm == tc_bn, "StageLoader copies as many rows of A as of B");
 
 // Shared memory rows are 128 bytes (8 chunks of 16); chunk c of row r sits at chunk c ^ (r % 8),
 // so the 8 rows an ldmatrix reads at one chunk fall in 8 different bank groups.
@@ -178,11 +180,14 @@ __device__ inline void mma_fp8(float (&d)[4], const uint32_t (&a)[4], const uint
 #endif
 }
 
-// What one thread copies into each pipeline stage: chunk tid % 8 (16 bytes of K) of rows
-// tid / 8 + tc_rows_per_pass i of the A tile and of the B tile, with zero fill past m, n and k.
+// What one thread of a block of `Threads` copies into each pipeline stage: chunk tid % 8 (16 bytes
+// of K) of rows tid / 8 + (Threads / 8) i of the 128-row A tile and of the B tile, with zero fill
+// past m, n and k. Both tensor-core kernels load their stages with it.
+template <int Threads>
 struct StageLoader {
+    static constexpr int rows_per_pass = Threads / 8;
     const uint8_t *a, *b;     // this thread's first row of each tile, at its chunk
-    int64_t a_step, b_step;   // tc_rows_per_pass rows on
+    int64_t a_step, b_step;   // rows_per_pass rows on
     int row, a_rows, b_rows;  // the first row, and the rows of each tile inside m / n
     uint32_t smem;            // offset of its first chunk in a stage (swizzled, so +rows * 128 per pass)
 
@@ -193,8 +198,8 @@ struct StageLoader {
         b_rows = int(min(int64_t(tc_bn), j.n - j0));
         a = j.a.data + (i0 + row) * j.a.ld + c * 16;
         b = j.b.data + (j0 + row) * j.b.ld + c * 16;
-        a_step = tc_rows_per_pass * j.a.ld;
-        b_step = tc_rows_per_pass * j.b.ld;
+        a_step = rows_per_pass * j.a.ld;
+        b_step = rows_per_pass * j.b.ld;
         smem = swizzled(row, c);
     }
 
@@ -202,11 +207,11 @@ struct StageLoader {
         const int64_t kk = kb * tc_bk;
         const bool in_k = kk + int64_t(threadIdx.x % 8) * 16 < k;
 #pragma unroll
-        for (int i = 0; i < tc_bm / tc_rows_per_pass; ++i) {
-            const int r = row + tc_rows_per_pass * i;
+        for (int i = 0; i < tc_bm / rows_per_pass; ++i) {
+            const int r = row + rows_per_pass * i;
             const bool va = in_k && r < a_rows, vb = in_k && r < b_rows;
-            cp_async_16(stage + smem + i * tc_rows_per_pass * tc_bk, va ? a + i * a_step + kk : j.a.data, va);
-            cp_async_16(stage + tc_bm * tc_bk + smem + i * tc_rows_per_pass * tc_bk, vb ? b + i * b_step + kk : j.b.data, vb);
+            cp_async_16(stage + smem + i * rows_per_pass * tc_bk, va ? a + i * a_step + kk : j.a.data, va);
+            cp_async_16(stage + tc_bm * tc_bk + smem + i * rows_per_pass * tc_bk, vb ? b + i * b_step + kk : j.b.data, vb);
         }
     }
 };
@@ -240,7 +245,7 @@ __global__ void __launch_bounds__(tc_threads, 1) gemm_mma_kernel(GemmJob j, int 
             b_at[t][h] = int(col / j.b.group.rows * j.b.scale_cols);
         }
     }
-    const StageLoader loader(j, i0, j0);
+    const StageLoader<tc_threads> loader(j, i0, j0);
     float acc[tc_mt][tc_nt][4] = {}, part[tc_mt][tc_nt][4] = {};
     for (int s = 0; s < tc_stages - 1; ++s) {
         if (s < kblocks) loader.load(sbase + s * tc_stage_bytes, s, j.k, j);
@@ -327,6 +332,161 @@ __global__ void __launch_bounds__(tc_threads, 1) gemm_mma_kernel(GemmJob j, int 
     }
 }
 
+// ---- Hopper tensor cores: wgmma m64n128k32 (sm_90a) ----
+//
+// Why a second tensor-core kernel: Hopper runs FP8 at its full rate only through wgmma, which
+// reads both operands from shared memory for a warpgroup (4 warps) at once; mma.sync reached
+// 0.1x cuBLASLt there (docs/PERF.md). The tile, the stages' layout and their loads are the mma.sync
+// kernel's: 128 x 128 of D, K in blocks of 128, rows of 128 bytes with chunk c of row r at
+// c ^ (r % 8) - exactly wgmma's 128-byte swizzle when a stage starts on 1024 bytes. Two
+// warpgroups, each 64 rows x all 128 columns: per K block 4 wgmma (k32) into `part`, the tensor
+// cores' float32 sums over 128 of K, then promoted into the float32 accumulator with the K group's
+// scales - DeepGEMM's numerics. It takes K groups of exactly 128 whose B scales are one per 128
+// columns (block 1x128 x 128x128, tensor x block), or one group over all of K (tensor, row: acc +=
+// part, the scales at the end).
+constexpr int wg_threads = 256, wg_stages = 5;
+constexpr int wg_stage_bytes = (tc_bm + tc_bn) * tc_bk;     // 32 KiB: A's 128 rows, then B's
+constexpr int wg_smem = wg_stages * wg_stage_bytes + 1024;  // + room to start the stages on 1024 bytes
+
+// wgmma's shared-memory matrix descriptor of a K-major operand in rows of 128 bytes, 128-byte
+// swizzle (PTX ISA, "Matrix Descriptor Format"): start address / 16 in bits 0-13; the leading
+// dimension's offset, which swizzled K-major layouts do not use, 1 (bits 16-29); 1024 bytes / 16
+// between groups of 8 rows (bits 32-45); base offset 0, the stage being 1024-aligned (bits 49-51);
+// swizzle mode 1 = 128 bytes (bits 62-63). A k32 step of K within the rows is +32 bytes of start.
+__device__ inline uint64_t wgmma_desc(uint32_t addr) {
+    return uint64_t((addr & 0x3ffffu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FP8KIT_WGMMA_SM90A 1
+#endif
+
+__device__ inline void wgmma_fence() {
+#ifdef FP8KIT_WGMMA_SM90A
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ inline void wgmma_commit() {
+#ifdef FP8KIT_WGMMA_SM90A
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+// Waits until at most `pending` of the warpgroup's committed wgmma groups are still running.
+template <int pending>
+__device__ inline void wgmma_wait() {
+#ifdef FP8KIT_WGMMA_SM90A
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(pending) : "memory");
+#endif
+}
+// Shared memory written through the generic proxy (cp.async) that wgmma (the async proxy) reads
+// next: each writing thread fences after its writes complete, before the barrier.
+__device__ inline void fence_proxy_async() {
+#ifdef FP8KIT_WGMMA_SM90A
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+// Keeps the compiler from moving reads or writes of the accumulators across wgmma's asynchronous
+// window (the asm statements order among themselves, not with plain register use).
+__device__ inline void wgmma_hold(float (&d)[64]) {
+#pragma unroll
+    for (int e = 0; e < 64; ++e) asm volatile("" : "+f"(d[e])::"memory");
+}
+
+#define FP8KIT_WGMMA_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define FP8KIT_WGMMA(types)                                                                              \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                          \
+                 "wgmma.mma_async.sync.aligned.m64n128k32.f32." types " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n" \
+                 : FP8KIT_WGMMA_D8(0), FP8KIT_WGMMA_D8(8), FP8KIT_WGMMA_D8(16), FP8KIT_WGMMA_D8(24),         \
+                   FP8KIT_WGMMA_D8(32), FP8KIT_WGMMA_D8(40), FP8KIT_WGMMA_D8(48), FP8KIT_WGMMA_D8(56)         \
+                 : "l"(da), "l"(db), "r"(accumulate))
+
+// d (+)= A . B^T over one k32 step for the warpgroup: A 64 x 32 at descriptor da, B 128 x 32 at db;
+// accumulate 0 overwrites d.
+template <Format FA, Format FB>
+__device__ inline void wgmma_fp8(float (&d)[64], uint64_t da, uint64_t db, int accumulate) {
+#ifdef FP8KIT_WGMMA_SM90A
+    if constexpr (FA == Format::e4m3fn && FB == Format::e4m3fn) {
+        FP8KIT_WGMMA("e4m3.e4m3");
+    } else if constexpr (FA == Format::e4m3fn && FB == Format::e5m2) {
+        FP8KIT_WGMMA("e4m3.e5m2");
+    } else {
+        static_assert(FA == Format::e5m2 && FB == Format::e4m3fn, "two e5m2 operands are refused by core");
+        FP8KIT_WGMMA("e5m2.e4m3");
+    }
+#else
+    (void)d, (void)da, (void)db, (void)accumulate;
+    __trap();  // never launched but on sm_90 (wgmma_fits)
+#endif
+}
+#undef FP8KIT_WGMMA
+#undef FP8KIT_WGMMA_D8
+
+// A 128 x 128 tile of D per block of 2 warpgroups (see above); K blocks through a 5-stage cp.async
+// pipeline, 4 blocks ahead. The accumulators are touched only outside each arrive..wait window:
+// ptxas otherwise waits for every wgmma before issuing the next (its info C7514), which a version
+// promoting block kb - 1 while block kb ran (wgmma.wait_group 1) did - 190 TFLOP/s at 8192^3.
+template <Format FA, Format FB>
+__global__ void __launch_bounds__(wg_threads, 1) gemm_wgmma_kernel(GemmJob j) {
+    extern __shared__ uint8_t smem[];
+    const uint32_t sbase = (uint32_t(__cvta_generic_to_shared(smem)) + 1023u) & ~1023u;
+    const int wg = threadIdx.x / 128, warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
+    const int64_t i0 = int64_t(blockIdx.y) * tc_bm, j0 = int64_t(blockIdx.x) * tc_bn;
+    const int64_t kblocks = (j.k + tc_bk - 1) / tc_bk;
+    const bool one_group = j.kgroup >= j.k;
+    // wgmma's accumulator layout: the thread holds rows r and r + 8 of its warp's 16, and in each
+    // 8-column slice c columns 2 (lane % 4) and +1: d[4c + 2h + e] is (r + 8h, 8c + 2 (lane % 4) + e).
+    const int r = wg * 64 + warp * 16 + lane / 4;
+    int a_at[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) a_at[h] = int(min(i0 + r + 8 * h, j.m - 1) / j.a.group.rows * j.a.scale_cols);
+    const int b_at = int(j0 / j.b.group.rows * j.b.scale_cols);  // K groups of 128: one B scale per group here
+    const StageLoader<wg_threads> loader(j, i0, j0);
+    const auto stage = [&](int64_t kb) { return sbase + uint32_t(kb % wg_stages) * wg_stage_bytes; };
+    // sa * sb of K block kb for the thread's rows r and r + 8 (one group: 1, the scales come last).
+    const auto scales = [&](int64_t kb, float (&s)[2]) {
+        s[0] = s[1] = 1.0f;
+        if (one_group) return;
+        const int64_t kk = kb * tc_bk;
+        const float sb = scale_at(j.b, b_at + int(kk / j.b.group.cols));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) s[h] = scale_at(j.a, a_at[h] + int(kk / j.a.group.cols)) * sb;
+    };
+    float acc[64] = {}, part[64];
+    for (int64_t kb = 0; kb < wg_stages - 1; ++kb) {
+        if (kb < kblocks) loader.load(stage(kb), kb, j.k, j);
+        cp_async_commit();
+    }
+    for (int64_t kb = 0; kb < kblocks; ++kb) {
+        float s[2];
+        scales(kb, s);  // read now, used after the wgmma: their latency hidden
+        cp_async_wait<wg_stages - 2>();
+        fence_proxy_async();
+        __syncthreads();  // block kb is in; every warpgroup is done with block kb - 1 (its wait below)
+        if (kb + wg_stages - 1 < kblocks) loader.load(stage(kb + wg_stages - 1), kb + wg_stages - 1, j.k, j);
+        cp_async_commit();
+        const uint32_t sa = stage(kb) + wg * 64 * tc_bk, sb = stage(kb) + tc_bm * tc_bk;
+        wgmma_hold(part);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < tc_bk / 32; ++ks) wgmma_fp8<FA, FB>(part, wgmma_desc(sa + ks * 32), wgmma_desc(sb + ks * 32), ks);
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_hold(part);
+#pragma unroll
+        for (int e = 0; e < 64; ++e) acc[e] = one_group ? acc[e] + part[e] : fmaf(part[e], s[(e % 4) / 2], acc[e]);
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int e = 0; e < 64; ++e) {
+        const int64_t i = i0 + r + 8 * ((e % 4) / 2), col = j0 + 8 * (e / 4) + 2 * (lane % 4) + e % 2;
+        if (i >= j.m || col >= j.n) continue;
+        const float v = one_group ? acc[e] * (scale_at(j.a, a_at[(e % 4) / 2]) *
+                                              scale_at(j.b, int(col / j.b.group.rows * j.b.scale_cols)))
+                                  : acc[e];
+        epilogue_store(j, i, col, j.alpha * v);
+    }
+}
+
 bool tensor_core_format(Format f) { return f == Format::e4m3fn || f == Format::e5m2; }
 
 // The device's compute capability (major * 10 + minor) of the current device.
@@ -347,6 +507,23 @@ bool mma_fits(const GemmJob& j) {
     const bool groups_ok = j.kgroup >= j.k || (j.kgroup % 32 == 0 && j.kgroup <= 128);
     return cc >= 89 && tensor_core_format(j.a.format) && tensor_core_format(j.b.format) && groups_ok && j.k % 16 == 0 &&
            j.a.ld % 16 == 0 && j.b.ld % 16 == 0 && aligned16(j.a.data) && aligned16(j.b.data);
+}
+
+// The wgmma kernel takes what the mma.sync kernel takes, on sm_90 (its code is sm_90a's), with K
+// groups of exactly 128 whose B scales stay the same over each 128 columns of a tile, or one group.
+bool wgmma_fits(const GemmJob& j) {
+    static const int cc = compute_capability();
+    const bool b_uniform = j.b.group.rows % tc_bn == 0 || j.b.group.rows >= j.n;
+    return cc == 90 && mma_fits(j) && (j.kgroup >= j.k || (j.kgroup == tc_bk && b_uniform));
+}
+
+template <Format FA, Format FB>
+void launch_wgmma(const GemmJob& j, cudaStream_t s) {
+    auto kernel = gemm_wgmma_kernel<FA, FB>;
+    FP8KIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, wg_smem));
+    const dim3 grid(unsigned((j.n + tc_bn - 1) / tc_bn), unsigned((j.m + tc_bm - 1) / tc_bm));
+    kernel<<<grid, wg_threads, wg_smem, s>>>(j);
+    check_launch("gemm_wgmma_kernel");
 }
 
 template <Format FA, Format FB>
@@ -510,10 +687,17 @@ void gemm(GemmJob& job) {
     if (lt != LtScales::none) {
         launch_lt(job, lt, s);
     } else if (job.k > 0 && mma_fits(job)) {
+        const bool wgmma = wgmma_fits(job);
+        const auto launch = [&](auto fa, auto fb) {
+            constexpr Format FA = decltype(fa)::value, FB = decltype(fb)::value;
+            wgmma ? launch_wgmma<FA, FB>(job, s) : launch_mma<FA, FB>(job, s);
+        };
+        using E4 = std::integral_constant<Format, Format::e4m3fn>;
+        using E5 = std::integral_constant<Format, Format::e5m2>;
         switch (job.a.format == Format::e5m2 ? 2 : job.b.format == Format::e5m2 ? 1 : 0) {
-            case 0: launch_mma<Format::e4m3fn, Format::e4m3fn>(job, s); break;
-            case 1: launch_mma<Format::e4m3fn, Format::e5m2>(job, s); break;
-            default: launch_mma<Format::e5m2, Format::e4m3fn>(job, s); break;
+            case 0: launch(E4{}, E4{}); break;
+            case 1: launch(E4{}, E5{}); break;
+            default: launch(E5{}, E4{}); break;
         }
     } else {
         const dim3 grid(unsigned((job.n + simt_tile - 1) / simt_tile), unsigned((job.m + simt_tile - 1) / simt_tile));

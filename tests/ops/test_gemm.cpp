@@ -136,6 +136,10 @@ struct Product64 {
     int64_t m = 0, n = 0, k = 0;
     int64_t kgroup = 1, groups = 1;  // K group width and count (the bound's accumulation lengths)
     std::vector<double> dot, abs;
+    // For Hopper's wgmma sums (check_gemm_cuda): per element, the sum over the k32 steps of each
+    // 128-wide K block (counted from k = 0; the sum restarts at each block) of the largest
+    // magnitude a step adds: max(|the block's sum before the step|, its products' largest |a b|).
+    std::vector<double> tc_steps;
 };
 
 // a [m, k] in float64 (its scales reaching a_kextent along K) times deq(qb)^T.
@@ -149,16 +153,23 @@ Product64 product64(const std::vector<double>& a, int64_t m, int64_t a_kextent, 
     const std::vector<double> b = dequantize64(qb);
     p.dot.assign(size_t(p.m * p.n), 0.0);
     p.abs.assign(size_t(p.m * p.n), 0.0);
+    p.tc_steps.assign(size_t(p.m * p.n), 0.0);
     for (int64_t i = 0; i < p.m; ++i) {
         for (int64_t j = 0; j < p.n; ++j) {
-            double s = 0.0, sa = 0.0;
+            double s = 0.0, sa = 0.0, block = 0.0, step_max = 0.0, steps = 0.0;
             for (int64_t k = 0; k < p.k; ++k) {
                 const double t = a[size_t(i * p.k + k)] * b[size_t(j * p.k + k)];
                 s += t;
                 sa += std::fabs(t);
+                if (k % 128 == 0) block = 0.0;
+                if (k % 32 == 0) step_max = std::fabs(block);
+                step_max = std::max(step_max, std::fabs(t));
+                block += t;
+                if (k % 32 == 31 || k + 1 == p.k) steps += step_max;
             }
             p.dot[size_t(i * p.n + j)] = s;
             p.abs[size_t(i * p.n + j)] = sa;
+            p.tc_steps[size_t(i * p.n + j)] = steps;
         }
     }
     return p;
@@ -347,11 +358,13 @@ GemmOptions options_on(const GemmOptions& o, Device device) {
 }
 
 // The cuda backend's largest error beyond the float32 model, in units of |alpha| sum|a b|, for
-// GEMMs on its own kernels and on cuBLASLt (printed at the end of a grid test, so a log shows how
-// close each runs to its bound).
-double& cuda_worst_excess(bool lt) {
-    static double worst[2] = {0.0, 0.0};
-    return worst[lt ? 1 : 0];
+// GEMMs on its own kernels and on cuBLASLt; and on its wgmma kernel, as a fraction of the
+// truncation term below (printed at the end of a grid test, so a log shows how close each runs to
+// its bound).
+enum class CudaKernel { own, cublaslt, wgmma };
+double& cuda_worst_excess(CudaKernel k) {
+    static double worst[3] = {0.0, 0.0, 0.0};
+    return worst[int(k)];
 }
 
 // NUMERICS.md's rule for the GEMMs the cuda backend hands to cuBLASLt: e4m3/e5m2 operands, a plain
@@ -370,12 +383,31 @@ bool runs_on_cublaslt(const QTensor& qa, const QTensor& qb, const GemmOptions& o
     return ga == GroupShape{1, 128} && gb == GroupShape{128, 128} && k % 128 == 0;
 }
 
+// The cuda backend's rule for its wgmma kernel (src/cuda/gemm.cu, wgmma_fits), on an sm_90 GPU:
+// e4m3/e5m2 operands with K a multiple of 16 that cuBLASLt does not take, and either one K group
+// or groups of exactly 128 whose B scales are one per 128 rows of B.
+bool runs_on_wgmma(const QTensor& qa, const QTensor& qb, const GemmOptions& o) {
+    const auto tc = [](Format f) { return f == Format::e4m3fn || f == Format::e5m2; };
+    const int64_t m = qa.data.size(0), n = qb.data.size(0), k = qa.data.size(1);
+    if (test::cuda_compute_capability() != 90 || !tc(qa.format()) || !tc(qb.format()) || k % 16 != 0 ||
+        runs_on_cublaslt(qa, qb, o)) {
+        return false;
+    }
+    const GroupShape ga = qa.scaling.group_shape(m, k), gb = qb.scaling.group_shape(n, k);
+    const int64_t kgroup = std::min(ga.cols, gb.cols);
+    return kgroup >= k || (kgroup == 128 && (gb.rows % 128 == 0 || gb.rows >= n));
+}
+
 // Runs gemm(qa, qb, call) on the cuda backend (operands, C and bias copied to the device) and
-// checks D against the float64 model. Its own kernels: the cpu bound - the tensor cores sum the
-// exact FP8 products of at most 128 of K before each promotion into float32, which the bound's
-// kgroup term pays for. The GEMMs of runs_on_cublaslt (NUMERICS.md, "Scaled GEMM"), whose FP8
-// sums keep fewer bits than float32 (DeepSeek-V3, section 3.3.2: about 14 on Hopper):
-// 2^-11 |alpha| sum|a b| more.
+// checks D against the float64 model. Its mma.sync kernel: the cpu bound - the tensor cores sum
+// the exact FP8 products of at most 128 of K before each promotion into float32, which the
+// bound's kgroup term pays for. The GEMMs of runs_on_cublaslt (NUMERICS.md, "Scaled GEMM"), whose
+// FP8 sums keep fewer bits than float32 (DeepSeek-V3, section 3.3.2: about 14 on Hopper):
+// 2^-11 |alpha| sum|a b| more, as measured. Its wgmma kernel (runs_on_wgmma), derived from the
+// same 14 bits: a wgmma k32 step adds 33 terms (the running sum and 32 products) aligned to the
+// largest of them, M, and keeps 13 bits below M's leading one - each term loses less than
+// 2^-13 M - so a step is off by less than 33 * 2^-13 M, and D by |alpha| times the sum of that over
+// the steps (Product64::tc_steps; the K block's sum restarts at zero, as the kernel promotes it).
 void check_gemm_cuda(const QTensor& qa, const QTensor& qb, const Product64& p, const Call& call) {
     const DType out = call.opts.out_dtype;
     const Expect e = expect(p, call, out);
@@ -385,14 +417,28 @@ void check_gemm_cuda(const QTensor& qa, const QTensor& qb, const Product64& p, c
     const Tensor host = got.to(Device::cpu);
     ASSERT_TRUE(is_output(host, p.m, p.n, out));
     const std::vector<double> g = values(host);
-    const bool lt = runs_on_cublaslt(qa, qb, call.opts);
+    const CudaKernel kernel = runs_on_cublaslt(qa, qb, call.opts) ? CudaKernel::cublaslt
+                              : runs_on_wgmma(qa, qb, call.opts)  ? CudaKernel::wgmma
+                                                                  : CudaKernel::own;
+    const double slope = call.opts.activation == Activation::gelu ? max_gelu_slope : 1.0;
     std::vector<double> bound = e.bound_cpu;
     for (size_t at = 0; at < g.size(); ++at) {
+        const double excess = std::fabs(g[at] - e.d[at]) - e.bound_cpu[at];
         const double scale = std::fabs(call.opts.alpha) * p.abs[at];
-        if (scale > 0) cuda_worst_excess(lt) = std::max(cuda_worst_excess(lt), (std::fabs(g[at] - e.d[at]) - e.bound_cpu[at]) / scale);
-        if (lt) bound[at] += 0x1p-11 * scale * (call.opts.activation == Activation::gelu ? max_gelu_slope : 1.0);
+        const double truncation = 33 * 0x1p-13 * std::fabs(call.opts.alpha) * p.tc_steps[at] * slope;
+        double& worst = cuda_worst_excess(kernel);
+        if (kernel == CudaKernel::wgmma) {
+            if (truncation > 0) worst = std::max(worst, excess / truncation);
+            bound[at] += truncation;
+        } else {
+            if (scale > 0) worst = std::max(worst, excess / scale);
+            if (kernel == CudaKernel::cublaslt) bound[at] += 0x1p-11 * scale * slope;
+        }
     }
-    EXPECT_TRUE(within(g, e.d, bound, p.n)) << "cuda vs float64" << (lt ? " (cuBLASLt)" : "");
+    EXPECT_TRUE(within(g, e.d, bound, p.n)) << "cuda vs float64"
+                                            << (kernel == CudaKernel::cublaslt ? " (cuBLASLt)"
+                                                : kernel == CudaKernel::wgmma  ? " (wgmma)"
+                                                                               : "");
 }
 
 std::string fmt_name(Format a, Format b) { return std::string(to_string(a)) + " x " + std::string(to_string(b)); }
@@ -480,8 +526,10 @@ TEST_P(GemmGrid, CudaWithinTheFloat64Bound) {
     std::vector<Mnk> shapes(std::begin(grid_shapes), std::end(grid_shapes));
     for (const Mnk big : {Mnk{129, 257, 1024}, Mnk{256, 384, 2048}, Mnk{200, 136, 4096}, Mnk{64, 64, 48}}) shapes.push_back(big);
     run_grid(g, shapes, check_gemm_cuda);
-    std::printf("[ cuda ] %s: worst error beyond the float32 model so far, in |alpha| sum|ab|: own kernels %.3g, cuBLASLt %.3g\n",
-                g.name.c_str(), cuda_worst_excess(false), cuda_worst_excess(true));
+    std::printf("[ cuda ] %s: worst error beyond the float32 model so far, in |alpha| sum|ab|: mma.sync and CUDA cores %.3g, "
+                "cuBLASLt %.3g; wgmma %.3g of its truncation term (sm_%d)\n",
+                g.name.c_str(), cuda_worst_excess(CudaKernel::own), cuda_worst_excess(CudaKernel::cublaslt),
+                cuda_worst_excess(CudaKernel::wgmma), test::cuda_compute_capability());
 }
 
 // Two 5-bit-exponent operands are refused (NUMERICS.md), by every backend, for these scalings.
