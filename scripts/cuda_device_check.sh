@@ -26,19 +26,20 @@ for step in $steps; do
             grep -E '\[ cuda \]' "$out/$t.log" | tail -3
         done ;;
     sanitize)
-        # racecheck runs on GEMMs that take fp8kit's own kernels only (mx32, the fused cast's odd
-        # shapes): cuBLASLt's block-scaled kernels (nvjet_sm90_*_Ablk128_Bvec128) synchronise
-        # through mbarriers, which racecheck does not model, and it reports hazards inside them
-        # (seen 2026-11-24 on an H100; none in fp8kit's kernels). memcheck covers both.
+        # racecheck runs on GEMMs that take fp8kit's own kernels only (mx32: mma.sync; tensor x
+        # block: wgmma on sm_90; the fused cast's odd shapes): cuBLASLt's block-scaled kernels
+        # (nvjet_sm90_*_Ablk128_Bvec128) synchronise through mbarriers, which racecheck does not
+        # model, and it reports hazards inside them (seen 2026-11-24 on an H100; none in fp8kit's
+        # kernels). memcheck covers both. Each run is cut at $SANITIZE_TIMEOUT seconds (default 240).
         for tool in memcheck racecheck; do
-            grid=block
-            [ $tool = racecheck ] && grid=mx32
-            timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 "$bin/test_gemm_ops" \
-                --gtest_filter="GemmFusedCast.*:Scaling/GemmGrid.CudaWithinTheFloat64Bound/$grid" > "$out/sanitize_$tool.log" 2>&1
+            grids=block
+            [ $tool = racecheck ] && grids="mx32:Scaling/GemmGrid.CudaWithinTheFloat64Bound/tensor_x_block"
+            timeout "${SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool $tool --error-exitcode 9 "$bin/test_gemm_ops" \
+                --gtest_filter="GemmFusedCast.*:Scaling/GemmGrid.CudaWithinTheFloat64Bound/$grids" > "$out/sanitize_$tool.log" 2>&1
             rc=$?
             [ $rc -eq 0 ] || status=1
             echo "compute-sanitizer $tool (gemm): rc $rc; $(tail -1 "$out/sanitize_$tool.log")" | tee -a "$out/summary.txt"
-            timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 "$bin/test_quantize_ops" \
+            timeout "${SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool $tool --error-exitcode 9 "$bin/test_quantize_ops" \
                 --gtest_filter='QuantizeOps.Cuda*:Granularity/QuantizeGrid.CudaEqualsRefBitForBit/block_1x128' > "$out/sanitize_q_$tool.log" 2>&1
             rc=$?
             [ $rc -eq 0 ] || status=1
