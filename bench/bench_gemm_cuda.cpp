@@ -10,6 +10,8 @@
 //   fp8kit.block.own     the same GEMM with a zero bias, which takes fp8kit's own tensor-core
 //                        kernel (wgmma on sm_90, mma.sync on sm_89; the bias costs one add per
 //                        element of D)
+//   fp8kit.block.own.tma the same with FP8KIT_CUDA_WGMMA=tma (the wgmma kernel's stages loaded by
+//                        the copy engine; on sm_89 the same kernel as block.own)
 // and the casts in GB/s (bytes read + written) against a device-to-device copy.
 // Each GEMM's D is checked against cuBLASLt's bf16 D on a sample of elements (relative RMS error
 // below 0.1; FP8 rounding gives about 0.03): a wrong result fails the benchmark (exit 1).
@@ -186,6 +188,10 @@ void gemm_shape(LtGemm& lt, int64_t m, int64_t n, int64_t k, bool quick, std::ve
     own.bias = Tensor::zeros({n}, DType::f32, Device::cuda);
     rows.push_back({"fp8kit.block.own", time_calls([&] { gemm(ba, bw, own, d); }, calls), 0});
     rows.back().err = sample_error(d, ref);
+    setenv("FP8KIT_CUDA_WGMMA", "tma", 1);  // the wgmma kernel's stages by the copy engine (sm_90)
+    rows.push_back({"fp8kit.block.own.tma", time_calls([&] { gemm(ba, bw, own, d); }, calls), 0});
+    rows.back().err = sample_error(d, ref);
+    unsetenv("FP8KIT_CUDA_WGMMA");
     (void)quick;
 }
 
