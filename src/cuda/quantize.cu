@@ -414,15 +414,14 @@ __global__ void quantize_rows_kernel(RowsJob job) {
 // ---- quantize, one group a block: groups of several rows, up to 16384 elements ----
 //
 // Why: groups of several rows (block 128x128) do not fit a warp, and through the rows kernel they
-// would need the group_amax pass first - two reads of x. Here a block
-// holds a whole group in registers (up to 8 chunks of 8 elements a thread, all loaded before any
-// is used), reduces its amax across the block, then encodes from the registers: x read once.
-// Blocks loop over the groups; one atomic per block.
-// Group sizes (elements) it takes: up to 8 chunks of 8 a thread; from 4 elements a thread on (smaller
-// groups would leave most of a block idle: they take the amax pass and the rows kernel). Groups of
-// one row (row scaling) ran slower here than the amax pass and the rows kernel (0.23x the copy
-// against 0.32x, an H200): a block's loads stop while it reduces and encodes, and its registers
-// leave 2 blocks a multiprocessor; they stay there.
+// would need the group_amax pass first - two reads of x. Here a block holds a whole group in
+// registers (up to 8 chunks of 8 elements a thread, all loaded before any is used), reduces its
+// amax across the block, then encodes from the registers: x read once. Blocks loop over the
+// groups; one atomic per block. Group sizes (elements) it takes: up to 8 chunks of 8 a thread;
+// from 4 elements a thread on (smaller groups would leave most of a block idle: they take the amax
+// pass and the rows kernel). Groups of one row (row scaling) ran slower here than the amax pass
+// and the rows kernel (0.23x the copy against 0.32x, an H200): a block's loads stop while it
+// reduces and encodes, and its registers leave 2 blocks a multiprocessor; they stay there.
 constexpr int64_t block_group_min = threads * 4, block_group_max = threads * 8 * 8;
 
 template <Format F, class T>
@@ -555,7 +554,7 @@ void launch_rows(const detail::QuantizeJob& job) {
         r.g.amax = a;
     }
     // At most 4096 blocks (a few waves on any GPU; as many same-address atomics), each warp looping.
-    const unsigned blocks = blocks_for(rows * ((cols + 255) / 256), threads / 32 * 4, 4096);
+    const unsigned blocks = blocks_for(rows * ((cols + 255) / 256), threads / 32, 4096);
     for_format_and_dtype(job, [&](auto format, auto type) {
         quantize_rows_kernel<decltype(format)::value, decltype(type)><<<blocks, threads, 0, s>>>(r);
         check_launch("quantize_rows_kernel");
