@@ -8,7 +8,8 @@
 //    128x128 with DeepGEMM's numerics, mx32, rowwise, any shape and epilogue): products summed by
 //    the tensor cores over at most 128 of K, then promoted into a float32 accumulator with their
 //    group's scales, every K group - wgmma m64n128k32 on sm_90 (Hopper) for K groups of 128 or one
-//    group, mma.sync m16n8k32 (sm_89 and sm_90a) for the rest;
+//    group (its stages loaded by cp.async, or by the copy engine with FP8KIT_CUDA_WGMMA=tma),
+//    mma.sync m16n8k32 (sm_89 and sm_90a) for the rest;
 //  - a plain CUDA-core kernel for the rest (e4m3fnuz / e5m2fnuz, which the tensor cores do not
 //    take; K groups narrower than 32 or not a multiple of it; unaligned rows).
 // The epilogue (beta C, bias, GELU, rounding to f32/bf16/f16) is that of NUMERICS.md in float32.
@@ -17,9 +18,9 @@
 // Checked by tests/ops/test_gemm.cpp (cuda against float64 within the derived bound) when a GPU is
 // present; timed by bench/bench_gemm_cuda.cpp against cuBLASLt and torch._scaled_mm.
 //
-// The tensor-core instructions are reached through PTX (mma.sync, wgmma, ldmatrix, cp.async): CUDA C++
-// has no intrinsic for FP8 matrix instructions. This is device code only; nvcc assembles it for
-// every host platform.
+// The tensor-core instructions are reached through PTX (mma.sync, wgmma, ldmatrix, cp.async, TMA,
+// mbarrier): CUDA C++ has no intrinsic for FP8 matrix instructions. This is device code only; nvcc
+// assembles it for every host platform.
 #include <cublasLt.h>
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -452,7 +453,7 @@ struct WgmmaRows {
         const float sb = scale_at(j.b, b_at + int(kk / j.b.group.cols));
         for (int h = 0; h < 2; ++h) s[h] = scale_at(j.a, a_at[h] + int(kk / j.a.group.cols)) * sb;
     }
-    __device__ void promote(float (&acc)[64], float (&part)[64], const float (&s)[2]) const {
+    __device__ void promote(float (&acc)[64], const float (&part)[64], const float (&s)[2]) const {
 #pragma unroll
         for (int e = 0; e < 64; ++e) acc[e] = one_group ? acc[e] + part[e] : fmaf(part[e], s[(e % 4) / 2], acc[e]);
     }
