@@ -19,7 +19,8 @@ for step in $steps; do
     tests)
         "$bin/test_format_device" > "$out/test_format_device.log" 2>&1; echo "test_format_device: rc $?" | tee -a "$out/summary.txt"
         for t in test_quantize_ops test_gemm_ops; do
-            "$bin/$t" --gtest_filter='*Cuda*' > "$out/$t.log" 2>&1
+            # Cut at $TEST_TIMEOUT seconds (default 300): a kernel that hangs ends as rc 124.
+            timeout "${TEST_TIMEOUT:-300}" "$bin/$t" --gtest_filter='*Cuda*' > "$out/$t.log" 2>&1
             rc=$?
             [ $rc -eq 0 ] || status=1
             echo "$t (cuda): rc $rc; $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$out/$t.log" | tr '\n' ' ')" | tee -a "$out/summary.txt"
