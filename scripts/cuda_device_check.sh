@@ -1,7 +1,8 @@
 #!/bin/sh
 # scripts/cuda_device_check.sh: what only a GPU can check, in one command (issue 20's device runs):
-# the cuda tests of tests/ops against ref (every other test already runs in CI), compute-sanitizer's
-# memcheck and racecheck on a shorter selection of them, and the benchmarks (bench_gemm_cuda, then
+# the cuda tests of tests/ops against ref (every other test already runs in CI; the GEMM grid also
+# with FP8KIT_CUDA_WGMMA=tma), compute-sanitizer's memcheck and racecheck on a shorter selection of
+# them, and the benchmarks (bench_gemm_cuda, again with FP8KIT_CUDA_WGMMA=tma, then
 # bench/bench_gemm_cuda_torch.py on the same shapes).
 # Usage: scripts/cuda_device_check.sh BIN_DIR OUT_DIR [tests|sanitize|bench]...
 #   BIN_DIR holds test_quantize_ops, test_gemm_ops, test_format_device and bench_gemm_cuda (built by
@@ -25,7 +26,17 @@ for step in $steps; do
             [ $rc -eq 0 ] || status=1
             echo "$t (cuda): rc $rc; $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$out/$t.log" | tr '\n' ' ')" | tee -a "$out/summary.txt"
             grep -E '\[ cuda \]' "$out/$t.log" | tail -3
-        done ;;
+        done
+        # The GEMM grid with the wgmma kernel's stages loaded by the copy engine (sm_90), and a bad
+        # setting, which every GEMM must refuse naming it (ctest runs both the same way).
+        FP8KIT_CUDA_WGMMA=tma timeout "${TEST_TIMEOUT:-300}" "$bin/test_gemm_ops" \
+            --gtest_filter='Scaling/GemmGrid.CudaWithinTheFloat64Bound/*' > "$out/test_gemm_ops_tma.log" 2>&1
+        rc=$?
+        [ $rc -eq 0 ] || status=1
+        echo "test_gemm_ops (cuda, FP8KIT_CUDA_WGMMA=tma): rc $rc; $(grep -E '^\[  (PASSED|FAILED)' "$out/test_gemm_ops_tma.log" | tr '\n' ' ')" | tee -a "$out/summary.txt"
+        FP8KIT_CUDA_WGMMA=bulk "$bin/test_gemm_ops" --gtest_filter='Scaling/GemmGrid.CudaWithinTheFloat64Bound/tensor' 2>&1 |
+            grep -q "FP8KIT_CUDA_WGMMA=bulk is not a way" && echo "bad FP8KIT_CUDA_WGMMA refused: yes" || { echo "bad FP8KIT_CUDA_WGMMA refused: NO"; status=1; }
+        ;;
     sanitize)
         # racecheck runs on GEMMs that take fp8kit's own kernels only (mx32: mma.sync; tensor x
         # block: wgmma on sm_90; the fused cast's odd shapes): cuBLASLt's block-scaled kernels
@@ -48,8 +59,11 @@ for step in $steps; do
         done ;;
     bench)
         "$bin/bench_gemm_cuda" > "$out/bench_gemm_cuda.txt" 2>&1; echo "bench_gemm_cuda: rc $?" | tee -a "$out/summary.txt"
+        FP8KIT_CUDA_WGMMA=tma "$bin/bench_gemm_cuda" > "$out/bench_gemm_cuda_tma.txt" 2>&1
+        echo "bench_gemm_cuda (FP8KIT_CUDA_WGMMA=tma: compare its block.own rows): rc $?" | tee -a "$out/summary.txt"
         python3 "$(dirname "$0")/../bench/bench_gemm_cuda_torch.py" > "$out/bench_torch.txt" 2>&1; echo "torch peers: rc $?" | tee -a "$out/summary.txt"
-        cat "$out/bench_gemm_cuda.txt" "$out/bench_torch.txt" ;;
+        cat "$out/bench_gemm_cuda.txt" "$out/bench_torch.txt"
+        grep -h "block.own" "$out/bench_gemm_cuda_tma.txt" ;;
     esac
 done
 exit $status
