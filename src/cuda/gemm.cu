@@ -630,13 +630,16 @@ __global__ void __launch_bounds__(tma_threads, 1)
 
 bool tensor_core_format(Format f) { return f == Format::e4m3fn || f == Format::e5m2; }
 
-// The device's compute capability (major * 10 + minor) of the current device.
+// The compute capability (major * 10 + minor) of the device, asked once.
 int compute_capability() {
-    int dev = 0, major = 0, minor = 0;
-    FP8KIT_CUDA_CHECK(cudaGetDevice(&dev));
-    FP8KIT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    FP8KIT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    return major * 10 + minor;
+    static const int cc = [] {
+        int dev = 0, major = 0, minor = 0;
+        FP8KIT_CUDA_CHECK(cudaGetDevice(&dev));
+        FP8KIT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        FP8KIT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+        return major * 10 + minor;
+    }();
+    return cc;
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -644,28 +647,30 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 // The tensor-core kernel takes: e4m3/e5m2 operands, rows 16-byte aligned (cp.async), K groups of a
 // multiple of 32 up to 128, or all of K, on sm_89 or newer.
 bool mma_fits(const GemmJob& j) {
-    static const int cc = compute_capability();
     const bool groups_ok = j.kgroup >= j.k || (j.kgroup % 32 == 0 && j.kgroup <= 128);
-    return cc >= 89 && tensor_core_format(j.a.format) && tensor_core_format(j.b.format) && groups_ok && j.k % 16 == 0 &&
+    return compute_capability() >= 89 && tensor_core_format(j.a.format) && tensor_core_format(j.b.format) && groups_ok && j.k % 16 == 0 &&
            j.a.ld % 16 == 0 && j.b.ld % 16 == 0 && aligned16(j.a.data) && aligned16(j.b.data);
 }
 
 // The wgmma kernel takes what the mma.sync kernel takes, on sm_90 (its code is sm_90a's), with K
 // groups of exactly 128 whose B scales stay the same over each 128 columns of a tile, or one group.
 bool wgmma_fits(const GemmJob& j) {
-    static const int cc = compute_capability();
     const bool b_uniform = j.b.group.rows % tc_bn == 0 || j.b.group.rows >= j.n;
-    return cc == 90 && mma_fits(j) && (j.kgroup >= j.k || (j.kgroup == tc_bk && b_uniform));
+    return compute_capability() == 90 && mma_fits(j) && (j.kgroup >= j.k || (j.kgroup == tc_bk && b_uniform));
 }
 
 // FP8KIT_CUDA_WGMMA: how the wgmma kernel loads its stages - "cp.async" (the default, measured) or
-// "tma" (the copy engine; written ahead of a GPU, to be measured). Read at each GEMM, so a test or
-// a benchmark can run both in one process; any other value is an error.
+// "tma" (the copy engine; written ahead of a GPU, to be measured). Read once per process (the tests
+// and the device check set it from outside); any other value is an error at every GEMM (a throwing
+// initializer runs again on the next call).
 bool wgmma_tma() {
-    const char* env = std::getenv("FP8KIT_CUDA_WGMMA");
-    if (env == nullptr || *env == '\0' || std::string_view(env) == "cp.async") return false;
-    if (std::string_view(env) == "tma") return true;
-    throw Error("FP8KIT_CUDA_WGMMA=" + std::string(env) + " is not a way the wgmma kernel loads, expected cp.async or tma");
+    static const bool tma = [] {
+        const char* env = std::getenv("FP8KIT_CUDA_WGMMA");
+        if (env == nullptr || *env == '\0' || std::string_view(env) == "cp.async") return false;
+        if (std::string_view(env) == "tma") return true;
+        throw Error("FP8KIT_CUDA_WGMMA=" + std::string(env) + " is not a way the wgmma kernel loads, expected cp.async or tma");
+    }();
+    return tma;
 }
 
 // cuTensorMapEncodeTiled, a driver function, through the runtime's entry point (no link to libcuda).

@@ -56,6 +56,13 @@ __device__ inline void load8(const MatrixRef& x, int64_t at, float* v, H) {
     for (int e = 0; e < 8; ++e) v[e] = to_float(h[e]);
 }
 
+// Whether x's rows can be read 8 elements at a time with 16-byte loads: rows of a multiple of 8
+// elements, 8 apart, from a 16-byte-aligned start (the row-major kernels' and the band amax's
+// condition on x).
+bool vector_rows(const MatrixRef& x) {
+    return x.cols % 8 == 0 && x.ld % 8 == 0 && reinterpret_cast<uintptr_t>(x.data) % 16 == 0;
+}
+
 // The max of `key` over the block (of `threads` threads), in every thread. Every thread calls it.
 __device__ inline uint32_t block_max(uint32_t key) {
     __shared__ uint32_t warp_keys[threads / 32];
@@ -146,7 +153,7 @@ void launch_group_amax(cudaStream_t s, const MatrixRef& x, GroupShape g, float* 
     const int64_t grows = (x.rows + g.rows - 1) / g.rows, gcols = (x.cols + g.cols - 1) / g.cols;
     const int64_t ngroups = grows * gcols, size = min(g.rows, x.rows) * min(g.cols, x.cols);
     FP8KIT_CUDA_CHECK(cudaMemsetAsync(out, 0, size_t(ngroups) * sizeof(float), s));
-    if (g.cols >= x.cols && x.cols % 8 == 0 && x.ld % 8 == 0 && reinterpret_cast<uintptr_t>(x.data) % 16 == 0) {
+    if (g.cols >= x.cols && vector_rows(x)) {
         // At most 2048 blocks of 8 warps: a row or more a warp; with one band, that many atomics.
         const unsigned blocks = blocks_for(x.rows, threads / 32, 2048);
         auto* keys = reinterpret_cast<unsigned*>(out);
@@ -513,12 +520,11 @@ void for_format_and_dtype(const detail::QuantizeJob& job, Launch&& launch) {
 
 // Whether the row-major path takes this quantize (see quantize_rows_kernel).
 bool rows_path(const detail::QuantizeJob& job) {
-    const auto aligned = [](const void* p, size_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; };
     const GroupShape g = job.group;
     constexpr int64_t limit = int64_t(1) << 30;  // rows, columns and groups in 32-bit arithmetic
-    return job.data_t == nullptr && job.x.cols % 8 == 0 && job.x.ld % 8 == 0 && aligned(job.x.data, 16) &&
-           aligned(job.data, 8) && (g.cols % 8 == 0 || g.cols >= job.x.cols) && job.x.rows < limit &&
-           job.x.cols < limit && g.rows < limit && g.cols < limit;
+    return job.data_t == nullptr && vector_rows(job.x) && reinterpret_cast<uintptr_t>(job.data) % 8 == 0 &&
+           (g.cols % 8 == 0 || g.cols >= job.x.cols) && job.x.rows < limit && job.x.cols < limit && g.rows < limit &&
+           g.cols < limit;
 }
 
 void launch_rows(const detail::QuantizeJob& job) {
