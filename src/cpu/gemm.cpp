@@ -340,23 +340,27 @@ void run_task(const Task& t, int64_t r0, int64_t r1, int64_t s0, int64_t s1) {
 }  // namespace
 
 // Exact, NaN and Inf kept: every FP8 value is a bf16.
-const ExpandTable& expand_table(Format f) {
+const ExpandTable& expand_table(Format f, bool arith) {
     struct Tables {
-        ExpandTable t[4];
+        ExpandTable t[2][4];
         Tables() {
-            for (int f = 0; f < 4; ++f) {
-                t[f].format = Format(f);
-                for (int c = 0; c < 256; ++c) {
-                    const uint16_t bits = bf16(decode(uint8_t(c), Format(f))).bits;
-                    t[f].bf16[c] = bits;
-                    t[f].lo[c] = uint8_t(bits);
-                    t[f].hi[c] = uint8_t(bits >> 8);
+            for (int a = 0; a < 2; ++a) {
+                for (int f = 0; f < 4; ++f) {
+                    ExpandTable& e = t[a][f];
+                    e.format = Format(f);
+                    e.unit_log2 = a == 1 ? arith_unit_log2(Format(f)) : 0;
+                    for (int c = 0; c < 256; ++c) {
+                        const uint16_t bits = bf16(std::ldexp(decode(uint8_t(c), Format(f)), -e.unit_log2)).bits;
+                        e.bf16[c] = bits;
+                        e.lo[c] = uint8_t(bits);
+                        e.hi[c] = uint8_t(bits >> 8);
+                    }
                 }
             }
         }
     };
     static const Tables tables;
-    return tables.t[int(f)];
+    return tables.t[arith ? 1 : 0][int(f)];
 }
 
 #if !defined(FP8KIT_AMX_KERNELS)
@@ -385,26 +389,30 @@ namespace fp8kit::cpu {
 
 std::shared_ptr<const void> pack_weight(const ExecContext&, const GemmOperand& b, int64_t kgroup, size_t* bytes) {
     auto p = std::make_shared<PackedB>(PackedB{b.rows, (b.rows + gemm_tile - 1) / gemm_tile, KLayout(b.k, kgroup),
-                                               b.format, {}, {}, {}});
+                                               b.format, {}, {}, {}, {}});
     PackedB& pb = *p;
     const KLayout& kl = pb.kl;
     pb.codes = detail::host_allocate(pb.code_bytes());  // uninitialised: written below
     pb.scales.assign(size_t(kl.groups * pb.strips * gemm_tile), 0.0f);
     pb.strip_has_nan.assign(size_t(pb.strips), 0);
-    // Whether a row of codes holds a NaN: is_nan with the format a constant, a loop the compiler
-    // vectorizes (a table lookup per code took half of the pack).
+    const int64_t chunks = kl.padded / gemm_chunk;
+    pb.chunk_specials.assign(size_t(pb.strips * chunks), 0);
     const auto row_has_nan = [f = b.format](const uint8_t* row, int64_t k) {
-        const auto scan = [&](auto format) {
+        return with_format(f, [&](auto format) {
             uint8_t any = 0;
             for (int64_t e = 0; e < k; ++e) any |= uint8_t(is_nan(row[e], decltype(format)::value));
             return any != 0;
-        };
-        switch (f) {
-            case Format::e4m3fn: return scan(std::integral_constant<Format, Format::e4m3fn>{});
-            case Format::e5m2: return scan(std::integral_constant<Format, Format::e5m2>{});
-            case Format::e4m3fnuz: return scan(std::integral_constant<Format, Format::e4m3fnuz>{});
-            default: return scan(std::integral_constant<Format, Format::e5m2fnuz>{});
-        }
+        });
+    };
+    // A packed strip's chunk_specials: bit l of chunk q where a code of its line l is not normal.
+    const auto mark_specials = [f = b.format, chunks](const uint8_t* strip, uint8_t* flags) {
+        with_format(f, [&](auto format) {
+            for (int64_t line = 0; line < chunks * (gemm_chunk_codes / 64); ++line) {
+                uint8_t special = 0;
+                for (int e = 0; e < 64; ++e) special |= uint8_t(!normal_code(strip[64 * line + e], decltype(format)::value));
+                flags[line / 8] |= uint8_t(special << (line % 8));
+            }
+        });
     };
     parallel_tasks(pb.strips, size_t(b.rows * b.k), [&](int64_t s, int) {
         // One strip: B's rows 16 s ... 16 s + 15 (fewer in the last). The packed K position of group
@@ -439,8 +447,9 @@ std::shared_ptr<const void> pack_weight(const ExecContext&, const GemmOperand& b
             }
         }
         pb.strip_has_nan[size_t(s)] = nan ? 1 : 0;
+        mark_specials(pb.strip(s), pb.chunk_specials.data() + s * chunks);
     });
-    *bytes = pb.code_bytes() + pb.scales.size() * sizeof(float);
+    *bytes = pb.code_bytes() + pb.scales.size() * sizeof(float) + pb.strip_has_nan.size() + pb.chunk_specials.size();
     return p;
 }
 

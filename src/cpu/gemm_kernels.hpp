@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "fp8kit/format.hpp"
@@ -75,19 +76,54 @@ struct PackedB {
     // [strips]: 1 where a code of the strip is NaN. Weights rarely hold one, and the small-M
     // kernels skip the NaN fix-up of their in-register decode on strips that have none.
     std::vector<uint8_t> strip_has_nan;
+    // [strips][kl.padded / 32]: bit l of a chunk's byte is set where the chunk's line l (64 codes,
+    // two K pairs of the strip) holds a code that is not a nonzero finite normal - a zero, a
+    // subnormal, Inf or NaN (padding is +0). Such lines take the byte-table widening, the others
+    // the arithmetic one (src/cpu/widen_vbmi.hpp), which cannot place those codes.
+    std::vector<uint8_t> chunk_specials;
+    uint8_t specials(int64_t s, int64_t chunk) const { return chunk_specials[size_t(s * (kl.padded / gemm_chunk) + chunk)]; }
     const uint8_t* strip(int64_t s) const { return reinterpret_cast<const uint8_t*>(codes.get()) + s * kl.padded * gemm_tile; }
     size_t code_bytes() const { return size_t(strips * kl.padded * gemm_tile); }
 };
 
+// Whether a code is a nonzero finite normal of its format (PackedB::chunk_specials).
+constexpr bool normal_code(uint8_t code, Format f) {
+    const uint32_t exp = uint32_t(code & 0x7f) >> format_info(f).mantissa_bits;
+    const uint32_t top = (1u << format_info(f).exponent_bits) - 1u;
+    // e5m2's top exponent is Inf and NaN; the others' is finite (e4m3fn: but for its NaN)
+    return exp != 0 && !is_nan(code, f) && !(f == Format::e5m2 && exp == top);
+}
+
+// fn(std::integral_constant<Format, f>{}) for one of the four FP8 formats: a loop over codes
+// that calls a constexpr predicate with the format a constant is one the compiler vectorizes (a
+// table lookup per code took half of a weight's pack).
+template <class Fn>
+decltype(auto) with_format(Format f, Fn&& fn) {
+    switch (f) {
+        case Format::e4m3fn: return fn(std::integral_constant<Format, Format::e4m3fn>{});
+        case Format::e5m2: return fn(std::integral_constant<Format, Format::e5m2>{});
+        case Format::e4m3fnuz: return fn(std::integral_constant<Format, Format::e4m3fnuz>{});
+        default: return fn(std::integral_constant<Format, Format::e5m2fnuz>{});
+    }
+}
+
+// The power of two the arithmetic widening (widen_vbmi.hpp) takes B's values down by, and A's up:
+// e4m3fn 8, e4m3fnuz 7, e5m2 -16, e5m2fnuz -17.
+constexpr int arith_unit_log2(Format f) {
+    return f == Format::e4m3fn ? 8 : f == Format::e4m3fnuz ? 7 : f == Format::e5m2 ? -16 : -17;
+}
+
 // FP8 code -> bf16 bits for one format, whole and split into low / high bytes (for byte-table
-// lookups).
+// lookups): decode(code) x 2^-unit_log2, unit_log2 0 or arith_unit_log2 (exact either way: every
+// FP8 value so scaled is a bf16 normal, zero, Inf or NaN).
 struct ExpandTable {
     Format format;
+    int unit_log2;
     uint16_t bf16[256];
     alignas(64) uint8_t lo[256];
     alignas(64) uint8_t hi[256];
 };
-const ExpandTable& expand_table(Format f);
+const ExpandTable& expand_table(Format f, bool arith = false);  // arith: unit_log2 = arith_unit_log2(f)
 
 // One K group's scales, for its partial sums' promotion into the accumulator (DeepGEMM's): row r,
 // column col of the block gets sa[r * sa_stride] * sb[col]; first: the group is K's first.
@@ -210,12 +246,14 @@ inline void no_tile_state() {}
 void expand_vbmi(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t* out);
 // How the small-M kernel streams B for a single row (M = 1): strips at once, and how many chunks
 // ahead in its thread's stream it prefetches each strip's lines into L1 and into L2 (0: none).
+// arith: whether normal codes widen by shifts (widen_vbmi.hpp) instead of byte tables.
 struct OneRowStream {
     int strips;
     int l1_ahead, l2_ahead;
+    bool arith;
 };
-inline constexpr OneRowStream avx512_one_row{1, 16, 0};  // the avx512-bf16 set (Zen 4 and 5)
-inline constexpr OneRowStream amx_one_row{2, 4, 32};     // AMX CPUs (Sapphire Rapids)
+inline constexpr OneRowStream avx512_one_row{1, 16, 0, false};  // the avx512-bf16 set (Zen 4 and 5)
+inline constexpr OneRowStream amx_one_row{2, 4, 32, true};      // AMX CPUs (Sapphire Rapids)
 template <OneRowStream P>
 void small_bf16(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,
                 const float* sa, const ExpandTable& t, float* acc, int64_t ldacc);

@@ -1025,14 +1025,20 @@ TEST(GemmNaN, NanCodePoisonsOnlyItsRowOrColumn) {
     }
 }
 
-// Every code of B widens exactly: B's row c holds code c at K index c % k and zeros elsewhere, A
-// is all 1.0 and both scales 1, so D[i, c] = 0 + decode(c) exactly (the sum of one product and
-// zeros: -0 adds to +0) - subnormals, the largest value, Inf and NaN (fnuz's 0x80 included, which is not -0) - for each FP8 format B takes, on the
-// tiles (M = 40) and on the small-M kernel (M = 3, 1), every backend and ISA path. (The widening
-// looks codes up by their low 7 bits and takes the sign from the top bit; dropping the fnuz NaN
-// fix-up, or the sign, fails this.)
+// Every code of B widens exactly: B's row c holds code c at K index c % k and +1 and -1 (32 of
+// each) elsewhere, A is all 1.0 and both scales 1, so D[i, c] = decode(c) + 32 - 32 in some order
+// - exactly decode(c), as every partial sum is decode(c) or 0 plus an integer of at most 32 in
+// magnitude, within float32's 24 bits for every FP8 value (the smallest, 2^-17, beside 32: 23) -
+// subnormals, the largest value, Inf and NaN (fnuz's 0x80 included, which is not -0), -0 giving
+// +0. For each FP8 format B takes, on the tiles (M = 40) and on the small-M kernels (M = 3, 1),
+// every backend and ISA path. The +-1 fillers are normal codes: a line of B (64 codes) holds a
+// code that is not only where code c is a zero, subnormal, Inf or NaN, so every normal code goes
+// through the arithmetic widening where a kernel has one (AMX, M = 1) and the others through the
+// byte tables. (The tables look codes up by their low 7 bits and take the sign from the top bit;
+// dropping the fnuz NaN fix-up, or the sign, fails this, as does a wrong shift, mask or bias of
+// the arithmetic widening, or A not scaled to match it.)
 TEST(GemmOps, EveryCodeOfBDecodesExactly) {
-    const int64_t n = 256, k = 64;
+    const int64_t n = 256, k = 65;
     const std::pair<Format, Format> pairs[] = {{Format::e4m3fn, Format::e4m3fn},
                                                {Format::e4m3fn, Format::e5m2},
                                                {Format::e4m3fnuz, Format::e4m3fnuz},
@@ -1044,7 +1050,10 @@ TEST(GemmOps, EveryCodeOfBDecodesExactly) {
         qb.data = qb.data.clone();
         qb.scale_inv = Tensor::from(std::vector<float>{1.0f}, qb.scale_inv.shape());
         for (int64_t c = 0; c < n; ++c) {
-            for (int64_t j = 0; j < k; ++j) qb.data.data<uint8_t>()[c * k + j] = j == c % k ? uint8_t(c) : encode(0.0f, fb);
+            int64_t fillers = 0;
+            for (int64_t j = 0; j < k; ++j) {
+                qb.data.data<uint8_t>()[c * k + j] = j == c % k ? uint8_t(c) : encode(fillers++ < 32 ? 1.0f : -1.0f, fb);
+            }
         }
         for (const int64_t m : {int64_t(40), int64_t(3), int64_t(1)}) {
             SCOPED_TRACE(std::string(to_string(fb)) + " m=" + std::to_string(m));
