@@ -86,13 +86,22 @@ struct PackedB {
     size_t code_bytes() const { return size_t(strips * kl.padded * gemm_tile); }
 };
 
-// Whether a code is a nonzero finite normal of its format (PackedB::chunk_specials).
+// Whether a code is a nonzero finite normal of its format (PackedB::chunk_specials): its
+// magnitude bits at least the smallest normal's and below the first Inf or NaN (e4m3fn 0x7f,
+// e5m2 0x7c; the fnuz formats' NaN 0x80 has magnitude 0) - two byte compares, which vectorize.
 constexpr bool normal_code(uint8_t code, Format f) {
-    const uint32_t exp = uint32_t(code & 0x7f) >> format_info(f).mantissa_bits;
-    const uint32_t top = (1u << format_info(f).exponent_bits) - 1u;
-    // e5m2's top exponent is Inf and NaN; the others' is finite (e4m3fn: but for its NaN)
-    return exp != 0 && !is_nan(code, f) && !(f == Format::e5m2 && exp == top);
+    const uint32_t mag = code & 0x7fu, top = f == Format::e4m3fn ? 0x7fu : f == Format::e5m2 ? 0x7cu : 0x80u;
+    return mag >= (1u << format_info(f).mantissa_bits) && mag < top;
 }
+static_assert([] {  // against decode, every code of every format
+    for (const Format f : {Format::e4m3fn, Format::e5m2, Format::e4m3fnuz, Format::e5m2fnuz}) {
+        for (int c = 0; c < 256; ++c) {
+            const float v = decode(uint8_t(c), f), mag = v < 0 ? -v : v;
+            if (normal_code(uint8_t(c), f) != (mag >= format_info(f).min_normal && mag <= format_info(f).max)) return false;
+        }
+    }
+    return true;
+}());
 
 // fn(std::integral_constant<Format, f>{}) for one of the four FP8 formats: a loop over codes
 // that calls a constexpr predicate with the format a constant is one the compiler vectorizes (a
