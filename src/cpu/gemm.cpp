@@ -339,7 +339,7 @@ void run_task(const Task& t, int64_t r0, int64_t r1, int64_t s0, int64_t s1) {
 
 }  // namespace
 
-// Exact, NaN and Inf kept: every FP8 value is a bf16.
+// Exact, NaN and Inf kept: every FP8 value is a bf16, and so is every one times 2^-arith_unit_log2.
 const ExpandTable& expand_table(Format f, bool arith) {
     struct Tables {
         ExpandTable t[2][4];
