@@ -248,9 +248,6 @@ bool scale_rows(const uint16_t* a, int64_t rows, int64_t lda, int64_t k, int uni
 template <OneRowStream P>
 void small_bf16(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,
                 const float* sa, const ExpandTable& t, float* acc, int64_t ldacc) {
-    // Rows in even groups of up to 16 (17 rows: 9 and 8, never a single row, which sums apart).
-    // With one group all strips pass in turn; with more, 2 strips at a time, so that the groups
-    // after the first read them from L2 (2 x 16 x K bytes).
     // With the arithmetic widening, A times 2^arith_unit_log2 and the tables' values (for lines
     // of other codes) divided by it, so that every product is the same.
     bool arith = false;
@@ -264,6 +261,9 @@ void small_bf16(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, 
         }
     }
     const Widen widen(arith ? expand_table(b.format, true) : t);
+    // Rows in even groups of up to 16 (17 rows: 9 and 8, never a single row, which sums apart).
+    // With one group all strips pass in turn; with more, 2 strips at a time, so that the groups
+    // after the first read them from L2 (2 x 16 x K bytes).
     const int64_t groups = (rows + small_rows_max - 1) / small_rows_max, per = (rows + groups - 1) / groups;
     const int64_t step = groups == 1 ? s1 - s0 : 2;
     for (int64_t s = s0; s < s1; s += step) {

@@ -8,6 +8,8 @@
 
 #include <immintrin.h>
 
+#include <array>
+
 #include "cpu/gemm_kernels.hpp"
 
 namespace fp8kit::cpu {
@@ -100,15 +102,19 @@ private:
         // sign, then e4m3's 4 exponent + 3 mantissa bits (e5m2's 5 + 2) in bits 10-4 (11-5)
         arith_mask = _mm512_set1_epi16(short(e4m3 ? 0x87f0 : 0x8fe0));
         arith_bias = _mm512_set1_epi16(short(e4m3 ? 112 << 7 : 128 << 7));
-        // Line byte 32 p + 2 c + e (pair p, column c, K parity e) to byte 4 c + 2 e + p.
-        alignas(64) uint8_t order[64];
+        arith_perm = _mm512_load_si512(arith_order.data());
+    }
+    // Line byte 32 p + 2 c + e (pair p, column c, K parity e) to byte 4 c + 2 e + p; a constant,
+    // as Widen is made for every window the tiles widen.
+    alignas(64) static constexpr std::array<uint8_t, 64> arith_order = [] {
+        std::array<uint8_t, 64> order{};
         for (int c = 0; c < 16; ++c) {
             for (int e = 0; e < 2; ++e) {
-                for (int p = 0; p < 2; ++p) order[4 * c + 2 * e + p] = uint8_t(32 * p + 2 * c + e);
+                for (int p = 0; p < 2; ++p) order[size_t(4 * c + 2 * e + p)] = uint8_t(32 * p + 2 * c + e);
             }
         }
-        arith_perm = _mm512_load_si512(order);
-    }
+        return order;
+    }();
 };
 
 }  // namespace
