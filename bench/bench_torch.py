@@ -41,7 +41,9 @@ first step's weight gradient against torch float32's.
 --section model: transformers' LlamaForCausalLM from a config (551M parameters: hidden 1536,
 16 layers, random weights, nothing downloaded): prefill of 128 tokens (the faster of two) and decode tokens/s
 (the median step of 16; 4 for the peers at ~0.5 tokens/s), every model taking its turn in each
-of 4 rounds, with sqnr_db of the prefill's last logits against the float32 model's.
+of 4 rounds, with each of transformers' KV caches (DynamicCache, the default, and StaticCache),
+vs_f32 / vs_bf16 = its decode tokens/s over torch float32's / bfloat16's with the same cache, and
+sqnr_db of the prefill's last logits against the float32 model's.
 Default: all three sections (about 8 minutes on 2 Zen 5 cores, 21 on 2 Zen 3 cores). Results: docs/PERF.md.
 Not run by the tests (speed is never asserted in tests).
 
@@ -339,6 +341,7 @@ def run_train(d, budget, rows):
 LLAMA = dict(vocab_size=32000, hidden_size=1536, intermediate_size=4096, num_hidden_layers=16, num_attention_heads=12,
              num_key_value_heads=12, max_position_embeddings=512)
 PROMPT, DECODE, ROUNDS = 128, 16, 4
+CACHES = ("dynamic", "static")
 SLOW_PEERS = ("torchao.f8wo", "quanto.qfloat8", "diffusers.lwc")  # a decode step at ~0.4 GFLOP/s (1.1 GFLOP a token)
 
 
@@ -354,35 +357,49 @@ def run_model(rows):
         made = converted(base, how)
         if made is not None:
             models[how] = made[0]
+    # Two KV caches, every model decoding with each: transformers' default DynamicCache, which
+    # concatenates each layer's keys and values into new tensors at every token (a decode step at
+    # PROMPT tokens copies ~25 MB of float32 cache, ~8 ms of this model's step here, and more as
+    # the sequence grows), and its StaticCache, allocated once for the whole sequence and written
+    # in place - what transformers documents for fast generation, and what every serving engine
+    # does. The cache is the model's own code: the same for every implementation.
+    def new_cache(kind):
+        return transformers.StaticCache(config=base.config, max_cache_len=PROMPT + DECODE) if kind == "static" else None
     # Every model takes its turn in every round, prefill and decode alike: this VM's memory
     # bandwidth moves by 1.5x between minutes, and a model timed in a window of its own once read
     # 1.26x bfloat16 where its twin of the same speed read 1.55x. Prefill: the fastest of two
     # (noise only adds time; the slow peers take ~4-9 s each). Decode: the median step of DECODE
     # (ROUNDS steps of the slow peers), each model continuing its own sequence round after round.
-    prefill, logits, state, times = {}, {}, {}, {how: [] for how in models}
+    runs = [(how, kind) for how in models for kind in CACHES]
+    prefill, logits, state, times = {}, {}, {}, {run: [] for run in runs}
     with torch.no_grad():
         for how, model in models.items():
             model(ids[:, :8])  # warm-up
         for _ in range(2):
-            for how, model in models.items():
+            for how, kind in runs:
+                cache = new_cache(kind)
                 t0 = time.perf_counter()
-                out = model(ids, use_cache=True)
-                prefill[how] = min(prefill.get(how, math.inf), time.perf_counter() - t0)
-                logits[how] = out.logits[0, -1].double()
-                state[how] = (out.past_key_values, out.logits[:, -1:].argmax(-1))
+                out = models[how](ids, past_key_values=cache, use_cache=True)
+                prefill[how, kind] = min(prefill.get((how, kind), math.inf), time.perf_counter() - t0)
+                logits[how, kind] = out.logits[0, -1].double()
+                state[how, kind] = (out.past_key_values, out.logits[:, -1:].argmax(-1))
         for _ in range(ROUNDS):
-            for how, model in models.items():
+            for how, kind in runs:
                 for _ in range(1 if how in SLOW_PEERS else DECODE // ROUNDS):
-                    past, tok = state[how]
+                    past, tok = state[how, kind]
                     t0 = time.perf_counter()
-                    out = model(tok, past_key_values=past, use_cache=True)
-                    state[how] = (out.past_key_values, out.logits[:, -1:].argmax(-1))
-                    times[how].append(time.perf_counter() - t0)
-    for how in models:
-        rows.append({"bench": "torch_model", "impl": how, "params_m": round(sum(p.numel() for p in base.parameters()) / 1e6),
-                     "threads": torch.get_num_threads(), "prefill_s": round(prefill[how], 3),
-                     "decode_tokens_per_s": round(1 / statistics.median(times[how]), 2),
-                     "sqnr_db": round(sqnr_db(logits[how], logits["torch.f32"]), 2)})
+                    out = models[how](tok, past_key_values=past, use_cache=True)
+                    state[how, kind] = (out.past_key_values, out.logits[:, -1:].argmax(-1))
+                    times[how, kind].append(time.perf_counter() - t0)
+    rate = {run: 1 / statistics.median(times[run]) for run in runs}
+    for how, kind in runs:
+        rows.append({"bench": "torch_model", "impl": how, "cache": kind,
+                     "params_m": round(sum(p.numel() for p in base.parameters()) / 1e6),
+                     "threads": torch.get_num_threads(), "prefill_s": round(prefill[how, kind], 3),
+                     "decode_tokens_per_s": round(rate[how, kind], 2),
+                     "vs_f32": round(rate[how, kind] / rate["torch.f32", kind], 2),
+                     "vs_bf16": round(rate[how, kind] / rate["torch.bf16", kind], 2) if ("torch.bf16", kind) in rate else "",
+                     "sqnr_db": round(sqnr_db(logits[how, kind], logits["torch.f32", kind]), 2)})
 
 
 def main():
@@ -423,7 +440,8 @@ def main():
           f"{cpu_model()}")
     tables = {"torch": ("impl m n k gflops vs_f32 sqnr_db call_overhead_us note", "GFLOP/s of y = x W^T + b"),
               "torch_train": ("impl m n k tokens_per_s vs_f32 sqnr_db note", "training step, m tokens, width n"),
-              "torch_model": ("impl params_m prefill_s decode_tokens_per_s sqnr_db", "LlamaForCausalLM")}
+              "torch_model": ("impl cache params_m prefill_s decode_tokens_per_s vs_f32 vs_bf16 sqnr_db",
+                              "LlamaForCausalLM, decode tokens/s with each KV cache")}
     for bench, (cols, title) in tables.items():
         table = [r for r in rows if r["bench"] == bench]
         if table:
