@@ -146,14 +146,18 @@ def _linear(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling):
 
 def _state(m):
     """What a Float8Linear's packed weight is made of - its weight, weight_scale_inv and bias - and
-    their version counters (an in-place write, load_state_dict, bumps one)."""
+    their version counters (an in-place write, load_state_dict, bumps one), as one flat tuple."""
     bias = m._parameters["bias"]
-    w, s = m._buffers["weight"], m._buffers["weight_scale_inv"]
-    return (w, s, bias), (w._version, s._version, None if bias is None else bias._version)
+    buffers = m._buffers
+    w, s = buffers["weight"], buffers["weight_scale_inv"]
+    return w, s, bias, w._version, s._version, None if bias is None else bias._version
 
 
 def _same_state(a, b):
-    return a[1] == b[1] and all(x is y for x, y in zip(a[0], b[0]))
+    """Whether two _state tuples hold the same tensors (by identity: == on tensors is elementwise)
+    at the same versions. Spelled out: 0.10 us a call where a generator over the pairs took 0.39
+    (a decode step of the bench's Llama checks ~130 states)."""
+    return a[0] is b[0] and a[1] is b[1] and a[2] is b[2] and a[3] == b[3] and a[4] == b[4] and a[5] == b[5]
 
 
 class _Siblings:
@@ -217,7 +221,7 @@ class _Siblings:
         """The run's stacked weight as a FusedLinear, made again when a member's state changed."""
         states = [_state(self.members[i]) for i in run]
         cached = self.fused.get(run)
-        if cached is None or not all(_same_state(a, b) for a, b in zip(cached[0], states)):
+        if cached is None or not all(map(_same_state, cached[0], states)):
             mods = [self.members[i] for i in run]
             m0 = mods[0]
             codes = torch.cat([m.weight for m in mods])
@@ -258,10 +262,15 @@ class _Siblings:
             return None
         states, gemm, sizes = self._gemm(plan)
         lead = x.shape[:-1]
-        parts = [x.new_empty(*lead, n) for n in sizes]  # each C-contiguous, written by the extension
-        gemm.call_into_parts(x.data_ptr(), rows, k, dtype_index, [p.data_ptr() for p in parts])
-        self.stash = (run, {j: (parts[p], states[p]) for p, j in enumerate(plan) if p})
-        return parts[0]
+        first = x.new_empty(*lead, sizes[0])  # each part C-contiguous, written by the extension
+        addresses, served = [first.data_ptr()], {}
+        for p in range(1, len(plan)):  # one loop, not three comprehensions
+            part = x.new_empty(*lead, sizes[p])
+            addresses.append(part.data_ptr())
+            served[plan[p]] = (part, states[p])
+        gemm.call_into_parts(x.data_ptr(), rows, k, dtype_index, addresses)
+        self.stash = (run, served)
+        return first
 
 
 def _group_siblings(model):

@@ -411,6 +411,33 @@ def test_a_sibling_never_gets_a_stale_part():
             assert torch.equal(fused(x), alone.o(alone.q(x) + torch.cat([alone.v(x), alone.v(x)], -1)))
 
 
+def test_a_sibling_is_served_its_part_until_its_codes_change():
+    # Served: the very tensor q's GEMM wrote (a part recomputed alone would be equal too, and slower;
+    # a state compared against the wrong member's would do that). Then only k's codes written in
+    # place - its scale, and so every other version counter, unchanged: k must see its new codes.
+    fused, alone = fused_and_alone("rowwise", 22)
+    group = fused.q._siblings[0]
+    with torch.no_grad():
+        fused(torch.randn(1, 256))  # the first pass plans the run (q, k, v)
+        x = torch.randn(1, 256)
+        fused.q(x)
+        part_k, part_v = group.stash[1][1][0], group.stash[1][2][0]
+        assert fused.k(x) is part_k and fused.v(x) is part_v
+        x = torch.randn(1, 256)
+        fused.q(x)
+        part_k = group.stash[1][1][0]
+        written = copy.deepcopy(alone.k)
+        for m in (fused.k, written):
+            m.weight.copy_(alone.v.weight)
+        y = fused.k(x)
+        assert y is not part_k and torch.equal(y, written(x)) and not torch.equal(y, alone.k(x))
+        # q's next GEMM stacks k's new codes (the run is now q, k: v was not called on that x)
+        x = torch.randn(1, 256)
+        fused.q(x)
+        part_k = group.stash[1][1][0]
+        assert fused.k(x) is part_k and torch.equal(part_k, written(x))
+
+
 def test_siblings_survive_deepcopy_and_keep_the_state_dict():
     fused, alone = fused_and_alone("tensorwise", 22)
     x = torch.randn(1, 256)
