@@ -43,7 +43,8 @@ first step's weight gradient against torch float32's.
 (the median step of 16; 4 for the peers at ~0.5 tokens/s), every model taking its turn in each
 of 4 rounds, with each of transformers' KV caches (DynamicCache, the default, and StaticCache),
 vs_f32 / vs_bf16 = its decode tokens/s over torch float32's / bfloat16's with the same cache, and
-sqnr_db of the prefill's last logits against the float32 model's.
+sqnr_db of the prefill's last logits against the float32 model's (about 3 minutes on 2 Sapphire Rapids
+cores, 2026-11-26).
 Default: all three sections (about 8 minutes on 2 Zen 5 cores, 21 on 2 Zen 3 cores). Results: docs/PERF.md.
 Not run by the tests (speed is never asserted in tests).
 
