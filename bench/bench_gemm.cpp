@@ -14,7 +14,7 @@
 //   onednn.bf16        the same with A and W converted to bf16 beforehand, f32 output
 //   fp8kit.e4m3        A quantized beforehand (tensorwise e4m3fn), W a PackedWeight (tensorwise)
 //   fp8kit.e4m3.rowwise, fp8kit.e4m3.block    the rowwise and block recipes (A 1x128, W 128x128
-//                      scale blocks), square shapes only
+//                      scale blocks), all but --quick's (4096, 4096)
 //   fp8kit.fused.f32, fp8kit.fused.bf16       A given in f32 or bf16 and quantized inside gemm()
 //                      (tensorwise): what a Linear layer's forward pays
 //   fp8kit.e4m3.pack   fp8kit.e4m3 with the weight packed inside every call, as OpenBLAS packs
@@ -87,7 +87,7 @@ constexpr uint32_t a_seed = 1, w_seed = 2;
 struct WeightCase {
     int64_t n, k;
     std::vector<int64_t> ms;
-    bool square;  // M = N = K: also the rowwise and block recipes
+    bool recipes;  // also the rowwise and block recipes (what a decode step of each recipe reads)
 };
 
 std::vector<WeightCase> weight_cases(bool quick) {
@@ -95,7 +95,7 @@ std::vector<WeightCase> weight_cases(bool quick) {
     std::vector<WeightCase> c;
     for (int64_t s : {512, 1024, 2048, 4096}) c.push_back({s, s, {s}, true});
     const std::pair<int64_t, int64_t> llm[] = {{4096, 4096}, {11008, 4096}, {4096, 11008}};
-    for (const auto& nk : llm) c.push_back({nk.first, nk.second, {1, 8, 16, 128, 2048}, false});
+    for (const auto& nk : llm) c.push_back({nk.first, nk.second, {1, 8, 16, 128, 2048}, true});
     return c;
 }
 
@@ -208,7 +208,7 @@ public:
         // fp8kit's weights, quantized and packed once for every M.
         std::vector<Packed> packed;
         packed.push_back({"fp8kit.e4m3", Recipe::tensorwise(), quantize(w, Recipe::tensorwise().options(Role::weight))});
-        if (wc.square) {
+        if (wc.recipes) {
             packed.push_back({"fp8kit.e4m3.rowwise", Recipe::rowwise(), quantize(w, Recipe::rowwise().options(Role::weight))});
             packed.push_back({"fp8kit.e4m3.block", Recipe::block(), quantize(w, Recipe::block().options(Role::weight))});
         }
