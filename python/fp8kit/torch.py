@@ -42,7 +42,6 @@ from typing import Optional
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 import fp8kit
 
@@ -108,17 +107,21 @@ def _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling):
 _OUT_DTYPES = {getattr(torch, name): (name, i) for i, name in enumerate(fp8kit._fp8kit.FusedLinear.out_dtypes)}
 
 
-def _call_into(fused, n, x, dtype_index):
-    """y[..., n] = fused's GEMM of x [..., K] (CPU, C-contiguous, out_dtypes[dtype_index]), y new in
-    x's dtype: the addresses of x, as [M, K] rows, and of y to the extension (FusedLinear.call_into)
+def _call_into(fused, n, x, shape, dtype_index):
+    """y[..., n] = fused's GEMM of x [..., K] (shape: x.shape, read once by the caller; CPU, C-contiguous,
+    out_dtypes[dtype_index]), y new in x's dtype: the addresses of x, as [M, K] rows, and of y to the
+    extension (FusedLinear.call_into)
     - about 1.5 us where numpy views and a reshape each way took 4.5 (a DLPack capsule, for
     bfloat16, 2 more), at a decode step's small layers as much as the GEMM. Contiguity is what the
     extension cannot see; it checks K against the weight. (new_empty with positional sizes: 0.2 us
     less than torch.empty with a dtype, which parses more overloads.)"""
-    shape = x.shape
-    k = shape[-1]
-    y = x.new_empty(shape[0], n) if len(shape) == 2 else x.new_empty(*shape[:-1], n)
-    fused.call_into(x.data_ptr(), x.numel() // k if k else math.prod(shape[:-1]), k, dtype_index, y.data_ptr())
+    if len(shape) == 2:
+        m, k = shape
+        y = x.new_empty(m, n)
+    else:
+        m, k = math.prod(shape[:-1]), shape[-1]
+        y = x.new_empty(*shape[:-1], n)
+    fused.call_into(x.data_ptr(), m, k, dtype_index, y.data_ptr())
     return y
 
 
@@ -133,7 +136,7 @@ def _linear(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling):
         raise fp8kit.Error(f"fp8kit.torch: the input is {x.dtype}; Float8Linear takes float32, bfloat16 or float16")
     fused, n = _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling)
     if x.is_cpu and x.is_contiguous():
-        return _call_into(fused, n, x, out[1])
+        return _call_into(fused, n, x, x.shape, out[1])
     # Strided x, or a tensor on another device: _to_extension copies what a stride forces, or
     # names the device it cannot read.
     shape = x.shape
@@ -296,12 +299,20 @@ def linear(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor
     return _linear(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling)
 
 
+# _plain_eager's tests, looked up once (each module attribute on the way costs a call ~0.03 us):
+# whether torch.compile or torch.export traces, whether autograd records, how many dispatch modes
+# are on (torch.utils._python_dispatch._get_current_dispatch_mode is None exactly when none is).
+_is_compiling, _grad_enabled, _dispatch_modes = (torch.compiler.is_compiling, torch.is_grad_enabled,
+                                                 torch._C._len_torch_dispatch_stack)
+
+
 def _plain_eager(x):
     """Whether nothing traces or transforms this call (no torch.compile, no export, no dispatch
     mode, no autograd through x): the operator's dispatch, 60-90 us a call from Python, can be
-    skipped then - the same function runs either way."""
-    return (type(x) is torch.Tensor and not torch.compiler.is_compiling() and _get_current_dispatch_mode() is None
-            and not (x.requires_grad and torch.is_grad_enabled()))
+    skipped then - the same function runs either way. Under torch.compile _is_compiling() is
+    True and ends the test before the dispatch stack's count, on which Dynamo breaks the graph."""
+    return (type(x) is torch.Tensor and not (x.requires_grad and _grad_enabled()) and not _is_compiling()
+            and not _dispatch_modes())
 
 
 @linear.register_fake
@@ -383,7 +394,7 @@ class Float8Linear(nn.Module):
                     if y is not None:
                         return y
                 fused, n = _fused(w, w_scale_inv, self.weight_scaling, bias, self.input_scaling)
-                return _call_into(fused, n, x, out[1])
+                return _call_into(fused, n, x, shape, out[1])
             return _linear(x, w, w_scale_inv, bias, self.input_scaling, self.weight_scaling)  # or its error
         y = torch.ops.fp8kit.linear(x if len(shape) == 2 else x.reshape(-1, self.in_features), w, w_scale_inv, bias,
                                     self.input_scaling, self.weight_scaling)

@@ -124,8 +124,10 @@ thread_local ScratchList scratch_list;
 void* scratch_acquire(size_t bytes) {
     if (bytes >= host_cache_min) return large_take(round_up(bytes, host_cache_min));
     bytes = round_up(bytes, tensor_alignment);
+    // From the back: a call releases its blocks in the reverse order of taking them, so the next
+    // call's first request finds its block last in the list, the second next to it, and so on.
     auto& blocks = scratch_list.blocks;
-    for (size_t i = 0; i < blocks.size(); ++i) {
+    for (size_t i = blocks.size(); i-- > 0;) {
         if (blocks[i].bytes != bytes) continue;
         std::byte* p = blocks[i].ptr;
         blocks[i] = blocks.back();
