@@ -124,14 +124,14 @@ thread_local ScratchList scratch_list;
 void* scratch_acquire(size_t bytes) {
     if (bytes >= host_cache_min) return large_take(round_up(bytes, host_cache_min));
     bytes = round_up(bytes, tensor_alignment);
-    // From the back: a call releases its blocks in the reverse order of taking them, so the next
-    // call's first request finds its block last in the list, the second next to it, and so on.
+    // From the back, the most recently released first: a call releases its blocks in the reverse
+    // order of taking them, so the next call's first request finds its block last in the list,
+    // the second next to it, and so on.
     auto& blocks = scratch_list.blocks;
     for (size_t i = blocks.size(); i-- > 0;) {
         if (blocks[i].bytes != bytes) continue;
         std::byte* p = blocks[i].ptr;
-        blocks[i] = blocks.back();
-        blocks.pop_back();
+        blocks.erase(blocks.begin() + std::ptrdiff_t(i));  // the rest keep their order (at most 15 moved)
         ASAN_UNPOISON_MEMORY_REGION(p, bytes);
         return p;
     }
@@ -141,18 +141,23 @@ void* scratch_acquire(size_t bytes) {
 void scratch_release(void* p, size_t bytes) noexcept {
     if (bytes >= host_cache_min) return cache().give({static_cast<std::byte*>(p), round_up(bytes, host_cache_min)});
     bytes = round_up(bytes, tensor_alignment);
+    if (bytes > scratch_keep) return release(static_cast<std::byte*>(p));
     auto& blocks = scratch_list.blocks;
-    if (bytes <= scratch_keep && blocks.size() < scratch_kept) {
-        try {  // the list's one allocation (release runs in destructors: nothing may escape)
-            blocks.reserve(scratch_kept);
-        } catch (const std::bad_alloc&) {
-            return release(static_cast<std::byte*>(p));
-        }
-        ASAN_POISON_MEMORY_REGION(p, bytes);
-        blocks.push_back({static_cast<std::byte*>(p), bytes});
-        return;
+    try {  // the list's one allocation (release runs in destructors: nothing may escape)
+        blocks.reserve(scratch_kept);
+    } catch (const std::bad_alloc&) {
+        return release(static_cast<std::byte*>(p));
     }
-    release(static_cast<std::byte*>(p));
+    // Full: the least recently released block goes. Why not keep the list as it is: after GEMMs of
+    // other shapes it holds their sizes, and a decode step's small GEMM would then allocate and
+    // free every buffer on every call (from Python, a 16 x 16 layer's call 4.8 -> 5.3 us).
+    if (blocks.size() == scratch_kept) {
+        ASAN_UNPOISON_MEMORY_REGION(blocks.front().ptr, blocks.front().bytes);
+        release(blocks.front().ptr);
+        blocks.erase(blocks.begin());
+    }
+    ASAN_POISON_MEMORY_REGION(p, bytes);
+    blocks.push_back({static_cast<std::byte*>(p), bytes});
 }
 
 size_t host_cached_bytes() {

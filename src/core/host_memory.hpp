@@ -34,7 +34,7 @@ size_t host_cached_bytes();
 
 // Scratch memory for one call of a kernel, aligned to tensor_alignment, contents unspecified:
 // blocks of up to scratch_keep bytes go back to a list of the thread's own when released (at most
-// scratch_kept of them) and are taken from it again. Why: a decode step's small GEMM would
+// scratch_kept of them, the least recently released leaving first) and are taken from it again. Why: a decode step's small GEMM would
 // allocate and free a handful of buffers every call, and one of 1 KiB or more makes glibc
 // consolidate its fast bins each time (from Python, 6% of the call on a 16 x 16 layer). 16
 // blocks: a block-scaled fused-cast GEMM takes 9-10 on its calling thread (packed A and its

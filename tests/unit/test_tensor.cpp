@@ -5,12 +5,13 @@
 // from the bit layouts of NUMERICS.md), never taken from the code under test. Also the CPU memory
 // behind tensors (src/core/host_memory.cpp): a freed large block is reused, never while alive,
 // zeros() clears a reused one, and the blocks kept stay within host_cache_cap; a kernel's scratch
-// block released is the next one its thread gets for that size.
+// block released is the next one its thread gets for that size, also when its list is full.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -583,6 +584,30 @@ TEST(HostMemory, ScratchReleasedIsReusedByItsThread) {
     EXPECT_EQ(static_cast<const uint8_t*>(again)[1023], 1);
     detail::scratch_release(other, bytes);
     detail::scratch_release(again, bytes);
+}
+
+// After GEMMs of other shapes the thread's list is full of their sizes. The block a call releases
+// then is still kept - the least recently released one makes room - and comes back to the next
+// call of its size. Wrong answer it catches: a full list that freed every later block, so that a
+// decode step's small GEMM allocated and freed each buffer on every call (there the freed block
+// goes to `taken`, allocated in between as the kernel's next buffer would be).
+TEST(HostMemory, ScratchFullKeepsTheMostRecentBlocks) {
+    std::vector<void*> stale;
+    const auto stale_bytes = [](size_t i) { return 4096 + 64 * i; };  // distinct sizes, none 2048
+    for (size_t i = 0; i < detail::scratch_kept; ++i) stale.push_back(detail::scratch_acquire(stale_bytes(i)));
+    for (size_t i = 0; i < stale.size(); ++i) detail::scratch_release(stale[i], stale_bytes(i));
+    void* block = detail::scratch_acquire(2048);
+    detail::scratch_release(block, 2048);
+    void* taken = ::operator new(2048, std::align_val_t{tensor_alignment});
+    void* again = detail::scratch_acquire(2048);
+    EXPECT_EQ(again, block);
+    EXPECT_NE(taken, block);
+    // The oldest stale block made room; the newest is still there for its size.
+    void* newest = detail::scratch_acquire(stale_bytes(detail::scratch_kept - 1));
+    EXPECT_EQ(newest, stale.back());
+    ::operator delete(taken, std::align_val_t{tensor_alignment});
+    detail::scratch_release(again, 2048);
+    detail::scratch_release(newest, stale_bytes(detail::scratch_kept - 1));
 }
 
 // A large scratch block (packed A of a big GEMM) is one of the cache's huge-page blocks: it starts
