@@ -2,6 +2,8 @@
 torch.mm in bf16 and torch._scaled_mm with e4m3 operands, tensorwise and rowwise scales (D bf16),
 timed with CUDA events (median of 5 runs after a warm-up). Each D is checked against the bf16
 product (relative RMS error below 0.1; FP8 rounding gives about 0.03): a wrong result fails (exit 1).
+Then torch's bf16 nn.Linear training step (forward + backward with dX, dW and the bias gradient) on
+bench_gemm_cuda's layer shapes: 8192 tokens, width 4096 and 8192.
 Usage: python3 bench/bench_gemm_cuda_torch.py [--quick]; scripts/cuda_device_check.sh runs it after bench_gemm_cuda.
 """
 import sys
@@ -64,6 +66,18 @@ def main():
             print(f"{m:6d} {n:6d} {k:6d}  {name:26s} {t * 1e3:9.3f} ms {flops / t * 1e-12:8.1f} TFLOP/s  err {err:.4f}{'  WRONG' if bad else ''}")
         del a, b, ref, qa, qb, qra, qrb
         torch.cuda.empty_cache()
+    for width in (4096, 8192):
+        tokens = 8192
+        lin = torch.nn.Linear(width, width, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(tokens, width, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        dy = torch.randn(tokens, width, device="cuda", dtype=torch.bfloat16)
+
+        def step():
+            lin(x).backward(dy)
+
+        t = median_seconds(step, 10)
+        flops = 3 * 2.0 * tokens * width * width
+        print(f"{tokens:6d} {width:6d}  torch.nn.Linear.bf16 step {t * 1e3:9.3f} ms {flops / t * 1e-12:8.1f} TFLOP/s (3 GEMMs)")
     if failures:
         print(f"bench_gemm_cuda_torch: {failures} results off by more than 0.1 relative RMS", file=sys.stderr)
         sys.exit(1)

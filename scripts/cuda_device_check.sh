@@ -1,12 +1,14 @@
 #!/bin/sh
 # scripts/cuda_device_check.sh: what only a GPU can check, in one command (issue 20's device runs):
 # the cuda tests of tests/ops against ref (every other test already runs in CI; the GEMM grid also
-# with FP8KIT_CUDA_WGMMA=tma), compute-sanitizer's memcheck and racecheck on a shorter selection of
+# with FP8KIT_CUDA_WGMMA=tma), the layer ops and Float8Linear on the device, the device tensors of
+# test_backend, compute-sanitizer's memcheck and racecheck on a shorter selection of
 # them, and the benchmarks (bench_gemm_cuda, again with FP8KIT_CUDA_WGMMA=tma, then
 # bench/bench_gemm_cuda_torch.py on the same shapes).
 # Usage: scripts/cuda_device_check.sh BIN_DIR OUT_DIR [tests|sanitize|bench]...
-#   BIN_DIR holds test_quantize_ops, test_gemm_ops, test_format_device and bench_gemm_cuda (built by
-#   the release preset on any machine with nvcc: bin/ of tests/ and bench/); logs go to OUT_DIR.
+#   BIN_DIR holds test_quantize_ops, test_gemm_ops, test_matmul_ops, test_gelu_ops,
+#   test_float8_linear, test_backend, test_format_device and bench_gemm_cuda (built by the release
+#   preset on any machine with nvcc: bin/ of tests/ and bench/); logs go to OUT_DIR.
 set -u
 bin=$1
 out=$2
@@ -19,9 +21,13 @@ for step in $steps; do
     case $step in
     tests)
         "$bin/test_format_device" > "$out/test_format_device.log" 2>&1; echo "test_format_device: rc $?" | tee -a "$out/summary.txt"
-        for t in test_quantize_ops test_gemm_ops; do
+        # Each binary with its filter: the Cuda* tests, and those with a cuda part beside the host
+        # checks (they print "[ cuda ]" lines saying what ran).
+        for spec in 'test_quantize_ops:*Cuda*' 'test_gemm_ops:*Cuda*' 'test_matmul_ops:*Cuda*:*Linear*:*Float64*' \
+            'test_gelu_ops:*Cuda*' 'test_float8_linear:*Cuda*:*Rowwise*' 'test_backend:*Cuda*'; do
+            t=${spec%%:*}
             # Cut at $TEST_TIMEOUT seconds (default 300): a kernel that hangs ends as rc 124.
-            timeout "${TEST_TIMEOUT:-300}" "$bin/$t" --gtest_filter='*Cuda*' > "$out/$t.log" 2>&1
+            timeout "${TEST_TIMEOUT:-300}" "$bin/$t" --gtest_filter="${spec#*:}" > "$out/$t.log" 2>&1
             rc=$?
             [ $rc -eq 0 ] || status=1
             echo "$t (cuda): rc $rc; $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$out/$t.log" | tr '\n' ' ')" | tee -a "$out/summary.txt"

@@ -163,15 +163,6 @@ inline bool cuda_part_runs(const char* part) {
     return absent.empty();
 }
 
-// A QTensor with every tensor it holds copied to `device`.
-inline QTensor qtensor_to(const QTensor& q, Device device) {
-    QTensor r = q;
-    for (Tensor* t : {&r.data, &r.scale_inv, &r.amax, &r.data_t, &r.scale_inv_t}) {
-        if (t->defined()) *t = t->to(device);
-    }
-    return r;
-}
-
 // Codes agree: identical, or both NaN in format f (any NaN code is a correct NaN).
 inline bool same_code(uint8_t a, uint8_t b, Format f) { return a == b || (is_nan(a, f) && is_nan(b, f)); }
 

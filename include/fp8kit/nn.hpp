@@ -61,8 +61,16 @@ public:
     virtual size_t saved_bytes() const { return 0; }
     // Once per optimizer step (delayed scaling rolls its amax history).
     virtual void on_step() {}
+    // Moves every parameter of this module and of those below it (value, grad, an FP8-stored copy)
+    // to `device`, and the state a module keeps between steps (a Float8Linear's delayed scaling);
+    // inputs then go to forward on that device. All is copied before anything is replaced: a failed
+    // move (no GPU) leaves the module as it was. Between steps only: what a forward saved for its
+    // backward is not moved.
+    void to(Device device);
 
 protected:
+    // This module's own state besides its parameters, moved by to() (none by default).
+    virtual void state_to(Device) {}
     template <class M>
     std::shared_ptr<M> add_child(std::string name, std::shared_ptr<M> m) {
         children_.emplace_back(std::move(name), m);
@@ -239,6 +247,9 @@ public:
     Tensor backward(const Tensor& dy) override;
     size_t saved_bytes() const override;
     void on_step() override;
+
+protected:
+    void state_to(Device device) override;
 
 private:
     QTensor quantize_operand(const Tensor& t, Role role, bool transpose);

@@ -59,6 +59,7 @@ struct QTensor {
     int64_t cols() const;
     bool has_transpose() const noexcept { return data_t.defined(); }
     QTensor transposed() const;  // the transposed copy as a QTensor of its own (Error if none)
+    QTensor to(Device device) const;  // every tensor of it on `device` (Tensor::to)
 };
 
 float amax(const Tensor& x);                       // max |x| read back to the host; NaN if any NaN; 0 if empty

@@ -70,6 +70,8 @@ public:
 
     QTensor quantize(const Tensor& x, bool transpose = false);
     void step();
+    // This state (history, scale, freshness) on `device`.
+    DelayedScaling to(Device device) const;
 
 private:
     Recipe recipe_;

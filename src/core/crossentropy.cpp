@@ -24,8 +24,8 @@ void crossentropy_forward(const Tensor& losses, const Tensor& probs, const Tenso
     detail::output(op, "losses", losses, dt, {rows});
     detail::output(op, "probs", probs, dt, {rows, v});
     const detail::Dispatch d = detail::dispatch(op, {{"losses", &losses}, {"probs", &probs}, {"logits", &logits}, {"targets", &targets}});
-    d.ops.crossentropy_forward({dt, rows, v, t.data<const int32_t>(), z.const_raw_data(), losses.raw_data(),
-                                              probs.raw_data(), nullptr, nullptr, 0.0, d.ctx});
+    d.ops.crossentropy_forward({dt, rows, v, static_cast<const int32_t*>(t.const_raw_data()), z.const_raw_data(),
+                                losses.raw_data(), probs.raw_data(), nullptr, nullptr, 0.0, d.ctx});
 }
 
 void crossentropy_backward(const Tensor& dlogits, const Tensor& probs, const Tensor& targets, float dloss) {
@@ -42,8 +42,8 @@ void crossentropy_backward(const Tensor& dlogits, const Tensor& probs, const Ten
     const Tensor t = detail::indices(op, "targets", targets, v);
     detail::output(op, "dlogits", dlogits, dt, {rows, v});
     const detail::Dispatch d = detail::dispatch(op, {{"dlogits", &dlogits}, {"probs", &probs}, {"targets", &targets}});
-    d.ops.crossentropy_backward({dt, rows, v, t.data<const int32_t>(), nullptr, nullptr, nullptr,
-                                               p.const_raw_data(), dlogits.raw_data(), double(dloss), d.ctx});
+    d.ops.crossentropy_backward({dt, rows, v, static_cast<const int32_t*>(t.const_raw_data()), nullptr, nullptr,
+                                 nullptr, p.const_raw_data(), dlogits.raw_data(), double(dloss), d.ctx});
 }
 
 }  // namespace fp8kit

@@ -25,8 +25,8 @@ void embedding_forward(const Tensor& out, const Tensor& ids, const Tensor& table
     s.push_back(c);
     detail::output(op, "out", out, tab.dtype(), s);
     const detail::Dispatch d = detail::dispatch(op, {{"out", &out}, {"ids", &ids}, {"table", &table}});
-    d.ops.embedding_forward({tab.dtype(), i.numel(), c, i.data<const int32_t>(), tab.const_raw_data(), out.raw_data(),
-                                           nullptr, nullptr, d.ctx});
+    d.ops.embedding_forward({tab.dtype(), i.numel(), c, static_cast<const int32_t*>(i.const_raw_data()),
+                             tab.const_raw_data(), out.raw_data(), nullptr, nullptr, d.ctx});
 }
 
 void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& ids) {
@@ -39,8 +39,8 @@ void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& 
     s.push_back(c);
     const Tensor g = detail::input(op, "dout", dout, dtable.dtype(), s);
     const detail::Dispatch d = detail::dispatch(op, {{"dtable", &dtable}, {"dout", &dout}, {"ids", &ids}});
-    d.ops.embedding_backward({dtable.dtype(), i.numel(), c, i.data<const int32_t>(), nullptr, nullptr,
-                                            g.const_raw_data(), dtable.raw_data(), d.ctx});
+    d.ops.embedding_backward({dtable.dtype(), i.numel(), c, static_cast<const int32_t*>(i.const_raw_data()), nullptr,
+                              nullptr, g.const_raw_data(), dtable.raw_data(), d.ctx});
 }
 
 }  // namespace fp8kit

@@ -1,6 +1,6 @@
 // src/core/gelu.cpp: the public GELU forward/backward - argument checks and the hand-off to the
-// backend (src/ref/gelu.cpp, src/cpu/gelu.cpp). Checked by tests/ops/test_gelu.cpp and
-// tests/ops/test_backward.cpp.
+// backend (src/ref/gelu.cpp, src/cpu/gelu.cpp, src/cuda/gelu.cu). Checked by tests/ops/test_gelu.cpp
+// and tests/ops/test_backward.cpp.
 #include "core/layer_args.hpp"
 #include "fp8kit/ops.hpp"
 

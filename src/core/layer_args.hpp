@@ -1,6 +1,8 @@
 // src/core/layer_args.hpp: argument checks shared by the public layer ops (src/core/<family>.cpp
 // for matmul, layernorm, gelu, attention, crossentropy, embedding, adamw): each names the op, the
 // argument, what it is and what was expected, before any work is done.
+// Tensors may be on any device; detail::dispatch then checks that an op's tensors share one and
+// picks its backend (the cuda backend refuses, naming the op, the layer ops it has no kernels for).
 // Checked by the ErrorsNameTheArgument tests of tests/ops/test_matmul.cpp, test_layernorm.cpp,
 // test_gelu.cpp, test_attention.cpp, test_crossentropy.cpp, test_embedding.cpp and test_adamw.cpp.
 #pragma once
@@ -21,8 +23,8 @@ inline std::string describe(const Tensor& t) {
 
 // The float type of an op: its first input's dtype, f32 or f64.
 inline DType float_dtype(const char* op, const char* arg, const Tensor& t) {
-    if (!t.defined() || (t.dtype() != DType::f32 && t.dtype() != DType::f64) || t.device() != Device::cpu) {
-        throw Error(std::string("fp8kit::") + op + ": " + arg + " is " + describe(t) + ", expected an f32 or f64 host tensor");
+    if (!t.defined() || (t.dtype() != DType::f32 && t.dtype() != DType::f64)) {
+        throw Error(std::string("fp8kit::") + op + ": " + arg + " is " + describe(t) + ", expected an f32 or f64 tensor");
     }
     return t.dtype();
 }
@@ -34,9 +36,9 @@ inline int64_t leading_rows(const Tensor& t) {
     return rows;
 }
 
-// t is a host tensor of this dtype and shape.
+// t is a tensor of this dtype and shape.
 inline void expect_tensor(const char* op, const char* arg, const Tensor& t, DType dtype, const Shape& shape) {
-    if (!t.defined() || t.dtype() != dtype || t.shape() != shape || t.device() != Device::cpu) {
+    if (!t.defined() || t.dtype() != dtype || t.shape() != shape) {
         throw Error(std::string("fp8kit::") + op + ": " + arg + " is " + describe(t) + ", expected " +
                     std::string(to_string(dtype)) + " " + to_string(shape));
     }
@@ -54,13 +56,15 @@ inline void output(const char* op, const char* arg, const Tensor& t, DType dtype
     if (!t.is_contiguous()) throw Error(std::string("fp8kit::") + op + ": " + arg + " " + describe(t) + " is not contiguous");
 }
 
-// i32 indices, each in [0, bound): the table row an embedding or a target selects.
+// i32 indices, each in [0, bound): the table row an embedding or a target selects. Device indices
+// are read back to be checked (before any work: a bad index never reaches a kernel).
 inline Tensor indices(const char* op, const char* arg, const Tensor& t, int64_t bound) {
-    if (!t.defined() || t.dtype() != DType::i32 || t.device() != Device::cpu) {
-        throw Error(std::string("fp8kit::") + op + ": " + arg + " is " + describe(t) + ", expected an i32 host tensor");
+    if (!t.defined() || t.dtype() != DType::i32) {
+        throw Error(std::string("fp8kit::") + op + ": " + arg + " is " + describe(t) + ", expected an i32 tensor");
     }
     Tensor c = t.contiguous();
-    const int32_t* p = c.data<const int32_t>();
+    const Tensor host = c.to(Device::cpu);
+    const int32_t* p = host.data<const int32_t>();
     for (int64_t i = 0; i < c.numel(); ++i) {
         if (p[i] < 0 || p[i] >= bound) {
             throw Error(std::string("fp8kit::") + op + ": " + arg + "[" + std::to_string(i) + "] is " + std::to_string(p[i]) +

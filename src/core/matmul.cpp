@@ -1,5 +1,6 @@
 // src/core/matmul.cpp: the public f32/bf16 matmul and the Linear forward/backward built on it -
-// argument checks and the hand-off to the backend (src/ref/matmul.cpp, src/cpu/matmul.cpp).
+// argument checks and the hand-off to the backend (src/ref/matmul.cpp, src/cpu/matmul.cpp,
+// src/cuda/matmul.cu).
 // Checked by tests/ops/test_matmul.cpp (backends against ref, errors) and tests/ops/test_backward.cpp.
 #include "core/layer_args.hpp"
 #include "fp8kit/ops.hpp"
@@ -12,11 +13,11 @@ using detail::describe;
 
 // A matmul operand: 2-d, f32 or bf16 (f64 when the op is f64), contiguous (copied if not).
 Tensor operand(const char* op, const char* arg, const Tensor& t, DType dtype) {
-    const bool ok = t.defined() && t.dim() == 2 && t.device() == Device::cpu &&
+    const bool ok = t.defined() && t.dim() == 2 &&
                     (dtype == DType::f64 ? t.dtype() == DType::f64 : t.dtype() == DType::f32 || t.dtype() == DType::bf16);
     if (!ok) {
         throw Error(std::string("fp8kit::") + op + ": " + arg + " is " + describe(t) + ", expected a 2-d " +
-                    (dtype == DType::f64 ? "f64" : "f32 or bf16") + " host tensor");
+                    (dtype == DType::f64 ? "f64" : "f32 or bf16") + " tensor");
     }
     return t.contiguous();
 }

@@ -144,6 +144,14 @@ int64_t QTensor::rows() const { return leading_rows(data); }
 
 int64_t QTensor::cols() const { return data.dim() == 0 ? 1 : data.shape().back(); }
 
+QTensor QTensor::to(Device device) const {
+    QTensor r = *this;
+    for (Tensor* t : {&r.data, &r.scale_inv, &r.amax, &r.data_t, &r.scale_inv_t}) {
+        if (t->defined()) *t = t->to(device);
+    }
+    return r;
+}
+
 QTensor QTensor::transposed() const {
     if (!has_transpose()) throw Error("fp8kit::QTensor::transposed: this QTensor has no transposed copy");
     QTensor t;

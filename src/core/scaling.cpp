@@ -202,6 +202,13 @@ void DelayedScaling::step() {
     fresh_ = false;
 }
 
+DelayedScaling DelayedScaling::to(Device device) const {
+    DelayedScaling r = *this;
+    r.history_ = history_.to(device);
+    r.scale_ = scale_.to(device);
+    return r;
+}
+
 void detail::host_delayed_init(const ExecContext&, float* history, int64_t length, float* scale) {
     std::fill(history, history + length, 0.0f);
     *scale = 1.0f;

@@ -52,7 +52,8 @@ inline unsigned blocks_for(int64_t n, int threads, unsigned cap = 65535u * 8) {
 
 }  // namespace fp8kit::cuda
 
-// The backend's operations (src/cuda/quantize.cu, src/cuda/gemm.cu), gathered by src/cuda/device.cu.
+// The backend's operations (src/cuda/quantize.cu, gemm.cu, matmul.cu, gelu.cu), gathered by
+// src/cuda/device.cu.
 namespace fp8kit::cuda {
 void amax(const ExecContext& ctx, const detail::MatrixRef& x, float* out);
 void group_amax(const ExecContext& ctx, const detail::MatrixRef& x, GroupShape group, float* out);
@@ -61,4 +62,8 @@ void dequantize(const detail::DequantizeJob& job);
 std::shared_ptr<const void> pack_weight(const ExecContext& ctx, const detail::GemmOperand& b, int64_t kgroup,
                                         size_t* bytes);
 void gemm(detail::GemmJob& job);
+void matmul(const detail::MatmulJob& job);
+void bias_grad(const detail::BiasGradJob& job);
+void gelu_forward(const detail::GeluJob& job);
+void gelu_backward(const detail::GeluJob& job);
 }  // namespace fp8kit::cuda

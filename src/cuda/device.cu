@@ -90,15 +90,14 @@ void delayed_update(const ExecContext& ctx, const detail::DelayedUpdate& u) {
     check_launch("delayed_update_kernel");
 }
 
-// The layer ops (<fp8kit/ops.hpp>) have no CUDA kernels yet: a clear error, never a wrong result.
+// The layer ops without CUDA kernels yet: a clear error, never a wrong result.
 template <const char* name, class Job>
 void layer_op_not_on_cuda(const Job&) {
     throw Error(std::string("fp8kit::") + name +
-                ": the cuda backend does not run the layer ops yet (casts and gemm only); "
-                "move the tensors to the host first (Tensor::to(Device::cpu))");
+                ": the cuda backend does not run this layer op yet (of the layer ops, only matmul, the Linear ops "
+                "and gelu); move the tensors to the host first (Tensor::to(Device::cpu))");
 }
-constexpr char matmul_name[] = "matmul", bias_grad_name[] = "bias_grad", layernorm_name[] = "layernorm",
-               rmsnorm_name[] = "rmsnorm", gelu_name[] = "gelu", attention_name[] = "attention",
+constexpr char layernorm_name[] = "layernorm", rmsnorm_name[] = "rmsnorm", attention_name[] = "attention",
                crossentropy_name[] = "crossentropy", embedding_name[] = "embedding", adamw_name[] = "adamw";
 
 const detail::BackendOps table{
@@ -111,14 +110,14 @@ const detail::BackendOps table{
     &delayed_init,
     &delayed_record,
     &delayed_update,
-    &layer_op_not_on_cuda<matmul_name, detail::MatmulJob>,
-    &layer_op_not_on_cuda<bias_grad_name, detail::BiasGradJob>,
+    &matmul,
+    &bias_grad,
     &layer_op_not_on_cuda<layernorm_name, detail::NormJob>,
     &layer_op_not_on_cuda<layernorm_name, detail::NormBackwardJob>,
     &layer_op_not_on_cuda<rmsnorm_name, detail::NormJob>,
     &layer_op_not_on_cuda<rmsnorm_name, detail::NormBackwardJob>,
-    &layer_op_not_on_cuda<gelu_name, detail::GeluJob>,
-    &layer_op_not_on_cuda<gelu_name, detail::GeluJob>,
+    &gelu_forward,
+    &gelu_backward,
     &layer_op_not_on_cuda<attention_name, detail::AttentionJob>,
     &layer_op_not_on_cuda<attention_name, detail::AttentionJob>,
     &layer_op_not_on_cuda<crossentropy_name, detail::CrossEntropyJob>,

@@ -21,7 +21,6 @@
 // The tensor-core instructions are reached through PTX (mma.sync, wgmma, ldmatrix, cp.async, TMA,
 // mbarrier): CUDA C++ has no intrinsic for FP8 matrix instructions. This is device code only; nvcc
 // assembles it for every host platform.
-#include <cublasLt.h>
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -34,6 +33,7 @@
 #include <type_traits>
 
 #include "cuda/common.cuh"
+#include "cuda/cublaslt.cuh"
 #include "cuda/device.hpp"
 #include "fp8kit/error.hpp"
 
@@ -730,14 +730,6 @@ void launch_mma(const GemmJob& j, cudaStream_t s) {
 cudaDataType_t lt_type(Format f) { return f == Format::e4m3fn ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
 cudaDataType_t lt_type(DType t) { return t == DType::bf16 ? CUDA_R_16BF : t == DType::f16 ? CUDA_R_16F : CUDA_R_32F; }
 
-void check_lt(cublasStatus_t st, const char* call) {
-    if (st != CUBLAS_STATUS_SUCCESS) {
-        throw Error(std::string("fp8kit cuda: ") + call + " failed: " + cublasLtGetStatusName(st) + " (" +
-                    cublasLtGetStatusString(st) + ")");
-    }
-}
-#define FP8KIT_LT_CHECK(call) check_lt((call), #call)
-
 // How cuBLASLt reads each operand's scales (fp8kit's scale_inv layouts; the one exception, A's
 // 1x128 scales, is transposed for it: cuBLASLt reads them M-major, [k / 128][m]).
 enum class LtScales { none, tensor, row, block };
@@ -766,46 +758,14 @@ __global__ void transpose_scales_kernel(const float* scale, int64_t rows, int64_
     }
 }
 
-struct Lt {
-    cublasLtHandle_t handle = nullptr;
-    void* workspace = nullptr;
-    size_t workspace_bytes = 32u << 20;
-    std::map<std::tuple<int64_t, int64_t, int64_t, int, int, int, int>, cublasLtMatmulAlgo_t> algos;
-    std::mutex mutex;
-};
-
-Lt& lt() {
-    static Lt* l = [] {
-        auto* r = new Lt;  // lives until exit: cuBLASLt must not be torn down after the driver
-        FP8KIT_LT_CHECK(cublasLtCreate(&r->handle));
-        FP8KIT_CUDA_CHECK(cudaMalloc(&r->workspace, r->workspace_bytes));
-        return r;
-    }();
-    return *l;
-}
-
 // D^T [n, m] (column-major: D row-major) = op(B)^T-layout x A: cuBLASLt's "TN" with B as its A.
 void launch_lt(const GemmJob& j, LtScales scales, cudaStream_t s) {
-    Lt& l = lt();
-    cublasLtMatmulDesc_t desc = nullptr;
-    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
-    cublasLtMatmulPreference_t pref = nullptr;
-    struct Cleanup {
-        cublasLtMatmulDesc_t& d;
-        cublasLtMatrixLayout_t &a, &b, &c;
-        cublasLtMatmulPreference_t& p;
-        ~Cleanup() {
-            if (p) cublasLtMatmulPreferenceDestroy(p);
-            if (c) cublasLtMatrixLayoutDestroy(c);
-            if (b) cublasLtMatrixLayoutDestroy(b);
-            if (a) cublasLtMatrixLayoutDestroy(a);
-            if (d) cublasLtMatmulDescDestroy(d);
-        }
-    } cleanup{desc, la, lb, ld, pref};
-    FP8KIT_LT_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    static std::map<std::tuple<int64_t, int64_t, int64_t, int, int, int, int>, cublasLtMatmulAlgo_t> algos;
+    LtCall call;
+    FP8KIT_LT_CHECK(cublasLtMatmulDescCreate(&call.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
-    FP8KIT_LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
-    FP8KIT_LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof(n)));
+    FP8KIT_LT_CHECK(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
+    FP8KIT_LT_CHECK(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof(n)));
     const void* scale_b = j.b.scale_inv;  // cuBLASLt's A is fp8kit's B
     const void* scale_a = j.a.scale_inv;
     std::shared_ptr<std::byte> a_scales_t;
@@ -822,34 +782,19 @@ void launch_lt(const GemmJob& j, LtScales scales, cudaStream_t s) {
         check_launch("transpose_scales_kernel");
         scale_a = a_scales_t.get();
     }
-    FP8KIT_LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_b, sizeof(mode_b)));
-    FP8KIT_LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_a, sizeof(mode_a)));
-    FP8KIT_LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_b, sizeof(scale_b)));
-    FP8KIT_LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_a, sizeof(scale_a)));
-    FP8KIT_LT_CHECK(cublasLtMatrixLayoutCreate(&la, lt_type(j.b.format), uint64_t(j.k), uint64_t(j.n), j.b.ld));
-    FP8KIT_LT_CHECK(cublasLtMatrixLayoutCreate(&lb, lt_type(j.a.format), uint64_t(j.k), uint64_t(j.m), j.a.ld));
-    FP8KIT_LT_CHECK(cublasLtMatrixLayoutCreate(&ld, lt_type(j.out_dtype), uint64_t(j.n), uint64_t(j.m), j.n));
-    cublasLtMatmulAlgo_t algo;
-    {
-        std::lock_guard<std::mutex> lock(l.mutex);
-        const auto key = std::make_tuple(j.m, j.n, j.k, int(j.a.format), int(j.b.format), int(j.out_dtype), int(scales));
-        auto it = l.algos.find(key);
-        if (it == l.algos.end()) {
-            FP8KIT_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-            FP8KIT_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                                 &l.workspace_bytes, sizeof(l.workspace_bytes)));
-            cublasLtMatmulHeuristicResult_t result{};
-            int found = 0;
-            FP8KIT_LT_CHECK(cublasLtMatmulAlgoGetHeuristic(l.handle, desc, la, lb, ld, ld, pref, 1, &result, &found));
-            if (found == 0) throw Error("fp8kit cuda: cuBLASLt has no FP8 algorithm for this GEMM (" + std::to_string(j.m) + " x " +
-                                        std::to_string(j.n) + " x " + std::to_string(j.k) + ")");
-            it = l.algos.emplace(key, result.algo).first;
-        }
-        algo = it->second;
-    }
+    FP8KIT_LT_CHECK(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_b, sizeof(mode_b)));
+    FP8KIT_LT_CHECK(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_a, sizeof(mode_a)));
+    FP8KIT_LT_CHECK(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_b, sizeof(scale_b)));
+    FP8KIT_LT_CHECK(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_a, sizeof(scale_a)));
+    FP8KIT_LT_CHECK(cublasLtMatrixLayoutCreate(&call.a, lt_type(j.b.format), uint64_t(j.k), uint64_t(j.n), j.b.ld));
+    FP8KIT_LT_CHECK(cublasLtMatrixLayoutCreate(&call.b, lt_type(j.a.format), uint64_t(j.k), uint64_t(j.m), j.a.ld));
+    FP8KIT_LT_CHECK(cublasLtMatrixLayoutCreate(&call.d, lt_type(j.out_dtype), uint64_t(j.n), uint64_t(j.m), j.n));
+    const auto key = std::make_tuple(j.m, j.n, j.k, int(j.a.format), int(j.b.format), int(j.out_dtype), int(scales));
+    const cublasLtMatmulAlgo_t algo = lt_algo(algos, key, call, "this FP8 GEMM", j.m, j.n, j.k);
     const float alpha = j.alpha, beta = 0.0f;
-    FP8KIT_LT_CHECK(cublasLtMatmul(l.handle, desc, &alpha, j.b.data, la, j.a.data, lb, &beta, j.out, ld, j.out, ld, &algo,
-                                   l.workspace, l.workspace_bytes, s));
+    Lt& l = lt();
+    FP8KIT_LT_CHECK(cublasLtMatmul(l.handle, call.desc, &alpha, j.b.data, call.a, j.a.data, call.b, &beta, j.out, call.d,
+                                   j.out, call.d, &algo, l.workspace, l.workspace_bytes, s));
 }
 
 }  // namespace

@@ -17,8 +17,8 @@ AdamW::AdamW(std::vector<std::pair<std::string, std::shared_ptr<Parameter>>> par
     for (const auto& [name, p] : params_) {
         if (!p->value.defined() || !p->grad.defined())
             throw Error("fp8kit::nn::AdamW: parameter '" + name + "' is stored in FP8 and cannot be trained");
-        m_.push_back(Tensor::zeros(p->value.shape(), DType::f32));
-        v_.push_back(Tensor::zeros(p->value.shape(), DType::f32));
+        m_.push_back(Tensor::zeros(p->value.shape(), DType::f32, p->value.device()));
+        v_.push_back(Tensor::zeros(p->value.shape(), DType::f32, p->value.device()));
     }
 }
 

@@ -24,8 +24,8 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
                     std::to_string(c_) + "]");
     const int64_t b = x.size(0), t = x.size(1);
     qkv_ = child<Linear>(qkv_index).forward(x).contiguous();  // [B, T, 3C]
-    att_ = Tensor::empty({b, heads_, t, t}, DType::f32);
-    Tensor y = Tensor::empty({b, t, c_}, DType::f32);
+    att_ = Tensor::empty({b, heads_, t, t}, DType::f32, x.device());
+    Tensor y = Tensor::empty({b, t, c_}, DType::f32, x.device());
     attention_forward(y, att_, qkv_, heads_);
     return child<Linear>(proj_index).forward(y);
 }
@@ -33,7 +33,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
 Tensor CausalSelfAttention::backward(const Tensor& dy) {
     if (!qkv_.defined()) throw Error("fp8kit::nn::CausalSelfAttention::backward: no forward to go back through");
     const Tensor dyc = child<Linear>(proj_index).backward(dy).contiguous();  // [B, T, C]
-    Tensor dqkv = Tensor::empty(qkv_.shape(), DType::f32);
+    Tensor dqkv = Tensor::empty(qkv_.shape(), DType::f32, qkv_.device());
     attention_backward(dqkv, dyc, qkv_, att_, heads_);
     qkv_ = att_ = Tensor();
     return child<Linear>(qkv_index).backward(dqkv);

@@ -13,17 +13,18 @@ float CrossEntropy::forward(const Tensor& logits, const Tensor& targets) {
                     to_string(targets.shape()) + " (i32) do not match");
     const int64_t v = logits.size(-1), rows = targets.numel();
     targets_ = targets.contiguous().reshape({rows});
-    probs_ = Tensor::empty({rows, v}, DType::f32);
-    Tensor losses = Tensor::empty({rows}, DType::f32);
+    probs_ = Tensor::empty({rows, v}, DType::f32, logits.device());
+    Tensor losses = Tensor::empty({rows}, DType::f32, logits.device());
     crossentropy_forward(losses, probs_, logits, targets_);
+    const Tensor host = losses.to(Device::cpu);
     double mean = 0.0;
-    for (int64_t r = 0; r < rows; ++r) mean += double(losses.data<float>()[r]);
+    for (int64_t r = 0; r < rows; ++r) mean += double(host.data<float>()[r]);
     return float(mean / double(rows));
 }
 
 Tensor CrossEntropy::backward() const {
     if (!probs_.defined()) throw Error("fp8kit::nn::CrossEntropy::backward: no forward");
-    Tensor d = Tensor::empty(probs_.shape(), DType::f32);
+    Tensor d = Tensor::empty(probs_.shape(), DType::f32, probs_.device());
     crossentropy_backward(d, probs_, targets_, 1.0f / float(probs_.size(0)));
     return d;
 }

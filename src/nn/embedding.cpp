@@ -15,7 +15,7 @@ Tensor Embedding::forward(const Tensor& ids) {
     if (ids.dtype() != DType::i32) throw Error("fp8kit::nn::Embedding::forward: ids must be i32, got " + std::string(to_string(ids.dtype())));
     Shape s = ids.shape();
     s.push_back(dim_);
-    Tensor y = Tensor::empty(s, DType::f32);
+    Tensor y = Tensor::empty(s, DType::f32, weight_->value.defined() ? weight_->value.device() : ids.device());
     embedding_forward(y, ids, weight_->compute_value());  // checks every id
     ids_ = ids.contiguous();
     return y;

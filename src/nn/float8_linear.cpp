@@ -21,10 +21,11 @@ void Float8LinearOptions::validate() const {
 
 Float8Linear::Float8Linear(const Linear& src, Float8LinearOptions opts) : Linear(src), opts_(std::move(opts)) {
     opts_.validate();
-    if (opts_.recipe.kind == RecipeKind::delayed) {
-        delayed_x_.emplace(opts_.recipe, Role::input);
-        delayed_w_.emplace(opts_.recipe, Role::weight);
-        delayed_dy_.emplace(opts_.recipe, Role::grad_output);
+    if (opts_.recipe.kind == RecipeKind::delayed) {  // the state lives where the weight does
+        const Device dev = weight_->value.defined() ? weight_->value.device() : Device::cpu;
+        delayed_x_.emplace(opts_.recipe, Role::input, dev);
+        delayed_w_.emplace(opts_.recipe, Role::weight, dev);
+        delayed_dy_.emplace(opts_.recipe, Role::grad_output, dev);
     }
 }
 
@@ -69,7 +70,7 @@ Tensor Float8Linear::forward(const Tensor& x) {
         if (qx.has_transpose()) qx_t_ = qx.transposed();
         if (qw.has_transpose()) qw_t_ = qw.transposed();
     } else {
-        y = Tensor::empty({x2.size(0), out_}, DType::f32);
+        y = Tensor::empty({x2.size(0), out_}, DType::f32, x2.device());
         linear_forward(y, x2, weight_->value, bias_ ? bias_->value : Tensor());
     }
     if (save_fp8 && opts_.fp8_grad_weight && !qx_t_) qx_t_ = quantize_operand(x2, Role::input, true).transposed();
@@ -94,7 +95,7 @@ Tensor Float8Linear::backward(const Tensor& dy) {
         const QTensor wt = qw_t_ ? *qw_t_ : quantize_operand(weight_->value, Role::weight, true).transposed();
         dx = gemm(*qdy, PackedWeight(wt));
     } else {
-        dx = Tensor::empty({rows_, in_}, DType::f32);
+        dx = Tensor::empty({rows_, in_}, DType::f32, d2.device());
         matmul(dx, d2, weight_->value);
     }
     if (opts_.fp8_grad_weight) {
@@ -121,6 +122,12 @@ size_t Float8Linear::saved_bytes() const {
     for (const auto* q : {&qx_t_, &qw_t_})
         if (*q) s += (*q)->data.nbytes() + (*q)->scale_inv.nbytes();
     return s;
+}
+
+void Float8Linear::state_to(Device device) {
+    for (auto* d : {&delayed_x_, &delayed_w_, &delayed_dy_}) {
+        if (*d) *d = (*d)->to(device);
+    }
 }
 
 void Float8Linear::on_step() {

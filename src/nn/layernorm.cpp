@@ -25,9 +25,9 @@ LayerNorm::LayerNorm(int64_t c) : c_(c) {
 Tensor LayerNorm::forward(const Tensor& x) {
     x_ = check_rows(x, c_, "fp8kit::nn::LayerNorm::forward");
     const int64_t rows = x_.numel() / c_;
-    Tensor y = Tensor::empty(x_.shape(), DType::f32);
-    mean_ = Tensor::empty({rows}, DType::f32);
-    rstd_ = Tensor::empty({rows}, DType::f32);
+    Tensor y = Tensor::empty(x_.shape(), DType::f32, x_.device());
+    mean_ = Tensor::empty({rows}, DType::f32, x_.device());
+    rstd_ = Tensor::empty({rows}, DType::f32, x_.device());
     layernorm_forward(y, mean_, rstd_, x_, weight_->compute_value(), bias_->compute_value());
     return y;
 }
@@ -35,7 +35,7 @@ Tensor LayerNorm::forward(const Tensor& x) {
 Tensor LayerNorm::backward(const Tensor& dy) {
     if (!x_.defined() || dy.shape() != x_.shape())
         throw Error("fp8kit::nn::LayerNorm::backward: dy " + to_string(dy.shape()) + " does not match the forward input");
-    Tensor dx = Tensor::empty(x_.shape(), DType::f32);
+    Tensor dx = Tensor::empty(x_.shape(), DType::f32, x_.device());
     layernorm_backward(dx, weight_->grad, bias_->grad, dy, x_, weight_->value, mean_, rstd_);
     x_ = mean_ = rstd_ = Tensor();
     return dx;
@@ -52,8 +52,8 @@ RMSNorm::RMSNorm(int64_t c) : c_(c) {
 Tensor RMSNorm::forward(const Tensor& x) {
     x_ = check_rows(x, c_, "fp8kit::nn::RMSNorm::forward");
     const int64_t rows = x_.numel() / c_;
-    Tensor y = Tensor::empty(x_.shape(), DType::f32);
-    rstd_ = Tensor::empty({rows}, DType::f32);
+    Tensor y = Tensor::empty(x_.shape(), DType::f32, x_.device());
+    rstd_ = Tensor::empty({rows}, DType::f32, x_.device());
     rmsnorm_forward(y, rstd_, x_, weight_->compute_value());
     return y;
 }
@@ -61,7 +61,7 @@ Tensor RMSNorm::forward(const Tensor& x) {
 Tensor RMSNorm::backward(const Tensor& dy) {
     if (!x_.defined() || dy.shape() != x_.shape())
         throw Error("fp8kit::nn::RMSNorm::backward: dy " + to_string(dy.shape()) + " does not match the forward input");
-    Tensor dx = Tensor::empty(x_.shape(), DType::f32);
+    Tensor dx = Tensor::empty(x_.shape(), DType::f32, x_.device());
     rmsnorm_backward(dx, weight_->grad, dy, x_, weight_->value, rstd_);
     x_ = rstd_ = Tensor();
     return dx;

@@ -16,6 +16,9 @@ namespace {
 // bf16 emulation: a copy with every element rounded to bf16 (nearest even) and back, exactly
 // what a bf16 GEMM input holds; the GEMM then accumulates in float32.
 Tensor round_bf16(const Tensor& t) {
+    if (t.device() != Device::cpu)
+        throw Error("fp8kit::nn::Linear: MatmulPrecision::bf16 runs on the host only (a tensor is on " +
+                    std::string(to_string(t.device())) + ")");
     Tensor r = Tensor::empty(t.shape(), DType::f32);
     const float* s = t.data<float>();
     float* d = r.data<float>();
@@ -90,7 +93,7 @@ Tensor Linear::forward(const Tensor& x) {
     const Tensor xc = precision == MatmulPrecision::bf16 ? round_bf16(x2) : x2;
     const Tensor wc = precision == MatmulPrecision::bf16 ? round_bf16(wv) : wv;
     x_ = w.stored ? Tensor() : xc;  // FP8-stored weights: inference only
-    Tensor y = Tensor::empty({x2.size(0), out_}, DType::f32);
+    Tensor y = Tensor::empty({x2.size(0), out_}, DType::f32, x2.device());
     const Tensor b = bias_ ? bias_->compute_value() : Tensor();
     linear_forward(y, xc, wc, b);
     return y.reshape(yshape);
@@ -104,7 +107,7 @@ Tensor Linear::backward(const Tensor& dy) {
                     std::to_string(x_.size(0)));
     const Tensor dc = precision == MatmulPrecision::bf16 ? round_bf16(d2) : d2;
     const Tensor wc = precision == MatmulPrecision::bf16 ? round_bf16(weight_->value) : weight_->value;
-    Tensor dx = Tensor::empty({d2.size(0), in_}, DType::f32);
+    Tensor dx = Tensor::empty({d2.size(0), in_}, DType::f32, d2.device());
     linear_backward(dx, weight_->grad, bias_ ? bias_->grad : Tensor(), dc, x_, wc);
     x_ = Tensor();
     Shape xs = dy.shape();

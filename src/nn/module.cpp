@@ -1,6 +1,8 @@
-// src/nn/module.cpp: the module tree (qualified names, replacement) and Parameter storage.
-// Checked by tests/nn/test_model_conversion.cpp (names, replacement, bytes).
+// src/nn/module.cpp: the module tree (qualified names, replacement, moves between devices) and
+// Parameter storage. Checked by tests/nn/test_model_conversion.cpp (names, replacement, bytes) and
+// tests/nn/test_float8_linear.cpp (to(Device::cuda)).
 #include <string>
+#include <vector>
 
 #include "fp8kit/nn.hpp"
 #include "fp8kit/quantize.hpp"
@@ -24,6 +26,21 @@ std::shared_ptr<Parameter> Module::add_parameter(std::string name, Shape shape) 
     p->grad = Tensor::zeros(shape, DType::f32);
     params_.emplace_back(std::move(name), p);
     return p;
+}
+
+void Module::to(Device device) {
+    // Every copy is made before anything is replaced: a failed one (no GPU, out of memory) leaves
+    // the module as it was.
+    const auto params = named_parameters();
+    std::vector<Parameter> moved(params.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+        const Parameter& p = *params[i].second;
+        if (p.value.defined()) moved[i].value = p.value.to(device);
+        if (p.grad.defined()) moved[i].grad = p.grad.to(device);
+        if (p.stored) moved[i].stored = p.stored->to(device);
+    }
+    for (size_t i = 0; i < params.size(); ++i) *params[i].second = std::move(moved[i]);
+    for (auto& [name, m] : named_modules()) m->state_to(device);
 }
 
 std::vector<std::pair<std::string, Module*>> Module::named_modules() {

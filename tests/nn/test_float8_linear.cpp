@@ -87,21 +87,24 @@ struct Measured {
     size_t saved;
 };
 
-// Delayed scaling needs an amax history: three steps on the same data, the last one measured.
-Measured run(const Case& c, const Float8LinearOptions& opts) {
+// Delayed scaling needs an amax history: three steps on the same data, the last one measured. On
+// Device::cuda the layer is built on the host, moved with Module::to, and fed device tensors.
+Measured run(const Case& c, const Float8LinearOptions& opts, Device device = Device::cpu) {
     Linear base(c.in, c.out);
     std::copy(c.w.begin(), c.w.end(), base.weight().value.data<float>());
     std::copy(c.b.begin(), c.b.end(), base.bias()->value.data<float>());
     Float8Linear f(base, opts);
-    const Tensor x = Tensor::from(c.x, {c.rows, c.in}), dy = Tensor::from(c.dy, {c.rows, c.out});
+    f.to(device);
+    const Tensor x = Tensor::from(c.x, {c.rows, c.in}).to(device), dy = Tensor::from(c.dy, {c.rows, c.out}).to(device);
     Measured m{};
     for (int step = 0; step < 3; ++step) {
-        float* gw = f.weight().grad.data<float>();
-        std::fill(gw, gw + c.out * c.in, 0.0f);
+        f.weight().grad = Tensor::zeros({c.out, c.in}, DType::f32, device);
         const Tensor y = f.forward(x);
+        EXPECT_EQ(y.device(), device);
         m.saved = f.saved_bytes();
         const Tensor dx = f.backward(dy);
-        m = {sqnr_db(c.y, y.data<float>()), sqnr_db(c.dx, dx.data<float>()), sqnr_db(c.dw, gw), m.saved};
+        const Tensor yh = y.to(Device::cpu), dxh = dx.to(Device::cpu), gw = f.weight().grad.to(Device::cpu);
+        m = {sqnr_db(c.y, yh.data<float>()), sqnr_db(c.dx, dxh.data<float>()), sqnr_db(c.dw, gw.data<float>()), m.saved};
         f.on_step();
     }
     return m;
@@ -123,6 +126,27 @@ TEST(Float8Linear, SqnrFloorsForEveryRecipeAndBackend) {
                 if (save == SaveForBackward::fp8 && backend_for(Device::cpu) == Backend::ref)
                     std::printf("[ %-10s ] SQNR y %.2f dB, dX %.2f dB, dW %.2f dB\n", name, m.y_db, m.dx_db, m.dw_db);
             });
+        }
+    }
+}
+
+// The same floors with the layer on the GPU (Module::to): its casts, FP8 GEMMs, delayed-scaling
+// state and bias gradient run on the cuda backend.
+TEST(Float8Linear, CudaSqnrFloorsForEveryRecipe) {
+    FP8KIT_SKIP_WITHOUT_CUDA();
+    const Case c;
+    for (const char* name : {"tensorwise", "rowwise", "block", "delayed", "mxfp8"}) {
+        for (SaveForBackward save : {SaveForBackward::fp8, SaveForBackward::high_precision}) {
+            SCOPED_TRACE(std::string(name) + (save == SaveForBackward::fp8 ? " save fp8" : " save f32"));
+            Float8LinearOptions o;
+            o.recipe = parse_recipe(name);
+            o.save = save;
+            const Measured m = run(c, o, Device::cuda);
+            EXPECT_GE(m.y_db, e4m3_floor);
+            EXPECT_GE(m.dx_db, grad_floor(o.recipe));
+            EXPECT_GE(m.dw_db, grad_floor(o.recipe));
+            if (save == SaveForBackward::fp8)
+                std::printf("[ cuda %-10s ] SQNR y %.2f dB, dX %.2f dB, dW %.2f dB\n", name, m.y_db, m.dx_db, m.dw_db);
         }
     }
 }
@@ -231,11 +255,16 @@ TEST(Float8Linear, RowwiseWithGradWeightInHighPrecision) {
     Float8LinearOptions o;
     o.recipe = Recipe::rowwise();
     o.fp8_grad_weight = false;  // torchao's rowwise_with_gw_hp
-    const Measured m = run(c, o);
-    EXPECT_GE(m.y_db, e4m3_floor);
-    EXPECT_GE(m.dx_db, e4m3_floor);
-    // dW in float32 from float32 x and dy: float32 rounding only.
-    EXPECT_GE(m.dw_db, 100.0);
+    std::vector<Device> devices{Device::cpu};
+    if (test::cuda_part_runs("rowwise_with_gw_hp on cuda (its dW by the cuda matmul)")) devices.push_back(Device::cuda);
+    for (Device d : devices) {
+        SCOPED_TRACE(std::string(to_string(d)));
+        const Measured m = run(c, o, d);
+        EXPECT_GE(m.y_db, e4m3_floor);
+        EXPECT_GE(m.dx_db, e4m3_floor);
+        // dW in float32 from float32 x and dy: float32 rounding only.
+        EXPECT_GE(m.dw_db, 100.0);
+    }
 }
 
 TEST(Float8Linear, SavedForBackwardIsWhatTheOptionSays) {

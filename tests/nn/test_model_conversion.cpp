@@ -4,11 +4,13 @@
 // independently from the shapes. Layerwise-cast outputs are checked against the float32 model.
 // Policy files (as `fp8kit advise` writes them, read from disk): which layers each conversion
 // converts / casts / skips, the policy's reasons, the recipe / stored layout per layer, and the
-// results against float64 products.
+// results against float64 products. Module::to: every parameter of the tree moves and comes back
+// the same, or (no GPU) none moves.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <fstream>
@@ -82,6 +84,34 @@ double sqnr_db(const Tensor& ref, const Tensor& y) {
         e += (a - b) * (a - b);
     }
     return 10 * std::log10(s / e);
+}
+
+// Module::to on the whole tree: with a GPU every parameter (value and grad) goes to the device
+// and comes back bit for bit; without one the move fails naming cuda and leaves every parameter
+// where and what it was.
+TEST(ModuleTree, ToMovesEveryParameterOrNone) {
+    OddModel m;
+    std::vector<Tensor> before;
+    for (auto& [n, p] : m.named_parameters()) before.push_back(p->value.clone());
+    const auto expect_on = [&](Device d) {
+        for (auto& [n, p] : m.named_parameters()) {
+            EXPECT_EQ(p->value.device(), d) << n;
+            EXPECT_EQ(p->grad.device(), d) << n;
+        }
+    };
+    if (test::cuda_part_runs("the model moved to cuda and back")) {
+        m.to(Device::cuda);
+        expect_on(Device::cuda);
+        m.to(Device::cpu);
+    } else {
+        test::expect_error([&] { m.to(Device::cuda); }, "cuda");
+    }
+    expect_on(Device::cpu);
+    size_t i = 0;
+    for (auto& [n, p] : m.named_parameters()) {
+        EXPECT_EQ(std::memcmp(p->value.data<const float>(), before[i].data<const float>(), before[i].nbytes()), 0) << n;
+        ++i;
+    }
 }
 
 TEST(Convert, DefaultFilterRefusesDimsNotMultipleOf16) {

@@ -411,7 +411,7 @@ bool runs_on_wgmma(const QTensor& qa, const QTensor& qb, const GemmOptions& o) {
 void check_gemm_cuda(const QTensor& qa, const QTensor& qb, const Product64& p, const Call& call) {
     const DType out = call.opts.out_dtype;
     const Expect e = expect(p, call, out);
-    const Tensor got = gemm(test::qtensor_to(qa, Device::cuda), test::qtensor_to(qb, Device::cuda),
+    const Tensor got = gemm(qa.to(Device::cuda), qb.to(Device::cuda),
                             options_on(call.opts, Device::cuda));
     ASSERT_EQ(got.device(), Device::cuda);
     const Tensor host = got.to(Device::cpu);
@@ -774,8 +774,8 @@ TEST(GemmWeightOnly, XNearTheFloat32MaxDoesNotOverflowBeforeItsProducts) {
 // an error that says so (not run as something else).
 TEST(GemmWeightOnly, CudaRefusesIt) {
     FP8KIT_SKIP_WITHOUT_CUDA();
-    const QTensor qb = test::qtensor_to(quantize(as_tensor(gaussian(16, 32, 1), 16, 32, DType::f32), qopts(Scaling::row(), Format::e4m3fn)),
-                                        Device::cuda);
+    const QTensor qb =
+        quantize(as_tensor(gaussian(16, 32, 1), 16, 32, DType::f32), qopts(Scaling::row(), Format::e4m3fn)).to(Device::cuda);
     const Tensor x = as_tensor(gaussian(16, 32, 2), 16, 32, DType::bf16).to(Device::cuda);
     test::expect_error([&] { (void)gemm(x, qb); }, "weight-only");
 }
@@ -830,7 +830,7 @@ TEST(GemmFusedCast, EqualsQuantizeThenGemmBitForBit) {
                 if (on_cuda) {  // cuda: x, B, bias and a given scale on the device
                     QuantizeOptions ad = c.a;
                     if (ad.scale.defined()) ad.scale = ad.scale.to(Device::cuda);
-                    const QTensor qbd = test::qtensor_to(qb, Device::cuda);
+                    const QTensor qbd = qb.to(Device::cuda);
                     const GemmOptions od = options_on(opts, Device::cuda);
                     const Tensor xd = x.is_contiguous() ? x.to(Device::cuda)
                                                         : wide.to(Device::cuda).slice(0, 2, m + 2).slice(1, 5, k + 5);

@@ -6,7 +6,11 @@
 //   |d - ref| <= (gamma_{K+2} + u) (|c0| + sum_k |a_ik b_kj| + |bias_j|),  u = 2^-24
 // (K float32 roundings of products and partial sums, one more for the accumulated c0, one for the
 // bias; the reference rounds once). A dropped term of the sum is shown to exceed it. Also: f64,
-// thread-count independence, and the errors.
+// thread-count independence, and the errors. The cuda backend (Cuda* tests, skipped saying why
+// without a GPU) is held to the same bounds: its matmul is cuBLASLt's float32 GEMM, bf16 operands
+// widened exactly (src/cuda/matmul.cu).
+#include <array>
+
 #include "ops/layer_bound.hpp"
 
 namespace fp8kit {
@@ -54,11 +58,17 @@ Tensor run_matmul(Backend backend, const MatmulCase& c, const Tensor& a, const T
     });
 }
 
-TEST(MatmulOps, CpuMatchesRefWithinTheBoundOnEveryPath) {
-    // 50 x 150 x 300: the AVX2 kernel's tasks (48 rows x 128 columns) in both directions, a
-    // 2-row remainder, a 6-column edge panel and two K slices of 256.
-    const int64_t sizes[][3] = {{1, 1, 1},    {1, 17, 5},    {5, 1, 33}, {4, 16, 64},
-                                {17, 33, 40}, {31, 7, 131},  {64, 48, 1}, {50, 150, 300}};
+// The same on the cuda backend: inputs and out copied to the device, the result copied back.
+Tensor run_matmul_cuda(const MatmulCase& c, const Tensor& a, const Tensor& b, const Tensor& c0) {
+    Tensor out = c0.to(Device::cuda);
+    matmul(out, a.to(Device::cuda), b.to(Device::cuda), {.transpose_a = c.ta, .transpose_b = c.tb, .accumulate = c.acc});
+    return out.to(Device::cpu);
+}
+
+// Every transpose, accumulate or not, each pair of operand dtypes, on `sizes`; check(case, a, b,
+// c0, ref, bound) for each.
+template <class Check>
+int for_each_matmul_case(std::initializer_list<std::array<int64_t, 3>> sizes, Check&& check) {
     int cases = 0;
     for (const auto& s : sizes)
         for (bool ta : {false, true})
@@ -71,12 +81,39 @@ TEST(MatmulOps, CpuMatchesRefWithinTheBoundOnEveryPath) {
                                                           << tb << " acc " << acc << " a " << to_string(ad) << " b "
                                                           << to_string(bd));
                         const Tensor a = stored_a(c, 1), b = stored_b(c, 2), c0 = test::randn({c.m, c.n}, 3);
-                        const Tensor ref = run_matmul(Backend::ref, c, a, b, c0);
-                        const std::vector<double> bound = matmul_bound(c, a, b, c0);
-                        test::for_each_isa([&](Isa) { test::expect_within("out", run_matmul(Backend::cpu, c, a, b, c0), ref, bound); });
+                        check(c, a, b, c0, run_matmul(Backend::ref, c, a, b, c0), matmul_bound(c, a, b, c0));
                         ++cases;
                     }
+    return cases;
+}
+
+TEST(MatmulOps, CpuMatchesRefWithinTheBoundOnEveryPath) {
+    // 50 x 150 x 300: the AVX2 kernel's tasks (48 rows x 128 columns) in both directions, a
+    // 2-row remainder, a 6-column edge panel and two K slices of 256.
+    const int cases = for_each_matmul_case(
+        {{1, 1, 1}, {1, 17, 5}, {5, 1, 33}, {4, 16, 64}, {17, 33, 40}, {31, 7, 131}, {64, 48, 1}, {50, 150, 300}},
+        [](const MatmulCase& c, const Tensor& a, const Tensor& b, const Tensor& c0, const Tensor& ref,
+           const std::vector<double>& bound) {
+            test::for_each_isa([&](Isa) { test::expect_within("out", run_matmul(Backend::cpu, c, a, b, c0), ref, bound); });
+        });
     EXPECT_EQ(cases, 8 * 2 * 2 * 2 * 4);
+}
+
+// K = 0 (out = c0 or 0), the shapes above and ones where cuBLASLt tiles and splits K (192 x 160 x
+// 1000); a dropped term exceeds the bound on the device too.
+TEST(MatmulOps, CudaMatchesRefWithinTheBound) {
+    FP8KIT_SKIP_WITHOUT_CUDA();
+    const int cases = for_each_matmul_case(
+        {{1, 1, 1}, {5, 1, 33}, {17, 33, 40}, {31, 7, 131}, {64, 48, 1}, {50, 150, 300}, {192, 160, 1000}, {3, 4, 0}},
+        [](const MatmulCase& c, const Tensor& a, const Tensor& b, const Tensor& c0, const Tensor& ref,
+           const std::vector<double>& bound) { test::expect_within("out", run_matmul_cuda(c, a, b, c0), ref, bound); });
+    EXPECT_EQ(cases, 8 * 2 * 2 * 2 * 4);
+    const MatmulCase c{17, 33, 64, false, true, false, DType::f32, DType::f32};
+    const Tensor a = stored_a(c, 1), b = stored_b(c, 2), c0 = Tensor::zeros({c.m, c.n}, DType::f32);
+    Tensor dropped = a.clone();
+    for (int64_t i = 0; i < c.m; ++i) dropped.set({i, c.k - 1}, 0.0f);
+    test::expect_caught("dropped term", run_matmul_cuda(c, dropped, b, c0), run_matmul(Backend::ref, c, a, b, c0),
+                        matmul_bound(c, a, b, c0));
 }
 
 TEST(MatmulOps, ADroppedTermExceedsTheBound) {
@@ -131,17 +168,28 @@ TEST(MatmulOps, LinearForwardAndBackwardMatchRef) {
             bw[size_t(o * in + i)] = (gamma(rows + 1) + u32) * mag;
         }
     }
-    test::for_each_isa([&](Isa) {
-        const Out cpu = run(Backend::cpu);
-        test::expect_within("y", cpu.y, ref.y, by);
-        test::expect_within("dx", cpu.dx, ref.dx, bx);
-        test::expect_within("dweight", cpu.dw, ref.dw, bw);
-        test::expect_within("dbias", cpu.db, ref.db, bb);
-    });
+    const auto check = [&](const Out& got) {
+        test::expect_within("y", got.y, ref.y, by);
+        test::expect_within("dx", got.dx, ref.dx, bx);
+        test::expect_within("dweight", got.dw, ref.dw, bw);
+        test::expect_within("dbias", got.db, ref.db, bb);
+    };
+    test::for_each_isa([&](Isa) { check(run(Backend::cpu)); });
     // bias_backward alone is linear_backward's bias gradient.
     Tensor db = db0.clone();
     bias_backward(db, dout);
     test::expect_within("bias_backward", db, ref.db, bb);
+    if (test::cuda_part_runs("Linear forward / backward and bias_backward on cuda")) {
+        const Device g = Device::cuda;
+        Out d{Tensor::empty({rows, oc}, DType::f32, g), Tensor::empty({rows, in}, DType::f32, g), dw0.to(g), db0.to(g)};
+        const Tensor xd = x.to(g), wd = w.to(g), doutd = dout.to(g);
+        linear_forward(d.y, xd, wd, bias.to(g));
+        linear_backward(d.dx, d.dw, d.db, doutd, xd, wd);
+        check({d.y.to(Device::cpu), d.dx.to(Device::cpu), d.dw.to(Device::cpu), d.db.to(Device::cpu)});
+        Tensor dbd = db0.to(g);
+        bias_backward(dbd, doutd);
+        test::expect_within("bias_backward on cuda", dbd.to(Device::cpu), ref.db, bb);
+    }
 }
 
 TEST(MatmulOps, Float64MatchesRefWithinTheFloat64Bound) {
@@ -155,6 +203,11 @@ TEST(MatmulOps, Float64MatchesRefWithinTheFloat64Bound) {
         });
     };
     const Tensor ref = run(Backend::ref), cpu = run(Backend::cpu);
+    Tensor gpu;
+    if (test::cuda_part_runs("the f64 matmul on cuda")) {
+        gpu = Tensor::zeros({m, n}, DType::f64, Device::cuda);
+        matmul(gpu, a.to(Device::cuda), b.to(Device::cuda), {.transpose_a = true, .transpose_b = true});
+    }
     std::vector<double> bound(size_t(m * n));
     for (int64_t i = 0; i < m; ++i)
         for (int64_t j = 0; j < n; ++j) {
@@ -163,6 +216,7 @@ TEST(MatmulOps, Float64MatchesRefWithinTheFloat64Bound) {
             bound[size_t(i * n + j)] = (gamma(k + 1, test::u64) + test::u64) * mag;
         }
     test::expect_within("f64", cpu, ref, bound);
+    if (gpu.defined()) test::expect_within("f64 on cuda", gpu.to(Device::cpu), ref, bound);
 }
 
 TEST(MatmulOps, ResultDoesNotDependOnThreads) {

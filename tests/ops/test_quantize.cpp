@@ -202,9 +202,9 @@ TEST_P(QuantizeGrid, CudaEqualsRefBitForBit) {
     run_grid(GetParam(), [](const Tensor& x, const QuantizeOptions& opts, const QTensor& ref, bool dequantize_too) {
         const QTensor got = quantize(x.to(Device::cuda), on_device(opts));
         ASSERT_EQ(got.data.device(), Device::cuda);
-        expect_same(test::qtensor_to(got, Device::cpu), ref);
+        expect_same(got.to(Device::cpu), ref);
         if (!dequantize_too) return;
-        const QTensor ref_d = test::qtensor_to(ref, Device::cuda);
+        const QTensor ref_d = ref.to(Device::cuda);
         for (DType out : input_dtypes) {
             expect_same_values(dequantize(ref_d, out).to(Device::cpu), on_backend(Backend::ref, [&] { return dequantize(ref, out); }), out);
         }
@@ -262,7 +262,7 @@ TEST(QuantizeOps, CudaAmaxEqualsRef) {
     tall_cases.push_back({"block_32x32", block32});
     for (const Case& c : tall_cases) {
         SCOPED_TRACE(c.name + " 2000x1032");
-        expect_same(test::qtensor_to(quantize(tall.to(Device::cuda), on_device(c.opts)), Device::cpu),
+        expect_same(quantize(tall.to(Device::cuda), on_device(c.opts)).to(Device::cpu),
                     on_backend(Backend::ref, [&] { return quantize(tall, c.opts); }));
     }
     const Tensor bigf = make_input(2049, 3001, DType::f32, false, 6);
@@ -270,7 +270,7 @@ TEST(QuantizeOps, CudaAmaxEqualsRef) {
         QuantizeOptions opts = c.opts;
         opts.transpose = true;
         SCOPED_TRACE(c.name + " 2049x3001");
-        expect_same(test::qtensor_to(quantize(bigf.to(Device::cuda), on_device(opts)), Device::cpu),
+        expect_same(quantize(bigf.to(Device::cuda), on_device(opts)).to(Device::cpu),
                     on_backend(Backend::ref, [&] { return quantize(bigf, opts); }));
     }
 }
@@ -300,7 +300,7 @@ TEST(QuantizeOps, StridedViewsEqualRef) {
             if (on_cuda) {  // the same views of a device copy of big, read in place
                 const Tensor bd = big.to(Device::cuda);
                 const Tensor xd = x.shape()[0] == 300 ? bd.slice(1, 3, 260) : bd.slice(0, 1, 299).slice(1, 129, 520);
-                expect_same(test::qtensor_to(quantize(xd, on_device(opts)), Device::cpu), ref);
+                expect_same(quantize(xd, on_device(opts)).to(Device::cpu), ref);
             }
         }
     }

@@ -1,0 +1,87 @@
+// src/cuda/cublaslt.cuh: what the cuda backend's two cuBLASLt users share (the scaled FP8 GEMM of
+// src/cuda/gemm.cu and the float32 / float64 matmul of src/cuda/matmul.cu) - the one handle and
+// workspace, the status check that names the call, the descriptors of one call released on every
+// path, and the cached choice of algorithm per shape.
+// Checked by the Cuda* tests of tests/ops/test_gemm.cpp and tests/ops/test_matmul.cpp.
+#pragma once
+
+#include <cublasLt.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "cuda/common.cuh"
+#include "fp8kit/error.hpp"
+
+namespace fp8kit::cuda {
+
+inline void check_lt(cublasStatus_t st, const char* call) {
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        throw Error(std::string("fp8kit cuda: ") + call + " failed: " + cublasLtGetStatusName(st) + " (" +
+                    cublasLtGetStatusString(st) + ")");
+    }
+}
+#define FP8KIT_LT_CHECK(call) ::fp8kit::cuda::check_lt((call), #call)
+
+// The process's handle and workspace, made on first use; they live until exit (cuBLASLt must not
+// be torn down after the driver). `mutex` guards the users' algorithm caches.
+struct Lt {
+    cublasLtHandle_t handle = nullptr;
+    void* workspace = nullptr;
+    size_t workspace_bytes = 32u << 20;
+    std::mutex mutex;
+};
+inline Lt& lt() {
+    static Lt* l = [] {
+        auto* r = new Lt;
+        FP8KIT_LT_CHECK(cublasLtCreate(&r->handle));
+        FP8KIT_CUDA_CHECK(cudaMalloc(&r->workspace, r->workspace_bytes));
+        return r;
+    }();
+    return *l;
+}
+
+// One call's descriptors: the operation and the layouts of its first operand, its second and D
+// (C is D), destroyed however the call ends.
+struct LtCall {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    LtCall() = default;
+    LtCall(const LtCall&) = delete;
+    LtCall& operator=(const LtCall&) = delete;
+    ~LtCall() {
+        if (d) cublasLtMatrixLayoutDestroy(d);
+        if (b) cublasLtMatrixLayoutDestroy(b);
+        if (a) cublasLtMatrixLayoutDestroy(a);
+        if (desc) cublasLtMatmulDescDestroy(desc);
+    }
+};
+
+// The algorithm cuBLASLt's heuristic gives `call`, asked once per key (the error, when it has
+// none, names `what` and its m x n x k).
+template <class Key>
+cublasLtMatmulAlgo_t lt_algo(std::map<Key, cublasLtMatmulAlgo_t>& cache, const Key& key, const LtCall& call,
+                             const char* what, int64_t m, int64_t n, int64_t k) {
+    Lt& l = lt();
+    std::lock_guard<std::mutex> lock(l.mutex);
+    if (auto it = cache.find(key); it != cache.end()) return it->second;
+    cublasLtMatmulPreference_t pref = nullptr;
+    FP8KIT_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    struct Release {
+        cublasLtMatmulPreference_t p;
+        ~Release() { cublasLtMatmulPreferenceDestroy(p); }
+    } release{pref};
+    FP8KIT_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &l.workspace_bytes,
+                                                         sizeof(l.workspace_bytes)));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    FP8KIT_LT_CHECK(cublasLtMatmulAlgoGetHeuristic(l.handle, call.desc, call.a, call.b, call.d, call.d, pref, 1, &result, &found));
+    if (found == 0) {
+        throw Error(std::string("fp8kit cuda: cuBLASLt has no algorithm for ") + what + " (" + std::to_string(m) + " x " +
+                    std::to_string(n) + " x " + std::to_string(k) + ")");
+    }
+    return cache.emplace(key, result.algo).first->second;
+}
+
+}  // namespace fp8kit::cuda
