@@ -1,14 +1,13 @@
 #!/bin/sh
 # scripts/cuda_device_check.sh: what only a GPU can check, in one command (issue 20's device runs):
 # the cuda tests of tests/ops against ref (every other test already runs in CI; the GEMM grid also
-# with FP8KIT_CUDA_WGMMA=tma), the layer ops and Float8Linear on the device, the device tensors of
-# test_backend, compute-sanitizer's memcheck and racecheck on a shorter selection of
+# with FP8KIT_CUDA_WGMMA=tma), every layer op, Float8Linear and the GPT's training on the device
+# (each against ref or the host run), the device tensors of test_backend, compute-sanitizer's memcheck and racecheck on a shorter selection of
 # them, and the benchmarks (bench_gemm_cuda, again with FP8KIT_CUDA_WGMMA=tma, then
-# bench/bench_gemm_cuda_torch.py on the same shapes).
+# bench/bench_gemm_cuda_torch.py on the same shapes, then fp8kit train --device cuda).
 # Usage: scripts/cuda_device_check.sh BIN_DIR OUT_DIR [tests|sanitize|bench]...
-#   BIN_DIR holds test_quantize_ops, test_gemm_ops, test_matmul_ops, test_gelu_ops,
-#   test_float8_linear, test_backend, test_format_device and bench_gemm_cuda (built by the release
-#   preset on any machine with nvcc: bin/ of tests/ and bench/); logs go to OUT_DIR.
+#   BIN_DIR holds the test binaries named below (tests/ of the release preset, built on any
+#   machine with nvcc), test_format_device, bench_gemm_cuda (bench/) and fp8kit; logs go to OUT_DIR.
 set -u
 bin=$1
 out=$2
@@ -24,7 +23,9 @@ for step in $steps; do
         # Each binary with its filter: the Cuda* tests, and those with a cuda part beside the host
         # checks (they print "[ cuda ]" lines saying what ran).
         for spec in 'test_quantize_ops:*Cuda*' 'test_gemm_ops:*Cuda*' 'test_matmul_ops:*Cuda*:*Linear*:*Float64*' \
-            'test_gelu_ops:*Cuda*' 'test_float8_linear:*Cuda*:*Rowwise*' 'test_backend:*Cuda*'; do
+            'test_gelu_ops:*Cuda*' 'test_layernorm_ops:*Cuda*' 'test_attention_ops:*Cuda*' 'test_crossentropy_ops:*Cuda*' \
+            'test_embedding_ops:*Backward*' 'test_adamw_ops:*Cpu*' 'test_residual_ops:*' 'test_float8_linear:*Cuda*:*Rowwise*' \
+            'test_backend:*Cuda*' 'test_model_conversion:*ModuleTree*' 'test_train:*Cuda*'; do
             t=${spec%%:*}
             # Cut at $TEST_TIMEOUT seconds (default 300): a kernel that hangs ends as rc 124.
             timeout "${TEST_TIMEOUT:-300}" "$bin/$t" --gtest_filter="${spec#*:}" > "$out/$t.log" 2>&1
@@ -68,6 +69,10 @@ for step in $steps; do
         FP8KIT_CUDA_WGMMA=tma "$bin/bench_gemm_cuda" > "$out/bench_gemm_cuda_tma.txt" 2>&1
         echo "bench_gemm_cuda (FP8KIT_CUDA_WGMMA=tma: compare its block.own rows): rc $?" | tee -a "$out/summary.txt"
         python3 "$(dirname "$0")/../bench/bench_gemm_cuda_torch.py" > "$out/bench_torch.txt" 2>&1; echo "torch peers: rc $?" | tee -a "$out/summary.txt"
+        # The main job on the GPU: the default GPT, f32 and the FP8 recipes (the table's tokens/s).
+        "$bin/fp8kit" train --device cuda --recipe f32,tensorwise,rowwise,block --out "$out/train" > "$out/train.txt" 2>&1
+        echo "fp8kit train --device cuda: rc $?" | tee -a "$out/summary.txt"
+        cat "$out/train.txt"
         cat "$out/bench_gemm_cuda.txt" "$out/bench_torch.txt"
         grep -h "block.own" "$out/bench_gemm_cuda_tma.txt" ;;
     esac

@@ -3,7 +3,7 @@
 // tensorwise, rowwise, block, delayed) from the same initialisation and data order, with a
 // progress bar on stderr; prints the table (held-out loss, gap to f32, tokens/s, memory), writes
 // loss curves (CSV + SVG plot) and each trained model to --out; --policy applies a policy file
-// (fp8kit advise) to the FP8 recipes.
+// (fp8kit advise) to the FP8 recipes; --device cuda trains on the GPU.
 // `fp8kit generate` samples from a saved model (float32, or quantized by fp8kit quantize), each
 // byte printed as it is sampled and the rate on stderr; `fp8kit bench generate` times models in turn.
 // Every argument is checked before any work or output (an error naming the flag).
@@ -35,7 +35,7 @@ namespace fp8kit::tools {
 namespace {
 
 struct TrainArgs {
-    std::string data, recipe = "all", out = "fp8kit-train", policy;
+    std::string data, recipe = "all", out = "fp8kit-train", policy, device = "cpu";
     // The defaults of gpt::TrainConfig; each must stay >= 1 (checked with the flag's name).
     int64_t steps = gpt::TrainConfig{}.steps, layers = gpt::GPTConfig{}.layers, width = gpt::GPTConfig{}.width,
             batch = gpt::TrainConfig{}.batch;
@@ -176,8 +176,24 @@ void run_train(const TrainArgs& a) {
     if (a.out.empty()) throw Error("--out is empty");
     if (std::filesystem::exists(a.out) && !std::filesystem::is_directory(a.out))
         throw Error("--out '" + a.out + "' exists and is not a directory");
-    const std::vector<std::string> recipes = parse_recipes(a.recipe);
+    std::vector<std::string> recipes = parse_recipes(a.recipe);
     gpt::TrainConfig c;
+    if (a.device == "cuda") {
+        try {
+            (void)backend_for(Device::cuda);  // this build and machine can run it, or why not
+        } catch (const Error& e) {
+            throw Error("--device cuda: " + std::string(e.what()));
+        }
+        c.device = Device::cuda;
+        if (a.recipe == "all") {
+            recipes.erase(std::find(recipes.begin(), recipes.end(), "bf16"));
+            std::cerr << "fp8kit train: --device cuda leaves out the bf16 recipe (it emulates bf16 on the host)\n";
+        } else if (std::find(recipes.begin(), recipes.end(), "bf16") != recipes.end()) {
+            throw Error("--recipe bf16 runs on the host only (it emulates bf16 GEMM inputs there), not with --device cuda");
+        }
+    } else if (a.device != "cpu") {
+        throw Error("--device '" + a.device + "': expected cpu or cuda");
+    }
     c.seed = a.seed;
     c.steps = a.steps;
     c.model.layers = a.layers;
@@ -198,7 +214,8 @@ void run_train(const TrainArgs& a) {
     std::filesystem::create_directories(a.out);
     std::cerr << "fp8kit train: GPT " << c.model.layers << " layers, width " << c.model.width << ", " << c.model.heads
               << " heads, context " << c.model.context << ", batch " << c.batch << ", " << c.steps << " steps, "
-              << text.size() << " bytes of text, " << num_threads() << " threads, seed " << c.seed << "\n";
+              << text.size() << " bytes of text, " << num_threads() << " threads, seed " << c.seed << ", on "
+              << to_string(c.device) << "\n";
     if (c.policy)
         for (const auto& r : recipes)
             if (!is_fp8_recipe(r)) std::cerr << "fp8kit train: --policy applies to the FP8 recipes; " << r << " ignores it\n";
@@ -278,6 +295,7 @@ void add_train_command(CLI::App& app) {
     cmd->add_option("--width", a->width, "model width")->capture_default_str();
     cmd->add_option("--batch", a->batch, "sequences per step")->capture_default_str();
     cmd->add_option("--policy", a->policy, "policy file (fp8kit advise): per layer FP8 or not and the recipe, for the FP8 recipes");
+    cmd->add_option("--device", a->device, "cpu, or cuda: every layer on the GPU (without the bf16 recipe)")->capture_default_str();
     cmd->callback([a] { run_train(*a); });
 }
 

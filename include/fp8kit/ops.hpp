@@ -1,7 +1,7 @@
 // fp8kit/ops.hpp: the layer math of a transformer as tensor operations - the f32/bf16 matmul
 // and Linear, LayerNorm, RMSNorm, GELU, causal self-attention (softmax included), softmax
 // cross-entropy, embedding and the AdamW update - each a forward and a backward, in the style of
-// llm.c. The layers of <fp8kit/nn.hpp> are written on these alone, so every backend that
+// llm.c, and the residual add. The layers of <fp8kit/nn.hpp> are written on these alone, so every backend that
 // implements them runs every layer.
 //
 // Conventions. Shapes in the comments: N rows (the product of all dimensions but the last),
@@ -72,6 +72,15 @@ void rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& d
 void gelu_forward(const Tensor& out, const Tensor& inp);
 // dinp = gelu'(inp) * dout
 void gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout);
+
+// ---- residual add, elementwise ----
+
+// out = inp + residual, the residual broadcast over inp's leading dimensions: its shape is inp's,
+// or inp's last dimensions (a position embedding [T, C] added to each sequence of [B, T, C]). out
+// has inp's shape and may be inp itself (in place). One addition per element, rounded once, so
+// every backend gives the same bits. Its backward is the identity for inp, and for a broadcast
+// residual a sum over the leading rows (bias_backward on the [rows, numel(residual)] view).
+void residual_forward(const Tensor& out, const Tensor& inp, const Tensor& residual);
 
 // ---- causal multi-head self-attention (the core between the qkv and output projections) ----
 

@@ -27,7 +27,7 @@ constexpr Backend host_backends[] = {Backend::ref, Backend::cpu};
             &ns::rmsnorm_forward, &ns::rmsnorm_backward, &ns::gelu_forward, &ns::gelu_backward,     \
             &ns::attention_forward, &ns::attention_backward, &ns::crossentropy_forward,             \
             &ns::crossentropy_backward, &ns::embedding_forward, &ns::embedding_backward,            \
-            &ns::adamw_update                                                                       \
+            &ns::adamw_update, &ns::residual_forward                                                \
     }
 constexpr detail::BackendOps ref_ops = FP8KIT_BACKEND_OPS(ref);
 constexpr detail::BackendOps cpu_ops = FP8KIT_BACKEND_OPS(cpu);

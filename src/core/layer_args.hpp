@@ -2,7 +2,7 @@
 // for matmul, layernorm, gelu, attention, crossentropy, embedding, adamw): each names the op, the
 // argument, what it is and what was expected, before any work is done.
 // Tensors may be on any device; detail::dispatch then checks that an op's tensors share one and
-// picks its backend (the cuda backend refuses, naming the op, the layer ops it has no kernels for).
+// picks its backend.
 // Checked by the ErrorsNameTheArgument tests of tests/ops/test_matmul.cpp, test_layernorm.cpp,
 // test_gelu.cpp, test_attention.cpp, test_crossentropy.cpp, test_embedding.cpp and test_adamw.cpp.
 #pragma once

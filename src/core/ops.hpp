@@ -301,6 +301,15 @@ struct EmbeddingJob {
     ExecContext ctx = {};  // last, so the positional initializers of src/core need not name it
 };
 
+// out[i] = inp[i] + residual[i % period], i < n (period divides n, or n is 0).
+struct ResidualJob {
+    DType dtype;
+    int64_t n, period;
+    const void *inp, *residual;
+    void* out;
+    ExecContext ctx = {};  // last, so the positional initializers of src/core need not name it
+};
+
 // One AdamW update of n elements; c1 = 1 - beta1^step, c2 = 1 - beta2^step (float32, computed
 // once by the caller so every backend uses the same ones).
 struct AdamWJob {
@@ -354,6 +363,7 @@ struct BackendOps {
     void (*embedding_forward)(const EmbeddingJob& job);
     void (*embedding_backward)(const EmbeddingJob& job);
     void (*adamw_update)(const AdamWJob& job);
+    void (*residual_forward)(const ResidualJob& job);
 };
 
 // The host backends' delayed-scaling state updates (one implementation: a few scalars).
@@ -463,7 +473,8 @@ inline void encode_infinities(const QuantizeJob& job) {
 // Each backend's implementation of the quantize and gemm families (src/<backend>/quantize.cpp,
 // src/<backend>/gemm.cpp).
 // Each backend's implementation of the op families: quantize, gemm, and the layer ops
-// (src/<backend>/<family>.cpp: matmul, layernorm, gelu, attention, crossentropy, embedding, adamw).
+// (src/<backend>/<family>.cpp: matmul, layernorm, gelu, attention, crossentropy, embedding, adamw,
+// residual).
 #define FP8KIT_DECLARE_QUANTIZE_OPS(ns)                                                       \
     namespace fp8kit::ns {                                                                    \
     void amax(const ExecContext& ctx, const detail::MatrixRef& x, float* out);                \
@@ -489,6 +500,7 @@ inline void encode_infinities(const QuantizeJob& job) {
     void embedding_forward(const detail::EmbeddingJob& job);                                  \
     void embedding_backward(const detail::EmbeddingJob& job);                                 \
     void adamw_update(const detail::AdamWJob& job);                                           \
+    void residual_forward(const detail::ResidualJob& job);                                    \
     }
 FP8KIT_DECLARE_QUANTIZE_OPS(ref)
 FP8KIT_DECLARE_QUANTIZE_OPS(cpu)

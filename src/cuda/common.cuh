@@ -1,6 +1,6 @@
 // src/cuda/common.cuh: what every CUDA source of the backend shares - the check that turns a
 // failed CUDA call into an fp8kit::Error naming the call, the stream of an ExecContext, element
-// loads of f32/bf16/f16 matrices, and the amax reduction on float bits.
+// loads of f32/bf16/f16 matrices, the amax reduction on float bits, and a block reduction.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -45,6 +45,30 @@ __device__ inline uint32_t warp_max(uint32_t key) {
     return key;
 }
 
+// op-reduction of v over the block's threads, in every thread, in a fixed order (so run to run the
+// same): within each warp by shuffles, then the warps' results by the first warp. blockDim.x is a
+// multiple of 32; `identity` pads the missing warps (0 for a sum, -inf for a max); `scratch` is 32
+// values of shared memory. Ends with a barrier, so the caller may reuse `scratch` at once.
+template <class T, class Op>
+__device__ T block_reduce(T v, Op op, T identity, T* scratch) {
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+    const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < blockDim.x / 32 ? scratch[lane] : identity;
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();
+    return v;
+}
+struct Sum {
+    template <class T>
+    __device__ T operator()(T a, T b) const { return a + b; }
+};
+struct Max {
+    template <class T>
+    __device__ T operator()(T a, T b) const { return a > b ? a : b; }
+};
+
 inline unsigned blocks_for(int64_t n, int threads, unsigned cap = 65535u * 8) {
     const int64_t b = (n + threads - 1) / threads;
     return unsigned(b < 1 ? 1 : b > cap ? cap : b);
@@ -52,8 +76,8 @@ inline unsigned blocks_for(int64_t n, int threads, unsigned cap = 65535u * 8) {
 
 }  // namespace fp8kit::cuda
 
-// The backend's operations (src/cuda/quantize.cu, gemm.cu, matmul.cu, gelu.cu), gathered by
-// src/cuda/device.cu.
+// The backend's operations (src/cuda/<family>.cu: quantize, gemm, and the layer ops matmul, gelu,
+// layernorm, attention, crossentropy, embedding, adamw, residual), gathered by src/cuda/device.cu.
 namespace fp8kit::cuda {
 void amax(const ExecContext& ctx, const detail::MatrixRef& x, float* out);
 void group_amax(const ExecContext& ctx, const detail::MatrixRef& x, GroupShape group, float* out);
@@ -66,4 +90,16 @@ void matmul(const detail::MatmulJob& job);
 void bias_grad(const detail::BiasGradJob& job);
 void gelu_forward(const detail::GeluJob& job);
 void gelu_backward(const detail::GeluJob& job);
+void layernorm_forward(const detail::NormJob& job);
+void layernorm_backward(const detail::NormBackwardJob& job);
+void rmsnorm_forward(const detail::NormJob& job);
+void rmsnorm_backward(const detail::NormBackwardJob& job);
+void attention_forward(const detail::AttentionJob& job);
+void attention_backward(const detail::AttentionJob& job);
+void crossentropy_forward(const detail::CrossEntropyJob& job);
+void crossentropy_backward(const detail::CrossEntropyJob& job);
+void embedding_forward(const detail::EmbeddingJob& job);
+void embedding_backward(const detail::EmbeddingJob& job);
+void adamw_update(const detail::AdamWJob& job);
+void residual_forward(const detail::ResidualJob& job);
 }  // namespace fp8kit::cuda

@@ -90,16 +90,6 @@ void delayed_update(const ExecContext& ctx, const detail::DelayedUpdate& u) {
     check_launch("delayed_update_kernel");
 }
 
-// The layer ops without CUDA kernels yet: a clear error, never a wrong result.
-template <const char* name, class Job>
-void layer_op_not_on_cuda(const Job&) {
-    throw Error(std::string("fp8kit::") + name +
-                ": the cuda backend does not run this layer op yet (of the layer ops, only matmul, the Linear ops "
-                "and gelu); move the tensors to the host first (Tensor::to(Device::cpu))");
-}
-constexpr char layernorm_name[] = "layernorm", rmsnorm_name[] = "rmsnorm", attention_name[] = "attention",
-               crossentropy_name[] = "crossentropy", embedding_name[] = "embedding", adamw_name[] = "adamw";
-
 const detail::BackendOps table{
     &amax,
     &group_amax,
@@ -112,19 +102,20 @@ const detail::BackendOps table{
     &delayed_update,
     &matmul,
     &bias_grad,
-    &layer_op_not_on_cuda<layernorm_name, detail::NormJob>,
-    &layer_op_not_on_cuda<layernorm_name, detail::NormBackwardJob>,
-    &layer_op_not_on_cuda<rmsnorm_name, detail::NormJob>,
-    &layer_op_not_on_cuda<rmsnorm_name, detail::NormBackwardJob>,
+    &layernorm_forward,
+    &layernorm_backward,
+    &rmsnorm_forward,
+    &rmsnorm_backward,
     &gelu_forward,
     &gelu_backward,
-    &layer_op_not_on_cuda<attention_name, detail::AttentionJob>,
-    &layer_op_not_on_cuda<attention_name, detail::AttentionJob>,
-    &layer_op_not_on_cuda<crossentropy_name, detail::CrossEntropyJob>,
-    &layer_op_not_on_cuda<crossentropy_name, detail::CrossEntropyJob>,
-    &layer_op_not_on_cuda<embedding_name, detail::EmbeddingJob>,
-    &layer_op_not_on_cuda<embedding_name, detail::EmbeddingJob>,
-    &layer_op_not_on_cuda<adamw_name, detail::AdamWJob>,
+    &attention_forward,
+    &attention_backward,
+    &crossentropy_forward,
+    &crossentropy_backward,
+    &embedding_forward,
+    &embedding_backward,
+    &adamw_update,
+    &residual_forward,
 };
 
 }  // namespace

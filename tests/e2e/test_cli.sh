@@ -78,6 +78,12 @@ refused "train --steps -3" "--steps must be >= 1, got -3" train --steps -3 --out
 refused "train --layers 0" "--layers must be >= 1, got 0" train --layers 0 --out "$out/r"
 refused "train --width 0" "--width must be >= 1, got 0" train --width 0 --out "$out/r"
 refused "train --batch -1" "--batch must be >= 1, got -1" train --batch -1 --out "$out/r"
+refused "train --device tpu" "--device 'tpu': expected cpu or cuda" train --device tpu --out "$out/r"
+# --device cuda: trains where a GPU is (a table row for tensorwise), else exit 2 saying why, before
+# any work (this build without the CUDA backend, or the machine without a GPU or driver).
+rm -rf "$out/r"
+"$fp8kit" train --device cuda --steps 2 --layers 1 --width 32 --batch 2 --recipe tensorwise --out "$out/r" >"$out/o" 2>"$out/e"; rc=$?
+check "train --device cuda: trains on the GPU, or exit 2 naming --device cuda and writing nothing" "{ [ $rc -eq 0 ] && grep -Eq '^tensorwise ' '$out/o'; } || { [ $rc -eq 2 ] && grep -q -- '--device cuda: ' '$out/e' && [ ! -s '$out/o' ] && [ ! -e '$out/r' ]; }"
 refused "train --threads 0" "--threads must be >= 1, got 0" train --threads 0 --out "$out/r"
 refused "train --recipe ''" "--recipe '': an empty recipe name" train --recipe "" --out "$out/r"
 refused "train --recipe foo" "--recipe: unknown recipe 'foo'" train --recipe foo --out "$out/r"

@@ -1,5 +1,6 @@
 // tests/ops/layer_bound.hpp: what the layer-op tests (tests/ops/test_{matmul, layernorm, gelu,
-// attention, crossentropy, embedding, adamw}.cpp) share - inputs, running an op on a backend, and
+// attention, crossentropy, embedding, adamw, residual}.cpp) share - inputs, running an op on a
+// backend (the cuda one on device copies), and
 // the comparison of a backend's output with the reference's against a per-element error bound
 // derived in docs/NUMERICS.md ("Layer ops"), reporting the worst ratio error / bound so that a
 // test can also show that a planted error exceeds the bound.
@@ -24,6 +25,14 @@ inline constexpr double u64 = 0x1p-53;  // of float64
 
 // gamma_n = n u / (1 - n u): the bound on the relative error of n float32 roundings in a row.
 inline double gamma(int64_t n, double u = u32) { return double(n) * u / (1.0 - double(n) * u); }
+
+// The device of backend b's tensors.
+inline Device device_of(Backend b) { return b == Backend::cuda ? Device::cuda : Device::cpu; }
+// An input as backend b takes it: itself for a host backend (any layout, as the op receives it), a
+// device copy for cuda.
+inline Tensor moved(const Tensor& t, Backend b) { return b == Backend::cuda && t.defined() ? t.to(Device::cuda) : t; }
+// An op's result on the host (itself when it is there).
+inline Tensor host(const Tensor& t) { return t.defined() ? t.to(Device::cpu) : t; }
 
 // N(0, scale^2) values, f32 or f64.
 inline Tensor randn(const Shape& shape, uint32_t seed, double scale = 1.0, DType dtype = DType::f32) {

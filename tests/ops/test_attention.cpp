@@ -5,7 +5,9 @@
 //   out (the cpu sums the rounded probabilities):  u sum_t2 p |v| + 2u |out| + 2^-45 sum_t2 p |v|
 //   dq, dk, dv (float32 sums of n rounded terms):  (gamma_n + u) sum |terms| + 2^-45 (same sum)
 // A 0.1% error of the score scale and a dropped time step are shown to exceed them. Causality:
-// changing the last position changes no earlier output.
+// changing the last position changes no earlier output. The cuda backend (the cpu backend's
+// arithmetic) is held to the same bounds (CudaMatchesRefWithinTheBound; skipped, saying why,
+// without a GPU).
 #include "ops/layer_bound.hpp"
 
 namespace fp8kit {
@@ -18,14 +20,18 @@ struct Att {
     Tensor out, att, dqkv;
 };
 
-// Forward, then backward from `saved_att` (the reference's probabilities) when given.
+// Forward, then backward from `saved_att` (the reference's probabilities) when given; results on
+// the host.
 Att run_attention(Backend b, const Tensor& qkv, const Tensor& dout, int64_t nh, const Tensor* saved_att = nullptr) {
     return test::on_backend(b, [&] {
         const int64_t bb = qkv.size(0), t = qkv.size(1), c = qkv.size(2) / 3;
-        Att a{Tensor::empty({bb, t, c}, DType::f32), Tensor::empty({bb, nh, t, t}, DType::f32), Tensor::empty(qkv.shape(), DType::f32)};
-        attention_forward(a.out, a.att, qkv, nh);
-        attention_backward(a.dqkv, dout, qkv, saved_att ? *saved_att : a.att, nh);
-        return a;
+        const Device d = test::device_of(b);
+        const Tensor x = test::moved(qkv, b), g = test::moved(dout, b);
+        Att a{Tensor::empty({bb, t, c}, DType::f32, d), Tensor::empty({bb, nh, t, t}, DType::f32, d),
+              Tensor::empty(qkv.shape(), DType::f32, d)};
+        attention_forward(a.out, a.att, x, nh);
+        attention_backward(a.dqkv, g, x, saved_att ? test::moved(*saved_att, b) : a.att, nh);
+        return Att{test::host(a.out), test::host(a.att), test::host(a.dqkv)};
     });
 }
 
@@ -100,6 +106,20 @@ TEST(AttentionOps, CpuMatchesRefWithinTheBound) {
             test::expect_same("out, threads", cpu.out, first.out);
             test::expect_same("dqkv, threads", cpu.dqkv, first.dqkv);
         });
+    }
+}
+
+// The cuda backend on the same shapes and bounds (one warp per (batch, head, step); T = 128
+// spans four 32-step chunks of the backward's loops).
+TEST(AttentionOps, CudaMatchesRefWithinTheBound) {
+    FP8KIT_SKIP_WITHOUT_CUDA();
+    const int64_t shapes[][4] = {{1, 1, 1, 1}, {1, 5, 6, 2}, {2, 7, 15, 3}, {1, 17, 32, 4}, {5, 128, 64, 4}, {1, 40, 192, 2}};
+    for (const auto& s : shapes) {
+        SCOPED_TRACE(::testing::Message() << "B " << s[0] << " T " << s[1] << " C " << s[2] << " NH " << s[3]);
+        const Tensor qkv = test::randn({s[0], s[1], 3 * s[2]}, 1), dout = test::randn({s[0], s[1], s[2]}, 2);
+        const Att ref = run_attention(Backend::ref, qkv, dout, s[3]);
+        expect_attention_within(run_attention(Backend::cuda, qkv, dout, s[3], &ref.att), ref,
+                                attention_bounds(qkv, dout, s[3], ref));
     }
 }
 

@@ -4,6 +4,8 @@
 //   probs, losses (float64, rounded once by both):  2u |ref| + 2^-50 (|log sum| + |max - z_target|)
 //   dlogits = fl(fl(p - y) dloss) against one rounding:  3u |(p - y) dloss|
 // A dropped term of the softmax sum and a gradient without the one-hot are shown to exceed them.
+// The cuda backend is held to the same bounds (CudaMatchesRefWithinTheBound; skipped, saying why,
+// without a GPU).
 #include "ops/layer_bound.hpp"
 
 namespace fp8kit {
@@ -15,13 +17,16 @@ struct Ce {
     Tensor losses, probs, dlogits;
 };
 
+// Results on the host.
 Ce run_ce(Backend b, const Tensor& logits, const Tensor& targets, float dloss, const Tensor* saved_probs = nullptr) {
     return test::on_backend(b, [&] {
         const int64_t rows = logits.size(0), v = logits.size(1);
-        Ce c{Tensor::empty({rows}, DType::f32), Tensor::empty({rows, v}, DType::f32), Tensor::empty({rows, v}, DType::f32)};
-        crossentropy_forward(c.losses, c.probs, logits, targets);
-        crossentropy_backward(c.dlogits, saved_probs ? *saved_probs : c.probs, targets, dloss);
-        return c;
+        const Device d = test::device_of(b);
+        const Tensor z = test::moved(logits, b), t = test::moved(targets, b);
+        Ce c{Tensor::empty({rows}, DType::f32, d), Tensor::empty({rows, v}, DType::f32, d), Tensor::empty({rows, v}, DType::f32, d)};
+        crossentropy_forward(c.losses, c.probs, z, t);
+        crossentropy_backward(c.dlogits, saved_probs ? test::moved(*saved_probs, b) : c.probs, t, dloss);
+        return Ce{test::host(c.losses), test::host(c.probs), test::host(c.dlogits)};
     });
 }
 
@@ -70,6 +75,23 @@ TEST(CrossEntropyOps, CpuMatchesRefWithinTheBound) {
             if (!first.probs.defined()) first = cpu;
             else test::expect_same("probs, threads", cpu.probs, first.probs);
         });
+    }
+}
+
+// The cuda backend (one block a row) on the same shapes and a vocabulary of GPT-2's size.
+TEST(CrossEntropyOps, CudaMatchesRefWithinTheBound) {
+    FP8KIT_SKIP_WITHOUT_CUDA();
+    const int64_t shapes[][2] = {{1, 1}, {1, 2}, {5, 17}, {13, 256}, {7, 1031}, {300, 1000}, {3, 50257}};
+    for (const auto& s : shapes) {
+        SCOPED_TRACE(::testing::Message() << s[0] << "x" << s[1]);
+        const Tensor logits = test::randn({s[0], s[1]}, 1, 3.0), targets = make_targets(s[0], s[1]);
+        const float dloss = 1.0f / float(s[0]);
+        const Ce ref = run_ce(Backend::ref, logits, targets, dloss);
+        const CeBounds bd = ce_bounds(logits, targets, dloss, ref);
+        const Ce got = run_ce(Backend::cuda, logits, targets, dloss, &ref.probs);
+        test::expect_within("losses", got.losses, ref.losses, bd.losses);
+        test::expect_within("probs", got.probs, ref.probs, bd.probs);
+        test::expect_within("dlogits", got.dlogits, ref.dlogits, bd.dlogits);
     }
 }
 

@@ -2,7 +2,9 @@
 // reference backend. The forward is a copy: bit for bit. The backward adds each id's rows to its
 // gradient row in row order in float32; the reference sums them in float64 and rounds once:
 // |d - ref| <= (gamma_n + u) (|initial| + sum |rows|), n the id's count (docs/NUMERICS.md, "Layer
-// ops"); an id seen once, on a zero gradient, is exact. A dropped repeat exceeds the bound.
+// ops"); an id seen once, on a zero gradient, is exact. A dropped repeat exceeds the bound. The
+// cuda backend (rows added in the same order, one thread a column) runs the same checks when a
+// GPU is present.
 #include "ops/layer_bound.hpp"
 
 namespace fp8kit {
@@ -16,10 +18,11 @@ std::pair<Tensor, Tensor> run_embedding(Backend b, const Tensor& ids, const Tens
     return test::on_backend(b, [&] {
         Shape s = ids.shape();
         s.push_back(table.size(1));
-        Tensor out = Tensor::empty(s, DType::f32), dt = dtable0.clone();
-        embedding_forward(out, ids, table);
-        embedding_backward(dt, dout, ids);
-        return std::pair{out, dt};
+        const Tensor i = test::moved(ids, b);
+        Tensor out = Tensor::empty(s, DType::f32, test::device_of(b)), dt = test::moved(dtable0, b).clone();
+        embedding_forward(out, i, test::moved(table, b));
+        embedding_backward(dt, test::moved(dout, b), i);
+        return std::pair{test::host(out), test::host(dt)};
     });
 }
 
@@ -38,6 +41,8 @@ std::vector<double> embedding_bound(const Tensor& ids, const Tensor& dout, const
 }
 
 TEST(EmbeddingOps, ForwardIsExactAndBackwardWithinTheBound) {
+    std::vector<Backend> backends{Backend::cpu};
+    if (test::cuda_part_runs("the embedding on cuda")) backends.push_back(Backend::cuda);
     const int64_t shapes[][3] = {{1, 1, 1}, {5, 3, 7}, {256, 17, 64}, {50, 129, 300}};  // V, C, rows
     for (const auto& s : shapes) {
         SCOPED_TRACE(::testing::Message() << "V " << s[0] << " C " << s[1] << " rows " << s[2]);
@@ -46,9 +51,12 @@ TEST(EmbeddingOps, ForwardIsExactAndBackwardWithinTheBound) {
         const Tensor table = test::randn({s[0], s[1]}, 1), dout = test::randn({s[2], s[1]}, 2);
         for (const Tensor& dt0 : {Tensor::zeros({s[0], s[1]}, DType::f32), test::randn({s[0], s[1]}, 3)}) {
             const auto [ref_out, ref_dt] = run_embedding(Backend::ref, ids, table, dout, dt0);
-            const auto [out, dt] = run_embedding(Backend::cpu, ids, table, dout, dt0);
-            test::expect_same("out", out, ref_out);
-            test::expect_within("dtable", dt, ref_dt, embedding_bound(ids, dout, dt0));
+            for (Backend be : backends) {
+                SCOPED_TRACE(std::string(to_string(be)));
+                const auto [out, dt] = run_embedding(be, ids, table, dout, dt0);
+                test::expect_same("out", out, ref_out);
+                test::expect_within("dtable", dt, ref_dt, embedding_bound(ids, dout, dt0));
+            }
         }
     }
 }

@@ -5,7 +5,8 @@
 //   out  = fl(fl(fl(norm) w) + b) against one rounding:  2u |out| + 3u |norm w|
 //   dweight, dbias (float32 sums over the rows):  (gamma_{rows+3} + u) (|initial| + sum |terms|)
 // A wrong eps (1e-6 for 1e-5) and a dropped row are shown to exceed them; results do not depend
-// on the thread count; errors name the argument.
+// on the thread count; errors name the argument. The cuda backend is held to the same bounds
+// (CudaMatchesRefWithinTheBound; skipped, saying why, without a GPU).
 #include "ops/layer_bound.hpp"
 
 namespace fp8kit {
@@ -25,16 +26,21 @@ NormOut run_norm(Backend b, bool layer, const Tensor& x, const Tensor& w, const 
                  const Tensor& dw0, const Tensor& db0, const NormOut* saved = nullptr, double eps = 1e-5) {
     return test::on_backend(b, [&] {
         const int64_t rows = x.size(0);
-        NormOut o{Tensor::empty(x.shape(), DType::f32), Tensor::empty({rows}, DType::f32), Tensor::empty({rows}, DType::f32),
-                  Tensor::empty(x.shape(), DType::f32), dw0.clone(), db0.clone()};
+        const Device d = test::device_of(b);
+        const Tensor xb = test::moved(x, b), wb = test::moved(w, b), g = test::moved(dout, b);
+        NormOut o{Tensor::empty(x.shape(), DType::f32, d), Tensor::empty({rows}, DType::f32, d),
+                  Tensor::empty({rows}, DType::f32, d),  Tensor::empty(x.shape(), DType::f32, d),
+                  test::moved(dw0, b).clone(),           test::moved(db0, b).clone()};
+        const Tensor mean = saved ? test::moved(saved->mean, b) : o.mean, rstd = saved ? test::moved(saved->rstd, b) : o.rstd;
         if (layer) {
-            layernorm_forward(o.out, o.mean, o.rstd, x, w, bias, eps);
-            layernorm_backward(o.dx, o.dw, o.db, dout, x, w, saved ? saved->mean : o.mean, saved ? saved->rstd : o.rstd);
+            layernorm_forward(o.out, o.mean, o.rstd, xb, wb, test::moved(bias, b), eps);
+            layernorm_backward(o.dx, o.dw, o.db, g, xb, wb, mean, rstd);
         } else {
-            rmsnorm_forward(o.out, o.rstd, x, w, eps);
-            rmsnorm_backward(o.dx, o.dw, dout, x, w, saved ? saved->rstd : o.rstd);
+            rmsnorm_forward(o.out, o.rstd, xb, wb, eps);
+            rmsnorm_backward(o.dx, o.dw, g, xb, wb, rstd);
         }
-        return o;
+        return NormOut{test::host(o.out), test::host(o.mean), test::host(o.rstd),
+                       test::host(o.dx),  test::host(o.dw),   test::host(o.db)};
     });
 }
 
@@ -117,6 +123,26 @@ TEST(LayerNormOps, CpuMatchesRefWithinTheBound) {
                 test::expect_same("dinp, threads", cpu.dx, first.dx);
                 test::expect_same("dweight, threads", cpu.dw, first.dw);
             });
+        }
+    }
+}
+
+// The cuda backend (one block a row; the parameter gradients one thread a column) on the same
+// inputs and bounds.
+TEST(LayerNormOps, CudaMatchesRefWithinTheBound) {
+    FP8KIT_SKIP_WITHOUT_CUDA();
+    const int64_t shapes[][2] = {{1, 1}, {1, 7}, {3, 1}, {5, 17}, {13, 64}, {31, 129}, {600, 520}, {4, 3000}};
+    for (bool layer : {true, false}) {
+        for (const auto& s : shapes) {
+            SCOPED_TRACE(::testing::Message() << (layer ? "layernorm " : "rmsnorm ") << s[0] << "x" << s[1]);
+            Tensor x = test::randn({s[0], s[1]}, 1, 2.0);
+            for (int64_t r = 0; r < s[0]; ++r)
+                for (int64_t i = 0; i < s[1]; ++i) x.set({r, i}, x.get({r, i}) * float(1 + r % 5) + float(r % 3));
+            const Tensor w = test::randn({s[1]}, 2), b = test::randn({s[1]}, 3), g = test::randn({s[0], s[1]}, 4);
+            const Tensor dw0 = test::randn({s[1]}, 5), db0 = test::randn({s[1]}, 6);
+            const NormOut ref = run_norm(Backend::ref, layer, x, w, b, g, dw0, db0);
+            expect_norm_within(layer, run_norm(Backend::cuda, layer, x, w, b, g, dw0, db0, &ref), ref,
+                               norm_bounds(layer, x, w, g, dw0, db0, ref));
         }
     }
 }

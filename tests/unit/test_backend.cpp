@@ -88,8 +88,8 @@ TEST(Backend, InputsOnTwoDevicesAreRefusedNamingBoth) {
 }
 
 // Device tensors (a GPU present): to() and back is the same bytes, clone() copies a strided 2-d
-// view on the device, zeros() is zero, host element access is refused, and a layer op the cuda
-// backend has no kernel for yet (layernorm) refuses device tensors with a clear error.
+// view on the device, zeros() is zero, host element access is refused, and a layer op refuses a
+// mix of device and host tensors, naming both.
 TEST(Backend, CudaTensorsCopyAndRefuseHostAccess) {
     FP8KIT_SKIP_WITHOUT_CUDA();
     std::vector<float> v(6 * 7);
@@ -108,10 +108,8 @@ TEST(Backend, CudaTensorsCopyAndRefuseHostAccess) {
     for (int64_t i = 0; i < 15; ++i) EXPECT_EQ(z.get({i / 5, i % 5}), 0.0f);
     expect_error([&] { (void)d.get({0, 0}); }, "not in host memory");
     expect_error([&] { (void)d.transpose().clone(); }, "copy it to the host first");
-    const Tensor out = Tensor::empty({6, 7}, DType::f32, Device::cuda), stat = Tensor::empty({6}, DType::f32, Device::cuda);
-    const Tensor w = Tensor::zeros({7}, DType::f32, Device::cuda);
-    expect_error([&] { layernorm_forward(out, stat, stat, d, w, w); },
-                 "layernorm: the cuda backend does not run this layer op yet");
+    const Tensor out = Tensor::empty({6, 7}, DType::f32, Device::cuda);
+    expect_error([&] { gelu_forward(out, h); }, "gelu_forward: out is on cuda but inp is on cpu");
 }
 
 TEST(Tensor, ReadOnlyMemoryIsReadableAndRefusesWritesNamingTheTensor) {

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "fp8kit/checkpoint.hpp"
+#include "fp8kit/ops.hpp"
 #include "gpt/gpt.hpp"
 
 namespace fp8kit::gpt {
@@ -23,13 +24,8 @@ using nn::Module;
 
 namespace {
 
-// x += y, elementwise over equal shapes
-void add_inplace(Tensor& x, const Tensor& y) {
-    float* a = x.data<float>();
-    const Tensor yc = y.contiguous();
-    const float* b = yc.data<float>();
-    for (int64_t i = 0; i < x.numel(); ++i) a[i] += b[i];
-}
+// x += y, elementwise over equal shapes (on x's device)
+void add_inplace(const Tensor& x, const Tensor& y) { residual_forward(x, x, y); }
 
 class MLP : public Module {
 public:
@@ -161,12 +157,9 @@ Tensor GPT::forward(const Tensor& tokens) {
     t_ = tokens.size(1);
     std::vector<int32_t> pos(static_cast<size_t>(t_));
     for (int64_t i = 0; i < t_; ++i) pos[size_t(i)] = int32_t(i);
-    Tensor x = child<Embedding>(tok_i).forward(tokens);  // [B, T, C]
-    const Tensor pe = child<Embedding>(pos_i).forward(Tensor::from(pos, {t_}));  // [T, C]
-    float* xp = x.data<float>();
-    const float* pp = pe.data<float>();
-    for (int64_t bb = 0; bb < b_; ++bb)
-        for (int64_t i = 0; i < t_ * cfg_.width; ++i) xp[bb * t_ * cfg_.width + i] += pp[i];
+    Tensor x = child<Embedding>(tok_i).forward(tokens);                                         // [B, T, C]
+    const Tensor pe = child<Embedding>(pos_i).forward(Tensor::from(pos, {t_}).to(tokens.device()));  // [T, C]
+    residual_forward(x, x, pe);  // pe added to every sequence
     const auto& blocks = child<ModuleList>(blocks_i);
     for (int64_t l = 0; l < cfg_.layers; ++l) x = blocks.at<Block>(size_t(l)).forward(x);
     return child<Linear>(lm_head_i).forward(child<LayerNorm>(norm_f_i).forward(x));  // [B, T, V]
@@ -183,18 +176,24 @@ void GPT::backward() {
     d = child<LayerNorm>(norm_f_i).backward(child<Linear>(lm_head_i).backward(d));  // [B, T, C]
     const auto& blocks = child<ModuleList>(blocks_i);
     for (int64_t l = cfg_.layers - 1; l >= 0; --l) d = blocks.at<Block>(size_t(l)).backward(d);
-    Tensor dpos = Tensor::zeros({t_, cfg_.width}, DType::f32);  // summed over the batch
-    const float* dp = d.data<float>();
-    float* pp = dpos.data<float>();
-    for (int64_t bb = 0; bb < b_; ++bb)
-        for (int64_t i = 0; i < t_ * cfg_.width; ++i) pp[i] += dp[bb * t_ * cfg_.width + i];
+    // The position embedding's gradient: d summed over the batch (the [B, T * C] rows, in order).
+    const Tensor dpos = Tensor::zeros({t_, cfg_.width}, DType::f32, d.device());
+    bias_backward(dpos.reshape({t_ * cfg_.width}), d.reshape({b_, t_ * cfg_.width}));
     child<Embedding>(tok_i).backward(d);
     child<Embedding>(pos_i).backward(dpos);
 }
 
 void GPT::zero_grad() {
-    for (auto& [name, p] : named_parameters())
-        if (p->grad.defined()) std::fill_n(p->grad.data<float>(), p->grad.numel(), 0.0f);
+    for (auto& [name, p] : named_parameters()) {
+        if (!p->grad.defined()) continue;
+        if (p->grad.device() == Device::cpu) std::fill_n(p->grad.data<float>(), p->grad.numel(), 0.0f);
+        else p->grad = Tensor::zeros(p->grad.shape(), DType::f32, p->grad.device());
+    }
+}
+
+Device GPT::device() const {
+    const nn::Parameter& p = *named_parameters().front().second;
+    return p.value.defined() ? p.value.device() : p.stored ? p.stored->data.device() : Device::cpu;
 }
 
 size_t GPT::activation_bytes() const {

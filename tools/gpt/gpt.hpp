@@ -50,6 +50,7 @@ public:
     void zero_grad();
     size_t activation_bytes() const;  // what forward keeps for backward, over all modules
     size_t weight_bytes() const;      // parameters as stored
+    Device device() const;            // where the parameters are (Module::to moves them)
 
 private:
     GPTConfig cfg_;
@@ -74,6 +75,10 @@ struct TrainConfig {
     // FP8 recipes: a policy file's per-layer decisions (nn::policy_plan); layers without an entry
     // get the run's recipe and the usual filter.
     std::optional<Policy> policy;
+    // Where the model trains: the host, or Device::cuda (every layer op on the GPU; the bf16
+    // recipe, which emulates bf16 GEMM inputs on the host, is refused there). The trained model
+    // comes back to the host.
+    Device device = Device::cpu;
     void validate() const;
 };
 

@@ -125,11 +125,15 @@ TrainResult train_gpt(std::string_view text, const TrainConfig& c, const std::st
     const bool known = std::find(training_recipes().begin(), training_recipes().end(), recipe) != training_recipes().end() ||
                        recipe == "mxfp8";
     if (!known) throw Error("fp8kit::gpt::train_gpt: unknown recipe '" + recipe + "' (f32, bf16, tensorwise, rowwise, block, delayed, mxfp8)");
+    if (recipe == "bf16" && c.device != Device::cpu)
+        throw Error("fp8kit::gpt::train_gpt: the bf16 recipe emulates bf16 GEMM inputs on the host only, not on " +
+                    std::string(to_string(c.device)));
     TrainResult r;
     r.recipe = recipe;
     r.model = std::make_unique<GPT>(c.model, c.seed);
     GPT& model = *r.model;
     apply_recipe(model, recipe, c.policy, r);
+    model.to(c.device);
     AdamW opt(model.named_parameters(), AdamWOptions{c.lr, 0.9f, 0.95f, 1e-8f, 0.1f});
     std::mt19937_64 data_rng(c.seed ^ 0x9e3779b97f4a7c15ull);  // the data order: the same for every recipe
     Tensor tokens = Tensor::empty({c.batch, t}, DType::i32), targets = Tensor::empty({c.batch, t}, DType::i32);
@@ -144,7 +148,7 @@ TrainResult train_gpt(std::string_view text, const TrainConfig& c, const std::st
         for (auto& s : starts) s = int64_t(data_rng() % uint64_t(split - t - 1));
         fill_batch(text, starts, t, tokens, targets);
         model.zero_grad();
-        const float loss = model.loss(tokens, targets);
+        const float loss = model.loss(tokens.to(c.device), targets.to(c.device));
         if (step == 0) r.activation_bytes = model.activation_bytes();
         model.backward();
         opt.step(learning_rate(c, step));
@@ -162,9 +166,10 @@ TrainResult train_gpt(std::string_view text, const TrainConfig& c, const std::st
     for (int64_t e = 0; e < c.eval_batches; ++e) {
         for (int64_t b = 0; b < c.batch; ++b) starts[size_t(b)] = split + (e * c.batch + b) * span / windows;
         fill_batch(text, starts, t, tokens, targets);
-        sum += double(model.loss(tokens, targets));
+        sum += double(model.loss(tokens.to(c.device), targets.to(c.device)));
     }
     r.final_loss = float(sum / double(c.eval_batches));
+    model.to(Device::cpu);
     return r;
 }
 
@@ -180,7 +185,7 @@ std::string generate(GPT& model, const std::string& prompt, int64_t tokens, uint
     for (int64_t i = 0; i < tokens; ++i) {
         const int64_t n = std::min<int64_t>(int64_t(seq.size()), ctx);
         const std::vector<int32_t> window(seq.end() - n, seq.end());
-        const Tensor logits = model.forward(Tensor::from(window, {1, n}));
+        const Tensor logits = model.forward(Tensor::from(window, {1, n}).to(model.device())).to(Device::cpu);
         const float* z = logits.data<float>() + (n - 1) * v;
         // softmax(z / 0.8), sampled by inverting the cumulative sum
         double maxv = z[0];
