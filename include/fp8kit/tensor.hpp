@@ -107,8 +107,8 @@ public:
     Tensor reshape(Shape shape) const;                            // contiguous only; one -1 allowed
     Tensor slice(int64_t d, int64_t begin, int64_t end) const;   // [begin, end) of dimension d
     Tensor transpose() const;                                     // 2-D: swaps the dimensions
-    // Copies. On device cuda, clone() copies tensors of at most 2 dimensions whose last stride is 1
-    // (fp8kit::Error otherwise: make it contiguous on the host first).
+    // Copies. On device cuda, clone() copies contiguous tensors, and views of at most 2 dimensions
+    // whose last stride is 1 (fp8kit::Error otherwise: make it contiguous on the host first).
     Tensor contiguous() const;  // itself if already contiguous
     Tensor clone() const;
     // A contiguous copy on `device` (itself when it is already there and contiguous): moves

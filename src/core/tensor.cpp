@@ -328,19 +328,22 @@ Tensor Tensor::to(Device device) const {
     return t;
 }
 
-// A device tensor's rows (at most 2 dimensions, unit last stride) copied into this contiguous one.
+// A device tensor copied into this contiguous one: a contiguous one of any rank in one piece, else
+// its rows (at most 2 dimensions, unit last stride).
 void Tensor::copy_from_device(const Tensor& src) const {
     const size_t es = dtype_size(src.dtype_);
-    const bool rows_ok = src.dim() <= 1 ? (src.dim() == 0 || src.strides_[0] == 1 || src.shape_[0] <= 1)
-                                        : src.dim() == 2 && (src.strides_[1] == 1 || src.shape_[1] <= 1);
+    const bool flat = src.is_contiguous();
+    const bool rows_ok = flat || (src.dim() <= 1 ? (src.dim() == 0 || src.strides_[0] == 1 || src.shape_[0] <= 1)
+                                                 : src.dim() == 2 && (src.strides_[1] == 1 || src.shape_[1] <= 1));
     if (!rows_ok) {
         throw Error("fp8kit::Tensor::clone: a device tensor of shape " + to_string(src.shape_) +
                     " with these strides is not copied on the device; copy it to the host first");
     }
     if (src.numel() == 0) return;
 #ifdef FP8KIT_HAS_CUDA
-    const int64_t rows = src.dim() == 2 ? src.shape_[0] : 1, cols = src.dim() == 0 ? 1 : src.shape_.back();
-    const int64_t ld = src.dim() == 2 ? src.strides_[0] : cols;
+    const int64_t rows = !flat && src.dim() == 2 ? src.shape_[0] : 1;
+    const int64_t cols = flat ? src.numel() : src.dim() == 0 ? 1 : src.shape_.back();
+    const int64_t ld = !flat && src.dim() == 2 ? src.strides_[0] : cols;
     cuda::copy_2d(raw_data(), size_t(cols) * es, src.const_raw_data(), size_t(ld) * es, size_t(cols) * es, size_t(rows));
 #else
     (void)es;

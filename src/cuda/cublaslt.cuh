@@ -1,15 +1,17 @@
 // src/cuda/cublaslt.cuh: what the cuda backend's two cuBLASLt users share (the scaled FP8 GEMM of
 // src/cuda/gemm.cu and the float32 / float64 matmul of src/cuda/matmul.cu) - the one handle and
 // workspace, the status check that names the call, the descriptors of one call released on every
-// path, and the cached choice of algorithm per shape.
+// path, and the cached choice of algorithm per shape and operand alignment.
 // Checked by the Cuda* tests of tests/ops/test_gemm.cpp and tests/ops/test_matmul.cpp.
 #pragma once
 
 #include <cublasLt.h>
 
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "cuda/common.cuh"
 #include "fp8kit/error.hpp"
@@ -58,14 +60,30 @@ struct LtCall {
     }
 };
 
-// The algorithm cuBLASLt's heuristic gives `call`, asked once per key (the error, when it has
-// none, names `what` and its m x n x k).
+// The largest power of two, at most 256, that divides p's address. cuBLASLt's heuristic assumes
+// 256-byte aligned operands unless told otherwise, and may pick an algorithm that fails (or reads
+// misaligned) on a view into a larger tensor; lt_algo tells it each operand's alignment.
+inline uint32_t lt_alignment(const void* p) {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    uint32_t r = 256;
+    while (r > 1 && a % r != 0) r /= 2;
+    return r;
+}
+
+// Per shape key and the operands' alignments (packed), the algorithm chosen.
 template <class Key>
-cublasLtMatmulAlgo_t lt_algo(std::map<Key, cublasLtMatmulAlgo_t>& cache, const Key& key, const LtCall& call,
-                             const char* what, int64_t m, int64_t n, int64_t k) {
+using LtAlgos = std::map<std::pair<Key, uint32_t>, cublasLtMatmulAlgo_t>;
+
+// The algorithm cuBLASLt's heuristic gives `call` with its operands at a, b and d (C is D), asked
+// once per key and alignments (the error, when it has none, names `what` and its m x n x k).
+template <class Key>
+cublasLtMatmulAlgo_t lt_algo(LtAlgos<Key>& cache, const Key& key, const LtCall& call, const void* a, const void* b,
+                             const void* d, const char* what, int64_t m, int64_t n, int64_t k) {
+    const uint32_t align_a = lt_alignment(a), align_b = lt_alignment(b), align_d = lt_alignment(d);
+    const auto full_key = std::make_pair(key, align_a | align_b << 9 | align_d << 18);
     Lt& l = lt();
     std::lock_guard<std::mutex> lock(l.mutex);
-    if (auto it = cache.find(key); it != cache.end()) return it->second;
+    if (auto it = cache.find(full_key); it != cache.end()) return it->second;
     cublasLtMatmulPreference_t pref = nullptr;
     FP8KIT_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     struct Release {
@@ -74,6 +92,13 @@ cublasLtMatmulAlgo_t lt_algo(std::map<Key, cublasLtMatmulAlgo_t>& cache, const K
     } release{pref};
     FP8KIT_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &l.workspace_bytes,
                                                          sizeof(l.workspace_bytes)));
+    const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d}};
+    for (const auto& [attribute, bytes] : alignments)
+        FP8KIT_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attribute, &bytes, sizeof(bytes)));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     FP8KIT_LT_CHECK(cublasLtMatmulAlgoGetHeuristic(l.handle, call.desc, call.a, call.b, call.d, call.d, pref, 1, &result, &found));
@@ -81,7 +106,7 @@ cublasLtMatmulAlgo_t lt_algo(std::map<Key, cublasLtMatmulAlgo_t>& cache, const K
         throw Error(std::string("fp8kit cuda: cuBLASLt has no algorithm for ") + what + " (" + std::to_string(m) + " x " +
                     std::to_string(n) + " x " + std::to_string(k) + ")");
     }
-    return cache.emplace(key, result.algo).first->second;
+    return cache.emplace(full_key, result.algo).first->second;
 }
 
 }  // namespace fp8kit::cuda

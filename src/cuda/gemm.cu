@@ -25,8 +25,6 @@
 #include <cudaTypedefs.h>
 
 #include <cstdlib>
-#include <map>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -760,7 +758,7 @@ __global__ void transpose_scales_kernel(const float* scale, int64_t rows, int64_
 
 // D^T [n, m] (column-major: D row-major) = op(B)^T-layout x A: cuBLASLt's "TN" with B as its A.
 void launch_lt(const GemmJob& j, LtScales scales, cudaStream_t s) {
-    static std::map<std::tuple<int64_t, int64_t, int64_t, int, int, int, int>, cublasLtMatmulAlgo_t> algos;
+    static LtAlgos<std::tuple<int64_t, int64_t, int64_t, int, int, int, int>> algos;
     LtCall call;
     FP8KIT_LT_CHECK(cublasLtMatmulDescCreate(&call.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
@@ -790,7 +788,7 @@ void launch_lt(const GemmJob& j, LtScales scales, cudaStream_t s) {
     FP8KIT_LT_CHECK(cublasLtMatrixLayoutCreate(&call.b, lt_type(j.a.format), uint64_t(j.k), uint64_t(j.m), j.a.ld));
     FP8KIT_LT_CHECK(cublasLtMatrixLayoutCreate(&call.d, lt_type(j.out_dtype), uint64_t(j.n), uint64_t(j.m), j.n));
     const auto key = std::make_tuple(j.m, j.n, j.k, int(j.a.format), int(j.b.format), int(j.out_dtype), int(scales));
-    const cublasLtMatmulAlgo_t algo = lt_algo(algos, key, call, "this FP8 GEMM", j.m, j.n, j.k);
+    const cublasLtMatmulAlgo_t algo = lt_algo(algos, key, call, j.b.data, j.a.data, j.out, "this FP8 GEMM", j.m, j.n, j.k);
     const float alpha = j.alpha, beta = 0.0f;
     Lt& l = lt();
     FP8KIT_LT_CHECK(cublasLtMatmul(l.handle, call.desc, &alpha, j.b.data, call.a, j.a.data, call.b, &beta, j.out, call.d,

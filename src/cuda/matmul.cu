@@ -8,7 +8,6 @@
 // docs/NUMERICS.md, (gamma_{K+2} + u) sum |terms|. The bias gradient is a float32 sum per column in
 // row order (one thread a column: deterministic).
 // Checked against the reference backend by the Cuda* tests of tests/ops/test_matmul.cpp.
-#include <map>
 #include <tuple>
 
 #include "cuda/common.cuh"
@@ -59,7 +58,7 @@ const void* as_float(const void* p, DType dtype, int64_t numel, std::shared_ptr<
 // [k, n] row-major: column-major [n, k], no transpose; stored [n, k]: transposed) and its B is a.
 template <class T>
 void launch_matmul(const detail::MatmulJob& j, const void* a, const void* b, cudaStream_t s) {
-    static std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool>, cublasLtMatmulAlgo_t> algos;
+    static LtAlgos<std::tuple<int64_t, int64_t, int64_t, bool, bool>> algos;
     constexpr bool f64 = std::is_same_v<T, double>;
     constexpr cudaDataType_t type = f64 ? CUDA_R_64F : CUDA_R_32F;
     LtCall call;
@@ -72,7 +71,7 @@ void launch_matmul(const detail::MatmulJob& j, const void* a, const void* b, cud
     FP8KIT_LT_CHECK(cublasLtMatrixLayoutCreate(&call.b, type, uint64_t(j.ta ? j.m : j.k), uint64_t(j.ta ? j.k : j.m),
                                                j.ta ? j.m : j.k));
     FP8KIT_LT_CHECK(cublasLtMatrixLayoutCreate(&call.d, type, uint64_t(j.n), uint64_t(j.m), j.n));
-    const cublasLtMatmulAlgo_t algo = lt_algo(algos, std::make_tuple(j.m, j.n, j.k, j.ta, j.tb), call,
+    const cublasLtMatmulAlgo_t algo = lt_algo(algos, std::make_tuple(j.m, j.n, j.k, j.ta, j.tb), call, b, a, j.out,
                                               f64 ? "this float64 matmul" : "this float32 matmul", j.m, j.n, j.k);
     const T alpha = 1, beta = j.accumulate ? 1 : 0;  // out (C) is read before it is written (D)
     Lt& l = lt();

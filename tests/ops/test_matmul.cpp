@@ -114,6 +114,16 @@ TEST(MatmulOps, CudaMatchesRefWithinTheBound) {
     for (int64_t i = 0; i < c.m; ++i) dropped.set({i, c.k - 1}, 0.0f);
     test::expect_caught("dropped term", run_matmul_cuda(c, dropped, b, c0), run_matmul(Backend::ref, c, a, b, c0),
                         matmul_bound(c, a, b, c0));
+    // a, b and out as row views into larger device tensors, one row in: addresses 4-byte aligned
+    // (K = 41, N = 33 floats a row), where cuBLASLt's default assumes 256.
+    const MatmulCase v{17, 33, 41, false, false, true, DType::f32, DType::f32};
+    const Tensor abig = test::randn({v.m + 1, v.k}, 4), bbig = test::randn({v.k + 1, v.n}, 5), obig = test::randn({v.m + 1, v.n}, 6);
+    const Tensor av = abig.slice(0, 1, v.m + 1).contiguous(), bv = bbig.slice(0, 1, v.k + 1).contiguous();
+    const Tensor ov = obig.slice(0, 1, v.m + 1).contiguous();
+    const Tensor od = obig.to(Device::cuda);
+    const Tensor out = od.slice(0, 1, v.m + 1);
+    matmul(out, abig.to(Device::cuda).slice(0, 1, v.m + 1), bbig.to(Device::cuda).slice(0, 1, v.k + 1), {.accumulate = true});
+    test::expect_within("row views", out.to(Device::cpu), run_matmul(Backend::ref, v, av, bv, ov), matmul_bound(v, av, bv, ov));
 }
 
 TEST(MatmulOps, ADroppedTermExceedsTheBound) {

@@ -88,7 +88,7 @@ TEST(Backend, InputsOnTwoDevicesAreRefusedNamingBoth) {
 }
 
 // Device tensors (a GPU present): to() and back is the same bytes, clone() copies a strided 2-d
-// view on the device, zeros() is zero, host element access is refused, and a layer op refuses a
+// view and a contiguous 3-d tensor on the device, zeros() is zero, host element access is refused, and a layer op refuses a
 // mix of device and host tensors, naming both.
 TEST(Backend, CudaTensorsCopyAndRefuseHostAccess) {
     FP8KIT_SKIP_WITHOUT_CUDA();
@@ -104,6 +104,8 @@ TEST(Backend, CudaTensorsCopyAndRefuseHostAccess) {
     for (int64_t i = 0; i < 4; ++i) {
         for (int64_t j = 0; j < 4; ++j) EXPECT_EQ(view.get({i, j}), h.get({i + 1, j + 2}));
     }
+    const Tensor d3 = Tensor::from(v, {2, 3, 7}).to(Device::cuda).clone().to(Device::cpu);  // contiguous, 3-d
+    EXPECT_EQ(std::memcmp(d3.data<const float>(), v.data(), v.size() * 4), 0);
     const Tensor z = Tensor::zeros({3, 5}, DType::bf16, Device::cuda).to(Device::cpu);
     for (int64_t i = 0; i < 15; ++i) EXPECT_EQ(z.get({i / 5, i % 5}), 0.0f);
     expect_error([&] { (void)d.get({0, 0}); }, "not in host memory");

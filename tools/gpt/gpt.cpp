@@ -24,9 +24,6 @@ using nn::Module;
 
 namespace {
 
-// x += y, elementwise over equal shapes (on x's device)
-void add_inplace(const Tensor& x, const Tensor& y) { residual_forward(x, x, y); }
-
 class MLP : public Module {
 public:
     explicit MLP(int64_t c) {
@@ -50,17 +47,18 @@ public:
     std::string_view kind() const override { return "Block"; }
     // x + attn(norm1(x)), then + mlp(norm2(.))
     Tensor forward(const Tensor& x) {
-        Tensor h = x.clone();
-        add_inplace(h, child<CausalSelfAttention>(1).forward(child<LayerNorm>(0).forward(x)));
-        Tensor out = h.clone();
-        add_inplace(out, child<MLP>(3).forward(child<LayerNorm>(2).forward(h)));
+        const Tensor h = Tensor::empty(x.shape(), DType::f32, x.device());
+        residual_forward(h, x, child<CausalSelfAttention>(1).forward(child<LayerNorm>(0).forward(x)));
+        const Tensor out = Tensor::empty(x.shape(), DType::f32, x.device());
+        residual_forward(out, h, child<MLP>(3).forward(child<LayerNorm>(2).forward(h)));
         return out;
     }
+    // the residual's gradient passes through, the branch's is added
     Tensor backward(const Tensor& dy) {
-        Tensor dh = dy.clone();
-        add_inplace(dh, child<LayerNorm>(2).backward(child<MLP>(3).backward(dy)));
-        Tensor dx = dh.clone();
-        add_inplace(dx, child<LayerNorm>(0).backward(child<CausalSelfAttention>(1).backward(dh)));
+        const Tensor dh = Tensor::empty(dy.shape(), DType::f32, dy.device());
+        residual_forward(dh, dy, child<LayerNorm>(2).backward(child<MLP>(3).backward(dy)));
+        const Tensor dx = Tensor::empty(dy.shape(), DType::f32, dy.device());
+        residual_forward(dx, dh, child<LayerNorm>(0).backward(child<CausalSelfAttention>(1).backward(dh)));
         return dx;
     }
 };
