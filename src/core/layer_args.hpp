@@ -1,6 +1,6 @@
 // src/core/layer_args.hpp: argument checks shared by the public layer ops (src/core/<family>.cpp
-// for matmul, layernorm, gelu, attention, crossentropy, embedding, adamw): each names the op, the
-// argument, what it is and what was expected, before any work is done.
+// for matmul, layernorm, gelu, attention, crossentropy, embedding, adamw, residual): each names the
+// op, the argument, what it is and what was expected, before any work is done.
 // Tensors may be on any device; detail::dispatch then checks that an op's tensors share one and
 // picks its backend.
 // Checked by the ErrorsNameTheArgument tests of tests/ops/test_matmul.cpp, test_layernorm.cpp,

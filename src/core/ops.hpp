@@ -387,12 +387,38 @@ inline constexpr uint32_t canonical_nan_bits = 0x7fc00000u;
 
 namespace fp8kit::detail {
 
-// The GEMM epilogue, shared by the backends (ref in double, cpu in float).
+// GELU, GPT-2's tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), and its
+// derivative 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2), t the tanh: in T, on
+// the host and the device alike (the cpu and cuda GELU ops, every backend's GEMM epilogue; the ref
+// ops use these formulas in double). tanh is std::tanh on the host, CUDA's on the device.
 template <class T>
-T gelu(T x) noexcept {
-    // GPT-2's tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+FP8KIT_HD T gelu(T x) noexcept {
+    using std::tanh;
     const T k = T(0.7978845608028654);
-    return T(0.5) * x * (T(1) + std::tanh(k * (x + T(0.044715) * x * x * x)));
+    return T(0.5) * x * (T(1) + tanh(k * (x + T(0.044715) * x * x * x)));
+}
+template <class T>
+FP8KIT_HD T gelu_grad(T x) noexcept {
+    using std::tanh;
+    const T k = T(0.7978845608028654);
+    const T th = tanh(k * (x + T(0.044715) * x * x * x));
+    return T(0.5) * (T(1) + th) + T(0.5) * x * (T(1) - th * th) * k * (T(1) + T(3 * 0.044715) * x * x);
+}
+
+// Element i of an AdamW update, in T, in <fp8kit/ops.hpp>'s order: the cpu and cuda backends'
+// arithmetic.
+template <class T>
+FP8KIT_HD void adamw_at(const AdamWJob& j, int64_t i) noexcept {
+    using std::sqrt;
+    const T lr = T(j.lr), b1 = T(j.beta1), b2 = T(j.beta2), eps = T(j.eps), wd = T(j.weight_decay);
+    const T g = static_cast<const T*>(j.grad)[i];
+    T& w = static_cast<T*>(j.param)[i];
+    T& m = static_cast<T*>(j.m)[i];
+    T& v = static_cast<T*>(j.v)[i];
+    m = b1 * m + (T(1) - b1) * g;
+    v = b2 * v + (T(1) - b2) * g * g;
+    w -= lr * wd * w;
+    w -= lr * (m / T(j.c1)) / (sqrt(v / T(j.c2)) + eps);
 }
 
 inline float load_float(const void* p, DType t, int64_t at) noexcept {

@@ -1,7 +1,7 @@
 // src/cuda/embedding.cu: the cuda backend's embedding - a row gather, and the backward's
 // scatter-add with one thread per column adding the rows in order (no atomics: repeated ids sum in
 // the cpu backend's order, the same every run). Checked against the reference backend by
-// tests/ops/test_embedding.cpp (CudaMatchesRefWithinTheBound).
+// tests/ops/test_embedding.cpp (the cuda part of ForwardIsExactAndBackwardWithinTheBound).
 #include "cuda/common.cuh"
 
 namespace fp8kit::cuda {

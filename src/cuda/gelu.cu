@@ -1,36 +1,28 @@
 // src/cuda/gelu.cu: the cuda backend's GELU, tanh form (GPT-2; torch gelu(approximate="tanh")),
-// and its derivative, elementwise in the tensor's precision - the cpu backend's formulas (float32:
-// CUDA's tanhf, within 2 ulp as the C library's; nvcc's FMA contraction only removes roundings),
+// and its derivative, elementwise in the tensor's precision - the cpu backend's formulas,
+// detail::gelu / gelu_grad (float32: CUDA's tanhf, within 2 ulp as the C library's; nvcc's FMA
+// contraction only removes roundings),
 // so the cpu bound of docs/NUMERICS.md holds. Checked against the reference backend by
 // tests/ops/test_gelu.cpp (CudaMatchesRefWithinTheBound).
-#include <cmath>
-
 #include "cuda/common.cuh"
 
 namespace fp8kit::cuda {
 
 namespace {
 
-constexpr double gelu_s = 0.7978845608028654;  // sqrt(2 / pi)
-constexpr double gelu_c = 0.044715;
-
 // out[i] = gelu(inp[i])
 template <class T>
 __global__ void gelu_forward_kernel(int64_t n, const T* inp, T* out) {
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-        const T x = inp[i];
-        out[i] = T(0.5) * x * (T(1) + tanh(T(gelu_s) * (x + T(gelu_c) * x * x * x)));
+        out[i] = detail::gelu(inp[i]);
     }
 }
 
-// dinp[i] = gelu'(inp[i]) * dout[i],  gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) s (1 + 3c x^2)
+// dinp[i] = gelu'(inp[i]) * dout[i]
 template <class T>
 __global__ void gelu_backward_kernel(int64_t n, const T* inp, const T* dout, T* dinp) {
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-        const T x = inp[i];
-        const T th = tanh(T(gelu_s) * (x + T(gelu_c) * x * x * x));
-        const T sech2 = T(1) - th * th;
-        dinp[i] = (T(0.5) * (T(1) + th) + T(0.5) * x * sech2 * T(gelu_s) * (T(1) + T(3 * gelu_c) * x * x)) * dout[i];
+        dinp[i] = detail::gelu_grad(inp[i]) * dout[i];
     }
 }
 

@@ -65,7 +65,7 @@ __device__ inline float load_any(const void* p, DType t, int64_t at) {
 __device__ inline void epilogue_store(const GemmJob& j, int64_t i, int64_t col, float v) {
     if (j.c.data != nullptr) v += j.beta * load_any(j.c.data, j.c.dtype, i * j.c.ld + col);
     if (j.bias != nullptr) v += load_any(j.bias, j.bias_dtype, col);
-    if (j.activation == Activation::gelu) v = 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+    if (j.activation == Activation::gelu) v = detail::gelu(v);
     const int64_t at = i * j.n + col;
     switch (j.out_dtype) {
         case DType::bf16: static_cast<bf16*>(j.out)[at] = bf16(v); break;

@@ -58,6 +58,12 @@ CeBounds ce_bounds(const Tensor& logits, const Tensor& targets, float dloss, con
     return b;
 }
 
+void expect_ce_within(const Ce& got, const Ce& ref, const CeBounds& bd) {
+    test::expect_within("losses", got.losses, ref.losses, bd.losses);
+    test::expect_within("probs", got.probs, ref.probs, bd.probs);
+    test::expect_within("dlogits", got.dlogits, ref.dlogits, bd.dlogits);
+}
+
 TEST(CrossEntropyOps, CpuMatchesRefWithinTheBound) {
     const int64_t shapes[][2] = {{1, 1}, {1, 2}, {5, 17}, {13, 256}, {7, 1031}, {300, 1000}};
     for (const auto& s : shapes) {
@@ -69,9 +75,7 @@ TEST(CrossEntropyOps, CpuMatchesRefWithinTheBound) {
         Ce first;
         test::for_thread_counts([&](int) {
             const Ce cpu = run_ce(Backend::cpu, logits, targets, dloss, &ref.probs);
-            test::expect_within("losses", cpu.losses, ref.losses, bd.losses);
-            test::expect_within("probs", cpu.probs, ref.probs, bd.probs);
-            test::expect_within("dlogits", cpu.dlogits, ref.dlogits, bd.dlogits);
+            expect_ce_within(cpu, ref, bd);
             if (!first.probs.defined()) first = cpu;
             else test::expect_same("probs, threads", cpu.probs, first.probs);
         });
@@ -87,11 +91,7 @@ TEST(CrossEntropyOps, CudaMatchesRefWithinTheBound) {
         const Tensor logits = test::randn({s[0], s[1]}, 1, 3.0), targets = make_targets(s[0], s[1]);
         const float dloss = 1.0f / float(s[0]);
         const Ce ref = run_ce(Backend::ref, logits, targets, dloss);
-        const CeBounds bd = ce_bounds(logits, targets, dloss, ref);
-        const Ce got = run_ce(Backend::cuda, logits, targets, dloss, &ref.probs);
-        test::expect_within("losses", got.losses, ref.losses, bd.losses);
-        test::expect_within("probs", got.probs, ref.probs, bd.probs);
-        test::expect_within("dlogits", got.dlogits, ref.dlogits, bd.dlogits);
+        expect_ce_within(run_ce(Backend::cuda, logits, targets, dloss, &ref.probs), ref, ce_bounds(logits, targets, dloss, ref));
     }
 }
 

@@ -98,23 +98,34 @@ void expect_norm_within(bool layer, const NormOut& cpu, const NormOut& ref, cons
     if (layer) test::expect_within("dbias", cpu.db, ref.db, bd.db);
 }
 
+// rows x c inputs - rows with an offset (the mean matters) and different scales - with the
+// reference's results and the bounds; run() on another backend from the reference's mean and rstd.
+struct NormCase {
+    bool layer;
+    Tensor x, w, b, g, dw0, db0;
+    NormOut ref;
+    Bounds bounds;
+    NormCase(bool layer_norm, int64_t rows, int64_t c)
+        : layer(layer_norm), x(test::randn({rows, c}, 1, 2.0)), w(test::randn({c}, 2)), b(test::randn({c}, 3)),
+          g(test::randn({rows, c}, 4)), dw0(test::randn({c}, 5)), db0(test::randn({c}, 6)) {
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t i = 0; i < c; ++i) x.set({r, i}, x.get({r, i}) * float(1 + r % 5) + float(r % 3));
+        ref = run_norm(Backend::ref, layer, x, w, b, g, dw0, db0);
+        bounds = norm_bounds(layer, x, w, g, dw0, db0, ref);
+    }
+    NormOut run(Backend be) const { return run_norm(be, layer, x, w, b, g, dw0, db0, &ref); }
+};
+
 TEST(LayerNormOps, CpuMatchesRefWithinTheBound) {
     const int64_t shapes[][2] = {{1, 1}, {1, 7}, {3, 1}, {5, 17}, {13, 64}, {31, 129}, {600, 520}};
     for (bool layer : {true, false}) {
         for (const auto& s : shapes) {
             SCOPED_TRACE(::testing::Message() << (layer ? "layernorm " : "rmsnorm ") << s[0] << "x" << s[1]);
-            // Rows with an offset (the mean matters) and different scales.
-            Tensor x = test::randn({s[0], s[1]}, 1, 2.0);
-            for (int64_t r = 0; r < s[0]; ++r)
-                for (int64_t i = 0; i < s[1]; ++i) x.set({r, i}, x.get({r, i}) * float(1 + r % 5) + float(r % 3));
-            const Tensor w = test::randn({s[1]}, 2), b = test::randn({s[1]}, 3), g = test::randn({s[0], s[1]}, 4);
-            const Tensor dw0 = test::randn({s[1]}, 5), db0 = test::randn({s[1]}, 6);
-            const NormOut ref = run_norm(Backend::ref, layer, x, w, b, g, dw0, db0);
-            const Bounds bd = norm_bounds(layer, x, w, g, dw0, db0, ref);
+            const NormCase n(layer, s[0], s[1]);
             NormOut first;
             test::for_thread_counts([&](int) {
-                const NormOut cpu = run_norm(Backend::cpu, layer, x, w, b, g, dw0, db0, &ref);
-                expect_norm_within(layer, cpu, ref, bd);
+                const NormOut cpu = n.run(Backend::cpu);
+                expect_norm_within(layer, cpu, n.ref, n.bounds);
                 if (!first.out.defined()) {
                     first = cpu;
                     return;
@@ -135,14 +146,8 @@ TEST(LayerNormOps, CudaMatchesRefWithinTheBound) {
     for (bool layer : {true, false}) {
         for (const auto& s : shapes) {
             SCOPED_TRACE(::testing::Message() << (layer ? "layernorm " : "rmsnorm ") << s[0] << "x" << s[1]);
-            Tensor x = test::randn({s[0], s[1]}, 1, 2.0);
-            for (int64_t r = 0; r < s[0]; ++r)
-                for (int64_t i = 0; i < s[1]; ++i) x.set({r, i}, x.get({r, i}) * float(1 + r % 5) + float(r % 3));
-            const Tensor w = test::randn({s[1]}, 2), b = test::randn({s[1]}, 3), g = test::randn({s[0], s[1]}, 4);
-            const Tensor dw0 = test::randn({s[1]}, 5), db0 = test::randn({s[1]}, 6);
-            const NormOut ref = run_norm(Backend::ref, layer, x, w, b, g, dw0, db0);
-            expect_norm_within(layer, run_norm(Backend::cuda, layer, x, w, b, g, dw0, db0, &ref), ref,
-                               norm_bounds(layer, x, w, g, dw0, db0, ref));
+            const NormCase n(layer, s[0], s[1]);
+            expect_norm_within(layer, n.run(Backend::cuda), n.ref, n.bounds);
         }
     }
 }
