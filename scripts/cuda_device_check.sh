@@ -63,6 +63,17 @@ for step in $steps; do
             rc=$?
             [ $rc -eq 0 ] || status=1
             echo "compute-sanitizer $tool (quantize): rc $rc; $(tail -1 "$out/sanitize_q_$tool.log")" | tee -a "$out/summary.txt"
+            # The layer ops' kernels (block reductions in shared memory, warp shuffles); the matmul
+            # (cuBLASLt inside) under memcheck only, as above.
+            layer_tests="test_layernorm_ops test_attention_ops test_crossentropy_ops"
+            [ $tool = memcheck ] && layer_tests="$layer_tests test_matmul_ops"
+            for t in $layer_tests; do
+                timeout "${SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool $tool --error-exitcode 9 "$bin/$t" \
+                    --gtest_filter='*Cuda*' > "$out/sanitize_${t}_$tool.log" 2>&1
+                rc=$?
+                [ $rc -eq 0 ] || status=1
+                echo "compute-sanitizer $tool ($t): rc $rc; $(tail -1 "$out/sanitize_${t}_$tool.log")" | tee -a "$out/summary.txt"
+            done
         done ;;
     bench)
         "$bin/bench_gemm_cuda" > "$out/bench_gemm_cuda.txt" 2>&1; echo "bench_gemm_cuda: rc $?" | tee -a "$out/summary.txt"

@@ -5,9 +5,10 @@
 // cores in float32 FMA (no TF32, no tensor cores: their bf16 sums truncate, outside the cpu bound);
 // bf16 operands are widened exactly to float32 first. So every output is a float32 sum of exact
 // products in some order, plus beta C and the bias each rounded once - the cpu bound of
-// docs/NUMERICS.md, (gamma_{K+2} + u) sum |terms|. The bias gradient is a float32 sum per column in
-// row order (one thread a column: deterministic).
+// docs/NUMERICS.md, (gamma_{K+2} + u) sum |terms|. The bias gradient is a float32 sum per column,
+// over chunks of rows and then the chunks, in a fixed order (deterministic; within the cpu bound).
 // Checked against the reference backend by the Cuda* tests of tests/ops/test_matmul.cpp.
+#include <algorithm>
 #include <tuple>
 
 #include "cuda/common.cuh"
@@ -34,13 +35,28 @@ __global__ void add_bias_kernel(int64_t m, int64_t n, const T* bias, bool clear,
     }
 }
 
-// dbias[o] += sum over r of dout[r, o], in row order.
+// The bias gradient in two passes, so that tall dout fills the GPU: partial[c, o] = the sum of
+// dout[r, o] over chunk c of `chunk` rows (at least bias_chunk; in row order; one thread per column
+// and chunk), then dbias[o] += the chunks' sums in chunk order. A fixed order, the same every run;
+// no element sees more roundings than a plain row-order sum (the cpu bound, gamma_rows).
+constexpr int64_t bias_chunk = 256;
+
 template <class T>
-__global__ void bias_grad_kernel(int64_t rows, int64_t cols, const T* dout, T* dbias) {
+__global__ void bias_grad_partial_kernel(int64_t rows, int64_t cols, int64_t chunk, const T* dout, T* partial) {
+    const int64_t o = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, c = blockIdx.y;
+    if (o >= cols) return;
+    const int64_t end = min(rows, (c + 1) * chunk);
+    T sum = dout[c * chunk * cols + o];
+    for (int64_t r = c * chunk + 1; r < end; ++r) sum += dout[r * cols + o];
+    partial[c * cols + o] = sum;
+}
+
+template <class T>
+__global__ void bias_grad_sum_kernel(int64_t chunks, int64_t cols, const T* partial, T* dbias) {
     const int64_t o = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (o >= cols) return;
     T sum = dbias[o];
-    for (int64_t r = 0; r < rows; ++r) sum += dout[r * cols + o];
+    for (int64_t c = 0; c < chunks; ++c) sum += partial[c * cols + o];
     dbias[o] = sum;
 }
 
@@ -101,12 +117,20 @@ void matmul(const detail::MatmulJob& j) {
 }
 
 void bias_grad(const detail::BiasGradJob& j) {
-    if (j.cols == 0) return;
+    if (j.cols == 0 || j.rows == 0) return;
+    const cudaStream_t s = stream_of(j.ctx);
+    const int64_t chunk = std::max<int64_t>(bias_chunk, (j.rows + 65534) / 65535);  // at most 65535 chunks (grid y)
+    const int64_t chunks = (j.rows + chunk - 1) / chunk;
     detail::with_float_type(j.dtype, [&]<class T>(T) {
-        bias_grad_kernel<T><<<blocks_for(j.cols, 128), 128, 0, stream_of(j.ctx)>>>(
-            j.rows, j.cols, static_cast<const T*>(j.dout), static_cast<T*>(j.dbias));
+        const std::shared_ptr<std::byte> keep = allocate(size_t(chunks * j.cols) * sizeof(T));
+        T* partial = reinterpret_cast<T*>(keep.get());
+        const unsigned across = blocks_for(j.cols, 128, 1u << 30);
+        bias_grad_partial_kernel<T><<<dim3(across, unsigned(chunks)), 128, 0, s>>>(j.rows, j.cols, chunk,
+                                                                                   static_cast<const T*>(j.dout), partial);
+        check_launch("bias_grad_partial_kernel");
+        bias_grad_sum_kernel<T><<<across, 128, 0, s>>>(chunks, j.cols, partial, static_cast<T*>(j.dbias));
+        check_launch("bias_grad_sum_kernel");
     });
-    check_launch("bias_grad_kernel");
 }
 
 }  // namespace fp8kit::cuda

@@ -199,6 +199,22 @@ TEST(MatmulOps, LinearForwardAndBackwardMatchRef) {
         Tensor dbd = db0.to(g);
         bias_backward(dbd, doutd);
         test::expect_within("bias_backward on cuda", dbd.to(Device::cpu), ref.db, bb);
+        // 1000 rows: four chunks of the two-pass sum, the last one short.
+        const Tensor tall = test::randn({1000, oc}, 7);
+        const Tensor want = test::on_backend(Backend::ref, [&] {
+            Tensor sum = db0.clone();
+            bias_backward(sum, tall);
+            return sum;
+        });
+        std::vector<double> bt(static_cast<size_t>(oc));
+        for (int64_t o = 0; o < oc; ++o) {
+            double mag = std::abs(db0.get({o}));
+            for (int64_t r = 0; r < 1000; ++r) mag += std::abs(tall.get({r, o}));
+            bt[size_t(o)] = (gamma(1000) + u32) * mag;
+        }
+        Tensor dbt = db0.to(g);
+        bias_backward(dbt, tall.to(g));
+        test::expect_within("bias_backward on cuda, 1000 rows", dbt.to(Device::cpu), want, bt);
     }
 }
 
