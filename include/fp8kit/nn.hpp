@@ -71,6 +71,7 @@ public:
 protected:
     // This module's own state besides its parameters, moved by to() (none by default).
     virtual void state_to(Device) {}
+
     template <class M>
     std::shared_ptr<M> add_child(std::string name, std::shared_ptr<M> m) {
         children_.emplace_back(std::move(name), m);

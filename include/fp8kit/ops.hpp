@@ -1,8 +1,8 @@
 // fp8kit/ops.hpp: the layer math of a transformer as tensor operations - the f32/bf16 matmul
 // and Linear, LayerNorm, RMSNorm, GELU, causal self-attention (softmax included), softmax
 // cross-entropy, embedding and the AdamW update - each a forward and a backward, in the style of
-// llm.c, and the residual add. The layers of <fp8kit/nn.hpp> are written on these alone, so every backend that
-// implements them runs every layer.
+// llm.c - and the residual add. The layers of <fp8kit/nn.hpp> are written on these alone, so every
+// backend that implements them runs every layer.
 //
 // Conventions. Shapes in the comments: N rows (the product of all dimensions but the last),
 // C channels, B batch, T time, NH heads, V vocabulary. Outputs are tensors the caller allocated
