@@ -11,7 +11,7 @@ namespace {
 
 template <class T>
 __global__ void adamw_kernel(detail::AdamWJob j) {
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < j.n; i += int64_t(gridDim.x) * blockDim.x) {
+    for (int64_t i = grid_first(); i < j.n; i += grid_step()) {
         detail::adamw_at<T>(j, i);
     }
 }

@@ -36,15 +36,6 @@ __device__ double dot(const T* a, const T* b, int64_t n) {
     return s;
 }
 
-__device__ double warp_sum(double v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-__device__ double warp_fmax(double v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
 // The warp's (batch, head, time step): warp w of the grid is ((bb * nh + h) * t + t1).
 struct Row {
     int64_t bb, h, t1;
@@ -65,11 +56,11 @@ __global__ void attention_forward_kernel(detail::AttentionJob j, Heads g) {
     const T* qkv = static_cast<const T*>(j.qkv);
     const T* q = qkv + g.at(r.bb, r.t1, 0, r.h);
     double maxv = -INFINITY;
-    for (int64_t t2 = lane; t2 <= r.t1; t2 += 32) maxv = fmax(maxv, dot(q, qkv + g.at(r.bb, t2, 1, r.h), g.hs) * g.scale);
-    maxv = warp_fmax(maxv);
+    for (int64_t t2 = lane; t2 <= r.t1; t2 += 32) maxv = Max{}(maxv, dot(q, qkv + g.at(r.bb, t2, 1, r.h), g.hs) * g.scale);
+    maxv = warp_reduce(maxv, Max{});
     double sum = 0.0;
     for (int64_t t2 = lane; t2 <= r.t1; t2 += 32) sum += exp(dot(q, qkv + g.at(r.bb, t2, 1, r.h), g.hs) * g.scale - maxv);
-    sum = warp_sum(sum);
+    sum = warp_reduce(sum, Sum{});
     T* a = static_cast<T*>(j.att) + ((r.bb * g.nh + r.h) * g.t + r.t1) * g.t;
     for (int64_t t2 = lane; t2 < g.t; t2 += 32)
         a[t2] = t2 <= r.t1 ? T(exp(dot(q, qkv + g.at(r.bb, t2, 1, r.h), g.hs) * g.scale - maxv) / sum) : T(0);
@@ -94,7 +85,7 @@ __global__ void attention_rowdot_kernel(detail::AttentionJob j, Heads g, double*
     const T* a = static_cast<const T*>(j.saved_att) + ((r.bb * g.nh + r.h) * g.t + r.t1) * g.t;
     double s = 0.0;
     for (int64_t t2 = lane; t2 <= r.t1; t2 += 32) s += double(a[t2]) * dot(gr, qkv + g.at(r.bb, t2, 2, r.h), g.hs);
-    s = warp_sum(s);
+    s = warp_reduce(s, Sum{});
     if (lane == 0) dot_a[(r.bb * g.nh + r.h) * g.t + r.t1] = s;
 }
 

@@ -39,27 +39,7 @@ __device__ inline uint32_t abs_key(float v) {
     return a > 0x7f800000u ? detail::canonical_nan_bits : a;
 }
 
-// The max of `key` over a warp, in every lane.
-__device__ inline uint32_t warp_max(uint32_t key) {
-    for (int o = 16; o > 0; o >>= 1) key = max(key, __shfl_xor_sync(0xffffffffu, key, o));
-    return key;
-}
-
-// op-reduction of v over the block's threads, in every thread, in a fixed order (so run to run the
-// same): within each warp by shuffles, then the warps' results by the first warp. blockDim.x is a
-// multiple of 32; `identity` pads the missing warps (0 for a sum, -inf for a max); `scratch` is 32
-// values of shared memory. Ends with a barrier, so the caller may reuse `scratch` at once.
-template <class T, class Op>
-__device__ T block_reduce(T v, Op op, T identity, T* scratch) {
-    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
-    const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    v = lane < blockDim.x / 32 ? scratch[lane] : identity;
-    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
-    __syncthreads();
-    return v;
-}
+// The reductions of warp_reduce and block_reduce.
 struct Sum {
     template <class T>
     __device__ T operator()(T a, T b) const { return a + b; }
@@ -68,6 +48,36 @@ struct Max {
     template <class T>
     __device__ T operator()(T a, T b) const { return a > b ? a : b; }
 };
+
+// op-reduction of v over a warp, in every lane, by butterfly shuffles (a fixed order).
+template <class T, class Op>
+__device__ T warp_reduce(T v, Op op) {
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// The max of `key` over a warp, in every lane.
+__device__ inline uint32_t warp_max(uint32_t key) { return warp_reduce(key, Max{}); }
+
+// op-reduction of v over the block's threads, in every thread, in a fixed order (so run to run the
+// same): within each warp, then the warps' results in every warp. blockDim.x is a multiple of 32;
+// `identity` pads the missing warps (0 for a sum, -inf for a max); `scratch` is 32 values of shared
+// memory. Ends with a barrier, so the caller may reuse `scratch` at once.
+template <class T, class Op>
+__device__ T block_reduce(T v, Op op, T identity, T* scratch) {
+    v = warp_reduce(v, op);
+    const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = warp_reduce(lane < blockDim.x / 32 ? scratch[lane] : identity, op);
+    __syncthreads();
+    return v;
+}
+
+// A grid-stride loop's first index for this thread and its step:
+//   for (int64_t i = grid_first(); i < n; i += grid_step())
+__device__ inline int64_t grid_first() { return int64_t(blockIdx.x) * blockDim.x + threadIdx.x; }
+__device__ inline int64_t grid_step() { return int64_t(gridDim.x) * blockDim.x; }
 
 inline unsigned blocks_for(int64_t n, int threads, unsigned cap = 65535u * 8) {
     const int64_t b = (n + threads - 1) / threads;

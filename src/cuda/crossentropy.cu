@@ -20,7 +20,7 @@ __global__ void crossentropy_forward_kernel(detail::CrossEntropyJob j) {
     const int64_t r = blockIdx.x, v = j.v;
     const T* z = static_cast<const T*>(j.logits) + r * v;  // [V]
     double maxv = -INFINITY;
-    for (int64_t i = threadIdx.x; i < v; i += blockDim.x) maxv = fmax(maxv, double(z[i]));
+    for (int64_t i = threadIdx.x; i < v; i += blockDim.x) maxv = Max{}(maxv, double(z[i]));
     maxv = block_reduce<double>(maxv, Max{}, -INFINITY, scratch);
     double sum = 0.0;
     for (int64_t i = threadIdx.x; i < v; i += blockDim.x) sum += exp(double(z[i]) - maxv);
@@ -35,7 +35,7 @@ __global__ void crossentropy_backward_kernel(detail::CrossEntropyJob j) {
     const T* probs = static_cast<const T*>(j.saved_probs);
     T* dlogits = static_cast<T*>(j.dlogits);
     const T dloss = T(j.dloss);
-    for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < j.rows * j.v; e += int64_t(gridDim.x) * blockDim.x) {
+    for (int64_t e = grid_first(); e < j.rows * j.v; e += grid_step()) {
         const int64_t r = e / j.v, i = e % j.v;
         dlogits[e] = (probs[e] - (i == j.targets[r] ? T(1) : T(0))) * dloss;
     }

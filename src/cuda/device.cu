@@ -50,7 +50,7 @@ cudaStream_t current_stream() noexcept { return stream_of(current_context()); }
 // ---- delayed scaling state (DelayedScaling in <fp8kit/recipe.hpp>), as host_delayed_* ----
 
 __global__ void delayed_init_kernel(float* history, int64_t length, float* scale) {
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < length; i += int64_t(gridDim.x) * blockDim.x) {
+    for (int64_t i = grid_first(); i < length; i += grid_step()) {
         history[i] = 0.0f;
     }
     if (blockIdx.x == 0 && threadIdx.x == 0) *scale = 1.0f;

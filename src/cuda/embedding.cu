@@ -11,7 +11,7 @@ namespace {
 // out[r, :] = table[ids[r], :]
 template <class T>
 __global__ void embedding_forward_kernel(detail::EmbeddingJob j) {
-    for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < j.rows * j.c; e += int64_t(gridDim.x) * blockDim.x) {
+    for (int64_t e = grid_first(); e < j.rows * j.c; e += grid_step()) {
         const int64_t r = e / j.c, i = e % j.c;
         static_cast<T*>(j.out)[e] = static_cast<const T*>(j.table)[int64_t(j.ids[r]) * j.c + i];
     }
@@ -20,7 +20,7 @@ __global__ void embedding_forward_kernel(detail::EmbeddingJob j) {
 // dtable[ids[r], i] += dout[r, i], r ascending, for the thread's column i.
 template <class T>
 __global__ void embedding_backward_kernel(detail::EmbeddingJob j) {
-    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    const int64_t i = grid_first();
     if (i >= j.c) return;
     T* dtable = static_cast<T*>(j.dtable);
     const T* dout = static_cast<const T*>(j.dout);

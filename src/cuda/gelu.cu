@@ -13,7 +13,7 @@ namespace {
 // out[i] = gelu(inp[i])
 template <class T>
 __global__ void gelu_forward_kernel(int64_t n, const T* inp, T* out) {
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    for (int64_t i = grid_first(); i < n; i += grid_step()) {
         out[i] = detail::gelu(inp[i]);
     }
 }
@@ -21,7 +21,7 @@ __global__ void gelu_forward_kernel(int64_t n, const T* inp, T* out) {
 // dinp[i] = gelu'(inp[i]) * dout[i]
 template <class T>
 __global__ void gelu_backward_kernel(int64_t n, const T* inp, const T* dout, T* dinp) {
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    for (int64_t i = grid_first(); i < n; i += grid_step()) {
         dinp[i] = detail::gelu_grad(inp[i]) * dout[i];
     }
 }

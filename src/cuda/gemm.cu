@@ -751,7 +751,7 @@ LtScales lt_scales(const GemmJob& j) {
 
 // scale_t[kb][i] = scale[i][kb]: A's 1x128 scales as cuBLASLt's VEC128 reads them.
 __global__ void transpose_scales_kernel(const float* scale, int64_t rows, int64_t cols, float* scale_t) {
-    for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < rows * cols; e += int64_t(gridDim.x) * blockDim.x) {
+    for (int64_t e = grid_first(); e < rows * cols; e += grid_step()) {
         scale_t[(e % cols) * rows + e / cols] = scale[e];
     }
 }

@@ -81,7 +81,7 @@ __global__ void norm_backward_input_kernel(detail::NormBackwardJob j) {
 // the rows in order, in T (norm = (x - mean) rstd in T, as the cpu backend's).
 template <class T, bool centered>
 __global__ void norm_backward_params_kernel(detail::NormBackwardJob j) {
-    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    const int64_t i = grid_first();
     if (i >= j.c) return;
     const T* x = static_cast<const T*>(j.inp);
     const T* g = static_cast<const T*>(j.dout);

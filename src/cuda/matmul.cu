@@ -21,7 +21,7 @@ namespace {
 
 // out[i] = float(in[i]): a bf16 operand widened (exact).
 __global__ void widen_bf16_kernel(int64_t n, const __nv_bfloat16* in, float* out) {
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    for (int64_t i = grid_first(); i < n; i += grid_step()) {
         out[i] = __bfloat162float(in[i]);
     }
 }
@@ -29,7 +29,7 @@ __global__ void widen_bf16_kernel(int64_t n, const __nv_bfloat16* in, float* out
 // out[i, j] += bias[j] over [m, n]; out[i, j] = 0 first when `clear` (a matmul with K = 0).
 template <class T>
 __global__ void add_bias_kernel(int64_t m, int64_t n, const T* bias, bool clear, T* out) {
-    for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < m * n; e += int64_t(gridDim.x) * blockDim.x) {
+    for (int64_t e = grid_first(); e < m * n; e += grid_step()) {
         const T v = clear ? T(0) : out[e];
         out[e] = bias != nullptr ? v + bias[e % n] : v;
     }
@@ -43,7 +43,7 @@ constexpr int64_t bias_chunk = 256;
 
 template <class T>
 __global__ void bias_grad_partial_kernel(int64_t rows, int64_t cols, int64_t chunk, const T* dout, T* partial) {
-    const int64_t o = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, c = blockIdx.y;
+    const int64_t o = grid_first(), c = blockIdx.y;
     if (o >= cols) return;
     const int64_t end = min(rows, (c + 1) * chunk);
     T sum = dout[c * chunk * cols + o];
@@ -53,7 +53,7 @@ __global__ void bias_grad_partial_kernel(int64_t rows, int64_t cols, int64_t chu
 
 template <class T>
 __global__ void bias_grad_sum_kernel(int64_t chunks, int64_t cols, const T* partial, T* dbias) {
-    const int64_t o = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    const int64_t o = grid_first();
     if (o >= cols) return;
     T sum = dbias[o];
     for (int64_t c = 0; c < chunks; ++c) sum += partial[c * cols + o];

@@ -473,7 +473,7 @@ constexpr size_t max_tile_smem = 96 * 1024;
 
 __global__ void dequantize_kernel(detail::DequantizeJob job, int64_t gcols) {
     const int64_t n = job.rows * job.cols;
-    for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
+    for (int64_t e = grid_first(); e < n; e += grid_step()) {
         const int64_t i = e / job.cols, j = e % job.cols;
         const int64_t k = i / job.group.rows * gcols + j / job.group.cols;
         const float s = job.e8m0 ? decode(static_cast<const uint8_t*>(job.scale_inv)[k], Format::e8m0fnu)

@@ -9,7 +9,7 @@ namespace {
 
 template <class T>
 __global__ void residual_forward_kernel(int64_t n, int64_t period, const T* inp, const T* residual, T* out) {
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    for (int64_t i = grid_first(); i < n; i += grid_step()) {
         out[i] = inp[i] + residual[i % period];
     }
 }
