@@ -248,24 +248,24 @@ void casts(int64_t rows, int64_t cols) {
     }
 }
 
-// A float32 device copy of a bf16 device tensor (the same values).
+// A float32 host copy of a bf16 device tensor (the same values).
 Tensor widened(const Tensor& b) {
     const Tensor h = b.to(Device::cpu);
     Tensor f = Tensor::empty(h.shape(), DType::f32);
     for (int64_t i = 0; i < h.numel(); ++i) f.data<float>()[i] = float(h.data<const bf16>()[i]);
-    return f.to(Device::cuda);
+    return f;
 }
 
 // Float8Linear [width -> width] with a bias, forward then backward on [tokens, width], per recipe.
 void layer_steps(LtGemm& lt, int64_t tokens, int64_t width) {
     const Tensor xb = random_bf16(tokens, width, 5), wb = random_bf16(width, width, 6), dyb = random_bf16(tokens, width, 7);
-    const Tensor x = widened(xb), dy = widened(dyb);
+    const Tensor x = widened(xb).to(Device::cuda), dy = widened(dyb).to(Device::cuda), w = widened(wb);
     Tensor ref = Tensor::empty({tokens, width}, DType::bf16, Device::cuda);
     lt.run(tokens, width, width, CUDA_R_16BF, xb.const_raw_data(), wb.const_raw_data(), nullptr, nullptr, ref.raw_data());
     const double flops = 3 * 2.0 * double(tokens) * double(width) * double(width);
     for (const char* recipe : {"tensorwise", "rowwise", "block"}) {
         nn::Linear base(width, width);
-        base.weight().value = widened(wb).to(Device::cpu);
+        base.weight().value = w;  // copied to the device by f.to below
         nn::Float8LinearOptions o;
         o.recipe = parse_recipe(recipe);
         nn::Float8Linear f(base, o);

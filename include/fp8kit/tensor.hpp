@@ -111,6 +111,8 @@ public:
     // whose last stride is 1 (fp8kit::Error otherwise: make it contiguous on the host first).
     Tensor contiguous() const;  // itself if already contiguous
     Tensor clone() const;
+    // Every element zero, in place (a contiguous, writable tensor; on cuda ordered on the stream).
+    void fill_zero() const;
     // A contiguous copy on `device` (itself when it is already there and contiguous): moves
     // inputs to a GPU and results back. Waits for the copy: the data is there on return.
     Tensor to(Device device) const;

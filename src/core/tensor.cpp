@@ -108,14 +108,20 @@ Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
 
 Tensor Tensor::zeros(Shape shape, DType dtype, Device device) {
     Tensor t = empty(std::move(shape), dtype, device);
+    t.fill_zero();
+    return t;
+}
+
+void Tensor::fill_zero() const {
+    if (!is_contiguous()) throw Error("fp8kit::Tensor::fill_zero: the tensor of shape " + to_string(shape_) + " is not contiguous");
+    void* p = raw_data();  // an Error for read-only memory
 #ifdef FP8KIT_HAS_CUDA
-    if (device != Device::cpu) {
-        cuda::zero(t.raw_data(), t.nbytes());
-        return t;
+    if (device_ != Device::cpu) {
+        cuda::zero(p, nbytes());
+        return;
     }
 #endif
-    std::memset(t.raw_data(), 0, t.nbytes());
-    return t;
+    std::memset(p, 0, nbytes());
 }
 
 Tensor Tensor::full(Shape shape, float value, DType dtype) {

@@ -8,6 +8,7 @@
 // block released is the next one its thread gets for that size, also when its list is full.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -106,6 +107,18 @@ TEST(Tensor, ZerosAreZeroForEveryDtype) {
         for (size_t i = 0; i < t.nbytes(); ++i) ASSERT_EQ(p[i], 0) << i;
         EXPECT_TRUE(aligned64(t.raw_data()));
     }
+}
+
+// fill_zero zeroes every byte of a filled tensor in place (the storage shared by its views) and
+// refuses what it cannot zero whole: a strided view, read-only memory.
+TEST(Tensor, FillZeroZeroesInPlaceOrRefuses) {
+    const std::vector<float> v{1.0f, -2.0f, 3.0f, 4.0f, 5.0f, 6.0f};
+    const Tensor t = Tensor::from(v, {2, 3});
+    const Tensor view = t.reshape({3, 2});
+    view.fill_zero();
+    for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(std::bit_cast<uint32_t>(t.data<const float>()[i]), 0u) << i;
+    expect_error([&] { t.transpose().fill_zero(); }, "is not contiguous");
+    expect_error([&] { Tensor::view_of(nullptr, v.data(), {6}, DType::f32).fill_zero(); }, "read-only");
 }
 
 TEST(Tensor, FromCopiesValuesWithTheMatchingDtype) {

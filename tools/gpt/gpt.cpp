@@ -182,11 +182,8 @@ void GPT::backward() {
 }
 
 void GPT::zero_grad() {
-    for (auto& [name, p] : named_parameters()) {
-        if (!p->grad.defined()) continue;
-        if (p->grad.device() == Device::cpu) std::fill_n(p->grad.data<float>(), p->grad.numel(), 0.0f);
-        else p->grad = Tensor::zeros(p->grad.shape(), DType::f32, p->grad.device());
-    }
+    for (auto& [name, p] : named_parameters())
+        if (p->grad.defined()) p->grad.fill_zero();
 }
 
 Device GPT::device() const {
