@@ -98,7 +98,7 @@ Measured run(const Case& c, const Float8LinearOptions& opts, Device device = Dev
     const Tensor x = Tensor::from(c.x, {c.rows, c.in}).to(device), dy = Tensor::from(c.dy, {c.rows, c.out}).to(device);
     Measured m{};
     for (int step = 0; step < 3; ++step) {
-        f.weight().grad = Tensor::zeros({c.out, c.in}, DType::f32, device);
+        f.weight().grad.fill_zero();
         const Tensor y = f.forward(x);
         EXPECT_EQ(y.device(), device);
         m.saved = f.saved_bytes();
@@ -110,45 +110,36 @@ Measured run(const Case& c, const Float8LinearOptions& opts, Device device = Dev
     return m;
 }
 
-TEST(Float8Linear, SqnrFloorsForEveryRecipeAndBackend) {
-    const Case c;
-    for (const char* name : {"tensorwise", "rowwise", "block", "delayed", "mxfp8"}) {
-        for (SaveForBackward save : {SaveForBackward::fp8, SaveForBackward::high_precision}) {
-            test::for_each_backend([&] {
-                SCOPED_TRACE(std::string(name) + (save == SaveForBackward::fp8 ? " save fp8" : " save f32"));
-                Float8LinearOptions o;
-                o.recipe = parse_recipe(name);
-                o.save = save;
-                const Measured m = run(c, o);
-                EXPECT_GE(m.y_db, e4m3_floor);
-                EXPECT_GE(m.dx_db, grad_floor(o.recipe));
-                EXPECT_GE(m.dw_db, grad_floor(o.recipe));
-                if (save == SaveForBackward::fp8 && backend_for(Device::cpu) == Backend::ref)
-                    std::printf("[ %-10s ] SQNR y %.2f dB, dX %.2f dB, dW %.2f dB\n", name, m.y_db, m.dx_db, m.dw_db);
-            });
-        }
-    }
-}
-
-// The same floors with the layer on the GPU (Module::to): its casts, FP8 GEMMs, delayed-scaling
-// state and bias gradient run on the cuda backend.
-TEST(Float8Linear, CudaSqnrFloorsForEveryRecipe) {
-    FP8KIT_SKIP_WITHOUT_CUDA();
-    const Case c;
+// Every recipe, saving FP8 and float32 for backward, on `device` (the host: this thread's host
+// backend), against the floors; the SQNRs printed when `print`.
+void expect_floors_for_every_recipe(const Case& c, Device device, bool print) {
     for (const char* name : {"tensorwise", "rowwise", "block", "delayed", "mxfp8"}) {
         for (SaveForBackward save : {SaveForBackward::fp8, SaveForBackward::high_precision}) {
             SCOPED_TRACE(std::string(name) + (save == SaveForBackward::fp8 ? " save fp8" : " save f32"));
             Float8LinearOptions o;
             o.recipe = parse_recipe(name);
             o.save = save;
-            const Measured m = run(c, o, Device::cuda);
+            const Measured m = run(c, o, device);
             EXPECT_GE(m.y_db, e4m3_floor);
             EXPECT_GE(m.dx_db, grad_floor(o.recipe));
             EXPECT_GE(m.dw_db, grad_floor(o.recipe));
-            if (save == SaveForBackward::fp8)
-                std::printf("[ cuda %-10s ] SQNR y %.2f dB, dX %.2f dB, dW %.2f dB\n", name, m.y_db, m.dx_db, m.dw_db);
+            if (print && save == SaveForBackward::fp8)
+                std::printf("[ %s %-10s ] SQNR y %.2f dB, dX %.2f dB, dW %.2f dB\n", std::string(to_string(backend_for(device))).c_str(), name,
+                            m.y_db, m.dx_db, m.dw_db);
         }
     }
+}
+
+TEST(Float8Linear, SqnrFloorsForEveryRecipeAndBackend) {
+    const Case c;
+    test::for_each_backend([&] { expect_floors_for_every_recipe(c, Device::cpu, backend_for(Device::cpu) == Backend::ref); });
+}
+
+// The same floors with the layer on the GPU (Module::to): its casts, FP8 GEMMs, delayed-scaling
+// state and bias gradient run on the cuda backend.
+TEST(Float8Linear, CudaSqnrFloorsForEveryRecipe) {
+    FP8KIT_SKIP_WITHOUT_CUDA();
+    expect_floors_for_every_recipe(Case(), Device::cuda, true);
 }
 
 std::vector<float> transposed(const std::vector<float>& v, int64_t rows, int64_t cols) {
