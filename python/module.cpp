@@ -7,9 +7,15 @@
 // float32 sum bound, torch._scaled_mm).
 //
 // Memory: inputs are viewed, never copied (Tensor::from_external with the array's strides; a
-// kernel that needs rows in order copies a strided view itself, as in C++). Outputs are fp8kit
-// tensors handed to numpy without a copy: the array's owner is a capsule holding the Tensor, so
-// the memory lives as long as either side uses it. The GIL is released around every kernel.
+// kernel that needs rows in order copies a strided view itself, as in C++). Host outputs are
+// fp8kit tensors handed to numpy without a copy: the array's owner is a capsule holding the
+// Tensor, so the memory lives as long as either side uses it. The GIL is released around every
+// kernel.
+// CUDA (a build with the cuda backend): DLPack arrays on a CUDA device become Device::cuda views;
+// the work is enqueued on the stream set_stream gave this thread (fp8kit.torch passes torch's
+// current stream), and the outputs that matter for memory - GEMM results, quantized codes and
+// scales - are written into arrays the caller allocated (`out`, quantize_into), so that they come
+// from the caller's allocator (torch's caching allocator) and no call synchronises with the host.
 // Errors: fp8kit::Error arrives as fp8kit.Error, a ValueError, with the C++ message.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -64,6 +70,22 @@ DType dtype_from_dlpack(const Array& a, const char* arg) {
                 std::to_string(int(d.code)) + ", " + std::to_string(int(d.bits)) + " bits)");
 }
 
+// The fp8kit device of a DLPack array: the CPU, or a CUDA device (which the library refuses,
+// naming why, in a build or on a machine without the cuda backend); else fp8kit::Error.
+Device device_of(const Array& a, const char* arg) {
+    if (a.device_type() == nb::device::cpu::value) return Device::cpu;
+    if (a.device_type() == nb::device::cuda::value) {
+        try {
+            (void)backend_for(Device::cuda);  // a build without the backend, or no usable GPU: why
+        } catch (const Error& e) {
+            throw Error(std::string("fp8kit: ") + arg + ": " + e.what());
+        }
+        return Device::cuda;
+    }
+    throw Error(std::string("fp8kit: ") + arg + " is on a device fp8kit does not take (DLPack device " +
+                std::to_string(a.device_type()) + "); move it to the CPU or a CUDA device");
+}
+
 // The owner of a view that outlives the call: a reference to the array, dropped with the GIL held
 // (the last user of the tensor may be C++ code that released it).
 std::shared_ptr<const void> hold(const Array& a) {
@@ -73,16 +95,14 @@ std::shared_ptr<const void> hold(const Array& a) {
     });
 }
 
-// A view of the array's memory as an fp8kit tensor (no copy), read-only. Without an owner the
-// tensor must not outlive the call (the argument keeps the array alive until it returns); with
-// one (hold(a)) it may. `as`: the dtype to read uint8 codes as (an FP8 format), else the array's.
+// A view of the array's memory as an fp8kit tensor (no copy), read-only unless `writable` (an
+// output; the caller checked the array is writable). Without an owner the tensor must not outlive
+// the call (the argument keeps the array alive until it returns); with one (hold(a)) it may.
+// `as`: the dtype to read uint8 codes as (an FP8 format), else the array's.
 Tensor view(const Array& a, const char* arg, std::shared_ptr<const void> owner = nullptr,
-            std::optional<DType> as = std::nullopt) {
-    if (a.device_type() != nb::device::cpu::value) {
-        throw Error(std::string("fp8kit: ") + arg + " is on a device this fp8kit was not built for (DLPack device " +
-                    std::to_string(a.device_type()) + "); move it to the CPU");
-    }
+            std::optional<DType> as = std::nullopt, bool writable = false) {
     Tensor::External e;
+    e.device = device_of(a, arg);
     e.data = const_cast<void*>(a.data());
     e.dtype = dtype_from_dlpack(a, arg);
     if (as && *as != e.dtype) {
@@ -92,13 +112,27 @@ Tensor view(const Array& a, const char* arg, std::shared_ptr<const void> owner =
         }
         e.dtype = *as;
     }
-    e.read_only = true;
+    e.read_only = !writable;
     e.name = arg;
     for (size_t i = 0; i < a.ndim(); ++i) {
         e.shape.push_back(int64_t(a.shape(i)));
         e.strides.push_back(a.stride(i));
     }
     return Tensor::from_external(std::move(owner), std::move(e));
+}
+
+// A writable view of a caller's output array (no copy): contiguous, of dtype `want` (FP8 codes
+// may come as uint8) and the shape given - what the GEMM and quantize write into. `owner`: as
+// view()'s. fp8kit::Error naming `arg` otherwise.
+Tensor out_view(const nb::ndarray<>& out, const char* arg, DType want, const Shape& shape, bool held = false) {
+    const Array a(out);  // nanobind took `out` only if it is writable
+    Tensor t = view(a, arg, held ? hold(a) : nullptr, is_fp8(want) ? std::optional(want) : std::nullopt, true);
+    if (t.dtype() != want || t.shape() != shape || !t.is_contiguous()) {
+        throw Error(std::string("fp8kit: ") + arg + " is " + std::string(to_string(t.dtype())) + " " +
+                    to_string(t.shape()) + (t.is_contiguous() ? "" : " (strided)") + ", expected a contiguous " +
+                    std::string(to_string(want)) + " " + to_string(shape));
+    }
+    return t;
 }
 
 // The numpy dtype of an fp8kit tensor's elements: FP8 codes and bf16 travel as their bits
@@ -126,18 +160,39 @@ nb::ndarray<nb::numpy, Flags...> to_numpy(const Tensor& t) {
     return {const_cast<void*>(c.const_raw_data()), shape.size(), shape.data(), keep, nullptr, numpy_dtype(c.dtype())};
 }
 
-using FrozenArray = nb::ndarray<nb::numpy, nb::ro>;
+// A tensor as the caller's kind of array, without a copy: a host tensor as numpy (read-only when
+// `frozen`), a device tensor as a torch CUDA tensor over the same memory (DLPack; the capsule
+// holds the storage): numpy has no device arrays, and CUDA arrays reach fp8kit from torch. None
+// when undefined (a QTensor's optional fields).
+nb::object to_object(const Tensor& t, bool frozen) {
+    if (!t.defined()) return nb::none();
+    if (t.device() == Device::cpu) return frozen ? nb::cast(to_numpy<nb::ro>(t)) : nb::cast(to_numpy(t));
+    const Tensor c = t.contiguous();
+    std::vector<size_t> shape(c.shape().begin(), c.shape().end());
+    auto* owner = new Tensor(c);
+    nb::capsule keep(owner, [](void* p) noexcept { delete static_cast<Tensor*>(p); });
+    // fp8kit's device memory is on the current CUDA device, torch's current device (fp8kit.torch
+    // runs each call on its tensors' device).
+    const int device_id = nb::cast<int>(nb::module_::import_("torch.cuda").attr("current_device")());
+    return nb::cast(nb::ndarray<nb::pytorch>(const_cast<void*>(c.const_raw_data()), shape.size(), shape.data(), keep,
+                                             nullptr, numpy_dtype(c.dtype()), nb::device::cuda::value, device_id));
+}
 
-// The optional fields of a QTensor (data_t, scale_inv_t, amax): None when undefined.
-std::optional<FrozenArray> to_numpy_if_defined(const Tensor& t) {
-    if (!t.defined()) return std::nullopt;
-    return to_numpy<nb::ro>(t);
+// encode / decode are the host's bulk conversions (spans, no backend): a device array is refused,
+// naming the calls that do run there.
+Tensor host_view(const Array& a, const char* fn, const char* arg) {
+    Tensor t = view(a, arg);
+    if (t.device() != Device::cpu) {
+        throw Error(std::string(fn) + ": " + arg + " is on a CUDA device; " + fn +
+                    " converts host arrays (on the device, quantize and dequantize run there)");
+    }
+    return t;
 }
 
 NumpyArray encode_array(const Array& x, const std::string& format, const std::string& overflow) {
     const Format f = parse_format(format);
     const Overflow o = parse_overflow(overflow);
-    const Tensor in = view(x, "x");
+    const Tensor in = host_view(x, "fp8kit.encode", "x");
     if (in.dtype() != DType::f32 && in.dtype() != DType::bf16 && in.dtype() != DType::f16) {
         throw Error("fp8kit.encode: x is " + std::string(to_string(in.dtype())) +
                     "; encode takes float32, bfloat16 or float16 (FP8 is one rounding from float32: cast "
@@ -161,7 +216,7 @@ NumpyArray encode_array(const Array& x, const std::string& format, const std::st
 }
 
 NumpyArray decode_array(const Array& codes, const std::string& format, const std::string& dtype) {
-    const Tensor in = view(codes, "codes");
+    const Tensor in = host_view(codes, "fp8kit.decode", "codes");
     if (in.dtype() != DType::u8 && !is_fp8(in.dtype())) {
         throw Error("fp8kit.decode: codes is " + std::string(to_string(in.dtype())) + ", expected uint8 FP8 codes");
     }
@@ -208,10 +263,41 @@ QuantizeOptions quantize_options(const std::string& format, const std::string& s
     return o;
 }
 
-QTensor quantize_array(const Array& x, const QuantizeOptions& o) {
+// The caller's buffers for quantize's outputs - [data, scale_inv, amax] and with o.transpose
+// [data_t, scale_inv_t] - as the QTensor that quantize() writes into (each view holds its array).
+// Device arrays come this way, from torch's allocator. Each must be contiguous, of the dtype and
+// shape quantize gives (fp8kit::Error naming it): quantize() would otherwise replace it.
+QTensor quantize_outputs(const Tensor& x, const QuantizeOptions& o, const std::vector<nb::ndarray<>>& outs) {
+    if (outs.size() != (o.transpose ? 5u : 3u)) {
+        throw Error("fp8kit.quantize: outs holds " + std::to_string(outs.size()) + " arrays, expected " +
+                    (o.transpose ? "5 (data, scale_inv, amax, data_t, scale_inv_t)" : "3 (data, scale_inv, amax)"));
+    }
+    if (x.dim() < 1) throw Error("fp8kit.quantize: x is a scalar, expected at least one dimension");
+    const int64_t cols = x.size(x.dim() - 1);
+    int64_t rows = 1;  // as quantize reads x: [the leading dimensions' product, the last]
+    for (int64_t i = 0; i + 1 < x.dim(); ++i) rows *= x.size(i);
+    const DType codes = dtype_of(o.format);
+    const DType scales = o.scaling.granularity == Granularity::mx32 ? DType::e8m0fnu : DType::f32;
+    const auto shape_of = [](GroupShape g) { return Shape{g.rows, g.cols}; };
+    QTensor q;
+    q.data = out_view(outs[0], "outs[0] (data)", codes, x.shape(), true);
+    q.scale_inv = out_view(outs[1], "outs[1] (scale_inv)", scales, shape_of(o.scaling.scale_shape(rows, cols)), true);
+    q.amax = out_view(outs[2], "outs[2] (amax)", DType::f32, {1}, true);
+    if (o.transpose) {
+        q.data_t = out_view(outs[3], "outs[3] (data_t)", codes, {cols, rows}, true);
+        q.scale_inv_t = out_view(outs[4], "outs[4] (scale_inv_t)", scales, shape_of(o.scaling.scale_shape(cols, rows)), true);
+    }
+    return q;
+}
+
+// quantize(x, o), into the caller's buffers when `outs` are given (quantize_outputs).
+QTensor quantize_array(const Array& x, const QuantizeOptions& o, const std::optional<std::vector<nb::ndarray<>>>& outs) {
     const Tensor in = view(x, "x");
+    QTensor q;
+    if (outs) q = quantize_outputs(in, o, *outs);
     nb::gil_scoped_release nogil;
-    return quantize(in, o);
+    quantize(in, o, q);
+    return q;
 }
 
 // A QTensor over a caller's FP8 codes and scales (what torch._scaled_mm and checkpoints hand
@@ -305,6 +391,7 @@ void fused_call(const FusedLinear& f, const GemmOptions& o, uintptr_t x, int64_t
         Tensor::External e;
         e.data = p;
         e.dtype = d;
+        e.device = f.b.source().data.device();  // x and y live where the weight does
         e.shape = {m, cols};
         e.strides = {cols, 1};
         e.read_only = read_only;
@@ -318,13 +405,23 @@ void fused_call(const FusedLinear& f, const GemmOptions& o, uintptr_t x, int64_t
     gemm(a, f.b, o, y);
 }
 
-NumpyArray gemm_array(const GemmA& a, const PackedWeight& b, const GemmOptions& o) {
+// D = gemm(a, b, o): into the caller's `out` [M, N] when given (device GEMMs: torch allocates it),
+// returning None; else a new host array.
+nb::object gemm_array(const GemmA& a, const PackedWeight& b, const GemmOptions& o, const std::optional<nb::ndarray<>>& out) {
+    if (out) {
+        const Tensor& at = a.fp8 ? a.fp8->data : *a.hp;
+        if (at.dim() != 2) throw Error("fp8kit.gemm: a is " + to_string(at.shape()) + ", expected [M, K]");
+        const Tensor d = out_view(*out, "out", o.out_dtype, {at.size(0), b.n()});
+        nb::gil_scoped_release nogil;
+        gemm(a, b, o, d);
+        return nb::none();
+    }
     Tensor d;
     {
         nb::gil_scoped_release nogil;
         d = gemm(a, b, o);
     }
-    return to_numpy(d);
+    return nb::cast(to_numpy(d));
 }
 
 }  // namespace
@@ -354,16 +451,20 @@ NB_MODULE(_fp8kit, m) {
     // to the QTensor's lifetime (nanobind's default for properties, reference_internal).
     const auto owned = nb::rv_policy::automatic;
     nb::class_<QTensor>(m, "QTensor", "FP8 codes and the scales that bring them back (fp8kit::QTensor).")
-        .def_prop_ro("data", [](const QTensor& q) { return to_numpy<nb::ro>(q.data); }, owned,
+        .def_prop_ro("data", [](const QTensor& q) { return to_object(q.data, true); }, owned,
                      "FP8 codes (uint8), the input's shape")
         .def_prop_ro("format", [](const QTensor& q) { return std::string(to_string(q.format())); })
+        .def_prop_ro("shape", [](const QTensor& q) { return std::vector<int64_t>(q.data.shape().begin(), q.data.shape().end()); },
+                     "data's shape")
+        .def_prop_ro("device", [](const QTensor& q) { return std::string(to_string(q.data.device())); },
+                     "where its tensors are: cpu or cuda")
         .def_prop_ro("scaling", [](const QTensor& q) { return to_string(q.scaling); })
-        .def_prop_ro("scale_inv", [](const QTensor& q) { return to_numpy<nb::ro>(q.scale_inv); }, owned,
+        .def_prop_ro("scale_inv", [](const QTensor& q) { return to_object(q.scale_inv, true); }, owned,
                      "[scale rows, scale cols] float32, or e8m0 codes (uint8) for mx32: value = decode(code) * scale_inv")
-        .def_prop_ro("amax", [](const QTensor& q) { return to_numpy_if_defined(q.amax); }, owned, "[1] float32: max |x|")
-        .def_prop_ro("data_t", [](const QTensor& q) { return to_numpy_if_defined(q.data_t); }, owned,
+        .def_prop_ro("amax", [](const QTensor& q) { return to_object(q.amax, true); }, owned, "[1] float32: max |x|")
+        .def_prop_ro("data_t", [](const QTensor& q) { return to_object(q.data_t, true); }, owned,
                      "the transposed codes, or None")
-        .def_prop_ro("scale_inv_t", [](const QTensor& q) { return to_numpy_if_defined(q.scale_inv_t); }, owned)
+        .def_prop_ro("scale_inv_t", [](const QTensor& q) { return to_object(q.scale_inv_t, true); }, owned)
         .def("transposed", &QTensor::transposed, nb::call_guard<nb::gil_scoped_release>(),
              "The transposed copy (quantize(x.T) with the same options) as a QTensor of its own; an error if none.")
         .def("__repr__", [](const QTensor& q) {
@@ -373,16 +474,19 @@ NB_MODULE(_fp8kit, m) {
 
     m.def("quantize", [](const Array& x, const std::string& format, const std::string& scaling,
                          const std::string& overflow, bool power_of_two, float amax_epsilon,
-                         const std::string& mx_rounding, const std::string& non_finite, bool transpose) {
+                         const std::string& mx_rounding, const std::string& non_finite, bool transpose,
+                         const std::optional<std::vector<nb::ndarray<>>>& outs) {
               QuantizeOptions o = quantize_options(format, scaling, overflow, power_of_two, amax_epsilon, mx_rounding,
                                                    non_finite);
               o.transpose = transpose;
-              return quantize_array(x, o);
+              return quantize_array(x, o, outs);
           },
           "x"_a, "format"_a = "e4m3fn", "scaling"_a = "tensor", "overflow"_a = "saturate", "power_of_two"_a = false,
           "amax_epsilon"_a = 0.0f, "mx_rounding"_a = "floor", "non_finite"_a = "propagate", "transpose"_a = false,
+          "outs"_a = nb::none(),
           "Scale per group (tensor, row, column, block(RxC), mx32) and cast: code = encode(float32(x * scale)), "
-          "scale = fp8_max / amax (docs/NUMERICS.md). transpose=True also gives quantize(x.T) (cast_transpose).");
+          "scale = fp8_max / amax (docs/NUMERICS.md). transpose=True also gives quantize(x.T) (cast_transpose). "
+          "outs: the arrays to write [data, scale_inv, amax(, data_t, scale_inv_t)] into (device x: torch's).");
     m.def("dequantize", [](const QTensor& q, const std::string& dtype) {
               const DType d = parse_dtype(dtype);
               Tensor out;
@@ -390,7 +494,7 @@ NB_MODULE(_fp8kit, m) {
                   nb::gil_scoped_release nogil;
                   out = dequantize(q, d);
               }
-              return to_numpy(out);
+              return to_object(out, false);
           },
           "q"_a, "dtype"_a = "float32", "decode(code) * scale_inv of its group, as float32 (or bfloat16 / float16 bits).");
     m.def("recipe_scalings", [](const std::string& recipe) {
@@ -399,12 +503,17 @@ NB_MODULE(_fp8kit, m) {
                                               to_string(r.options(Role::weight).scaling)};
           },
           "recipe"_a, "The scalings a recipe quantizes a Linear's input and weight with: [input, weight].");
-    m.def("recipe_quantize", [](const Array& x, const std::string& recipe, const std::string& role, bool transpose) {
+    m.def("recipe_scaling", [](const std::string& recipe, const std::string& role) {
+              return to_string(parse_recipe(recipe).options(parse_role(role)).scaling);
+          },
+          "recipe"_a, "role"_a, "The scaling a recipe quantizes a Linear's operand of this role with.");
+    m.def("recipe_quantize", [](const Array& x, const std::string& recipe, const std::string& role, bool transpose,
+                                const std::optional<std::vector<nb::ndarray<>>>& outs) {
               QuantizeOptions o = parse_recipe(recipe).options(parse_role(role));
               o.transpose = transpose;
-              return quantize_array(x, o);
+              return quantize_array(x, o, outs);
           },
-          "x"_a, "recipe"_a, "role"_a, "transpose"_a = false,
+          "x"_a, "recipe"_a, "role"_a, "transpose"_a = false, "outs"_a = nb::none(),
           "x quantized as a recipe quantizes a Linear's operand of this role (input, weight, grad_output): "
           "its format, scaling and options (fp8kit::Recipe::options). Not for delayed (see DelayedScaling).");
     nb::class_<DelayedScaling>(m, "DelayedScaling",
@@ -447,30 +556,34 @@ NB_MODULE(_fp8kit, m) {
     nb::implicitly_convertible<QTensor, PackedWeight>();
 
     m.def("gemm", [](const QTensor& a, const PackedWeight& b, const std::string& out_dtype, float alpha, float beta,
-                     const std::optional<Array>& c, const std::optional<Array>& bias, const std::string& activation) {
-              return gemm_array(a, b, gemm_options(out_dtype, alpha, beta, c, bias, activation));
+                     const std::optional<Array>& c, const std::optional<Array>& bias, const std::string& activation,
+                     const std::optional<nb::ndarray<>>& out) {
+              return gemm_array(a, b, gemm_options(out_dtype, alpha, beta, c, bias, activation), out);
           },
           "a"_a, "b"_a, "out_dtype"_a = "float32", "alpha"_a = 1.0f, "beta"_a = 0.0f, "c"_a = nb::none(),
-          "bias"_a = nb::none(), "activation"_a = "none",
-          "D[M, N] = act(alpha * deq(a) . deq(b)^T (+ beta * c) (+ bias)), a an FP8 QTensor [M, K].");
+          "bias"_a = nb::none(), "activation"_a = "none", "out"_a = nb::none(),
+          "D[M, N] = act(alpha * deq(a) . deq(b)^T (+ beta * c) (+ bias)), a an FP8 QTensor [M, K]; written into "
+          "out (returning None) when given.");
     m.def("gemm_fused", [](const Array& a, const PackedWeight& b, const std::string& format, const std::string& scaling,
                            const std::string& overflow, bool power_of_two, float amax_epsilon,
                            const std::string& mx_rounding, const std::string& non_finite, const std::string& out_dtype,
                            float alpha, float beta, const std::optional<Array>& c, const std::optional<Array>& bias,
-                           const std::string& activation) {
+                           const std::string& activation, const std::optional<nb::ndarray<>>& out) {
               const QuantizeOptions q = quantize_options(format, scaling, overflow, power_of_two, amax_epsilon,
                                                          mx_rounding, non_finite);
-              return gemm_array(GemmA(view(a, "a"), q), b, gemm_options(out_dtype, alpha, beta, c, bias, activation));
+              return gemm_array(GemmA(view(a, "a"), q), b, gemm_options(out_dtype, alpha, beta, c, bias, activation), out);
           },
           "a"_a, "b"_a, "format"_a, "scaling"_a, "overflow"_a, "power_of_two"_a, "amax_epsilon"_a, "mx_rounding"_a,
           "non_finite"_a, "out_dtype"_a, "alpha"_a, "beta"_a, "c"_a.none(), "bias"_a.none(), "activation"_a,
+          "out"_a = nb::none(),
           "The GEMM with a given in float32 / bfloat16 / float16 [M, K] and cast to FP8 inside it.");
     m.def("gemm_weight_only", [](const Array& a, const PackedWeight& b, const std::string& out_dtype, float alpha,
                                  float beta, const std::optional<Array>& c, const std::optional<Array>& bias,
-                                 const std::string& activation) {
-              return gemm_array(GemmA(view(a, "a")), b, gemm_options(out_dtype, alpha, beta, c, bias, activation));
+                                 const std::string& activation, const std::optional<nb::ndarray<>>& out) {
+              return gemm_array(GemmA(view(a, "a")), b, gemm_options(out_dtype, alpha, beta, c, bias, activation), out);
           },
           "a"_a, "b"_a, "out_dtype"_a, "alpha"_a, "beta"_a, "c"_a.none(), "bias"_a.none(), "activation"_a,
+          "out"_a = nb::none(),
           "The GEMM with a given in float32 / bfloat16 / float16 [M, K], not quantized: taken as the sum of "
           "two bfloat16 terms (weight-only FP8, fp8kit::GemmA).");
     nb::class_<FusedLinear>(m, "FusedLinear",
@@ -504,20 +617,21 @@ NB_MODULE(_fp8kit, m) {
                  if (out < 0 || out > 2) {
                      throw Error("fp8kit.FusedLinear: out is " + std::to_string(out) + ", expected an index of out_dtypes: 0, 1 or 2");
                  }
-                 return gemm_array(f.q ? GemmA(view(a, "a"), *f.q) : GemmA(view(a, "a")), f.b, f.o[out]);
+                 return gemm_array(f.q ? GemmA(view(a, "a"), *f.q) : GemmA(view(a, "a")), f.b, f.o[out], std::nullopt);
              },
              "a"_a, "out"_a, "D for a (float32 / bfloat16 / float16 [M, K]) in out_dtypes[out].")
-        // fp8kit.torch's eager forward: a torch tensor reaches nanobind only through DLPack (~2-4 us
-        // a tensor, more than a decode step's small GEMM) or numpy (float32 / float16 only), so its
-        // Float8Linear passes the addresses of x and of the y it allocated instead. The caller
-        // guarantees what an array would have told: both on the CPU, C-contiguous, [m, k] and
-        // [m, n] of out_dtypes[dtype], alive for the call. Checked here: k against the weight, m and
-        // the dtype index (from_external: null and misaligned addresses), so a wrong shape is an
-        // error and not a stray read.
+        // fp8kit.torch's eager forward: a torch tensor reaches nanobind only through DLPack (a
+        // capsule a tensor, costlier than a decode step's small GEMM) or numpy (which would pin its
+        // storage), so its Linear passes the addresses of x and of the y it allocated instead. The
+        // caller guarantees what an array would have told: both on the weight's device (the CPU,
+        // or the current CUDA device, where the GEMM is ordered on set_stream's stream),
+        // C-contiguous, [m, k] and [m, n] of out_dtypes[dtype], alive for the call. Checked here:
+        // k against the weight, m and the dtype index (from_external: null and misaligned
+        // addresses), so a wrong shape is an error and not a stray read.
         .def("call_into",
-             [](const FusedLinear& f, uintptr_t x, int64_t m, int64_t k, int dtype, uintptr_t out) {
-                 const GemmOptions& o = fused_checked(f, m, k, dtype, "fp8kit.FusedLinear.call_into");
-                 fused_call(f, o, x, m, k, reinterpret_cast<void*>(out));
+             [](const FusedLinear& f, uintptr_t x, int64_t rows, int64_t k, int dtype, uintptr_t out) {
+                 const GemmOptions& o = fused_checked(f, rows, k, dtype, "fp8kit.FusedLinear.call_into");
+                 fused_call(f, o, x, rows, k, reinterpret_cast<void*>(out));
              },
              "x"_a, "m"_a, "k"_a, "dtype"_a, "out"_a,
              "y[m, n] = D for x[m, k] at address x, written at address out, both C-contiguous in out_dtypes[dtype] "
@@ -528,28 +642,31 @@ NB_MODULE(_fp8kit, m) {
         // by torch (.contiguous() a part, after split_with_sizes): 3 x 256^2 at 16 rows took 103 us
         // that way, 71 this way. Here at most MAX_ROWS rows of D are copied (a decode row: 18-32 KiB).
         .def("call_into_parts",
-             [](const FusedLinear& f, uintptr_t x, int64_t m, int64_t k, int dtype, const std::vector<uintptr_t>& outs) {
+             [](const FusedLinear& f, uintptr_t x, int64_t rows, int64_t k, int dtype, const std::vector<uintptr_t>& outs) {
                  const char* what = "fp8kit.FusedLinear.call_into_parts";
                  if (outs.size() != f.parts.size()) {
                      throw Error(std::string(what) + ": " + std::to_string(outs.size()) + " outputs for " +
                                  std::to_string(f.parts.size()) + " parts");
                  }
-                 const GemmOptions& o = fused_checked(f, m, k, dtype, what);
+                 const GemmOptions& o = fused_checked(f, rows, k, dtype, what);
+                 if (f.b.source().data.device() != Device::cpu) {
+                     throw Error(std::string(what) + ": the weight is on a CUDA device; parts are written on the host");
+                 }
                  const size_t esize = dtype_size(o.out_dtype);
                  for (size_t p = 0; p < outs.size(); ++p) {  // before the GEMM: the copies below cannot fail
-                     if ((outs[p] == 0 && m > 0) || outs[p] % esize != 0) {
+                     if ((outs[p] == 0 && rows > 0) || outs[p] % esize != 0) {
                          throw Error(std::string(what) + ": outs[" + std::to_string(p) + "] is " +
                                      (outs[p] == 0 ? "null" : "not aligned to its elements"));
                      }
                  }
                  thread_local std::vector<std::byte> d;  // D [m, N]: per thread, as each call releases the GIL
-                 d.resize(size_t(m) * size_t(f.b.n()) * esize);
-                 fused_call(f, o, x, m, k, d.data());
+                 d.resize(size_t(rows) * size_t(f.b.n()) * esize);
+                 fused_call(f, o, x, rows, k, d.data());
                  const size_t row = size_t(f.b.n()) * esize;
                  size_t at = 0;
                  for (size_t p = 0; p < outs.size(); ++p) {
                      const size_t width = size_t(f.parts[p]) * esize;
-                     for (int64_t i = 0; i < m; ++i) {
+                     for (int64_t i = 0; i < rows; ++i) {
                          std::memcpy(reinterpret_cast<std::byte*>(outs[p]) + size_t(i) * width, d.data() + size_t(i) * row + at, width);
                      }
                      at += width;
@@ -581,5 +698,21 @@ NB_MODULE(_fp8kit, m) {
     m.def("read_policy", [](const std::string& path) { return policy_json(read_policy(path)); }, "path"_a,
           "A policy file as the library reads it (its JSON, normalized); fp8kit.Error naming what is malformed.");
     m.def("set_num_threads", &set_num_threads, "n"_a, "Threads for fp8kit's kernels (n >= 1).");
+#ifdef FP8KIT_HAS_CUDA
+    m.attr("cuda_built") = true;
+#else
+    m.attr("cuda_built") = false;
+#endif
+    m.def("cuda_available", [] { return backend_available(Backend::cuda); },
+          "Whether CUDA tensors can be used: a build with the cuda backend, and a GPU with its driver.");
+    // The stream this thread's device work is enqueued on until the next call (fp8kit.torch passes
+    // torch's current stream before each device call): a ContextGuard kept per thread, as torch
+    // keeps a current stream per thread.
+    m.def("set_stream", [](uintptr_t stream) {
+              thread_local std::optional<ContextGuard> current;
+              current.reset();
+              current.emplace(ExecContext{reinterpret_cast<void*>(stream)});
+          },
+          "stream"_a, "The cudaStream_t (as an int; 0: the default stream) this thread's CUDA work runs on.");
     m.def("num_threads", &num_threads);
 }

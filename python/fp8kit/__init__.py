@@ -6,6 +6,12 @@ which DLPack cannot carry, so they cross as uint8 views (no copy either way). Bi
 ml_dtypes and torch's casts give (tests/python/test_package.py); the GEMM within the float32 sum
 bound of float64 and beside torch._scaled_mm (tests/python/test_gemm.py).
 
+CUDA tensors (a package built with the cuda backend - `pip install .` builds it when nvcc is
+found - on a machine with a GPU: cuda_available()): quantize, dequantize, qtensor, PackedWeight,
+gemm and scaled_mm run on the tensor's device, enqueued on torch's current stream, never waiting
+for the GPU; their outputs (codes, scales, D) are allocated by torch's caching allocator. encode /
+decode and the weight-only GEMM are host-only. Checked on a GPU by tests/python/test_cuda.py.
+
     import fp8kit, torch
     codes = fp8kit.encode(torch.randn(4, 8), "e4m3fn")        # torch.float8_e4m3fn
     q = fp8kit.quantize(x, scaling="row")                       # QTensor: data, scale_inv, amax
@@ -16,17 +22,20 @@ bound of float64 and beside torch._scaled_mm (tests/python/test_gemm.py).
 
 Errors are fp8kit.Error, a ValueError carrying the library's message.
 """
+import contextlib
+import math
 import sys
 
 import numpy as np
 
 from . import _fp8kit
-from ._fp8kit import Error, PackedWeight, QTensor, format_max, formats, num_threads, set_num_threads
+from ._fp8kit import (Error, PackedWeight, QTensor, cuda_available, format_max, formats, num_threads,
+                      set_num_threads)
 
 __version__ = _fp8kit.__version__
 Error.__module__ = QTensor.__module__ = PackedWeight.__module__ = "fp8kit"  # as users name them
-__all__ = ["Error", "PackedWeight", "QTensor", "decode", "dequantize", "encode", "format_max", "formats", "gemm",
-           "num_threads", "qtensor", "quantize", "scaled_mm", "set_num_threads"]
+__all__ = ["Error", "PackedWeight", "QTensor", "cuda_available", "decode", "dequantize", "encode", "format_max",
+           "formats", "gemm", "num_threads", "qtensor", "quantize", "scaled_mm", "set_num_threads"]
 
 
 def _torch():
@@ -62,21 +71,37 @@ def _torch_fp8_dtype(format):
     return dtype
 
 
+class _DLPack:
+    """A torch tensor as the extension takes it: a fresh DLPack capsule of its memory each time one
+    is asked for (torch.utils.dlpack.to_dlpack) - not a numpy view, which makes the storage
+    non-resizable under the caller (FSDP2 resizes its parameters' storage), not the tensor's own
+    __dlpack__, which makes torch's default stream wait for the current one, and not one capsule,
+    which an argument conversion that nanobind retries would find already used."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+    def __dlpack__(self, **kwargs):
+        return _torch().utils.dlpack.to_dlpack(self.tensor)
+
+    def __dlpack_device__(self):
+        return self.tensor.__dlpack_device__()
+
+
 def _to_extension(x):
-    """What the extension reads, never a copy: numpy arrays as they are; torch tensors as numpy
-    views of their memory where numpy has the dtype - the extension takes a numpy array in about
-    half the time of a DLPack capsule, some 4 us a tensor - else (bfloat16) through DLPack; a tensor
-    on another device is an Error naming it. FP8 crosses as its codes (uint8): DLPack readers
-    differ on float8."""
+    """What the extension reads, never a copy: numpy arrays as they are; torch tensors (CPU or
+    CUDA) through _DLPack. FP8 crosses as its codes (uint8): DLPack readers differ on float8. A
+    tensor on any other device is an Error naming it."""
     if _is_torch(x):
         torch = _torch()
-        if x.device.type != "cpu":  # nanobind would answer with a TypeError listing signatures
-            raise Error(f"fp8kit: a tensor on device '{x.device}': this package computes on the CPU (move it "
-                        "with .cpu())")
+        if x.device.type not in ("cpu", "cuda"):  # nanobind would answer with a TypeError listing signatures
+            raise Error(f"fp8kit: a tensor on device '{x.device}': fp8kit computes on the CPU and on CUDA devices")
         x = x.detach()
         if x.dtype.itemsize == 1 and x.dtype.is_floating_point:
             x = x.view(torch.uint8)
-        return x.numpy() if x.dtype != torch.bfloat16 else x
+        return _DLPack(x)
     if isinstance(x, np.ndarray):
         name = x.dtype.name
         if name.startswith("float8_"):  # ml_dtypes' FP8: the codes (the format travels beside them)
@@ -105,6 +130,39 @@ def _bf16_out(bits, like_torch):
     except ImportError:
         return bits  # the bits, as uint16: numpy has no bfloat16 of its own
     return bits.view(ml_dtypes.bfloat16)
+
+
+def _cuda(x):
+    """Whether x is a torch tensor on a CUDA device."""
+    return _is_torch(x) and x.is_cuda
+
+
+@contextlib.contextmanager
+def _on_device(device):
+    """The scope of a call that runs on a CUDA device: torch's current device is `device` (fp8kit's
+    CUDA runtime follows it) and the extension enqueues this thread's work on torch's current stream
+    there (set_stream), as a torch op would."""
+    torch = _torch()
+    with torch.cuda.device(device):
+        _fp8kit.set_stream(torch.cuda.current_stream().cuda_stream)
+        yield
+
+
+def _device_quantize(x, scaling, transpose, quantize_call):
+    """quantize_call(x, outs) for a CUDA tensor x, with the outputs - codes, scale_inv, amax and
+    with transpose their transposed twins - allocated by torch on x's device (its caching
+    allocator, so torch's memory stats count them), in the shapes quantize gives."""
+    torch = _torch()
+    cols, rows = (x.shape[-1] if x.dim() else 1), math.prod(x.shape[:-1])  # quantize's [rows, cols] view
+    scale_dtype = torch.uint8 if scaling == "mx32" else torch.float32  # e8m0 codes travel as uint8
+    outs = [torch.empty(x.shape, dtype=torch.uint8, device=x.device),
+            torch.empty(_fp8kit.scale_shape(scaling, rows, cols), dtype=scale_dtype, device=x.device),
+            torch.empty(1, dtype=torch.float32, device=x.device)]
+    if transpose:
+        outs += [torch.empty(cols, rows, dtype=torch.uint8, device=x.device),
+                 torch.empty(_fp8kit.scale_shape(scaling, cols, rows), dtype=scale_dtype, device=x.device)]
+    with _on_device(x.device):
+        return quantize_call(_to_extension(x), [_to_extension(o) for o in outs])
 
 
 def encode(x, format="e4m3fn", overflow="saturate"):
@@ -139,13 +197,29 @@ def quantize(x, format="e4m3fn", scaling="tensor", *, overflow="saturate", power
     "mx32". transpose=True also keeps quantize(x.T) in .data_t / .scale_inv_t (cast_transpose).
     non_finite="error" raises naming the first NaN / Inf instead of propagating it.
     """
-    return _fp8kit.quantize(_to_extension(x), _name(format), scaling, overflow, power_of_two, amax_epsilon,
-                            mx_rounding, non_finite, transpose)
+    args = (_name(format), scaling, overflow, power_of_two, amax_epsilon, mx_rounding, non_finite, transpose)
+    if _cuda(x):
+        return _device_quantize(x, scaling, transpose,
+                                lambda t, outs: _fp8kit.quantize(t, *args, outs=outs))
+    return _fp8kit.quantize(_to_extension(x), *args)
+
+
+def _recipe_quantize(x, recipe, role, transpose):
+    """x quantized as `recipe` quantizes a Linear's operand of `role` (fp8kit.torch's training
+    layer), on x's device."""
+    if _cuda(x):
+        return _device_quantize(x, _fp8kit.recipe_scaling(recipe, role), transpose,
+                                lambda t, outs: _fp8kit.recipe_quantize(t, recipe, role, transpose, outs=outs))
+    return _fp8kit.recipe_quantize(_to_extension(x), recipe, role, transpose)
 
 
 def dequantize(q, dtype="float32"):
     """decode(code) * scale_inv of its group: float32, or rounded once to bfloat16 / float16."""
     dtype_name = _name(dtype)
+    if q.device == "cuda":
+        with _on_device(_torch().cuda.current_device()):  # a QTensor's tensors carry no device index
+            values = _fp8kit.dequantize(q, dtype_name)  # a torch CUDA tensor (bfloat16 as its bits)
+        return values.view(_torch().bfloat16) if dtype_name == "bfloat16" else values
     values = _fp8kit.dequantize(q, dtype_name)
     return _bf16_out(values, False) if dtype_name == "bfloat16" else values
 
@@ -198,14 +272,30 @@ def gemm(a, b, *, out_dtype="float32", alpha=1.0, beta=0.0, c=None, bias=None, a
     ext = lambda t: None if t is None else _to_extension(t)  # noqa: E731
     out_name = _name(out_dtype)
     if isinstance(a, QTensor):
-        values = _fp8kit.gemm(a, b, out_name, alpha, beta, ext(c), ext(bias), activation)
+        call = lambda out: _fp8kit.gemm(a, b, out_name, alpha, beta, ext(c), ext(bias), activation, out)  # noqa: E731
     elif scaling is None:
-        values = _fp8kit.gemm_weight_only(_to_extension(a), b, out_name, alpha, beta, ext(c), ext(bias), activation)
+        call = lambda out: _fp8kit.gemm_weight_only(_to_extension(a), b, out_name, alpha, beta, ext(c),  # noqa: E731
+                                                    ext(bias), activation, out)
     else:
-        values = _fp8kit.gemm_fused(_to_extension(a), b, _name(format), scaling, overflow, power_of_two,
-                                    amax_epsilon, mx_rounding, non_finite, out_name, alpha, beta, ext(c), ext(bias),
-                                    activation)
-    return _out(values, out_name, _is_torch(a))
+        call = lambda out: _fp8kit.gemm_fused(_to_extension(a), b, _name(format), scaling, overflow,  # noqa: E731
+                                              power_of_two, amax_epsilon, mx_rounding, non_finite, out_name, alpha,
+                                              beta, ext(c), ext(bias), activation, out)
+    if (a.device == "cuda") if isinstance(a, QTensor) else _cuda(a):
+        n = b.n if isinstance(b, PackedWeight) else b.shape[0]
+        return _device_gemm(call, a.shape[0], n, out_name, a.device if _is_torch(a) else None)
+    return _out(call(None), out_name, _is_torch(a))
+
+
+def _device_gemm(call, m, n, out_name, device):
+    """D [m, n] of a GEMM on a CUDA device: allocated by torch there (its caching allocator) and
+    written by call(out) on torch's current stream. device: None for the current device (a
+    QTensor's tensors carry no device index)."""
+    torch = _torch()
+    device = torch.device("cuda", torch.cuda.current_device()) if device is None else device
+    out = torch.empty(m, n, dtype=getattr(torch, out_name), device=device)
+    with _on_device(device):
+        call(_to_extension(out))
+    return out
 
 
 def _operand_scaling(scale, name, rows, k):
@@ -232,6 +322,11 @@ def _operand_scaling(scale, name, rows, k):
     want = ([rows, 1], [rows, kb], [rb, kb]) if name == "scale_a" else ([1, rows], [kb, rows], [kb, rb])
     raise Error(f"fp8kit.scaled_mm: {name} has shape {list(shape)}; expected one element (tensorwise), "
                 f"{want[0]} (rowwise), {want[1]} (1x128 blocks) or {want[2]} (128x128 blocks)")
+
+
+def _clamp_finite(d, big):
+    """d with its finite elements clamped to [-big, big]; NaN and +-Inf as they are."""
+    return _torch().where(d.isfinite(), d.clamp(-big, big), d)
 
 
 def _contiguous(t):
@@ -263,10 +358,16 @@ def scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=No
     qb = qtensor(b.T, sb, gb)
     fp8_out = out_dtype is None or _name(out_dtype).startswith("float8_")
     out_name = "float32" if fp8_out else _name(out_dtype)
-    values = _fp8kit.gemm(qa, qb, out_name, 1.0, 0.0, None, None if bias is None else _to_extension(bias), "none")
-    d = _out(values, out_name, _is_torch(a))
+    bias = None if bias is None else _to_extension(bias)
+    call = lambda out: _fp8kit.gemm(qa, qb, out_name, 1.0, 0.0, None, bias, "none", out)  # noqa: E731
+    d = _device_gemm(call, m, n, out_name, a.device) if _cuda(a) else _out(call(None), out_name, _is_torch(a))
     if not fp8_out:
         return d
     if scale_result is not None:
-        d = d / (scale_result.item() if hasattr(scale_result, "item") else float(scale_result))
-    return encode(d, _format_of(a, None) if out_dtype is None else _format_name(out_dtype), "saturate")
+        d = d / (scale_result if _cuda(d) else scale_result.item() if hasattr(scale_result, "item") else float(scale_result))
+    fmt = _format_of(a, None) if out_dtype is None else _format_name(out_dtype)
+    if _cuda(d):  # on the device (encode is the host's): finite values clamped to the format's range,
+        # NaN and Inf left to the cast, which never makes them finite - encode's "saturate"
+        big = format_max(fmt)
+        return _clamp_finite(d, big).to(_torch_fp8_dtype(fmt))
+    return encode(d, fmt, "saturate")

@@ -121,6 +121,12 @@ def _call_into(fused, n, x, shape, dtype_index):
     else:
         m, k = math.prod(shape[:-1]), shape[-1]
         y = x.new_empty(*shape[:-1], n)
+    if m == 0:  # an empty batch: an empty result, as nn.Linear gives
+        return y
+    if x.is_cuda:  # on x's device, ordered on torch's current stream there
+        with fp8kit._on_device(x.device):
+            fused.call_into(x.data_ptr(), m, k, dtype_index, y.data_ptr())
+        return y
     fused.call_into(x.data_ptr(), m, k, dtype_index, y.data_ptr())
     return y
 
@@ -134,11 +140,18 @@ def _linear(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling):
     out = _OUT_DTYPES.get(x.dtype)
     if out is None:
         raise fp8kit.Error(f"fp8kit.torch: the input is {x.dtype}; Float8Linear takes float32, bfloat16 or float16")
+    if x.device != weight.device:
+        raise fp8kit.Error(f"fp8kit.torch: the input is on device '{x.device}', the layer's weight on device "
+                           f"'{weight.device}' (move the model with .to(device))")
     fused, n = _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling)
-    if x.is_cpu and x.is_contiguous():
+    if x.is_cuda:
+        if input_scaling == "none":
+            raise fp8kit.Error("fp8kit.torch: the weight-only GEMM (recipe weight_only, layerwise casting) runs on "
+                               "the CPU; on a CUDA device use rowwise, tensorwise or block")
+        return _call_into(fused, n, x.contiguous(), x.shape, out[1])
+    if x.is_contiguous():
         return _call_into(fused, n, x, x.shape, out[1])
-    # Strided x, or a tensor on another device: _to_extension copies what a stride forces, or
-    # names the device it cannot read.
+    # Strided x: _to_extension copies what a stride forces.
     shape = x.shape
     rows = x.reshape(-1, shape[-1]) if len(shape) != 2 else x
     y = fp8kit._out(fused(fp8kit._to_extension(rows), out[1]), out[0], True)
@@ -327,8 +340,10 @@ def _fp8_weight(w, storage_dtype, scaling, scaled=True):
     if not scaled:
         return w.detach().to(storage_dtype), torch.ones(1, 1)
     q = fp8kit.quantize(w.detach().float(), str(storage_dtype).removeprefix("torch.float8_"), scaling)
-    return (torch.from_numpy(q.data.copy()).view(storage_dtype),
-            _scale_tensor(torch.from_numpy(q.scale_inv.copy()), scaling))
+    data, scale_inv = q.data, q.scale_inv
+    if not isinstance(data, torch.Tensor):  # host: numpy views of the QTensor's memory, read-only
+        data, scale_inv = torch.from_numpy(data.copy()), torch.from_numpy(scale_inv.copy())
+    return data.view(storage_dtype), _scale_tensor(scale_inv, scaling)
 
 
 def _replace(model, fqn, module):
@@ -500,9 +515,12 @@ class _Casts:
                         if recipe == "delayed" else None)
 
     def __call__(self, t, role, transpose):
-        t = fp8kit._to_extension(t)
         if self.delayed is None:
-            return fp8kit._fp8kit.recipe_quantize(t, self.recipe, role, transpose)
+            return fp8kit._recipe_quantize(t, self.recipe, role, transpose)
+        if t.is_cuda:
+            raise fp8kit.Error("fp8kit.torch: the delayed recipe keeps its amax history on the host; on a CUDA "
+                               "device use tensorwise, rowwise or block")
+        t = fp8kit._to_extension(t)
         d = self.delayed[role]
         if d.fresh:
             # A fresh state has scale 1: gradients of ~1e-5 would flush to zero in e5m2. As torchao
@@ -516,7 +534,10 @@ def _gemm(a, b, out_dtype, bias=None):
     """D = deq(a) . deq(b)^T (+ bias) of two QTensors, as a torch tensor of out_dtype."""
     name = _OUT_DTYPES[out_dtype][0]
     bias = None if bias is None else fp8kit._to_extension(bias)
-    return fp8kit._out(fp8kit._fp8kit.gemm(a, b, name, 1.0, 0.0, None, bias, "none"), name, True)
+    call = lambda out: fp8kit._fp8kit.gemm(a, b, name, 1.0, 0.0, None, bias, "none", out)  # noqa: E731
+    if a.device == "cuda":
+        return fp8kit._device_gemm(call, a.shape[0], b.shape[0], name, None)
+    return fp8kit._out(call(None), name, True)
 
 
 class _Float8LinearFunction(torch.autograd.Function):

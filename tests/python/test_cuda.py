@@ -1,0 +1,199 @@
+"""tests/python/test_cuda.py: the package on CUDA tensors (a build with the cuda backend, on a GPU;
+skipped, saying which is missing, elsewhere): quantize on the device against the host backend bit
+for bit (NUMERICS.md: every backend gives the same codes and scales), the GEMM and scaled_mm
+against float64 within the bound of tests/python/test_gemm.py plus cuBLASLt's narrower FP8 sums
+(docs/NUMERICS.md, cuda: 2^-11 sum|a b|) and beside torch._scaled_mm, fp8kit.torch's inference and
+training layers on the device against the same layers on the host; and the contract with torch:
+outputs from torch's caching allocator (torch.cuda.memory_allocated sees them), work ordered on
+torch's current stream (a side stream whose input is written after a long kernel), no host
+synchronisation inside a call (the call returns while that kernel still runs).
+
+Run by scripts/cuda_device_check.sh on a GPU machine, and by scripts/test.sh everywhere (skipped).
+"""
+import time
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+import fp8kit  # noqa: E402
+import fp8kit.torch as fp8_torch  # noqa: E402
+
+if not fp8kit._fp8kit.cuda_built:
+    pytest.skip("this fp8kit package was built without the cuda backend (no nvcc at build time)",
+                allow_module_level=True)
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU here (torch.cuda.is_available() is False)", allow_module_level=True)
+
+U = 2.0 ** -24
+SCALINGS = ["tensor", "row", "block(1x128)", "block(128x128)", "mx32"]
+
+
+def gamma(n):
+    return n * U / (1 - n * U)
+
+
+def randn(*shape, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=g) * torch.exp2(torch.randint(-6, 6, (shape[0], 1), generator=g).float())
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("scaling", SCALINGS)
+def test_quantize_on_the_device_is_the_host_quantize_bit_for_bit(scaling, transpose):
+    x = randn(257, 384, seed=1)  # rows not a multiple of any tile or block
+    host = fp8kit.quantize(x, scaling=scaling, transpose=transpose)
+    dev = fp8kit.quantize(x.cuda(), scaling=scaling, transpose=transpose)
+    assert dev.device == "cuda" and dev.data.is_cuda
+    fields = ["data", "scale_inv", "amax"] + (["data_t", "scale_inv_t"] if transpose else [])
+    for f in fields:
+        want = torch.from_numpy(np.ascontiguousarray(getattr(host, f)))
+        got = getattr(dev, f).cpu()
+        assert got.shape == want.shape, f
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), f
+    # and back: dequantize on the device equals the host's
+    assert torch.equal(fp8kit.dequantize(dev).cpu(), torch.from_numpy(fp8kit.dequantize(host)))
+
+
+def test_quantize_outputs_come_from_torchs_allocator():
+    x = randn(4096, 4096, seed=2).cuda()  # 16 MiB of codes
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    q = fp8kit.quantize(x, scaling="row")
+    held = torch.cuda.memory_allocated() - before
+    assert held >= x.numel(), f"torch sees {held} bytes for {x.numel()} codes"
+    del q
+    assert torch.cuda.memory_allocated() - before < x.numel()  # freed back to torch's cache
+
+
+def test_work_runs_on_torchs_current_stream_without_a_host_sync():
+    src = randn(2048, 2048, seed=3).cuda()
+    x = torch.zeros_like(src)
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(400_000_000)  # ~0.2 s of one SM's cycles queued on the side stream
+        x.copy_(src)  # written only after it: a call on another stream would read zeros
+        start = time.perf_counter()
+        q = fp8kit.quantize(x, scaling="row")
+        returned_after = time.perf_counter() - start
+        still_running = not side.query()
+    side.synchronize()
+    # A synchronising call waits for the sleep; a call on another stream reads zeros.
+    assert still_running and returned_after < 0.1, f"the call took {returned_after:.3f} s"
+    want = fp8kit.quantize(src.cpu(), scaling="row")
+    assert torch.equal(q.data.cpu(), torch.from_numpy(np.ascontiguousarray(want.data)))
+
+
+def groups(scaling, rows, cols):
+    """The (rows, cols) of one scale's group for a scaling of a [rows, cols] operand."""
+    return {"tensor": (rows, cols), "row": (1, cols), "block(1x128)": (1, 128),
+            "block(128x128)": (128, 128)}[scaling]
+
+
+def deq64(q, scaling):
+    """float64 values of a QTensor (host or device): decode(code) * scale_inv of its group."""
+    data, scale = q.data, q.scale_inv
+    data = data.cpu() if isinstance(data, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(data))
+    scale = scale.cpu() if isinstance(scale, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(scale))
+    codes = data.view(getattr(torch, "float8_" + q.format)).double()
+    gr, gc = groups(scaling, *codes.shape)
+    s = scale.double().reshape(-(-codes.shape[0] // gr), -(-codes.shape[1] // gc))
+    s = s.repeat_interleave(gr, 0).repeat_interleave(gc, 1)[:codes.shape[0], :codes.shape[1]]
+    return codes * s
+
+
+def cublaslt_bound(a64, b64):
+    """test_gemm.py's float32 bound of D = a64 . b64^T, gamma_(K+3) sum|a b| + 3u |D|, plus
+    cuBLASLt's narrower FP8 sums, 2^-11 sum|a b| (NUMERICS.md, cuda); and D."""
+    d64 = a64 @ b64.T
+    abs_sum = a64.abs() @ b64.abs().T
+    return (gamma(a64.shape[1] + 3) + 2.0 ** -11) * abs_sum + 3 * U * d64.abs(), d64
+
+
+@pytest.mark.parametrize("scaling", ["tensor", "row"])
+def test_gemm_and_scaled_mm_on_the_device_within_the_cublaslt_bound(scaling):
+    m, n, k = 256, 384, 1024  # multiples of 16: cuBLASLt's FP8 path
+    x, w = randn(m, k, seed=4).cuda(), randn(n, k, seed=5).cuda()
+    qx, qw = fp8kit.quantize(x, scaling=scaling), fp8kit.quantize(w, scaling=scaling)
+    tol, d64 = cublaslt_bound(deq64(qx, scaling), deq64(qw, scaling))
+    d = fp8kit.gemm(qx, fp8kit.PackedWeight(qw))
+    assert d.is_cuda and d.dtype == torch.float32 and d.shape == (m, n)
+    assert torch.all((d.cpu().double() - d64).abs() <= tol)
+    # the nearest wrong answer - D rounded to bfloat16 - does not pass
+    assert torch.any((d64.to(torch.bfloat16).double() - d64).abs() > tol)
+    # the fused cast: bf16 x cast inside the call gives the same D as quantize-then-GEMM
+    assert torch.equal(fp8kit.gemm(x, fp8kit.PackedWeight(qw), scaling=scaling), d)
+    # torch._scaled_mm's call (b column-major), beside torch's own answer, within the same bound
+    # plus the rounding to bfloat16
+    if scaling == "tensor":
+        sa, sb = qx.scale_inv.reshape(()), qw.scale_inv.reshape(())
+    else:
+        sa, sb = qx.scale_inv.reshape(m, 1), qw.scale_inv.reshape(1, n)
+    a8, b8 = qx.data.view(torch.float8_e4m3fn), qw.data.view(torch.float8_e4m3fn)
+    ours = fp8kit.scaled_mm(a8, b8.t(), sa, sb, out_dtype=torch.bfloat16)
+    theirs = torch._scaled_mm(a8, b8.t(), sa, sb, out_dtype=torch.bfloat16)
+    tol_bf16 = tol + 2.0 ** -8 * d64.abs()
+    assert ours.is_cuda and ours.dtype == torch.bfloat16
+    assert torch.all((ours.cpu().double() - d64).abs() <= tol_bf16)
+    assert torch.all((theirs.cpu().double() - d64).abs() <= tol_bf16)
+    # a scale applied the other way (multiplied where it divides) fails
+    assert torch.any(((d64 / (sa.double().cpu() ** 2)) - d64).abs() > tol_bf16)
+
+
+def test_device_errors_name_the_argument():
+    x = randn(16, 32, seed=6)
+    qw = fp8kit.quantize(randn(16, 32, seed=7).cuda(), scaling="row")
+    with pytest.raises(fp8kit.Error, match="encode"):
+        fp8kit.encode(x.cuda())
+    with pytest.raises(fp8kit.Error, match="device"):  # a host x against a device weight
+        fp8kit.gemm(x, fp8kit.PackedWeight(qw), scaling="row")
+
+
+@pytest.mark.parametrize("recipe", ["rowwise", "tensorwise", "block"])
+def test_inference_layer_on_the_device_within_the_bound(recipe):
+    # One layer without bias (cuBLASLt's plain epilogue), the input cast on the device: D within
+    # the bound of the float64 product of the FP8 operands - the input's as the host quantize
+    # gives them (bit for bit the device's, test above), the weight's as the layer holds them.
+    torch.manual_seed(0)
+    layer = fp8_torch.quantize_(torch.nn.Sequential(torch.nn.Linear(256, 384, bias=False)), recipe)[0]
+    x_scaling, w_scaling = fp8kit._fp8kit.recipe_scalings(recipe)
+    x = randn(64, 256, dtype=torch.float32, seed=8)
+    a64 = deq64(fp8kit.quantize(x, scaling=x_scaling), x_scaling)
+    b64 = deq64(fp8kit.qtensor(layer.weight, layer.weight_scale_inv, w_scaling), w_scaling)
+    tol, d64 = cublaslt_bound(a64, b64)
+    dev = layer.cuda()
+    got = dev(x.cuda())
+    assert got.is_cuda and got.dtype == torch.float32 and got.shape == (64, 384)
+    assert torch.all((got.cpu().double() - d64).abs() <= tol)
+    assert torch.any((d64.to(torch.bfloat16).double() - d64).abs() > tol)  # the nearest wrong answer
+    # bfloat16 in, bfloat16 out; empty batches give empty results, as nn.Linear
+    assert dev(x.cuda().bfloat16()).dtype == torch.bfloat16
+    assert dev(torch.empty(0, 256, device="cuda")).shape == (0, 384)
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_training_layer_on_the_device_matches_the_float64_gemms(recipe):
+    # loss = sum(y * g) with g fixed: dY = g on both devices, so each of the three GEMMs (y, dX,
+    # dW) multiplies the same FP8 operands on the GPU as the host recipe's casts give, and lands
+    # within the cuBLASLt bound of their float64 product.
+    torch.manual_seed(1)
+    layer = fp8_torch.convert_to_float8_training(torch.nn.Linear(256, 512, bias=False), config=recipe).cuda()
+    x = randn(128, 256, dtype=torch.float32, seed=9).cuda().requires_grad_()
+    g = randn(128, 512, dtype=torch.float32, seed=10).cuda()
+    y = layer(x)
+    (y * g).sum().backward()
+    rq = fp8kit._fp8kit.recipe_quantize
+    r = fp8_torch.TRAINING_RECIPES[recipe][0]
+    host = lambda t, role: rq(fp8kit._to_extension(t.detach().cpu()), r, role, False)  # noqa: E731
+    scal = lambda role: fp8kit._fp8kit.recipe_scaling(r, role)  # noqa: E731
+    w = layer.weight.detach()
+    cases = [(y, host(x, "input"), "input", host(w, "weight"), "weight"),
+             (x.grad, host(g, "grad_output"), "grad_output", host(w.t().contiguous(), "weight"), "weight"),
+             (layer.weight.grad, host(g.t().contiguous(), "grad_output"), "grad_output",
+              host(x.t().contiguous(), "input"), "input")]
+    for got, qa, ra, qb, rb in cases:
+        tol, d64 = cublaslt_bound(deq64(qa, scal(ra)), deq64(qb, scal(rb)))
+        assert got.is_cuda
+        assert torch.all((got.detach().cpu().double() - d64).abs() <= tol)
