@@ -238,7 +238,7 @@ void casts(int64_t rows, int64_t cols) {
     cuda_ok(cudaGetDeviceProperties(&prop, 0), "properties");
     const Tensor x0 = random_bf16(rows, cols, 3);
     const double in = double(x0.nbytes());
-    const int sets = int(std::clamp<double>(std::ceil(3.0 * prop.l2CacheSize / (1.5 * in)), 1, 64));
+    const int sets = int(std::clamp<double>(std::ceil(3.0 * prop.l2CacheSize / (1.5 * in)), 1, 128));
     std::vector<Tensor> xs = {x0}, ys;
     for (int k = 1; k < sets; ++k) {
         xs.push_back(Tensor::empty({rows, cols}, DType::bf16, Device::cuda));

@@ -281,9 +281,9 @@ TEST(QuantizeOps, CudaAmaxEqualsRef) {
 // partial tiles, row scaling through the amax pass), against ref.
 TEST(QuantizeOps, CudaRecipesOnce) {
     FP8KIT_SKIP_WITHOUT_CUDA();
-    const std::pair<int64_t, int64_t> small[] = {{300, 520}, {136, 2112}};
+    const std::pair<int64_t, int64_t> sanitized[] = {{300, 520}, {136, 2112}};
     uint32_t seed = 30;
-    for (const auto& shape : small) {
+    for (const auto& shape : sanitized) {
         const Tensor x = make_input(shape.first, shape.second, DType::bf16, seed % 2 == 1, seed);
         ++seed;
         const Tensor xd = x.to(Device::cuda);
@@ -309,9 +309,9 @@ TEST(QuantizeOps, CudaRecipesOnce) {
 // itself, which takes seconds a cast at these sizes; ctest runs this under every FP8KIT_CUDA_CAST.
 TEST(QuantizeOps, CudaLargeShapesEqualHost) {
     FP8KIT_SKIP_WITHOUT_CUDA();
-    const std::pair<int64_t, int64_t> large[] = {{4096, 7168}, {64, 7168}, {64, 2112}, {129, 1544}};
+    const std::pair<int64_t, int64_t> timed[] = {{4096, 7168}, {64, 7168}, {64, 2112}, {129, 1544}};
     uint32_t seed = 40;
-    for (const auto& shape : large) {
+    for (const auto& shape : timed) {
         for (bool specials : {false, true}) {
             const Tensor x = make_input(shape.first, shape.second, DType::bf16, specials, seed++);
             const Tensor xd = x.to(Device::cuda);
