@@ -19,7 +19,8 @@
 // Float8Linear >= 1.4x it at 8192). The step's y is checked against cuBLASLt's bf16 product.
 // Each GEMM's D is checked against cuBLASLt's bf16 D on a sample of elements (relative RMS error
 // below 0.1; FP8 rounding gives about 0.03): a wrong result fails the benchmark (exit 1).
-// Usage: bench_gemm_cuda [--quick] [--json]. Timings: CUDA events, median of 5 runs of n calls.
+// Usage: bench_gemm_cuda [--quick] [--json] [--casts] (--casts: the cast table alone). Timings: CUDA
+// events, median of 5 runs of n calls.
 // torch._scaled_mm is timed on the same shapes by bench/bench_gemm_cuda_torch.py; scripts/cuda_device_check.sh
 // (step bench) runs both, one after the other.
 #include <cublasLt.h>
@@ -214,36 +215,79 @@ void print_gemm(int64_t m, int64_t n, int64_t k, const std::vector<Row>& rows, d
     }
 }
 
-// Casts of a bf16 [rows, cols] matrix to e4m3: GB/s counting bytes read + written, against a copy.
+// Whether two host QTensors hold the same bytes: codes, scales, amax and the transposed copy.
+bool same_bytes(const Tensor& a, const Tensor& b) {
+    return a.defined() == b.defined() && (!a.defined() || (a.nbytes() == b.nbytes() &&
+                                                          std::memcmp(a.const_raw_data(), b.const_raw_data(), a.nbytes()) == 0));
+}
+bool same_quantized(const QTensor& a, const QTensor& b) {
+    return same_bytes(a.data, b.data) && same_bytes(a.scale_inv, b.scale_inv) && same_bytes(a.amax, b.amax) &&
+           same_bytes(a.data_t, b.data_t) && same_bytes(a.scale_inv_t, b.scale_inv_t);
+}
+
+// Casts of a bf16 [rows, cols] matrix to e4m3fn, each scaling with and without the transposed
+// copy: GB/s counting x read once and the codes written (2 + 1 bytes an element, + 1 with the
+// transposed copy; scales left out; tensor and row scaling read x twice where the kernels do,
+// counted once: the target is against the copy), beside a device-to-device copy of the same
+// inputs in the same run. Inputs and outputs rotate over sets of at least 3x the L2 together, so
+// no call reads what the one before left in the cache. Each cast's codes, scales and amax are then
+// checked against the host backend's (bit for bit equal to ref: tests/ops/test_quantize.cpp): a
+// difference is WRONG and fails the benchmark. FP8KIT_CUDA_CAST picks the kernels (src/cuda/quantize.cu).
 void casts(int64_t rows, int64_t cols) {
-    const Tensor x = random_bf16(rows, cols, 3);
-    const double in = double(x.nbytes());
-    Tensor y = Tensor::empty({rows, cols}, DType::bf16, Device::cuda);
-    const double t_copy = time_calls([&] { cuda_ok(cudaMemcpyAsync(y.raw_data(), x.const_raw_data(), x.nbytes(), cudaMemcpyDeviceToDevice), "copy"); }, 20);
+    cudaDeviceProp prop{};
+    cuda_ok(cudaGetDeviceProperties(&prop, 0), "properties");
+    const Tensor x0 = random_bf16(rows, cols, 3);
+    const double in = double(x0.nbytes());
+    const int sets = int(std::clamp<double>(std::ceil(3.0 * prop.l2CacheSize / (1.5 * in)), 1, 128));
+    std::vector<Tensor> xs = {x0}, ys;
+    for (int k = 1; k < sets; ++k) {
+        xs.push_back(Tensor::empty({rows, cols}, DType::bf16, Device::cuda));
+        cuda_ok(cudaMemcpy(xs.back().raw_data(), x0.const_raw_data(), x0.nbytes(), cudaMemcpyDeviceToDevice), "fill");
+    }
+    for (int k = 0; k < sets; ++k) ys.push_back(Tensor::empty({rows, cols}, DType::bf16, Device::cuda));
+    int at = 0;
+    const int calls = std::max(20, std::min(200, int(2e9 / in)));
+    const double t_copy = time_calls([&] {
+        at = (at + 1) % sets;
+        cuda_ok(cudaMemcpyAsync(ys[size_t(at)].raw_data(), xs[size_t(at)].const_raw_data(), x0.nbytes(), cudaMemcpyDeviceToDevice), "copy");
+    }, calls);
+    ys.clear();
     const double copy_gbps = 2 * in / t_copy * 1e-9;
+    const char* variant = std::getenv("FP8KIT_CUDA_CAST");
+    variant = variant != nullptr ? variant : "";
+    const Tensor host = x0.to(Device::cpu);
     struct Cast {
         const char* name;
         Scaling s;
-        bool transpose;
-    } list[] = {{"tensor", Scaling::tensor(), false}, {"tensor.transpose", Scaling::tensor(), true},
-                {"row", Scaling::row(), false},       {"block1x128", Scaling::block(1, 128), false},
-                {"block1x128.transpose", Scaling::block(1, 128), true}, {"block128x128", Scaling::block(128, 128), false},
-                {"mx32", Scaling::mx32(), false}};
-    if (!json) std::printf("\ncasts of a bf16 [%lld, %lld] matrix to e4m3fn; device-to-device copy %.0f GB/s (read + write)\n",
-                           (long long)rows, (long long)cols, copy_gbps);
+    } list[] = {{"tensor", Scaling::tensor()}, {"row", Scaling::row()}, {"block1x128", Scaling::block(1, 128)},
+                {"block128x128", Scaling::block(128, 128)}, {"mx32", Scaling::mx32()}};
+    if (!json) {
+        std::printf("\ncasts of a bf16 [%lld, %lld] matrix to e4m3fn (FP8KIT_CUDA_CAST=%s; %d input sets); device-to-device copy %.4f ms, %.0f GB/s (read + write)\n",
+                    (long long)rows, (long long)cols, variant, sets, t_copy * 1e3, copy_gbps);
+    }
     for (const Cast& c : list) {
-        QuantizeOptions o;
-        o.scaling = c.s;
-        o.transpose = c.transpose;
-        QTensor q = quantize(x, o);
-        const double t = time_calls([&] { quantize(x, o, q); }, 20);
-        const double bytes = in + double(q.data.nbytes()) * (c.transpose ? 2 : 1);
-        const double gbps = bytes / t * 1e-9;
-        if (json) {
-            std::printf("{\"bench\":\"quantize_cuda\",\"impl\":\"fp8kit.%s\",\"rows\":%lld,\"cols\":%lld,\"seconds\":%.6g,\"gbps\":%.1f,\"of_copy\":%.3f}\n",
-                        c.name, (long long)rows, (long long)cols, t, gbps, gbps / copy_gbps);
-        } else {
-            std::printf("  %-22s %8.3f ms %7.0f GB/s  %.2f of copy\n", c.name, t * 1e3, gbps, gbps / copy_gbps);
+        for (bool transpose : {false, true}) {
+            QuantizeOptions o;
+            o.scaling = c.s;
+            o.transpose = transpose;
+            std::vector<QTensor> qs(static_cast<size_t>(sets));
+            for (int k = 0; k < sets; ++k) quantize(xs[size_t(k)], o, qs[size_t(k)]);
+            const double t = time_calls([&] {
+                at = (at + 1) % sets;
+                quantize(xs[size_t(at)], o, qs[size_t(at)]);
+            }, calls);
+            const bool ok = same_quantized(qs[0].to(Device::cpu), quantize(host, o));
+            failures += !ok;
+            const double bytes = in + double(qs[0].data.nbytes()) * (transpose ? 2 : 1);
+            const double gbps = bytes / t * 1e-9;
+            const std::string name = std::string(c.name) + (transpose ? ".transpose" : "");
+            if (json) {
+                std::printf("{\"bench\":\"quantize_cuda\",\"impl\":\"fp8kit.%s\",\"variant\":\"%s\",\"rows\":%lld,\"cols\":%lld,\"seconds\":%.6g,\"gbps\":%.1f,\"copy_seconds\":%.6g,\"of_copy\":%.3f,\"same_as_host\":%s}\n",
+                            name.c_str(), variant, (long long)rows, (long long)cols, t, gbps, t_copy, gbps / copy_gbps, ok ? "true" : "false");
+            } else {
+                std::printf("  %-24s %8.4f ms %7.0f GB/s  %.2f of copy%s\n", name.c_str(), t * 1e3, gbps, gbps / copy_gbps,
+                            ok ? "" : "  WRONG (not the host backend's bytes)");
+            }
         }
     }
 }
@@ -292,12 +336,13 @@ void layer_steps(LtGemm& lt, int64_t tokens, int64_t width) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    bool quick = false;
+    bool quick = false, casts_only = false;
     for (int i = 1; i < argc; ++i) {
         if (std::strcmp(argv[i], "--quick") == 0) quick = true;
         else if (std::strcmp(argv[i], "--json") == 0) json = true;
+        else if (std::strcmp(argv[i], "--casts") == 0) casts_only = true;
         else {
-            std::fprintf(stderr, "bench_gemm_cuda: unknown argument '%s' (expected --quick, --json)\n", argv[i]);
+            std::fprintf(stderr, "bench_gemm_cuda: unknown argument '%s' (expected --quick, --json, --casts)\n", argv[i]);
             return 2;
         }
     }
@@ -315,6 +360,17 @@ int main(int argc, char** argv) {
     struct Mnk {
         int64_t m, n, k;
     };
+    // The casts on bf16 [8192, 8192] and DeepGEMM's activation shapes ([tokens, hidden]).
+    const std::vector<std::pair<int64_t, int64_t>> cast_shapes =
+        quick ? std::vector<std::pair<int64_t, int64_t>>{{4096, 8192}} : std::vector<std::pair<int64_t, int64_t>>{{8192, 8192}, {4096, 7168}, {64, 7168}};
+    if (casts_only) {
+        for (const auto& s : cast_shapes) casts(s.first, s.second);
+        if (failures > 0) {
+            std::fprintf(stderr, "bench_gemm_cuda: %d casts differ from the host backend's\n", failures);
+            return 1;
+        }
+        return 0;
+    }
     std::vector<Mnk> shapes = {{4096, 4096, 4096}, {8192, 8192, 8192}, {16384, 16384, 16384}};
     for (int64_t m : {64, 128, 4096}) {
         for (auto nk : {std::pair<int64_t, int64_t>{2112, 7168}, {24576, 1536}, {7168, 16384}, {4096, 7168}}) shapes.push_back({m, nk.first, nk.second});
@@ -332,11 +388,11 @@ int main(int argc, char** argv) {
     }
     if (!json) std::printf("measured peaks: bf16 %.0f TFLOP/s, fp8 %.0f TFLOP/s (best cuBLASLt of this run)\n", peak_bf16, peak_fp8);
     for (size_t i = 0; i < shapes.size(); ++i) print_gemm(shapes[i].m, shapes[i].n, shapes[i].k, results[i], peak_bf16, peak_fp8);
-    casts(quick ? 4096 : 8192, 8192);
+    for (const auto& s : cast_shapes) casts(s.first, s.second);
     if (!json) std::printf("\ntraining steps (forward + backward) on [tokens, width] x [width, width]\n");
     for (int64_t width : {int64_t(4096), int64_t(8192)}) layer_steps(lt, 8192, width);
     if (failures > 0) {
-        std::fprintf(stderr, "bench_gemm_cuda: %d results off by more than 0.1 relative RMS\n", failures);
+        std::fprintf(stderr, "bench_gemm_cuda: %d results off by more than 0.1 relative RMS or casts not the host's\n", failures);
         return 1;
     }
     return 0;

@@ -5,7 +5,10 @@
 # (each against ref or the host run), the device tensors of test_backend, compute-sanitizer's memcheck and racecheck on a shorter selection of
 # them, and the benchmarks (bench_gemm_cuda, again with FP8KIT_CUDA_WGMMA=tma, then
 # bench/bench_gemm_cuda_torch.py on the same shapes, then fp8kit train --device cuda).
-# Usage: scripts/cuda_device_check.sh BIN_DIR OUT_DIR [tests|sanitize|bench]...
+# Step casts (issue 49; not in the default steps): the cast kernels under each FP8KIT_CUDA_CAST
+# variant - their tests, compute-sanitizer on each recipe's cast once, and the cast table per
+# variant (bench_gemm_cuda --casts), one JSON line a cast in OUT_DIR/casts.jsonl.
+# Usage: scripts/cuda_device_check.sh BIN_DIR OUT_DIR [tests|sanitize|bench|casts]...
 #   BIN_DIR holds the test binaries named below (tests/ of the release preset, built on any
 #   machine with nvcc), test_format_device, bench_gemm_cuda (bench/) and fp8kit; logs go to OUT_DIR.
 set -u
@@ -59,7 +62,8 @@ for step in $steps; do
             [ $rc -eq 0 ] || status=1
             echo "compute-sanitizer $tool (gemm): rc $rc; $(tail -1 "$out/sanitize_$tool.log")" | tee -a "$out/summary.txt"
             timeout "${SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool $tool --error-exitcode 9 "$bin/test_quantize_ops" \
-                --gtest_filter='QuantizeOps.Cuda*:Granularity/QuantizeGrid.CudaEqualsRefBitForBit/block_1x128' > "$out/sanitize_q_$tool.log" 2>&1
+                --gtest_filter='QuantizeOps.Cuda*:Granularity/QuantizeGrid.CudaEqualsRefBitForBit/block_1x128-QuantizeOps.CudaLargeShapesEqualHost' \
+                > "$out/sanitize_q_$tool.log" 2>&1
             rc=$?
             [ $rc -eq 0 ] || status=1
             echo "compute-sanitizer $tool (quantize): rc $rc; $(tail -1 "$out/sanitize_q_$tool.log")" | tee -a "$out/summary.txt"
@@ -86,6 +90,53 @@ for step in $steps; do
         cat "$out/train.txt"
         cat "$out/bench_gemm_cuda.txt" "$out/bench_torch.txt"
         grep -h "block.own" "$out/bench_gemm_cuda_tma.txt" ;;
+    casts)
+        # The cast tests under each variant, a bad value refused by name, then compute-sanitizer on
+        # each recipe's cast once (every kernel; racecheck: the tile, block and amax kernels share
+        # memory), then the table. About 90 s on an H200 (estimated, not yet run).
+        # v2b differs from v2 in tensor and row scaling only; v1 is the kernels the earlier runs tested.
+        for v in v2 v2b v1; do
+            filter='*Cuda*'
+            [ $v = v2b ] && filter='QuantizeOps.Cuda*:Granularity/QuantizeGrid.CudaEqualsRefBitForBit/tensor*:Granularity/QuantizeGrid.CudaEqualsRefBitForBit/row_pow2'
+            [ $v = v1 ] && filter='QuantizeOps.CudaRecipesOnce'
+            FP8KIT_CUDA_CAST=$v timeout "${TEST_TIMEOUT:-300}" "$bin/test_quantize_ops" --gtest_filter="$filter" > "$out/test_quantize_$v.log" 2>&1
+            rc=$?
+            [ $rc -eq 0 ] || status=1
+            echo "test_quantize_ops (cuda, FP8KIT_CUDA_CAST=$v): rc $rc; $(grep -E '^\[  (PASSED|FAILED)' "$out/test_quantize_$v.log" | tr '\n' ' ')" | tee -a "$out/summary.txt"
+        done
+        FP8KIT_CUDA_CAST=v3 "$bin/test_quantize_ops" --gtest_filter=QuantizeOps.CudaRecipesOnce 2>&1 |
+            grep -q "FP8KIT_CUDA_CAST=v3 is not a cast variant" && echo "bad FP8KIT_CUDA_CAST refused: yes" || { echo "bad FP8KIT_CUDA_CAST refused: NO"; status=1; }
+        for tool in memcheck racecheck; do
+            variants="v2 v2b"
+            [ $tool = racecheck ] && variants=v2  # v2b's kernels share memory only in block_max, as v2's
+            for v in $variants; do
+                FP8KIT_CUDA_CAST=$v timeout "${SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool $tool --error-exitcode 9 "$bin/test_quantize_ops" \
+                    --gtest_filter=QuantizeOps.CudaRecipesOnce > "$out/sanitize_casts_${tool}_$v.log" 2>&1
+                rc=$?
+                [ $rc -eq 0 ] || status=1
+                echo "compute-sanitizer $tool (casts, FP8KIT_CUDA_CAST=$v): rc $rc; $(tail -1 "$out/sanitize_casts_${tool}_$v.log")" | tee -a "$out/summary.txt"
+            done
+        done
+        for v in v2 v2b v1; do
+            FP8KIT_CUDA_CAST=$v "$bin/bench_gemm_cuda" --casts --json > "$out/casts_$v.jsonl" 2> "$out/casts_$v.err"
+            rc=$?
+            [ $rc -eq 0 ] || status=1
+            echo "bench_gemm_cuda --casts (FP8KIT_CUDA_CAST=$v): rc $rc" | tee -a "$out/summary.txt"
+            grep '^{' "$out/casts_$v.jsonl" >> "$out/casts.jsonl"
+        done
+        # The table: each cast's fraction of the copy per variant, and whether it equalled the host's.
+        python3 - "$out/casts.jsonl" <<'PY'
+import json, sys
+rows = {}
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    rows.setdefault((r["rows"], r["cols"], r["impl"]), {})[r["variant"] or "v2"] = r
+print("%-12s %-34s %s" % ("shape", "cast", "  ".join("%-21s" % v for v in ("v2", "v2b", "v1"))))
+for (m, n, impl), by in rows.items():
+    cells = ["%.4f ms %.2fx%s" % (by[v]["seconds"] * 1e3, by[v]["of_copy"], "" if by[v]["same_as_host"] else " WRONG") if v in by else "-" for v in ("v2", "v2b", "v1")]
+    print("%-12s %-34s %s" % ("%dx%d" % (m, n), impl, "  ".join("%-21s" % c for c in cells)))
+PY
+        ;;
     esac
 done
 exit $status

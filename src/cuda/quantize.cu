@@ -19,8 +19,17 @@
 // 1x128, mx32) reduced across its lanes (quantize_rows_kernel: one read); larger groups (tensor
 // scaling) after the amax pass, which on such rows reads 16 bytes a lane too (band_amax_kernel):
 // two reads. docs/PERF.md has their rates beside a device-to-device copy.
+// Those are the v1 kernels. The v2 kernels (issue 49, the default; section "v2" below, and
+// FP8KIT_CUDA_CAST there) take bf16 / f16 / f32 rows of a multiple of 8 elements, 16-byte aligned,
+// and the recipes' groupings - tensor, row, block 1x128 and 128x128, mx32 - with and without the
+// transposed copy (bf16 / f16 for that); everything else stays on the v1 kernels. Checked by the
+// same tests (ctest runs the cuda ones under each FP8KIT_CUDA_CAST) and timed by bench_gemm_cuda
+// --casts (scripts/cuda_device_check.sh, step casts).
 #include <algorithm>
+#include <cstdlib>
 #include <numeric>
+#include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -148,10 +157,230 @@ __global__ void band_amax_kernel(MatrixRef x, int64_t band_rows, unsigned* out) 
     if (threadIdx.x == 0) atomicMax(out, run);
 }
 
+// ==== v2: the casts at memory speed (issue 49) ====
+//
+// Bytes per element of a bf16 -> FP8 cast: 2 read + 1 written (+ 1 for the transposed copy), the
+// floor at the device-to-device copy's rate. What costs on top: a second read where the scale
+// needs the amax of a group that a thread block cannot hold (tensor scaling: the amax pass, then
+// the cast walking x from its end, where the pass's last reads may still be in L2), and
+// instructions: at 4 TB/s an H200 has about 0.8 warp instructions per element to spend (132 SMs x 4
+// schedulers x 1.98 GHz over 1.33 G elements/ms). So the v2 kernels keep elements as they were
+// loaded (16-bit pairs in 32-bit words: 8 elements, 4 registers), take magnitudes' maxima on the
+// pairs (vmax.u16x2: a bf16 or f16 magnitude orders as its bits do, NaN above Inf), encode two
+// elements per conversion (cvt.rn.satfinite.*x2) and test for NaN / Inf once per 8 elements, not
+// per element. Codes and scales are those of encode_scaled and group_scale, as in v1: bit for bit
+// ref's (the NaN/Inf and nonsaturating cases take encode_scaled element by element).
+//
+// FP8KIT_CUDA_CAST picks the kernels (read once per process): v2 (the default), v2b (v2 but row
+// scaling through the amax pass and the streaming kernel, and tensor scaling's second read walking
+// forward), v1 (the kernels above, measured on an H200 at 0.27-0.42x the copy). Kept until a GPU run
+// has timed all three (bench_gemm_cuda --casts); the losers go then.
+enum class CastVariant { v1, v2, v2b };
+
+CastVariant cast_variant() {
+    static const CastVariant v = [] {
+        const char* env = std::getenv("FP8KIT_CUDA_CAST");
+        if (env == nullptr || *env == '\0' || std::string_view(env) == "v2") return CastVariant::v2;
+        if (std::string_view(env) == "v2b") return CastVariant::v2b;
+        if (std::string_view(env) == "v1") return CastVariant::v1;
+        throw Error("FP8KIT_CUDA_CAST=" + std::string(env) + " is not a cast variant, expected v2, v2b or v1");
+    }();
+    return v;
+}
+
+// n / d for n < 2^32 and a divisor fixed at launch (Granlund-Montgomery: one multiply-high, an add
+// and a shift instead of a 32-bit division's ~20 instructions).
+struct FastDiv {
+    uint32_t d = 1, mul = 1, shift = 0;
+    FastDiv() = default;
+    explicit FastDiv(uint32_t divisor) : d(divisor) {
+        while ((uint64_t(1) << shift) < d) ++shift;
+        mul = uint32_t((uint64_t(1) << 32) * ((uint64_t(1) << shift) - d) / d + 1);
+    }
+    __device__ uint32_t div(uint32_t n) const { return uint32_t((uint64_t(__umulhi(n, mul)) + n) >> shift); }
+};
+
+// 8 consecutive elements of a row as loaded: one 16-byte load (two for float32).
+template <class T>
+struct Chunk {
+    uint32_t w[sizeof(T) == 4 ? 8 : 4];
+};
+
+template <class T>
+__device__ inline Chunk<T> load_chunk(const T* p) {
+    Chunk<T> c;
+#pragma unroll
+    for (int k = 0; k < int(sizeof(T)) / 2; ++k) {
+        const uint4 a = reinterpret_cast<const uint4*>(p)[k];
+        c.w[4 * k] = a.x, c.w[4 * k + 1] = a.y, c.w[4 * k + 2] = a.z, c.w[4 * k + 3] = a.w;
+    }
+    return c;
+}
+
+template <class T>
+__device__ inline Chunk<T> zero_chunk() {
+    Chunk<T> c;
+#pragma unroll
+    for (auto& w : c.w) w = 0;
+    return c;
+}
+
+// Element `half` (0: low 16 bits) of a word of two 16-bit elements, as float (exact).
+template <class T>
+__device__ inline float pair_element(uint32_t word, int half) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+        return __uint_as_float(half != 0 ? word & 0xffff0000u : word << 16);
+    } else {
+        return __half2float(__ushort_as_half(uint16_t(half != 0 ? word >> 16 : word & 0xffffu)));
+    }
+}
+
+// Element e (a compile-time constant once unrolled) of a chunk, as float (exact).
+template <class T>
+__device__ inline float chunk_element(const Chunk<T>& c, int e) {
+    if constexpr (sizeof(T) == 4) {
+        return __uint_as_float(c.w[e]);
+    } else {
+        return pair_element<T>(c.w[e / 2], e % 2);
+    }
+}
+
+// Magnitudes folded into acc in the element type's own bit order: for 16-bit types two lanes of
+// 16 bits (the max of the even and of the odd elements), for float32 one. Why bits: |v| of a bf16,
+// f16 or float32 orders as its sign-cleared bits do, and every NaN's bits lie above Inf's, so one
+// integer max per pair replaces a conversion, a compare and a select per element.
+template <class T>
+__device__ inline uint32_t fold_mags(uint32_t acc, const Chunk<T>& c) {
+#pragma unroll
+    for (uint32_t w : c.w) acc = sizeof(T) == 4 ? max(acc, w & 0x7fffffffu) : __vmaxu2(acc, w & 0x7fff7fffu);
+    return acc;
+}
+
+// A fold as an amax key (abs_key's order: float32 bits of the magnitude, NaN canonical): the max
+// commutes with the widening (monotone) and with the NaN canonicalisation.
+template <class T>
+__device__ inline uint32_t mags_key(uint32_t acc) {
+    uint32_t b = acc;
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+        b = max(acc & 0xffffu, acc >> 16) << 16;
+    } else if constexpr (std::is_same_v<T, __half>) {
+        b = __float_as_uint(__half2float(__ushort_as_half(uint16_t(max(acc & 0xffffu, acc >> 16)))));
+    }
+    return b > 0x7f800000u ? detail::canonical_nan_bits : b;
+}
+
+// ---- v2 amax pass: per-row keys, per-column keys and the whole input's, in one read ----
+//
+// A block: 256 columns (a warp's 32 chunks) by a band of rows, its 8 warps taking every 8th row,
+// 4 rows' loads in flight. Row keys: a warp max and an atomicMax per row and block; column keys:
+// each lane's 8 columns over its rows, the 8 warps combined in shared memory, an atomicMax per
+// column and block; the total: one atomicMax per block. Keys (abs_key order) into zeroed words.
+struct LinesJob {
+    MatrixRef x;
+    uint32_t band_rows;
+    unsigned* row_keys;  // [rows] or null
+    unsigned* col_keys;  // [cols] or null
+    unsigned* total;     // [1] or null
+};
+
+template <class T>
+__global__ void __launch_bounds__(threads) lines_amax_kernel(LinesJob job) {
+    constexpr int words = sizeof(T) == 4 ? 8 : 4;
+    __shared__ uint32_t col_part[threads / 32][words][32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const uint32_t rows = uint32_t(job.x.rows), cols = uint32_t(job.x.cols);
+    const uint32_t j = blockIdx.x * 256u + uint32_t(lane) * 8u;
+    const bool in_col = j < cols;
+    const uint32_t i0 = blockIdx.y * job.band_rows, i1 = min(rows, i0 + job.band_rows);
+    const T* x = static_cast<const T*>(job.x.data);
+    uint32_t cacc[words] = {};
+    for (uint32_t i = i0 + uint32_t(warp); i < i1; i += 4 * (threads / 32)) {  // warp-uniform
+        Chunk<T> c[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const uint32_t r = i + uint32_t(u) * (threads / 32);
+            c[u] = r < i1 && in_col ? load_chunk(x + int64_t(r) * job.x.ld + j) : zero_chunk<T>();
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+#pragma unroll
+            for (int k = 0; k < words; ++k) {
+                cacc[k] = sizeof(T) == 4 ? max(cacc[k], c[u].w[k] & 0x7fffffffu) : __vmaxu2(cacc[k], c[u].w[k] & 0x7fff7fffu);
+            }
+            if (job.row_keys != nullptr) {
+                const uint32_t r = i + uint32_t(u) * (threads / 32);
+                const uint32_t key = warp_max(mags_key<T>(fold_mags<T>(0, c[u])));
+                if (lane == 0 && r < i1) atomicMax(&job.row_keys[r], key);
+            }
+        }
+    }
+    if (job.col_keys != nullptr) {
+#pragma unroll
+        for (int k = 0; k < words; ++k) col_part[warp][k][lane] = cacc[k];
+        __syncthreads();
+        // Thread t: column blockIdx.x * 256 + t, lane t / 8's word (t % 8) / (8 / words).
+        const int l = threadIdx.x / 8, e = threadIdx.x % 8, k = e / (8 / words);
+        uint32_t m = 0;
+        for (int w = 0; w < threads / 32; ++w) m = max(m, col_part[w][k][l]);
+        if constexpr (sizeof(T) != 4) m = e % 2 != 0 ? m >> 16 : m & 0xffffu;
+        const uint32_t col = blockIdx.x * 256u + uint32_t(threadIdx.x);
+        if (col < cols) atomicMax(&job.col_keys[col], mags_key<T>(m));
+    }
+    if (job.total != nullptr) {
+        uint32_t t = 0;
+#pragma unroll
+        for (int k = 0; k < words; ++k) t = sizeof(T) == 4 ? max(t, cacc[k]) : __vmaxu2(t, cacc[k]);
+        t = block_max(mags_key<T>(t));
+        if (threadIdx.x == 0) atomicMax(job.total, t);
+    }
+}
+
+int multiprocessors() {
+    static const int n = [] {
+        int device = 0, count = 0;
+        FP8KIT_CUDA_CHECK(cudaGetDevice(&device));
+        FP8KIT_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+        return count;
+    }();
+    return n;
+}
+
+// Whether the v2 kernels take x: vector rows (see vector_rows), sizes in 32-bit arithmetic.
+bool v2_shape(const MatrixRef& x) {
+    constexpr int64_t limit = int64_t(1) << 30;  // rows, columns, trips and groups in 32-bit arithmetic
+    return vector_rows(x) && x.rows < limit && x.cols < limit && x.rows * ((x.cols + 255) / 256) < (int64_t(1) << 31);
+}
+
+// Enqueues the amax pass over x (vector rows): each of rows / cols / total (float keys) zeroed,
+// then filled; a null one is skipped.
+void launch_lines_amax(cudaStream_t s, const MatrixRef& x, float* rows, float* cols, float* total) {
+    if (rows != nullptr) FP8KIT_CUDA_CHECK(cudaMemsetAsync(rows, 0, size_t(x.rows) * sizeof(float), s));
+    if (cols != nullptr) FP8KIT_CUDA_CHECK(cudaMemsetAsync(cols, 0, size_t(x.cols) * sizeof(float), s));
+    if (total != nullptr) FP8KIT_CUDA_CHECK(cudaMemsetAsync(total, 0, sizeof(float), s));
+    // About 8 blocks a multiprocessor; bands of a multiple of 32 rows (4 rows a warp per trip).
+    const int64_t slabs = (x.cols + 255) / 256, target = 8 * int64_t(multiprocessors());
+    const int64_t bands = std::clamp<int64_t>((target + slabs - 1) / slabs, 1, (x.rows + 31) / 32);
+    const int64_t band_rows = ((x.rows + bands - 1) / bands + 31) / 32 * 32;
+    const dim3 grid(unsigned(slabs), unsigned((x.rows + band_rows - 1) / band_rows));
+    const LinesJob j{x, uint32_t(band_rows), reinterpret_cast<unsigned*>(rows), reinterpret_cast<unsigned*>(cols),
+                     reinterpret_cast<unsigned*>(total)};
+    switch (x.dtype) {
+        case DType::bf16: lines_amax_kernel<__nv_bfloat16><<<grid, threads, 0, s>>>(j); break;
+        case DType::f16: lines_amax_kernel<__half><<<grid, threads, 0, s>>>(j); break;
+        default: lines_amax_kernel<float><<<grid, threads, 0, s>>>(j); break;
+    }
+    check_launch("lines_amax_kernel");
+}
+
+
 // Enqueues the group amax of x into out (float bits), zeroing out first.
 void launch_group_amax(cudaStream_t s, const MatrixRef& x, GroupShape g, float* out) {
     const int64_t grows = (x.rows + g.rows - 1) / g.rows, gcols = (x.cols + g.cols - 1) / g.cols;
     const int64_t ngroups = grows * gcols, size = min(g.rows, x.rows) * min(g.cols, x.cols);
+    if (cast_variant() != CastVariant::v1 && g.cols >= x.cols && (g.rows == 1 || g.rows >= x.rows) && v2_shape(x)) {
+        const bool one = g.rows >= x.rows;
+        return launch_lines_amax(s, x, one ? nullptr : out, nullptr, one ? out : nullptr);
+    }
     FP8KIT_CUDA_CHECK(cudaMemsetAsync(out, 0, size_t(ngroups) * sizeof(float), s));
     if (g.cols >= x.cols && vector_rows(x)) {
         // At most 2048 blocks of 8 warps: a row or more a warp; with one band, that many atomics.
@@ -487,6 +716,361 @@ __global__ void dequantize_kernel(detail::DequantizeJob job, int64_t gcols) {
     }
 }
 
+// The codes of a * s, b * s, c * s, d * s in one word (a in the low byte), when saturating, every
+// element finite and s finite: then every product is finite or +-Inf, and the hardware's satfinite
+// conversion, two at a time, is ref's encode (as in encode_scaled).
+template <Format F>
+__device__ inline uint32_t encode4_fast(float a, float b, float c, float d, float s) {
+    constexpr __nv_fp8_interpretation_t kind = F == Format::e4m3fn ? __NV_E4M3 : __NV_E5M2;
+    const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a * s, b * s), __NV_SATFINITE, kind);
+    const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c * s, d * s), __NV_SATFINITE, kind);
+    return lo | hi << 16;
+}
+
+// Whether encode4_fast encodes elements whose magnitudes' key is `key` with scale s.
+template <Format F>
+__device__ inline bool fast_path(uint32_t key, float s, Overflow o) {
+    return (F == Format::e4m3fn || F == Format::e5m2) && o == Overflow::saturate && key < 0x7f800000u && isfinite(s);
+}
+
+// The other cases (NaN, Inf, nonsaturating, the fnuz formats): dst[k] = the code of src[k * stride]
+// times s for k < n, element by element through encode_scaled. Not inlined and a loop: one copy of
+// the generic encode per kernel instead of one per unrolled call site (code size, registers).
+template <Format F, class T>
+__device__ __noinline__ void encode_slow(const T* src, int stride, uint8_t* dst, int n, float s, Overflow o) {
+    for (int k = 0; k < n; ++k) dst[k] = encode_scaled<F>(to_float(src[k * stride]), s, o);
+}
+
+// The 8 codes of chunk c (loaded from src) times s, stored at dst (8-byte aligned). `key`: the
+// chunk's own amax key.
+template <Format F, class T>
+__device__ inline void encode_chunk(const Chunk<T>& c, const T* src, float s, Overflow o, uint32_t key, uint8_t* dst) {
+    if constexpr (F == Format::e4m3fn || F == Format::e5m2) {
+        if (fast_path<F>(key, s, o)) {
+            *reinterpret_cast<uint2*>(dst) =
+                make_uint2(encode4_fast<F>(chunk_element(c, 0), chunk_element(c, 1), chunk_element(c, 2), chunk_element(c, 3), s),
+                           encode4_fast<F>(chunk_element(c, 4), chunk_element(c, 5), chunk_element(c, 6), chunk_element(c, 7), s));
+            return;
+        }
+    }
+    encode_slow<F, T>(src, 1, dst, 8, s, o);
+}
+
+// ---- v2 streaming cast: no transposed copy, groups of 1 x gc in a warp, or amaxes given ----
+//
+// A trip: 32 chunks (256 elements) of one row, a chunk a lane; a warp takes K consecutive trips
+// with their K loads issued first. Groups of 1 x gc (gc = 8 ... 256, a power of two: block 1x128,
+// mx32) are reduced over their gc / 8 lanes (trips start at multiples of 256 in a row, so no group
+// spans two); other groups take their amax from the pass before (row scaling in v2b: one per row),
+// tensor scaling and a fixed scale one scale for all, computed once. A grid of one wave, each warp
+// looping, one atomicMax a block for the total.
+struct StreamJob {
+    MatrixRef x;
+    detail::ScaleRule rule;
+    Overflow overflow;
+    Grouping g;
+    int lanes;          // gc / 8, reduced in the warp; 0: amax from g.amax (or the fixed scale)
+    uint32_t gshift;    // log2(gc) when lanes > 0
+    bool one_scale;     // one group, or a fixed scale
+    bool reverse;       // trips from the last one on (after the amax pass: its last reads may be in L2)
+    FastDiv per_row;    // trips a row
+    uint32_t trips;
+    unsigned* amax;
+};
+
+template <Format F, class T, int K>
+__global__ void __launch_bounds__(threads) cast_stream_kernel(StreamJob job) {
+    const Grouping& G = job.g;
+    const int lane = threadIdx.x % 32;
+    const uint32_t cols = uint32_t(job.x.cols), per_row = job.per_row.d;
+    const T* x = static_cast<const T*>(job.x.data);
+    float one = 0.0f;
+    if (job.one_scale) {
+        const detail::GroupScale sc = detail::group_scale(G.amax != nullptr ? *G.amax : 0.0f, job.rule);
+        one = sc.scale;
+        if (blockIdx.x == 0 && threadIdx.x == 0) store_scale(G, job.rule, 0, 0, sc);
+    }
+    uint32_t total = 0;
+    const uint32_t step = gridDim.x * (threads / 32) * K;
+    for (uint32_t base = (blockIdx.x * (threads / 32) + threadIdx.x / 32) * K; base < job.trips; base += step) {
+        Chunk<T> c[K];
+        uint32_t i[K], j[K];
+        bool in[K];
+#pragma unroll
+        for (int u = 0; u < K; ++u) {
+            const bool valid = base + u < job.trips;
+            const uint32_t t = job.reverse ? job.trips - 1 - min(base + u, job.trips - 1) : base + u;
+            i[u] = job.per_row.div(t);
+            j[u] = (t - i[u] * per_row) * 256u + uint32_t(lane) * 8u;
+            in[u] = valid && j[u] < cols;
+            c[u] = in[u] ? load_chunk(x + int64_t(i[u]) * job.x.ld + j[u]) : zero_chunk<T>();
+        }
+#pragma unroll
+        for (int u = 0; u < K; ++u) {
+            const uint32_t key = mags_key<T>(fold_mags<T>(0, c[u]));
+            total = max(total, key);
+            float s = one;
+            if (!job.one_scale) {
+                float amax = 0.0f;
+                uint32_t gi = i[u], gj = 0;
+                if (job.lanes > 0) {  // the group's lanes: an aligned run of job.lanes in the warp
+                    uint32_t gk = key;
+                    for (int o = job.lanes / 2; o > 0; o >>= 1) gk = max(gk, __shfl_xor_sync(0xffffffffu, gk, o));
+                    amax = __uint_as_float(gk);
+                    gj = j[u] >> job.gshift;
+                } else {
+                    gi = G.rows == 1 ? i[u] : i[u] / uint32_t(G.rows);
+                    gj = G.cols >= cols ? 0 : j[u] / uint32_t(G.cols);
+                    if (in[u] && G.amax != nullptr) amax = G.amax[int64_t(gi) * G.grid_cols + gj];
+                }
+                const detail::GroupScale sc = detail::group_scale(amax, job.rule);
+                s = sc.scale;
+                if (in[u] && i[u] == gi * uint32_t(G.rows) && j[u] == gj * uint32_t(min(G.cols, job.x.cols))) {
+                    store_scale(G, job.rule, gi, gj, sc);  // the group's first chunk
+                }
+            }
+            if (in[u]) {
+                const int64_t at = int64_t(i[u]) * job.x.ld + j[u];
+                encode_chunk<F, T>(c[u], x + at, s, job.overflow, key, G.data + int64_t(i[u]) * cols + j[u]);
+            }
+        }
+    }
+    total = block_max(total);
+    if (threadIdx.x == 0) atomicMax(job.amax, total);
+}
+
+// ---- v2 one group a block: groups of up to 8 chunks a thread held as loaded ----
+//
+// Block 128x128 (8 chunks a thread) and row scaling (rows up to 16384 elements: one read instead
+// of the amax pass and a second read). v1's version of this kernel held the elements as float (96
+// registers, 2 blocks a multiprocessor: 0.27x the copy on an H200); here they stay as loaded (4
+// registers a chunk), so more blocks share a multiprocessor and one block's loads overlap another's
+// reduction. Chunk c of a group: row c / gw8, chunk column c % gw8 (gw8: the group's width in
+// chunks), masked at x's edges. A grid of one wave, blocks looping over the groups.
+struct BlockJob {
+    MatrixRef x;
+    detail::ScaleRule rule;
+    Overflow overflow;
+    Grouping g;
+    FastDiv gw8;   // the group's width in chunks (min(g.cols, cols) / 8)
+    unsigned* amax;
+};
+
+template <Format F, class T, int CH>
+__global__ void __launch_bounds__(threads) cast_groups_kernel(BlockJob job) {
+    const Grouping& G = job.g;
+    const uint32_t rows = uint32_t(job.x.rows), cols = uint32_t(job.x.cols), gw8 = job.gw8.d;
+    const T* x = static_cast<const T*>(job.x.data);
+    const int64_t ngroups = G.grid_rows * G.grid_cols;
+    uint32_t total = 0;
+    for (int64_t q = blockIdx.x; q < ngroups; q += gridDim.x) {
+        const uint32_t gi = uint32_t(q / G.grid_cols), gj = uint32_t(q - int64_t(gi) * G.grid_cols);
+        const uint32_t i0 = gi * uint32_t(G.rows), j0 = gj * gw8 * 8u;
+        const uint32_t h = min(uint32_t(G.rows), rows - i0), w8 = min(gw8 * 8u, cols - j0) / 8u;
+        Chunk<T> c[CH];
+        uint32_t acc = 0;
+#pragma unroll
+        for (int u = 0; u < CH; ++u) {
+            const uint32_t n = threadIdx.x + uint32_t(u) * threads, r = job.gw8.div(n), k = n - r * gw8;
+            c[u] = r < h && k < w8 ? load_chunk(x + int64_t(i0 + r) * job.x.ld + j0 + k * 8u) : zero_chunk<T>();
+            acc = fold_mags<T>(acc, c[u]);
+        }
+        const uint32_t mine = mags_key<T>(acc), key = block_max(mine);
+        total = max(total, key);
+        const detail::GroupScale sc = detail::group_scale(__uint_as_float(key), job.rule);
+        if (threadIdx.x == 0) store_scale(G, job.rule, gi, gj, sc);
+#pragma unroll
+        for (int u = 0; u < CH; ++u) {
+            const uint32_t n = threadIdx.x + uint32_t(u) * threads, r = job.gw8.div(n), k = n - r * gw8;
+            if (r < h && k < w8) {
+                encode_chunk<F, T>(c[u], x + int64_t(i0 + r) * job.x.ld + j0 + k * 8u, sc.scale, job.overflow, mine,
+                                   G.data + int64_t(i0 + r) * cols + j0 + k * 8u);
+            }
+        }
+    }
+    if (threadIdx.x == 0) atomicMax(job.amax, total);  // total is the block's (block_max)
+}
+
+// ---- v2 cast with the transposed copy: 128 x 128 tiles through shared memory ----
+//
+// v1's tile kernel (0.06-0.08x the copy on an H200) stages every element as float, finds its
+// group through tables and stores 4 codes at a time. Here, for bf16 and f16 rows of a multiple of
+// 8 elements: a tile of 128 x 128 elements, 8 chunks a thread (16-byte loads; a half-warp holds a
+// tile row), kept in registers and copied as loaded into shared memory (32 KB, rows of 64 words).
+// x's codes come from the registers: 8 codes a chunk, one 8-byte store. The transposed copy's from
+// shared memory: thread t takes columns 2p, 2p+1 (p = t % 64) over rows 32q ... 32q + 31 (q = t /
+// 64), 32 words read down a column pair (a warp reads 32 consecutive words of a row: no bank
+// conflict), and stores each column's 32 codes as two 16-byte stores. Groups (each a mode):
+//   x's (rows): kRun 1 x n (n = 8 ... 128: mx32, block 1x128) reduced over n / 8 lanes; kTile
+//     (block 128x128: the tile) over the block; kOne (tensor: the amax pass, or the fixed scale);
+//     kLine (row scaling: the pass's row amaxes).
+//   the transposed copy's (columns of x): kRun n x 1 (n = 32, 64, 128) over the n / 32 threads of a
+//     column run (through shared memory); kTile; kOne; kLine (the pass's column amaxes).
+enum TileMode : int { kOne, kLine, kRun, kTile };
+
+struct TransposeJob {
+    MatrixRef x;
+    detail::ScaleRule rule;
+    Overflow overflow;
+    Grouping g[2];       // x's groups (codes: data), the transposed copy's seen on x (codes: data_t)
+    int mode[2];
+    int run[2];          // kRun: the group's length along x's rows (g[0]) or columns (g[1])
+    uint32_t tiles_across;
+    bool vec_t;          // data_t's rows (x.rows codes) a multiple of 16 bytes, 16-byte aligned
+    unsigned* amax;
+};
+
+constexpr int tile_side = 128;
+
+template <Format F, class T>
+__global__ void __launch_bounds__(threads) cast_transpose_kernel(TransposeJob job) {
+    static_assert(sizeof(T) == 2, "16-bit inputs");
+    __shared__ alignas(16) uint32_t tile[tile_side * tile_side / 2];  // row r: words [64 r, 64 r + 64)
+    __shared__ uint32_t col_keys[threads / 64][tile_side];
+    __shared__ uint32_t warp_keys[threads / 32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const uint32_t rows = uint32_t(job.x.rows), cols = uint32_t(job.x.cols);
+    const uint32_t r0 = blockIdx.x / job.tiles_across * tile_side, c0 = blockIdx.x % job.tiles_across * tile_side;
+    const uint32_t h = min(uint32_t(tile_side), rows - r0), w = min(uint32_t(tile_side), cols - c0);
+    const T* x = static_cast<const T*>(job.x.data);
+
+    // Load: chunk u of thread t is tile row t / 16 + 16 u, columns 8 (t % 16) ... + 7.
+    const uint32_t col = uint32_t(threadIdx.x % 16) * 8u;
+    Chunk<T> c[8];
+    uint32_t acc = 0;
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+        const uint32_t r = uint32_t(threadIdx.x / 16 + 16 * u);
+        c[u] = r < h && col < w ? load_chunk(x + int64_t(r0 + r) * job.x.ld + c0 + col) : zero_chunk<T>();
+        acc = fold_mags<T>(acc, c[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+        const uint32_t r = uint32_t(threadIdx.x / 16 + 16 * u);
+        *reinterpret_cast<uint4*>(&tile[r * 64 + col / 2]) = make_uint4(c[u].w[0], c[u].w[1], c[u].w[2], c[u].w[3]);
+    }
+    uint32_t tile_key = warp_max(mags_key<T>(acc));
+    if (lane == 0) warp_keys[warp] = tile_key;
+    __syncthreads();
+    for (int k = 0; k < threads / 32; ++k) tile_key = max(tile_key, warp_keys[k]);
+    const bool corner = r0 == 0 && c0 == 0 && threadIdx.x == 0;
+
+    // x's codes.
+    {
+        const Grouping& G = job.g[0];
+        const int mode = job.mode[0];
+        float s = 0.0f;
+        if (mode == kOne || mode == kTile) {
+            const detail::GroupScale sc =
+                detail::group_scale(mode == kTile ? __uint_as_float(tile_key) : G.amax != nullptr ? *G.amax : 0.0f, job.rule);
+            s = sc.scale;
+            if (mode == kTile ? threadIdx.x == 0 : corner) store_scale(G, job.rule, r0 / tile_side, c0 / tile_side, sc);
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            const uint32_t r = uint32_t(threadIdx.x / 16 + 16 * u);
+            const bool in = r < h && col < w;
+            const uint32_t key = mags_key<T>(fold_mags<T>(0, c[u]));
+            if (mode == kRun || mode == kLine) {
+                float amax;
+                if (mode == kRun) {
+                    uint32_t gk = key;
+                    for (int o = job.run[0] / 16; o > 0; o >>= 1) gk = max(gk, __shfl_xor_sync(0xffffffffu, gk, o));
+                    amax = __uint_as_float(gk);
+                } else {
+                    amax = in ? G.amax[r0 + r] : 0.0f;
+                }
+                const detail::GroupScale sc = detail::group_scale(amax, job.rule);
+                s = sc.scale;
+                const uint32_t gj = mode == kRun ? (c0 + col) / uint32_t(job.run[0]) : 0;
+                if (in && c0 + col == gj * uint32_t(mode == kRun ? job.run[0] : 0)) store_scale(G, job.rule, r0 + r, gj, sc);
+            }
+            if (in) {
+                encode_chunk<F, T>(c[u], reinterpret_cast<const T*>(&tile[r * 64 + col / 2]), s, job.overflow, key,
+                                   G.data + int64_t(r0 + r) * cols + c0 + col);
+            }
+        }
+    }
+
+    // The transposed copy's codes: columns 2p, 2p + 1 of the tile, rows 32q ... 32q + 31.
+    {
+        const Grouping& G = job.g[1];
+        const int mode = job.mode[1];
+        const int p = threadIdx.x % 64, q = threadIdx.x / 64;
+        uint32_t v[32];
+        uint32_t pair = 0;
+#pragma unroll
+        for (int k = 0; k < 32; ++k) {
+            v[k] = tile[(32 * q + k) * 64 + p];
+            pair = __vmaxu2(pair, v[k] & 0x7fff7fffu);
+        }
+        const uint32_t own[2] = {mags_key<T>(pair & 0xffffu), mags_key<T>(pair >> 16)};
+        uint32_t gk[2] = {own[0], own[1]};
+        const int span = mode == kRun ? job.run[1] / 32 : 1;  // threads of a column run
+        if (mode == kRun && span > 1) {
+            col_keys[q][2 * p] = own[0];
+            col_keys[q][2 * p + 1] = own[1];
+            __syncthreads();
+            const int q0 = q / span * span;
+            for (int k = q0; k < q0 + span; ++k) gk[0] = max(gk[0], col_keys[k][2 * p]), gk[1] = max(gk[1], col_keys[k][2 * p + 1]);
+        }
+        const uint32_t rr = r0 + 32u * uint32_t(q);  // the first row (of x) this thread encodes
+        const int n = int(min(32u, h > 32u * uint32_t(q) ? h - 32u * uint32_t(q) : 0u));
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const uint32_t cc = c0 + 2u * uint32_t(p) + uint32_t(half);  // the column of x: a row of data_t
+            float amax = 0.0f;
+            switch (mode) {
+                case kOne: amax = G.amax != nullptr ? *G.amax : 0.0f; break;
+                case kTile: amax = __uint_as_float(tile_key); break;
+                case kLine: amax = cc < cols ? G.amax[cc] : 0.0f; break;
+                default: amax = __uint_as_float(gk[half]); break;
+            }
+            const detail::GroupScale sc = detail::group_scale(amax, job.rule);
+            const bool leader = mode == kOne   ? corner && half == 0
+                                : mode == kTile ? threadIdx.x == 0 && half == 0
+                                : mode == kLine ? r0 == 0 && q == 0 && cc < cols
+                                                : q % span == 0 && cc < cols && n > 0;
+            if (leader) store_scale(G, job.rule, mode == kRun ? rr / uint32_t(job.run[1]) : mode == kTile ? r0 / tile_side : 0,
+                                    mode == kTile ? c0 / tile_side : mode == kOne ? 0 : cc, sc);
+            if (cc >= cols || n == 0) continue;
+            uint8_t* dst = G.data + int64_t(cc) * rows + rr;
+            if constexpr (F == Format::e4m3fn || F == Format::e5m2) {
+                if (fast_path<F>(own[half], sc.scale, job.overflow)) {
+                    uint32_t out[8];
+#pragma unroll
+                    for (int k = 0; k < 8; ++k) {
+                        out[k] = encode4_fast<F>(pair_element<T>(v[4 * k], half), pair_element<T>(v[4 * k + 1], half),
+                                                 pair_element<T>(v[4 * k + 2], half), pair_element<T>(v[4 * k + 3], half), sc.scale);
+                    }
+                    if (n == 32 && job.vec_t) {
+                        reinterpret_cast<uint4*>(dst)[0] = make_uint4(out[0], out[1], out[2], out[3]);
+                        reinterpret_cast<uint4*>(dst)[1] = make_uint4(out[4], out[5], out[6], out[7]);
+                    } else {
+#pragma unroll
+                        for (int k = 0; k < 32; ++k) {
+                            if (k < n) dst[k] = uint8_t(out[k / 4] >> (8 * (k % 4)));
+                        }
+                    }
+                    continue;
+                }
+            }
+            // Down column 2p + half of the tile from row 32q: elements tile_side apart.
+            encode_slow<F, T>(reinterpret_cast<const T*>(tile) + (32 * q) * tile_side + 2 * p + half, tile_side, dst, n, sc.scale,
+                              job.overflow);
+        }
+    }
+    if (threadIdx.x == 0) atomicMax(job.amax, tile_key);
+}
+
+// Blocks of `kernel` (of `threads` threads, no dynamic shared memory) that fit the GPU at once.
+template <class Kernel>
+unsigned one_wave(Kernel kernel) {
+    int per_sm = 0;
+    FP8KIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+    return unsigned(std::max(1, per_sm) * multiprocessors());
+}
+
 }  // namespace
 
 void amax(const ExecContext& ctx, const MatrixRef& x, float* out) {
@@ -567,9 +1151,149 @@ void launch_rows(const detail::QuantizeJob& job) {
     });
 }
 
+// ---- v2 launches ----
+
+// Chunks a thread of the one-group-a-block kernel holds for groups of n chunks: 1, 2, 4 or 8.
+int chunks_per_thread(int64_t n) {
+    int ch = 1;
+    while (ch < 8 && int64_t(ch) * threads < n) ch *= 2;
+    return ch;
+}
+
+// The cast without the transposed copy; false: not one v2 takes.
+bool launch_v2_rows(const detail::QuantizeJob& job, CastVariant variant) {
+    const cudaStream_t s = stream_of(job.ctx);
+    const MatrixRef& x = job.x;
+    const GroupShape g = job.group;
+    if (!v2_shape(x) || reinterpret_cast<uintptr_t>(job.data) % 8 != 0 || !(g.cols % 8 == 0 || g.cols >= x.cols)) return false;
+    const bool fixed = job.rule.fixed_scale != nullptr;
+    const bool one = g.rows >= x.rows && g.cols >= x.cols;
+    const bool in_warp = g.rows == 1 && g.cols <= 256 && (g.cols & (g.cols - 1)) == 0;
+    const bool row = g.rows == 1 && g.cols >= x.cols;
+    const int64_t gw8 = std::min(g.cols, x.cols) / 8, need = std::min(g.rows, x.rows) * gw8;
+    const bool in_block = !one && !in_warp && need >= threads / 2 && need <= 8 * threads && !(row && variant == CastVariant::v2b);
+    const Grouping G{g.rows, g.cols, (x.rows + g.rows - 1) / g.rows, (x.cols + g.cols - 1) / g.cols, false, false, nullptr,
+                     job.data, job.scale_inv, 0};
+    auto* total = reinterpret_cast<unsigned*>(job.amax);
+    FP8KIT_CUDA_CHECK(cudaMemsetAsync(job.amax, 0, sizeof(float), s));
+    if (!fixed && in_block) {
+        const BlockJob b{x, job.rule, job.overflow, G, FastDiv(uint32_t(gw8)), total};
+        const int64_t ngroups = G.grid_rows * G.grid_cols;
+        const auto go = [&](auto kernel) {
+            kernel<<<unsigned(std::min<int64_t>(ngroups, one_wave(kernel))), threads, 0, s>>>(b);
+            check_launch("cast_groups_kernel");
+        };
+        for_format_and_dtype(job, [&](auto format, auto type) {
+            constexpr Format F = decltype(format)::value;
+            using T = decltype(type);
+            switch (chunks_per_thread(need)) {
+                case 1: return go(cast_groups_kernel<F, T, 1>);
+                case 2: return go(cast_groups_kernel<F, T, 2>);
+                case 4: return go(cast_groups_kernel<F, T, 4>);
+                default: return go(cast_groups_kernel<F, T, 8>);
+            }
+        });
+        return true;
+    }
+    StreamJob r{x, job.rule, job.overflow, G, 0, 0, one, false, FastDiv(uint32_t((x.cols + 255) / 256)),
+                uint32_t(x.rows * ((x.cols + 255) / 256)), total};
+    std::shared_ptr<std::byte> amaxes;
+    if (!fixed && in_warp) {
+        r.lanes = int(g.cols / 8);
+        while ((int64_t(1) << r.gshift) < g.cols) ++r.gshift;
+    } else if (!fixed) {
+        amaxes = allocate(size_t(G.grid_rows * G.grid_cols) * sizeof(float));
+        float* a = reinterpret_cast<float*>(amaxes.get());
+        if (one || row) {
+            launch_lines_amax(s, x, row && !one ? a : nullptr, nullptr, one ? a : nullptr);
+            r.reverse = variant == CastVariant::v2 || row;  // v2b: tensor scaling's second read forward
+        } else {
+            launch_group_amax(s, x, g, a);  // other groupings (small blocks of several rows ...)
+        }
+        r.g.amax = a;
+    }
+    const auto go = [&](auto kernel) {
+        kernel<<<unsigned(std::min<int64_t>((r.trips + 4 * threads / 32 - 1) / (4 * threads / 32), one_wave(kernel))), threads, 0, s>>>(r);
+        check_launch("cast_stream_kernel");
+    };
+    for_format_and_dtype(job, [&](auto format, auto type) { go(cast_stream_kernel<decltype(format)::value, decltype(type), 4>); });
+    return true;
+}
+
+// The cast with the transposed copy; false: not one v2 takes.
+bool launch_v2_transpose(const detail::QuantizeJob& job) {
+    const cudaStream_t s = stream_of(job.ctx);
+    const MatrixRef& x = job.x;
+    if (!v2_shape(x) || (x.dtype != DType::bf16 && x.dtype != DType::f16) || reinterpret_cast<uintptr_t>(job.data) % 8 != 0) {
+        return false;
+    }
+    TransposeJob t{x, job.rule, job.overflow, {}, {}, {}, 0, false, reinterpret_cast<unsigned*>(job.amax)};
+    // The groupings on x: the groups, and the transposed copy's groups seen on x (rows and columns swapped).
+    const GroupShape gs[2] = {job.group, {job.group_t.cols, job.group_t.rows}};
+    for (int k = 0; k < 2; ++k) {
+        const GroupShape g = gs[k];
+        t.g[k] = {g.rows, g.cols, (x.rows + g.rows - 1) / g.rows, (x.cols + g.cols - 1) / g.cols, k == 1, false, nullptr,
+                  k == 0 ? job.data : job.data_t, k == 0 ? job.scale_inv : job.scale_inv_t, 0};
+        const int64_t along = k == 0 ? g.cols : g.rows, across = k == 0 ? g.rows : g.cols;  // along the codes' rows
+        const int64_t x_along = k == 0 ? x.cols : x.rows;
+        const bool pow2 = (along & (along - 1)) == 0;
+        if (g.rows == tile_side && g.cols == tile_side) {
+            t.mode[k] = kTile;
+        } else if (across == 1 && pow2 && along >= (k == 0 ? 8 : 32) && along <= tile_side) {
+            t.mode[k] = kRun;
+            t.run[k] = int(along);
+        } else if (g.rows >= x.rows && g.cols >= x.cols) {
+            t.mode[k] = kOne;
+        } else if (across == 1 && along >= x_along) {
+            t.mode[k] = kLine;
+        } else {
+            return false;
+        }
+    }
+    const bool fixed = job.rule.fixed_scale != nullptr;
+    if (fixed && (t.mode[0] != kOne || t.mode[1] != kOne)) return false;
+    FP8KIT_CUDA_CHECK(cudaMemsetAsync(job.amax, 0, sizeof(float), s));
+    // One amax pass for what the tile cannot reduce: the whole input's, each row's, each column's.
+    std::shared_ptr<std::byte> pass;
+    if (!fixed && (t.mode[0] == kOne || t.mode[0] == kLine || t.mode[1] == kOne || t.mode[1] == kLine)) {
+        const size_t nrows = t.mode[0] == kLine ? size_t(x.rows) : 0, ncols = t.mode[1] == kLine ? size_t(x.cols) : 0;
+        pass = allocate((1 + nrows + ncols) * sizeof(float));
+        float* total = reinterpret_cast<float*>(pass.get());
+        float* rows = nrows > 0 ? total + 1 : nullptr;
+        float* cols = ncols > 0 ? total + 1 + nrows : nullptr;
+        const bool one = t.mode[0] == kOne || t.mode[1] == kOne;
+        launch_lines_amax(s, x, rows, cols, one ? total : nullptr);
+        for (int k = 0; k < 2; ++k) t.g[k].amax = t.mode[k] == kOne ? total : t.mode[k] == kLine ? (k == 0 ? rows : cols) : nullptr;
+    }
+    t.tiles_across = uint32_t((x.cols + tile_side - 1) / tile_side);
+    t.vec_t = x.rows % 16 == 0 && reinterpret_cast<uintptr_t>(job.data_t) % 16 == 0;
+    const int64_t tiles = (x.rows + tile_side - 1) / tile_side * int64_t(t.tiles_across);
+    const auto go = [&](auto kernel) {
+        kernel<<<unsigned(tiles), threads, 0, s>>>(t);
+        check_launch("cast_transpose_kernel");
+    };
+    const auto for_format = [&](auto type) {
+        using T = decltype(type);
+        switch (job.rule.format) {
+            case Format::e4m3fn: return go(cast_transpose_kernel<Format::e4m3fn, T>);
+            case Format::e5m2: return go(cast_transpose_kernel<Format::e5m2, T>);
+            case Format::e4m3fnuz: return go(cast_transpose_kernel<Format::e4m3fnuz, T>);
+            default: return go(cast_transpose_kernel<Format::e5m2fnuz, T>);
+        }
+    };
+    if (x.dtype == DType::bf16) {
+        for_format(__nv_bfloat16{});
+    } else {
+        for_format(__half{});
+    }
+    return true;
+}
+
 }  // namespace
 
 void quantize(detail::QuantizeJob& job) {
+    const CastVariant variant = cast_variant();
+    if (variant != CastVariant::v1 && (job.data_t == nullptr ? launch_v2_rows(job, variant) : launch_v2_transpose(job))) return;
     if (rows_path(job)) return launch_rows(job);
     const cudaStream_t s = stream_of(job.ctx);
     const int64_t rows = job.x.rows, cols = job.x.cols;

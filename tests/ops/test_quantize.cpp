@@ -275,6 +275,65 @@ TEST(QuantizeOps, CudaAmaxEqualsRef) {
     }
 }
 
+// Each recipe's cast once, with and without the transposed copy, on inputs small enough for
+// compute-sanitizer (scripts/cuda_device_check.sh runs this under memcheck and racecheck): every
+// cuda cast kernel of src/cuda/quantize.cu (136 x 2112: row scaling one group a block; 300 x 520:
+// partial tiles, row scaling through the amax pass), against ref.
+TEST(QuantizeOps, CudaRecipesOnce) {
+    FP8KIT_SKIP_WITHOUT_CUDA();
+    const std::pair<int64_t, int64_t> sanitized[] = {{300, 520}, {136, 2112}};
+    uint32_t seed = 30;
+    for (const auto& shape : sanitized) {
+        const Tensor x = make_input(shape.first, shape.second, DType::bf16, seed % 2 == 1, seed);
+        ++seed;
+        const Tensor xd = x.to(Device::cuda);
+        for (const Scaling& s : {Scaling::tensor(), Scaling::row(), Scaling::block(1, 128), Scaling::block(128, 128), Scaling::mx32()}) {
+            for (bool transpose : {false, true}) {
+                QuantizeOptions opts;
+                opts.scaling = s;
+                opts.transpose = transpose;
+                SCOPED_TRACE(std::to_string(shape.first) + "x" + std::to_string(shape.second) + " " + to_string(s) +
+                             (transpose ? " cast_transpose" : ""));
+                expect_same(quantize(xd, opts).to(Device::cpu), on_backend(Backend::ref, [&] { return quantize(x, opts); }));
+            }
+        }
+    }
+}
+
+// The shapes the casts are timed on (DeepGEMM's [tokens, hidden] activations) and ones that cut
+// the cuda kernels' tiles and per-thread chunk counts at odd places (src/cuda/quantize.cu: 129 x
+// 1544: partial 128 x 128 tiles, transposed rows not a multiple of 16 bytes, one chunk a thread;
+// 64 x 2112: two; 7168: four), bf16 with and without NaN/Inf, every recipe's scaling with and
+// without the transposed copy, e4m3fn saturating (the hardware conversion) and e5m2fnuz (the
+// generic encode). Against the host backend (bit for bit ref's on the grid above) rather than ref
+// itself, which takes seconds a cast at these sizes; ctest runs this under every FP8KIT_CUDA_CAST.
+TEST(QuantizeOps, CudaLargeShapesEqualHost) {
+    FP8KIT_SKIP_WITHOUT_CUDA();
+    const std::pair<int64_t, int64_t> timed[] = {{4096, 7168}, {64, 7168}, {64, 2112}, {129, 1544}};
+    uint32_t seed = 40;
+    for (const auto& shape : timed) {
+        for (bool specials : {false, true}) {
+            const Tensor x = make_input(shape.first, shape.second, DType::bf16, specials, seed++);
+            const Tensor xd = x.to(Device::cuda);
+            EXPECT_EQ(bits(amax(xd)), bits(amax(x)));
+            for (const Scaling& s : {Scaling::tensor(), Scaling::row(), Scaling::block(1, 128), Scaling::block(128, 128), Scaling::mx32()}) {
+                for (Format f : {Format::e4m3fn, Format::e5m2fnuz}) {
+                    for (bool transpose : {false, true}) {
+                        if (f == Format::e5m2fnuz && shape.first == 4096) continue;  // the generic encode: slow, and covered on the others
+                        QuantizeOptions opts;
+                        opts.scaling = s;
+                        opts.format = f;
+                        opts.transpose = transpose;
+                        SCOPED_TRACE(std::to_string(shape.first) + "x" + std::to_string(shape.second) + " " + to_string(s) + " " +
+                                     std::string(to_string(f)) + (specials ? " nan/inf" : "") + (transpose ? " cast_transpose" : ""));
+                        expect_same(quantize(xd, opts).to(Device::cpu), quantize(x, opts));
+                    }
+                }
+            }
+        }
+    }
+}
+
 // NonFinite::error on the device: refused before anything is written, naming the index.
 TEST(QuantizeOps, CudaNonFiniteErrorNamesTheIndex) {
     FP8KIT_SKIP_WITHOUT_CUDA();
