@@ -49,7 +49,8 @@ def inference(widths, ms, results):
         for recipe in ("rowwise", "tensorwise", "block"):
             twin = nn.Sequential(nn.Linear(w, w, bias=False, device="cuda", dtype=torch.bfloat16))
             twin[0].weight.data.copy_(base.weight.data)
-            layer = fp8_torch.quantize_(twin, recipe)[0]  # quantized on the GPU
+            fp8_torch.quantize_(twin, recipe)  # quantized on the GPU
+            layer = twin[0]
             for m in ms:
                 x = torch.randn(m, w, device="cuda", dtype=torch.bfloat16)
                 calls = max(1, min(200, int(4e11 / (2 * m * w * w))))

@@ -8,7 +8,10 @@
 # Step casts (issue 49; not in the default steps): the cast kernels under each FP8KIT_CUDA_CAST
 # variant - their tests, compute-sanitizer on each recipe's cast once, and the cast table per
 # variant (bench_gemm_cuda --casts), one JSON line a cast in OUT_DIR/casts.jsonl.
-# Usage: scripts/cuda_device_check.sh BIN_DIR OUT_DIR [tests|sanitize|bench|casts]...
+# Step python (issue 49; not in the default steps): tests/python/test_cuda.py and
+# bench/bench_torch_cuda.py (JSON in OUT_DIR/bench_torch_cuda.json), with PYTHONPATH set to an
+# fp8kit package built with the cuda backend for the machine's python3.
+# Usage: scripts/cuda_device_check.sh BIN_DIR OUT_DIR [tests|sanitize|bench|casts|python]...
 #   BIN_DIR holds the test binaries named below (tests/ of the release preset, built on any
 #   machine with nvcc), test_format_device, bench_gemm_cuda (bench/) and fp8kit; logs go to OUT_DIR.
 set -u
@@ -90,6 +93,20 @@ for step in $steps; do
         cat "$out/train.txt"
         cat "$out/bench_gemm_cuda.txt" "$out/bench_torch.txt"
         grep -h "block.own" "$out/bench_gemm_cuda_tma.txt" ;;
+    python)
+        # The package on CUDA tensors (PYTHONPATH must reach an fp8kit package built with the cuda
+        # backend for this python3): its tests, then fp8kit.torch beside torch's bfloat16.
+        timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider "$(dirname "$0")/../tests/python/test_cuda.py" -rs \
+            > "$out/test_cuda.log" 2>&1
+        rc=$?
+        [ $rc -eq 0 ] || status=1
+        echo "pytest tests/python/test_cuda.py: rc $rc; $(tail -1 "$out/test_cuda.log")" | tee -a "$out/summary.txt"
+        timeout "${TEST_TIMEOUT:-300}" python3 "$(dirname "$0")/../bench/bench_torch_cuda.py" --json "$out/bench_torch_cuda.json" \
+            > "$out/bench_torch_cuda.txt" 2>&1
+        rc=$?
+        [ $rc -eq 0 ] || status=1
+        echo "bench/bench_torch_cuda.py: rc $rc" | tee -a "$out/summary.txt"
+        cat "$out/bench_torch_cuda.txt" ;;
     casts)
         # The cast tests under each variant, a bad value refused by name, then compute-sanitizer on
         # each recipe's cast once (every kernel; racecheck: the tile, block and amax kernels share

@@ -157,7 +157,9 @@ def test_inference_layer_on_the_device_within_the_bound(recipe):
     # the bound of the float64 product of the FP8 operands - the input's as the host quantize
     # gives them (bit for bit the device's, test above), the weight's as the layer holds them.
     torch.manual_seed(0)
-    layer = fp8_torch.quantize_(torch.nn.Sequential(torch.nn.Linear(256, 384, bias=False)), recipe)[0]
+    model = torch.nn.Sequential(torch.nn.Linear(256, 384, bias=False))
+    fp8_torch.quantize_(model, recipe)
+    layer = model[0]
     x_scaling, w_scaling = fp8kit._fp8kit.recipe_scalings(recipe)
     x = randn(64, 256, dtype=torch.float32, seed=8)
     a64 = deq64(fp8kit.quantize(x, scaling=x_scaling), x_scaling)
