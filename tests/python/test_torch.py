@@ -232,11 +232,11 @@ def test_call_into_parts_writes_each_column_block_to_its_own_tensor(dtype):
     w = torch.randn(160, 96)
     q = fp8kit.quantize(w, "e4m3fn", "row")
     x = torch.randn(3, 96, dtype=dtype)
-    index = f8._OUT_DTYPES[dtype][1]
-    whole = f8._fused_linear(q, "row", None)
+    index = f8.ops._OUT_DTYPES[dtype][1]
+    whole = f8.ops._fused_linear(q, "row", None)
     d = torch.empty(3, 160, dtype=dtype)
     whole.call_into(x.data_ptr(), 3, 96, index, d.data_ptr())
-    split = f8._fused_linear(q, "row", None, [40, 8, 112])
+    split = f8.ops._fused_linear(q, "row", None, [40, 8, 112])
     parts = [torch.zeros(3, n, dtype=dtype) for n in (40, 8, 112)]
     with pytest.raises(fp8kit.Error, match="2 outputs for 3 parts"):
         split.call_into_parts(x.data_ptr(), 3, 96, index, [p.data_ptr() for p in parts[:2]])
@@ -248,9 +248,9 @@ def test_call_into_parts_writes_each_column_block_to_its_own_tensor(dtype):
     split.call_into_parts(x.data_ptr(), 3, 96, index, [p.data_ptr() for p in parts])
     assert torch.equal(torch.cat(parts, 1), d)
     with pytest.raises(fp8kit.Error, match="sum to 150, the weight has N = 160"):
-        f8._fused_linear(q, "row", None, [40, 110])
+        f8.ops._fused_linear(q, "row", None, [40, 110])
     with pytest.raises(fp8kit.Error, match="width is 0"):
-        f8._fused_linear(q, "row", None, [160, 0])
+        f8.ops._fused_linear(q, "row", None, [160, 0])
 
 
 def test_export_and_compile_trace_the_custom_op():
@@ -323,7 +323,7 @@ def test_bad_use_raises_fp8kit_error_naming_it(call, needle):
         call(mlp(7))
 
 
-# ---- siblings: Linear layers called in a row on one input run as one GEMM (fp8kit.torch._Siblings) ----
+# ---- siblings: Linear layers called in a row on one input run as one GEMM (fp8kit.torch.siblings) ----
 
 class Attention(torch.nn.Module):
     """q, k and v on one input, o on another - as transformers' attention calls its projections."""

@@ -1,0 +1,44 @@
+"""fp8kit.torch: FP8 Linear layers for PyTorch models - inference, training, layerwise casting - on fp8kit's kernels.
+
+torchao's `quantize_(model, Float8DynamicActivationFloat8WeightConfig())` and optimum-quanto's
+`qfloat8`, but running FP8 on a CPU: every chosen nn.Linear becomes a Float8Linear whose weight
+is quantized once (e4m3, per recipe) and packed once, and whose forward casts the activation to
+FP8 inside fp8kit's GEMM (dynamic scaling, never written out) and sums in float32. Layers that
+the model calls in a row on one input (q, k, v; gate, up) then run as one GEMM at decode's few
+rows (_Siblings), each output bit for bit its own.
+
+    import fp8kit.torch
+    fp8kit.torch.quantize_(model)                  # rowwise e4m3, every nn.Linear
+    fp8kit.torch.quantize_(model, "tensorwise", filter_fn=lambda m, fqn: "lm_head" not in fqn)
+    fp8kit.torch.quantize_(model, "weight_only")   # torchao's Float8WeightOnlyConfig: x not quantized
+    fp8kit.torch.quantize_(model, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))  # torchao's
+    y = model(x)                                   # float32 / bfloat16 / float16 x, same dtype out
+
+Training: convert_to_float8_training(model, module_filter_fn=None, config="tensorwise") with
+torchao's signature and recipe names (tensorwise, rowwise, rowwise_with_gw_hp, plus block, mxfp8,
+delayed) makes nn.Linear layers Float8TrainingLinear: the same Parameters, with the three GEMMs
+of forward and backward (y, dX, dW) in FP8 through fp8kit under autograd (and DDP).
+
+Layerwise casting: enable_layerwise_casting(model, storage_dtype, compute_dtype, ...) with Diffusers'
+signature and default skip patterns stores weights in FP8; Linear layers then compute on the FP8
+weight directly (no upcast copy) and embeddings decode only the rows they read; convolutions are
+upcast per forward as Diffusers does.
+
+advise(model, example_inputs, path): per Linear, FP8 or not and which recipe, from paired timings
+on this machine and SQNR; writes the policy file the C++ side reads.
+
+The inference forward is a registered torch custom op, torch.ops.fp8kit.linear, with a fake (meta)
+implementation, so torch.compile and torch.export trace through it. state_dict holds the FP8
+weight (torch.float8_e4m3fn) and its scale_inv; loading one repacks on the next call.
+Checked by tests/python/test_torch.py, test_training.py, test_layerwise.py and test_advise.py.
+"""
+from .advice import advise
+from .inference import RECIPES, Float8Linear, quantize_
+from .layerwise_casting import (CASTABLE_LAYERS, DEFAULT_SKIP_MODULES_PATTERN, Float8Embedding,
+                                LayerwiseCastingReport, enable_layerwise_casting)
+from .ops import linear
+from .training import TRAINING_RECIPES, Float8TrainingLinear, convert_to_float8_training
+
+__all__ = ["CASTABLE_LAYERS", "DEFAULT_SKIP_MODULES_PATTERN", "RECIPES", "TRAINING_RECIPES", "Float8Embedding",
+           "Float8Linear", "Float8TrainingLinear", "LayerwiseCastingReport", "advise", "convert_to_float8_training",
+           "enable_layerwise_casting", "linear", "quantize_"]

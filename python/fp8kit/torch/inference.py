@@ -1,0 +1,208 @@
+"""fp8kit.torch.inference: quantize_ - torchao's API - and the FP8 inference Linear layer it puts
+in place of nn.Linear: the weight quantized and packed once, the activation cast to FP8 inside
+fp8kit's GEMM, float32 sums; torchao's float8 config objects read as recipes.
+
+Checked by tests/python/test_torch.py (against float64, against torchao's Float8WeightOnlyConfig,
+torchao's configs, state_dict, layouts of x, bad use).
+"""
+import torch
+from torch import nn
+
+import fp8kit
+
+from .ops import _fused, _call_into, _linear, _OUT_DTYPES, _plain_eager
+from .siblings import _Siblings
+
+# The recipes of quantize_: stateless ones (delayed scaling keeps an amax history per layer, not
+# kept here). Their scalings - of the activation, cast in the GEMM, and of the weight - are the
+# library's (fp8kit::Recipe): block is DeepSeek-V3's 1x128 activations, 128x128 weights; mxfp8 is
+# OCP MX's 1x32 blocks with e8m0 scales (held as torch.float8_e8m0fnu).
+RECIPES = ("rowwise", "tensorwise", "block", "mxfp8", "weight_only")
+
+
+# The recipes whose input is not quantized ("none": fp8kit's weight-only GEMM), by their
+# weight's scaling: weight_only (quantize_'s; torchao's Float8WeightOnlyConfig and optimum-quanto's
+# qfloat8 weights: per output row) and layerwise (enable_layerwise_casting's native Linear: one
+# scale, or none as Diffusers stores weights; the input stays in compute_dtype as Diffusers computes).
+_WEIGHT_ONLY = {"weight_only": "row", "layerwise": "tensor"}
+
+
+def _recipe_scalings(recipe):
+    """(input scaling, weight scaling) of a Float8Linear's recipe."""
+    if recipe in _WEIGHT_ONLY:
+        return "none", _WEIGHT_ONLY[recipe]
+    return tuple(fp8kit._fp8kit.recipe_scalings(recipe))
+
+
+def _group_siblings(model):
+    """Gives every group of two or more Float8Linear children of one module, alike in in_features,
+    recipe, weight dtype and bias or none, one _Siblings."""
+    for parent in model.modules():
+        groups = {}
+        for child in parent.children():
+            if type(child) is Float8Linear:
+                key = (child.in_features, child.recipe, child.weight.dtype, child.bias is None)
+                groups.setdefault(key, []).append(child)
+        for members in groups.values():
+            if len(members) > 1:
+                siblings = _Siblings(members)
+                for i, m in enumerate(members):
+                    m._siblings = (siblings, i)
+
+
+def _fp8_weight(w, storage_dtype, scaling, scaled=True):
+    """A weight stored in FP8 as the torch.nn modules here hold it: (codes as storage_dtype,
+    scale_inv). scaled: quantized with `scaling` (fp8kit.quantize: scale = fp8_max / amax per
+    group); else cast as it is with scale 1, as Diffusers stores weights."""
+    if not scaled:
+        return w.detach().to(storage_dtype), torch.ones(1, 1)
+    q = fp8kit.quantize(w.detach().float(), str(storage_dtype).removeprefix("torch.float8_"), scaling)
+    return (torch.from_numpy(q.data.copy()).view(storage_dtype),
+            _scale_tensor(torch.from_numpy(q.scale_inv.copy()), scaling))
+
+
+def _replace(model, fqn, module):
+    """Puts module where model's submodule fqn ("blocks.0.mlp.fc1") is."""
+    parent_name, _, child = fqn.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, module)
+
+
+def _scale_tensor(scale_inv, scaling):
+    """scale_inv as a Float8Linear holds it: float32, or for mx32 torch.float8_e8m0fnu - from its
+    e8m0 codes (uint8, what quantize returns) or from float32 values (powers of two)."""
+    if scaling != "mx32":
+        return scale_inv
+    if scale_inv.dtype == torch.uint8:
+        return scale_inv.view(torch.float8_e8m0fnu)
+    return scale_inv.to(torch.float8_e8m0fnu)
+
+
+class Float8Linear(nn.Module):
+    """An nn.Linear for inference with an FP8 weight [out, in] (buffer `weight`, torch.float8_*)
+    and its scale_inv (buffer `weight_scale_inv`): y = x W^T + b with x cast to FP8 in the GEMM
+    (recipe weight_only: x not quantized)."""
+
+    _siblings = None  # (_Siblings, this layer's index there): set by quantize_ / enable_layerwise_casting
+
+    def __init__(self, in_features, out_features, bias=True, recipe="rowwise", format="e4m3fn"):
+        super().__init__()
+        if recipe not in RECIPES and recipe not in _WEIGHT_ONLY:
+            raise fp8kit.Error(f"fp8kit.torch: recipe '{recipe}', expected one of {', '.join(RECIPES)}")
+        self.in_features, self.out_features, self.recipe = in_features, out_features, recipe
+        self.input_scaling, self.weight_scaling = _recipe_scalings(recipe)
+        self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=getattr(torch, "float8_" + format)))
+        shape = fp8kit._fp8kit.scale_shape(self.weight_scaling, out_features, in_features)
+        self.register_buffer("weight_scale_inv", _scale_tensor(torch.ones(shape), self.weight_scaling))
+        self.register_parameter("bias", nn.Parameter(torch.zeros(out_features), requires_grad=False) if bias else None)
+
+    @classmethod
+    def from_linear(cls, linear_module, recipe="rowwise", format="e4m3fn"):
+        """The FP8 twin of an nn.Linear: its weight quantized with the recipe's weight scaling."""
+        m = cls(linear_module.in_features, linear_module.out_features, linear_module.bias is not None, recipe, format)
+        m.weight, m.weight_scale_inv = _fp8_weight(linear_module.weight, getattr(torch, "float8_" + format),
+                                                   m.weight_scaling)
+        if linear_module.bias is not None:
+            m.bias = nn.Parameter(linear_module.bias.detach().clone(), requires_grad=False)  # inference only
+        return m
+
+    def forward(self, x):
+        # x [..., in] -> y [..., out]: the GEMM sees [M, in] rows (M = the leading dimensions' product).
+        shape = x.shape
+        if not shape or shape[-1] != self.in_features:
+            raise fp8kit.Error(f"fp8kit.torch.Float8Linear: the input has shape {list(shape)}, but in_features "
+                               f"{self.in_features}")
+        # The tensors through the module's dicts: Module.__getattr__ costs about 1 us a name, a
+        # tenth of a decode step's small layer.
+        buffers = self._buffers
+        w, w_scale_inv, bias = buffers["weight"], buffers["weight_scale_inv"], self._parameters["bias"]
+        if _plain_eager(x):  # any leading dimensions, without a reshape either way
+            out = _OUT_DTYPES.get(x.dtype)
+            if out is not None and x.is_cpu and x.is_contiguous():
+                siblings = self._siblings
+                if siblings is not None:
+                    y = siblings[0](siblings[1], x, out[1])
+                    if y is not None:
+                        return y
+                fused, n = _fused(w, w_scale_inv, self.weight_scaling, bias, self.input_scaling)
+                return _call_into(fused, n, x, shape, out[1])
+            return _linear(x, w, w_scale_inv, bias, self.input_scaling, self.weight_scaling)  # or its error
+        y = torch.ops.fp8kit.linear(x if len(shape) == 2 else x.reshape(-1, self.in_features), w, w_scale_inv, bias,
+                                    self.input_scaling, self.weight_scaling)
+        return y if len(shape) == 2 else y.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self):
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"recipe={self.recipe}, format={str(self.weight.dtype).removeprefix('torch.float8_')}")
+
+
+def _granularity_name(g):
+    """torchao's granularity object as fp8kit names a scaling: tensor, row, block(RxC); else its repr."""
+    name = type(g).__name__
+    if name == "PerTensor":
+        return "tensor"
+    if name == "PerRow" and getattr(g, "dim", -1) in (-1, 1):
+        return "row"
+    if name == "PerBlock" and len(getattr(g, "block_size", ())) == 2:
+        return "block({}x{})".format(*g.block_size)
+    return repr(g)
+
+
+def _recipe_of_torchao_config(config):
+    """The recipe of quantize_ that does what a torchao float8 config asks, on fp8kit's kernels:
+    Float8DynamicActivationFloat8WeightConfig with e4m3fn operands and PerTensor, PerRow or
+    DeepSeek-V3's 1x128 / 128x128 PerBlock granularity -> tensorwise, rowwise, block;
+    Float8WeightOnlyConfig with e4m3fn per-row weights -> weight_only. torchao is not imported:
+    the config is read by its class name and fields. Anything else: an fp8kit.Error naming it."""
+    kind = type(config).__name__
+    where = f"fp8kit.torch.quantize_: torchao's {kind}"
+    e4m3 = torch.float8_e4m3fn
+    if kind == "Float8WeightOnlyConfig":
+        g = getattr(config, "granularity", None)
+        if config.weight_dtype != e4m3 or (g is not None and _granularity_name(g) != "row"):
+            raise fp8kit.Error(f"{where} with weight_dtype {config.weight_dtype} and granularity {g}: fp8kit's "
+                               "weight_only recipe is e4m3fn per row")
+        return "weight_only"
+    if kind == "Float8DynamicActivationFloat8WeightConfig":
+        g = config.granularity  # one for both operands, or [activation's, weight's]; None: tensor
+        pair = g if isinstance(g, (list, tuple)) else (g, g)
+        names = tuple("tensor" if x is None else _granularity_name(x) for x in pair)
+        recipe = {("tensor", "tensor"): "tensorwise", ("row", "row"): "rowwise",
+                  ("block(1x128)", "block(128x128)"): "block"}.get(names)
+        if recipe is None or config.activation_dtype != e4m3 or config.weight_dtype != e4m3:
+            raise fp8kit.Error(f"{where} with activation_dtype {config.activation_dtype}, weight_dtype "
+                               f"{config.weight_dtype} and granularity {list(names)}: fp8kit runs e4m3fn with "
+                               "[tensor, tensor], [row, row] or [block(1x128), block(128x128)]")
+        if any(getattr(config, f, None) is not None for f in ("activation_value_lb", "activation_value_ub")):
+            raise fp8kit.Error(f"{where} with activation_value_lb / _ub: fp8kit's casts do not clamp the "
+                               "activation's amax")
+        return recipe
+    raise fp8kit.Error(f"fp8kit.torch.quantize_: config of type {kind}, expected a recipe name ({', '.join(RECIPES)}), "
+                       "Float8DynamicActivationFloat8WeightConfig or Float8WeightOnlyConfig")
+
+
+def quantize_(model, config=None, filter_fn=None, *, fuse_siblings=True):
+    """Replaces, in place, every nn.Linear of model that filter_fn(module, fqn) accepts (all when
+    None) by a Float8Linear. config: a recipe name - "rowwise" (the default), "tensorwise",
+    "block", "mxfp8", or "weight_only" (e4m3 rowwise weights, activations not quantized: torchao's
+    Float8WeightOnlyConfig; a float32 / float16 activation is taken to 16 significant bits, twice
+    the products of a bfloat16 one at M >= 16) - or torchao's config object for one of them
+    (Float8DynamicActivationFloat8WeightConfig with PerTensor / PerRow / 1x128-128x128 PerBlock
+    granularity, Float8WeightOnlyConfig), as torchao's quantize_(model, config, filter_fn).
+    fuse_siblings: Float8Linear layers of one module that the model calls in a row on the same
+    input (q, k and v; gate and up) run as one GEMM at up to 16 rows, with the same outputs bit for
+    bit (_Siblings; it holds one more packed copy of those weights where the model also runs
+    them at more rows)."""
+    recipe = config or "rowwise"
+    if not isinstance(recipe, str):
+        recipe = _recipe_of_torchao_config(recipe)
+    if recipe not in RECIPES:
+        raise fp8kit.Error(f"fp8kit.torch.quantize_: config '{recipe}', expected one of {', '.join(RECIPES)}")
+    chosen = [(fqn, m) for fqn, m in model.named_modules()
+              if type(m) is nn.Linear and (filter_fn is None or filter_fn(m, fqn))]
+    for fqn, m in chosen:
+        if not fqn:
+            raise fp8kit.Error("fp8kit.torch.quantize_: the model is itself an nn.Linear; quantize_ replaces the "
+                               "Linear layers inside a model (wrap it: nn.Sequential(linear))")
+        _replace(model, fqn, Float8Linear.from_linear(m, recipe))
+    if fuse_siblings:
+        _group_siblings(model)
