@@ -14,7 +14,7 @@ from torch import nn
 
 import fp8kit
 
-from .inference import RECIPES, Float8Linear
+from .inference import RECIPES, Float8InferenceLinear
 
 def _seconds_per_call(call, target=2e-3):
     """One timing sample: enough calls in a row to last about `target` seconds (a small layer's
@@ -35,8 +35,8 @@ def advise(model, example_inputs, path=None, *, recipes=("rowwise", "tensorwise"
     """Per nn.Linear of model: FP8 or not, and with which recipe, measured on this machine at the
     shapes the model runs. example_inputs (a tuple of model's arguments) runs once to capture each
     Linear's input; then, per layer, `rounds` rounds each time the float32 layer and one
-    Float8Linear per recipe on that input, in turn (so a burst of noise hits both sides of a
-    round), and take the median of the per-round speedups; the confidence is how many rounds
+    Float8InferenceLinear per recipe on that input, in turn (so a burst of noise hits both sides of
+    a round), and take the median of the per-round speedups; the confidence is how many rounds
     agree with the decision. SQNR: the FP8 output against the float64 product of the same input
     and weight. A layer goes FP8 with the fastest recipe whose median speedup is at least
     min_speedup and whose SQNR is at least sqnr_floor (25 dB: the NUMERICS.md floor of an FP8
@@ -74,7 +74,7 @@ def advise(model, example_inputs, path=None, *, recipes=("rowwise", "tensorwise"
             x = seen[fqn].float().reshape(-1, m.in_features)
             ref = x.double() @ m.weight.double().T + (0 if m.bias is None else m.bias.double())
             base = m if m.weight.dtype == torch.float32 else copy.deepcopy(m).float()  # (.float() is in place)
-            candidates = {r: Float8Linear.from_linear(base, r) for r in recipes}
+            candidates = {r: Float8InferenceLinear.from_linear(base, r) for r in recipes}
             ratios = {r: [] for r in recipes}
             for i in range(rounds):
                 order = list(recipes[i % len(recipes):] + recipes[:i % len(recipes)])

@@ -28,19 +28,19 @@ _WEIGHT_ONLY = {"weight_only": "row", "layerwise": "tensor"}
 
 
 def _recipe_scalings(recipe):
-    """(input scaling, weight scaling) of a Float8Linear's recipe."""
+    """(input scaling, weight scaling) of a Float8InferenceLinear's recipe."""
     if recipe in _WEIGHT_ONLY:
         return "none", _WEIGHT_ONLY[recipe]
     return tuple(fp8kit._fp8kit.recipe_scalings(recipe))
 
 
 def _group_siblings(model):
-    """Gives every group of two or more Float8Linear children of one module, alike in in_features,
-    recipe, weight dtype and bias or none, one _Siblings."""
+    """Gives every group of two or more Float8InferenceLinear children of one module, alike in
+    in_features, recipe, weight dtype and bias or none, one _Siblings."""
     for parent in model.modules():
         groups = {}
         for child in parent.children():
-            if type(child) is Float8Linear:
+            if type(child) is Float8InferenceLinear:
                 key = (child.in_features, child.recipe, child.weight.dtype, child.bias is None)
                 groups.setdefault(key, []).append(child)
         for members in groups.values():
@@ -68,8 +68,8 @@ def _replace(model, fqn, module):
 
 
 def _scale_tensor(scale_inv, scaling):
-    """scale_inv as a Float8Linear holds it: float32, or for mx32 torch.float8_e8m0fnu - from its
-    e8m0 codes (uint8, what quantize returns) or from float32 values (powers of two)."""
+    """scale_inv as a Float8InferenceLinear holds it: float32, or for mx32 torch.float8_e8m0fnu -
+    from its e8m0 codes (uint8, what quantize returns) or from float32 values (powers of two)."""
     if scaling != "mx32":
         return scale_inv
     if scale_inv.dtype == torch.uint8:
@@ -77,7 +77,7 @@ def _scale_tensor(scale_inv, scaling):
     return scale_inv.to(torch.float8_e8m0fnu)
 
 
-class Float8Linear(nn.Module):
+class Float8InferenceLinear(nn.Module):
     """An nn.Linear for inference with an FP8 weight [out, in] (buffer `weight`, torch.float8_*)
     and its scale_inv (buffer `weight_scale_inv`): y = x W^T + b with x cast to FP8 in the GEMM
     (recipe weight_only: x not quantized)."""
@@ -109,8 +109,8 @@ class Float8Linear(nn.Module):
         # x [..., in] -> y [..., out]: the GEMM sees [M, in] rows (M = the leading dimensions' product).
         shape = x.shape
         if not shape or shape[-1] != self.in_features:
-            raise fp8kit.Error(f"fp8kit.torch.Float8Linear: the input has shape {list(shape)}, but in_features "
-                               f"{self.in_features}")
+            raise fp8kit.Error(f"fp8kit.torch.Float8InferenceLinear: the input has shape {list(shape)}, but "
+                               f"in_features {self.in_features}")
         # The tensors through the module's dicts: Module.__getattr__ costs about 1 us a name, a
         # tenth of a decode step's small layer.
         buffers = self._buffers
@@ -182,16 +182,16 @@ def _recipe_of_torchao_config(config):
 
 def quantize_(model, config=None, filter_fn=None, *, fuse_siblings=True):
     """Replaces, in place, every nn.Linear of model that filter_fn(module, fqn) accepts (all when
-    None) by a Float8Linear. config: a recipe name - "rowwise" (the default), "tensorwise",
-    "block", "mxfp8", or "weight_only" (e4m3 rowwise weights, activations not quantized: torchao's
-    Float8WeightOnlyConfig; a float32 / float16 activation is taken to 16 significant bits, twice
-    the products of a bfloat16 one at M >= 16) - or torchao's config object for one of them
-    (Float8DynamicActivationFloat8WeightConfig with PerTensor / PerRow / 1x128-128x128 PerBlock
-    granularity, Float8WeightOnlyConfig), as torchao's quantize_(model, config, filter_fn).
-    fuse_siblings: Float8Linear layers of one module that the model calls in a row on the same
-    input (q, k and v; gate and up) run as one GEMM at up to 16 rows, with the same outputs bit for
-    bit (_Siblings; it holds one more packed copy of those weights where the model also runs
-    them at more rows)."""
+    None) by a Float8InferenceLinear. config: a recipe name - "rowwise" (the default),
+    "tensorwise", "block", "mxfp8", or "weight_only" (e4m3 rowwise weights, activations not
+    quantized: torchao's Float8WeightOnlyConfig; a float32 / float16 activation is taken to 16
+    significant bits, twice the products of a bfloat16 one at M >= 16) - or torchao's config object
+    for one of them (Float8DynamicActivationFloat8WeightConfig with PerTensor / PerRow /
+    1x128-128x128 PerBlock granularity, Float8WeightOnlyConfig), as torchao's quantize_(model,
+    config, filter_fn). fuse_siblings: Float8InferenceLinear layers of one module that the model
+    calls in a row on the same input (q, k and v; gate and up) run as one GEMM at up to 16 rows,
+    with the same outputs bit for bit (_Siblings; it holds one more packed copy of those weights
+    where the model also runs them at more rows)."""
     recipe = config or "rowwise"
     if not isinstance(recipe, str):
         recipe = _recipe_of_torchao_config(recipe)
@@ -203,6 +203,6 @@ def quantize_(model, config=None, filter_fn=None, *, fuse_siblings=True):
         if not fqn:
             raise fp8kit.Error("fp8kit.torch.quantize_: the model is itself an nn.Linear; quantize_ replaces the "
                                "Linear layers inside a model (wrap it: nn.Sequential(linear))")
-        _replace(model, fqn, Float8Linear.from_linear(m, recipe))
+        _replace(model, fqn, Float8InferenceLinear.from_linear(m, recipe))
     if fuse_siblings:
         _group_siblings(model)

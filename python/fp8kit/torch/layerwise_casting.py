@@ -12,7 +12,7 @@ from torch import nn
 
 import fp8kit
 
-from .inference import Float8Linear, _fp8_weight, _group_siblings
+from .inference import Float8InferenceLinear, _fp8_weight, _group_siblings
 
 # Diffusers' defaults (diffusers.hooks.layerwise_casting): the modules whose names match one of
 # these are left alone, and only these layer kinds have their weights stored in FP8.
@@ -50,11 +50,11 @@ def _cast_hooks(module, storage_dtype, compute_dtype, non_blocking):
 
 
 def _native_linear(linear_module, storage_dtype, compute_dtype, scaled):
-    """A Float8Linear (recipe layerwise: the input not quantized) holding the Linear's weight in
-    storage_dtype: with a per-tensor scale (scaled), or cast as it is, scale 1 (Diffusers' storage).
-    The bias stays in compute_dtype (N values; Diffusers rounds it to FP8 too)."""
-    m = Float8Linear(linear_module.in_features, linear_module.out_features, linear_module.bias is not None,
-                     "layerwise", str(storage_dtype).removeprefix("torch.float8_"))
+    """A Float8InferenceLinear (recipe layerwise: the input not quantized) holding the Linear's
+    weight in storage_dtype: with a per-tensor scale (scaled), or cast as it is, scale 1 (Diffusers'
+    storage). The bias stays in compute_dtype (N values; Diffusers rounds it to FP8 too)."""
+    m = Float8InferenceLinear(linear_module.in_features, linear_module.out_features, linear_module.bias is not None,
+                              "layerwise", str(storage_dtype).removeprefix("torch.float8_"))
     m.weight, m.weight_scale_inv = _fp8_weight(linear_module.weight, storage_dtype, "tensor", scaled)
     if linear_module.bias is not None:
         m.bias = nn.Parameter(linear_module.bias.detach().to(compute_dtype), requires_grad=False)

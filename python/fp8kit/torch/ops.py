@@ -37,10 +37,11 @@ def _fused_linear(q, input_scaling, bias, parts=()):
 
 
 def _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling):
-    """The FusedLinear of a Float8Linear, made on first use and again only after a buffer or the
-    bias is written (load_state_dict, copy_) or replaced: kept on the weight tensor, keyed by the
-    version counters, and holding the scale and bias it read - a tensor assigned in their place has
-    a counter of its own, so they are compared by identity. Returns (the FusedLinear, out_features)."""
+    """The FusedLinear of a Float8InferenceLinear, made on first use and again only after a buffer
+    or the bias is written (load_state_dict, copy_) or replaced: kept on the weight tensor, keyed by
+    the version counters, and holding the scale and bias it read - a tensor assigned in their place
+    has a counter of its own, so they are compared by identity. Returns (the FusedLinear,
+    out_features)."""
     key = (weight._version, weight_scale_inv._version, weight_scaling, input_scaling,
            None if bias is None else bias._version)
     cached = getattr(weight, "_fp8kit_fused", None)
@@ -81,7 +82,8 @@ def _linear(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling):
     weight: fp8kit.gemm's argument handling costs more than the GEMM of a decode step's small layer."""
     out = _OUT_DTYPES.get(x.dtype)
     if out is None:
-        raise fp8kit.Error(f"fp8kit.torch: the input is {x.dtype}; Float8Linear takes float32, bfloat16 or float16")
+        raise fp8kit.Error(f"fp8kit.torch: the input is {x.dtype}; Float8InferenceLinear takes float32, bfloat16 "
+                           "or float16")
     fused, n = _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling)
     if x.is_cpu and x.is_contiguous():
         return _call_into(fused, n, x, x.shape, out[1])

@@ -15,8 +15,9 @@ from .ops import _fused_linear
 
 
 def _state(m):
-    """What a Float8Linear's packed weight is made of - its weight, weight_scale_inv and bias - and
-    their version counters (an in-place write, load_state_dict, bumps one), as one flat tuple."""
+    """What a Float8InferenceLinear's packed weight is made of - its weight, weight_scale_inv and
+    bias - and their version counters (an in-place write, load_state_dict, bumps one), as one flat
+    tuple."""
     bias = m._parameters["bias"]
     buffers = m._buffers
     w, s = buffers["weight"], buffers["weight_scale_inv"]
@@ -31,8 +32,8 @@ def _same_state(a, b):
 
 
 class _Siblings:
-    """Float8Linear children of one module with the same in_features, recipe, weight dtype and bias
-    or none (quantize_ and enable_layerwise_casting group them), run as the model runs them: the
+    """Float8InferenceLinear children of one module with the same in_features, recipe, weight dtype
+    and bias or none (quantize_ and enable_layerwise_casting group them), run as the model runs them: the
     layers it calls in a row on one tensor - attention's q, k and v projections, an MLP's gate and
     up - are seen doing so (a "run": the same tensor object at the same version counter), and from
     then on, where a call is memory-bound (at most MAX_ROWS rows), the run's first layer computes
@@ -57,7 +58,7 @@ class _Siblings:
     MAX_ROWS = 16
 
     def __init__(self, members):
-        self.members = members  # the Float8Linear layers, in their parent's order
+        self.members = members  # the Float8InferenceLinear layers, in their parent's order
         self.plan = {}          # first member's index -> the run's indices, as last seen
         self._reset()
 

@@ -22,7 +22,7 @@ TRAINING_RECIPES = {"tensorwise": ("tensorwise", True), "rowwise": ("rowwise", T
 
 
 class _Casts:
-    """How one Float8TrainingLinear quantizes its operands (input, weight, grad_output): as its
+    """How one Float8Linear quantizes its operands (input, weight, grad_output): as its
     recipe says, or for delayed with one DelayedScaling per operand whose history rolls at each
     use - the scale of a cast comes from the amaxes of the casts before it (TransformerEngine's
     delayed scaling, one step per forward and backward)."""
@@ -95,7 +95,7 @@ class _Float8LinearFunction(torch.autograd.Function):
         return dx, dw, db, None, None, None
 
 
-class Float8TrainingLinear(nn.Linear):
+class Float8Linear(nn.Linear):
     """An nn.Linear (same weight and bias Parameters, same state_dict) whose forward and backward
     run their GEMMs in FP8 through fp8kit with a training recipe (TRAINING_RECIPES)."""
 
@@ -118,10 +118,10 @@ class Float8TrainingLinear(nn.Linear):
     def forward(self, x):
         # x [..., in] -> y [..., out]: the GEMMs see [M, in] rows.
         if x.dim() == 0 or x.shape[-1] != self.in_features:
-            raise fp8kit.Error(f"fp8kit.torch.Float8TrainingLinear: the input has shape {list(x.shape)}, but "
+            raise fp8kit.Error(f"fp8kit.torch.Float8Linear: the input has shape {list(x.shape)}, but "
                                f"in_features {self.in_features}")
         if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise fp8kit.Error(f"fp8kit.torch.Float8TrainingLinear: the input is {x.dtype}; it takes float32, "
+            raise fp8kit.Error(f"fp8kit.torch.Float8Linear: the input is {x.dtype}; it takes float32, "
                                "bfloat16 or float16")
         rows = x.reshape(-1, self.in_features)
         y = _Float8LinearFunction.apply(rows, self.weight, self.bias, self._casts, self.fp8_grad_weight,
@@ -135,7 +135,7 @@ class Float8TrainingLinear(nn.Linear):
 def convert_to_float8_training(module, *, module_filter_fn=None, config=None):
     """torchao's convert_to_float8_training on fp8kit's kernels: every nn.Linear of module that
     module_filter_fn(mod, fqn) accepts (all when None) and whose in and out features are multiples
-    of 16 (the FP8 GEMM's operand rule, as torchao's) becomes a Float8TrainingLinear sharing its
+    of 16 (the FP8 GEMM's operand rule, as torchao's) becomes a Float8Linear sharing its
     Parameters. config: a recipe name of TRAINING_RECIPES (default "tensorwise", as torchao's), or
     torchao's Float8LinearConfig as its from_recipe_name makes it for tensorwise, rowwise or
     rowwise_with_gw_hp (compared field by field with torchao's own; any other config is refused).
@@ -153,7 +153,7 @@ def convert_to_float8_training(module, *, module_filter_fn=None, config=None):
                 and (module_filter_fn is None or module_filter_fn(m, fqn)))
 
     if eligible(module, ""):
-        return Float8TrainingLinear.from_linear(module, config)
+        return Float8Linear.from_linear(module, config)
     for fqn, m in [(fqn, m) for fqn, m in module.named_modules() if fqn and eligible(m, fqn)]:
-        _replace(module, fqn, Float8TrainingLinear.from_linear(m, config))
+        _replace(module, fqn, Float8Linear.from_linear(m, config))
     return module
