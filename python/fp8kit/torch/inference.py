@@ -10,7 +10,7 @@ from torch import nn
 
 import fp8kit
 
-from .ops import _fused, _call_into, _linear, _OUT_DTYPES, _plain_eager
+from .ops import _linear, _plain_eager
 from .siblings import _Siblings
 
 # The recipes of quantize_: stateless ones (delayed scaling keeps an amax history per layer, not
@@ -106,29 +106,17 @@ class Float8InferenceLinear(nn.Module):
         return m
 
     def forward(self, x):
-        # x [..., in] -> y [..., out]: the GEMM sees [M, in] rows (M = the leading dimensions' product).
-        shape = x.shape
-        if not shape or shape[-1] != self.in_features:
-            raise fp8kit.Error(f"fp8kit.torch.Float8InferenceLinear: the input has shape {list(shape)}, but "
-                               f"in_features {self.in_features}")
-        # The tensors through the module's dicts: Module.__getattr__ costs about 1 us a name, a
-        # tenth of a decode step's small layer.
+        # x [..., in] -> y [..., out], by one route (ops._linear): called directly when nothing traces
+        # the call (no torch.compile, export, dispatch mode or autograd: _plain_eager), as the
+        # operator's dispatch from Python costs several times a decode step's small GEMM; else through
+        # the operator, which torch.compile and torch.export see. The tensors through the module's
+        # dicts: Module.__getattr__ is a Python call a name.
         buffers = self._buffers
-        w, w_scale_inv, bias = buffers["weight"], buffers["weight_scale_inv"], self._parameters["bias"]
-        if _plain_eager(x):  # any leading dimensions, without a reshape either way
-            out = _OUT_DTYPES.get(x.dtype)
-            if out is not None and x.is_cpu and x.is_contiguous():
-                siblings = self._siblings
-                if siblings is not None:
-                    y = siblings[0](siblings[1], x, out[1])
-                    if y is not None:
-                        return y
-                fused, n = _fused(w, w_scale_inv, self.weight_scaling, bias, self.input_scaling)
-                return _call_into(fused, n, x, shape, out[1])
-            return _linear(x, w, w_scale_inv, bias, self.input_scaling, self.weight_scaling)  # or its error
-        y = torch.ops.fp8kit.linear(x if len(shape) == 2 else x.reshape(-1, self.in_features), w, w_scale_inv, bias,
-                                    self.input_scaling, self.weight_scaling)
-        return y if len(shape) == 2 else y.reshape(*shape[:-1], self.out_features)
+        if _plain_eager(x):
+            return _linear(x, buffers["weight"], buffers["weight_scale_inv"], self._parameters["bias"],
+                           self.input_scaling, self.weight_scaling, self._siblings)
+        return torch.ops.fp8kit.linear(x, buffers["weight"], buffers["weight_scale_inv"], self._parameters["bias"],
+                                       self.input_scaling, self.weight_scaling)
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "

@@ -1,10 +1,16 @@
-"""fp8kit.torch.ops: the FP8 Linear forward as a torch operator, torch.ops.fp8kit.linear
-(torch.library custom op, with a fake implementation for torch.compile and torch.export), and what
-it calls: the extension's FusedLinear, packed once per weight and cached on it, called on the
-addresses of x and y.
+"""fp8kit.torch.ops: the custom ops (torch.library) and the one route by which an FP8 inference
+Linear reaches its GEMM.
 
-Checked by tests/python/test_torch.py (the operator traced by torch.export and torch.compile, the
-address entry's own checks, the cache against stale weights).
+torch.ops.fp8kit.linear is the inference layer's forward as a torch operator, with a fake
+implementation, so torch.compile and torch.export trace it. Both ways into it - the operator,
+under tracing, and the layer's eager fast path, which calls the same function without the
+operator's dispatch - run _linear: check_input (the one check of a layer's input, shared with
+the training layer), then the extension's FusedLinear, packed once per weight and cached on it,
+called on the addresses of x and y. The training GEMMs' custom ops (issue 50) belong here too.
+
+Checked by tests/python/test_torch.py (the operator traced by torch.export and torch.compile and
+equal to the eager path, every layout of x, the address entry's own checks, the cache against
+stale weights, bad input) and test_training.py (the training layer's bad input).
 """
 import math
 from typing import Optional
@@ -52,18 +58,31 @@ def _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling):
     return cached[1]
 
 
-# torch dtype -> (name, FusedLinear's index for it)
+# torch dtype -> (name, FusedLinear's index for it): float32, bfloat16, float16
 _OUT_DTYPES = {getattr(torch, name): (name, i) for i, name in enumerate(fp8kit._fp8kit.FusedLinear.out_dtypes)}
 
 
-def _call_into(fused, n, x, shape, dtype_index):
-    """y[..., n] = fused's GEMM of x [..., K] (shape: x.shape, read once by the caller; CPU, C-contiguous,
-    out_dtypes[dtype_index]), y new in x's dtype: the addresses of x, as [M, K] rows, and of y to the
-    extension (FusedLinear.call_into)
-    - about 1.5 us where numpy views and a reshape each way took 4.5 (a DLPack capsule, for
-    bfloat16, 2 more), at a decode step's small layers as much as the GEMM. Contiguity is what the
-    extension cannot see; it checks K against the weight. (new_empty with positional sizes: 0.2 us
-    less than torch.empty with a dtype, which parses more overloads.)"""
+def check_input(x, in_features, layer):
+    """The check of an FP8 Linear layer's input x [..., in_features] (layer: the class's name, for
+    the message), for the inference route - eager, in the operator and in its fake - and the
+    training layer alike: returns (x's dtype name, FusedLinear's index for it)."""
+    shape = x.shape
+    if not shape or shape[-1] != in_features:
+        raise fp8kit.Error(f"fp8kit.torch.{layer}: the input has shape {list(shape)}, but in_features {in_features}")
+    out = _OUT_DTYPES.get(x.dtype)
+    if out is None:
+        raise fp8kit.Error(f"fp8kit.torch.{layer}: the input is {x.dtype}; it takes float32, bfloat16 or float16")
+    return out
+
+
+def _call_into(fused, n, x, dtype_index):
+    """y[..., n] = fused's GEMM of x [..., K] (CPU, C-contiguous, out_dtypes[dtype_index]), y new in
+    x's dtype: the addresses of x, as [M, K] rows, and of y to the extension (FusedLinear.call_into).
+    Passing addresses skips the numpy views, DLPack capsules and reshapes a tensor's way into the
+    extension would take, which at a decode step's small layers cost as much as the GEMM.
+    Contiguity is what the extension cannot see; it checks K against the weight. (new_empty with
+    positional sizes: torch.empty with a dtype parses more overloads.)"""
+    shape = x.shape
     if len(shape) == 2:
         m, k = shape
         y = x.new_empty(m, n)
@@ -74,31 +93,32 @@ def _call_into(fused, n, x, shape, dtype_index):
     return y
 
 
-def _linear(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling):
-    """y[..., N] = deq(fp8(x))[..., K] . deq(weight)[N, K]^T (+ bias[N]), x float32 / bfloat16 / float16
-    with any leading dimensions (the operator passes [M, K]), y in x's dtype: x quantized with
-    input_scaling (e4m3fn, saturating) inside the GEMM - or with "none" not quantized (weight-only) -
-    float32 sums. The extension is called directly, with the bias's view cached beside the packed
-    weight: fp8kit.gemm's argument handling costs more than the GEMM of a decode step's small layer."""
-    out = _OUT_DTYPES.get(x.dtype)
-    if out is None:
-        raise fp8kit.Error(f"fp8kit.torch: the input is {x.dtype}; Float8InferenceLinear takes float32, bfloat16 "
-                           "or float16")
+def _linear(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling, siblings=None):
+    """y[..., N] = deq(fp8(x))[..., K] . deq(weight)[N, K]^T (+ bias[N]), x float32 / bfloat16 /
+    float16 with any leading dimensions, y in x's dtype: x quantized with input_scaling (e4m3fn,
+    saturating) inside the GEMM - or with "none" not quantized (weight-only) - float32 sums. The
+    extension is called directly, with the bias's view cached beside the packed weight:
+    fp8kit.gemm's argument handling costs more than the GEMM of a decode step's small layer.
+    siblings: the layer's (_Siblings, index), which may serve its output from a GEMM of its run."""
+    index = check_input(x, weight.shape[1], "Float8InferenceLinear")[1]
+    # The extension reads x by address: host memory, C-contiguous rows.
+    if not x.is_cpu:
+        raise fp8kit.Error(f"fp8kit.torch.Float8InferenceLinear: the input is on device '{x.device}'; this package "
+                           "computes on the CPU (move it with .cpu())")
+    if not x.is_contiguous():
+        x = x.contiguous()  # a copy: no run of siblings shares it
+    elif siblings is not None:
+        y = siblings[0](siblings[1], x, index)
+        if y is not None:
+            return y
     fused, n = _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling)
-    if x.is_cpu and x.is_contiguous():
-        return _call_into(fused, n, x, x.shape, out[1])
-    # Strided x, or a tensor on another device: _to_extension copies what a stride forces, or
-    # names the device it cannot read.
-    shape = x.shape
-    rows = x.reshape(-1, shape[-1]) if len(shape) != 2 else x
-    y = fp8kit._out(fused(fp8kit._to_extension(rows), out[1]), out[0], True)
-    return y if len(shape) == 2 else y.reshape(*shape[:-1], y.shape[-1])
+    return _call_into(fused, n, x, index)
 
 
 @torch.library.custom_op("fp8kit::linear", mutates_args=())
 def linear(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor, bias: Optional[torch.Tensor],
            input_scaling: str, weight_scaling: str) -> torch.Tensor:
-    """_linear as a torch operator: what torch.compile and torch.export see."""
+    """_linear as a torch operator, x [..., K]: what torch.compile and torch.export see."""
     return _linear(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling)
 
 
@@ -120,4 +140,5 @@ def _plain_eager(x):
 
 @linear.register_fake
 def _(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling):
-    return x.new_empty((x.shape[0], weight.shape[0]))
+    check_input(x, weight.shape[1], "Float8InferenceLinear")  # a bad input fails at trace time, as in eager
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))

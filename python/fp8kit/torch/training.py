@@ -11,7 +11,7 @@ from torch import nn
 import fp8kit
 
 from .inference import _replace
-from .ops import _OUT_DTYPES
+from .ops import _OUT_DTYPES, check_input
 
 # torchao's recipe names, plus block, mxfp8 and delayed: the library's recipe (fp8kit::Recipe:
 # formats and scalings per operand) and whether grad_weight runs in FP8 (rowwise_with_gw_hp keeps
@@ -117,12 +117,7 @@ class Float8Linear(nn.Linear):
 
     def forward(self, x):
         # x [..., in] -> y [..., out]: the GEMMs see [M, in] rows.
-        if x.dim() == 0 or x.shape[-1] != self.in_features:
-            raise fp8kit.Error(f"fp8kit.torch.Float8Linear: the input has shape {list(x.shape)}, but "
-                               f"in_features {self.in_features}")
-        if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise fp8kit.Error(f"fp8kit.torch.Float8Linear: the input is {x.dtype}; it takes float32, "
-                               "bfloat16 or float16")
+        check_input(x, self.in_features, "Float8Linear")
         rows = x.reshape(-1, self.in_features)
         y = _Float8LinearFunction.apply(rows, self.weight, self.bias, self._casts, self.fp8_grad_weight,
                                         torch.is_grad_enabled())
