@@ -1,10 +1,13 @@
 """fp8kit.torch.layerwise_casting: enable_layerwise_casting - Diffusers' API and default skip
 patterns: weights stored in FP8; Linear layers compute on the FP8 weight directly, embeddings
-decode only the rows they read, convolutions are upcast per forward as Diffusers does.
+decode only the rows they read, convolutions are upcast per forward as Diffusers does. The
+report it returns restores the model (remove()).
 
 Checked by tests/python/test_layerwise.py (against Diffusers' apply_layerwise_casting on the same
-model, the native Linear against float64) and test_torch.py (its siblings).
+model, the native Linear against float64, the restore against the original model) and
+test_torch.py (its siblings).
 """
+import functools
 import re
 
 import torch
@@ -24,10 +27,23 @@ CASTABLE_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvT
 class LayerwiseCastingReport:
     """What enable_layerwise_casting did: `native` Linear layers compute on their FP8 weight
     (fp8kit's GEMM), `cast` layers are upcast to compute_dtype at each forward (Diffusers' hook),
-    `skipped` (name, why) stay as they were."""
+    `skipped` (name, why) stay as they were - and how to undo it: remove().
+
+    The report holds the original weights until remove() (FP8 storage cannot be cast back without
+    loss, which is why Diffusers' hook refuses to be removed): keep it only while the model may be
+    restored; the memory FP8 storage saves is freed once it is dropped."""
 
     def __init__(self):
         self.native, self.cast, self.skipped = [], [], []
+        self._undo = []  # one callable per module changed, in the order they were changed
+
+    def remove(self):
+        """Gives the model back what enable_layerwise_casting changed, as it was: the original
+        modules in place of the native ones, the cast layers' weights in their own dtypes and
+        values, their hooks taken off. Outputs are then the original model's, bit for bit; a
+        second call does nothing."""
+        while self._undo:
+            self._undo.pop()()
 
     def __str__(self):
         lines = [f"native FP8 ({len(self.native)}): {', '.join(self.native) or '-'}",
@@ -37,16 +53,28 @@ class LayerwiseCastingReport:
 
 
 def _cast_hooks(module, storage_dtype, compute_dtype, non_blocking):
-    """Diffusers' LayerwiseCastingHook: stored in storage_dtype, compute_dtype for each forward."""
+    """Diffusers' LayerwiseCastingHook: stored in storage_dtype, compute_dtype for each forward.
+    Returns what undoes it: the hooks removed, each parameter given back its original tensor."""
     def upcast(m, args):
         m.to(dtype=compute_dtype, non_blocking=non_blocking)
 
     def store(m, args, out):
         m.to(dtype=storage_dtype, non_blocking=non_blocking)
 
+    # By owner and name: .to() gives a parameter new data (or, by torch's __future__ flags, puts a
+    # new Parameter in its place); the detached tensors keep the original data. CASTABLE_LAYERS
+    # hold no buffers.
+    originals = [(m, name, p.detach()) for m in module.modules() for name, p in m._parameters.items()
+                 if p is not None]
     module.to(dtype=storage_dtype, non_blocking=non_blocking)
-    module.register_forward_pre_hook(upcast)
-    module.register_forward_hook(store)
+    hooks = (module.register_forward_pre_hook(upcast), module.register_forward_hook(store))
+
+    def undo():
+        for hook in hooks:
+            hook.remove()
+        for m, name, data in originals:
+            m._parameters[name].data = data
+    return undo
 
 
 def _native_linear(linear_module, storage_dtype, compute_dtype, scaled):
@@ -87,6 +115,17 @@ class Float8Embedding(nn.Module):
         return f"{self.weight.shape[0]}, {self.weight.shape[1]}, weight={self.weight.dtype}, compute={self.compute_dtype}"
 
 
+def _native(module, storage_dtype, compute_dtype, scaled):
+    """The layer that computes on module's weight stored in FP8 directly, to take its place: for an
+    nn.Linear a Float8InferenceLinear, for an nn.Embedding (not sparse, no max_norm) a
+    Float8Embedding; None for any other module."""
+    if type(module) is nn.Linear:
+        return _native_linear(module, storage_dtype, compute_dtype, scaled)
+    if type(module) is nn.Embedding and module.max_norm is None and not module.sparse:
+        return Float8Embedding.from_embedding(module, storage_dtype, compute_dtype, scaled)
+    return None
+
+
 def enable_layerwise_casting(model, storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16,
                              skip_modules_pattern="auto", skip_modules_classes=None, non_blocking=False, *,
                              native_fp8=True, scaled=True, fuse_siblings=True):
@@ -101,7 +140,8 @@ def enable_layerwise_casting(model, storage_dtype=torch.float8_e4m3fn, compute_d
     scaled: weights stored with a per-tensor scale (fp8_max / amax), or False as Diffusers stores
     them (cast as they are: small weights lose bits in FP8's subnormals). fuse_siblings: as
     quantize_'s, for the native Linear layers.
-    Returns a LayerwiseCastingReport saying which layer went which way."""
+    Returns a LayerwiseCastingReport saying which layer went which way, whose remove() restores
+    the model."""
     if not (storage_dtype.is_floating_point and storage_dtype.itemsize == 1):
         raise fp8kit.Error(f"fp8kit.torch.enable_layerwise_casting: storage_dtype {storage_dtype} is not an FP8 dtype")
     patterns = DEFAULT_SKIP_MODULES_PATTERN if skip_modules_pattern == "auto" else (
@@ -117,15 +157,13 @@ def enable_layerwise_casting(model, storage_dtype=torch.float8_e4m3fn, compute_d
         if hit is not None:
             report.skipped.append((prefix, f"pattern {hit!r}"))
             return
-        if type(module) is nn.Linear and native_fp8 and parent is not None:
-            setattr(parent, child, _native_linear(module, storage_dtype, compute_dtype, scaled))
-            report.native.append(prefix)
-        elif (type(module) is nn.Embedding and native_fp8 and parent is not None and module.max_norm is None
-              and not module.sparse):
-            setattr(parent, child, Float8Embedding.from_embedding(module, storage_dtype, compute_dtype, scaled))
+        native = _native(module, storage_dtype, compute_dtype, scaled) if native_fp8 and parent is not None else None
+        if native is not None:
+            setattr(parent, child, native)
+            report._undo.append(functools.partial(setattr, parent, child, module))  # the original, untouched
             report.native.append(prefix)
         elif isinstance(module, CASTABLE_LAYERS):
-            _cast_hooks(module, storage_dtype, compute_dtype, non_blocking)
+            report._undo.append(_cast_hooks(module, storage_dtype, compute_dtype, non_blocking))
             report.cast.append(prefix or "(model)")
         else:
             for name, sub in list(module.named_children()):
