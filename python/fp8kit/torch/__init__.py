@@ -40,6 +40,8 @@ The modules, one feature each (the names above are the API; the modules' other n
     training.py           convert_to_float8_training, Float8Linear and its autograd Function
     layerwise_casting.py  enable_layerwise_casting, Float8Embedding
     advice.py             advise
+and, to come, checkpoint.py (FP8 checkpoints loaded into these layers: issue 48) and fsdp.py
+(FSDP2's FP8 all-gather for the training layers: issue 50; their GEMMs' custom ops go to ops.py).
 Checked by tests/python/test_torch.py, test_training.py, test_layerwise.py and test_advise.py.
 """
 import warnings

@@ -1,6 +1,6 @@
-"""fp8kit.torch.inference: quantize_ - torchao's API - and the FP8 inference Linear layer it puts
-in place of nn.Linear: the weight quantized and packed once, the activation cast to FP8 inside
-fp8kit's GEMM, float32 sums; torchao's float8 config objects read as recipes.
+"""fp8kit.torch.inference: quantize_ - torchao's API - and Float8InferenceLinear, the FP8 Linear it
+puts in place of nn.Linear: the weight quantized and packed once, the activation cast to FP8 inside
+fp8kit's GEMM (ops.py), float32 sums; torchao's float8 config objects read as recipes.
 
 Checked by tests/python/test_torch.py (against float64, against torchao's Float8WeightOnlyConfig,
 torchao's configs, state_dict, layouts of x, bad use).
@@ -59,12 +59,6 @@ def _fp8_weight(w, storage_dtype, scaling, scaled=True):
     q = fp8kit.quantize(w.detach().float(), str(storage_dtype).removeprefix("torch.float8_"), scaling)
     return (torch.from_numpy(q.data.copy()).view(storage_dtype),
             _scale_tensor(torch.from_numpy(q.scale_inv.copy()), scaling))
-
-
-def _replace(model, fqn, module):
-    """Puts module where model's submodule fqn ("blocks.0.mlp.fc1") is."""
-    parent_name, _, child = fqn.rpartition(".")
-    setattr(model.get_submodule(parent_name) if parent_name else model, child, module)
 
 
 def _scale_tensor(scale_inv, scaling):
@@ -191,6 +185,6 @@ def quantize_(model, config=None, filter_fn=None, *, fuse_siblings=True):
         if not fqn:
             raise fp8kit.Error("fp8kit.torch.quantize_: the model is itself an nn.Linear; quantize_ replaces the "
                                "Linear layers inside a model (wrap it: nn.Sequential(linear))")
-        _replace(model, fqn, Float8InferenceLinear.from_linear(m, recipe))
+        model.set_submodule(fqn, Float8InferenceLinear.from_linear(m, recipe))
     if fuse_siblings:
         _group_siblings(model)

@@ -92,8 +92,8 @@ def _native_linear(linear_module, storage_dtype, compute_dtype, scaled):
 class Float8Embedding(nn.Module):
     """An nn.Embedding whose table [num, dim] is stored in FP8 (buffer `weight`) with a per-tensor
     `weight_scale_inv`: a lookup decodes only the rows it reads, to compute_dtype - where Diffusers'
-    hook upcasts the whole table and casts it back at every forward (for a 32000 x 1536 table,
-    0.2 s a call on 2 cores)."""
+    hook upcasts the whole table and casts it back at every forward, a pass over a vocabulary's
+    table to read a few rows."""
 
     def __init__(self, weight, weight_scale_inv, compute_dtype, padding_idx=None):
         super().__init__()
@@ -134,9 +134,9 @@ def enable_layerwise_casting(model, storage_dtype=torch.float8_e4m3fn, compute_d
     "auto": DEFAULT_SKIP_MODULES_PATTERN) or class skips are stored in storage_dtype. Convolutions
     are upcast to compute_dtype around each forward, as Diffusers does; with native_fp8, nn.Linear
     layers instead compute on the FP8 weight directly - the activation as Diffusers computes it,
-    not quantized (fp8kit's weight-only GEMM), float32 sums, output in the
-    input's dtype - and keep no upcast copy, and
-    nn.Embedding layers become Float8Embedding, whose lookup decodes only the rows it reads.
+    not quantized (fp8kit's weight-only GEMM), float32 sums, output in the input's dtype - and keep
+    no upcast copy, and nn.Embedding layers become Float8Embedding, whose lookup decodes only the
+    rows it reads.
     scaled: weights stored with a per-tensor scale (fp8_max / amax), or False as Diffusers stores
     them (cast as they are: small weights lose bits in FP8's subnormals). fuse_siblings: as
     quantize_'s, for the native Linear layers.

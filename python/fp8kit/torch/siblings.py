@@ -26,24 +26,23 @@ def _state(m):
 
 def _same_state(a, b):
     """Whether two _state tuples hold the same tensors (by identity: == on tensors is elementwise)
-    at the same versions. Spelled out: 0.10 us a call where a generator over the pairs took 0.39
-    (a decode step of the bench's Llama checks ~130 states)."""
+    at the same versions. Spelled out, not a generator over the pairs: a decode step checks a
+    state for every layer, and a generator costs several times as much."""
     return a[0] is b[0] and a[1] is b[1] and a[2] is b[2] and a[3] == b[3] and a[4] == b[4] and a[5] == b[5]
 
 
 class _Siblings:
     """Float8InferenceLinear children of one module with the same in_features, recipe, weight dtype
-    and bias or none (quantize_ and enable_layerwise_casting group them), run as the model runs them: the
-    layers it calls in a row on one tensor - attention's q, k and v projections, an MLP's gate and
-    up - are seen doing so (a "run": the same tensor object at the same version counter), and from
-    then on, where a call is memory-bound (at most MAX_ROWS rows), the run's first layer computes
-    all of their outputs in one GEMM over the run's weights stacked [sum of N, K], and each later
-    layer of the run, called on that tensor, gets its part. What a decode step gains: each weight is
-    still read once, but in one stream per run instead of one per layer, and one call's fixed costs
-    instead of three - which on a small CPU are large: the weight stream evicts the interpreter's
-    and torch's code and data from L2, and a call's Python path then takes 30-50 us, not 5 (the
-    bench's Llama, rowwise, 2 Sapphire Rapids cores: 65 Linear calls a decode step instead of 113,
-    0-11% a step in bursts of 4, -1 to +4% one step at a time; docs/PERF.md).
+    and bias or none (quantize_ and enable_layerwise_casting group them), run as the model runs
+    them: the layers it calls in a row on one tensor - attention's q, k and v projections, an MLP's
+    gate and up - are seen doing so (a "run": the same tensor object at the same version counter),
+    and from then on, where a call is memory-bound (at most MAX_ROWS rows), the run's first layer
+    computes all of their outputs in one GEMM over the run's weights stacked [sum of N, K], and each
+    later layer of the run, called on that tensor, gets its part. What a decode step gains: each
+    weight is still read once, but in one stream per run instead of one per layer, and one call's
+    fixed costs instead of three - which on a small CPU are large: the weight stream evicts the
+    interpreter's and torch's code and data from L2, so each call's Python path runs from memory
+    (measured in docs/PERF.md).
 
     Every output is the one the layer computes alone, bit for bit: an output column's sum reads only
     x and that column's weight row, in K order, whichever GEMM it is part of; the stacked weight keeps

@@ -1,6 +1,7 @@
-"""fp8kit.torch.training: convert_to_float8_training - torchao's API and recipe names - and the
-FP8 training Linear it puts in place of nn.Linear: the same Parameters, the three GEMMs of forward
-and backward (y, dX, dW) in FP8 through fp8kit under autograd.
+"""fp8kit.torch.training: convert_to_float8_training - torchao's API and recipe names - and
+Float8Linear, the FP8 training Linear it puts in place of nn.Linear (as fp8kit::nn::Float8Linear
+and torchao's Float8Linear): the same Parameters, the three GEMMs of forward and backward (y, dX,
+dW) in FP8 through fp8kit under autograd.
 
 Checked by tests/python/test_training.py (each GEMM against float64, against torchao's float8
 training on the CPU, under DDP).
@@ -10,7 +11,6 @@ from torch import nn
 
 import fp8kit
 
-from .inference import _replace
 from .ops import _OUT_DTYPES, check_input
 
 # torchao's recipe names, plus block, mxfp8 and delayed: the library's recipe (fp8kit::Recipe:
@@ -150,5 +150,5 @@ def convert_to_float8_training(module, *, module_filter_fn=None, config=None):
     if eligible(module, ""):
         return Float8Linear.from_linear(module, config)
     for fqn, m in [(fqn, m) for fqn, m in module.named_modules() if fqn and eligible(m, fqn)]:
-        _replace(module, fqn, Float8Linear.from_linear(m, config))
+        module.set_submodule(fqn, Float8Linear.from_linear(m, config))
     return module
