@@ -34,22 +34,6 @@ def _recipe_scalings(recipe):
     return tuple(fp8kit._fp8kit.recipe_scalings(recipe))
 
 
-def _group_siblings(model):
-    """Gives every group of two or more Float8InferenceLinear children of one module, alike in
-    in_features, recipe, weight dtype and bias or none, one _Siblings."""
-    for parent in model.modules():
-        groups = {}
-        for child in parent.children():
-            if type(child) is Float8InferenceLinear:
-                key = (child.in_features, child.recipe, child.weight.dtype, child.bias is None)
-                groups.setdefault(key, []).append(child)
-        for members in groups.values():
-            if len(members) > 1:
-                siblings = _Siblings(members)
-                for i, m in enumerate(members):
-                    m._siblings = (siblings, i)
-
-
 def _fp8_weight(w, storage_dtype, scaling, scaled=True):
     """A weight stored in FP8 as the torch.nn modules here hold it: (codes as storage_dtype,
     scale_inv). scaled: quantized with `scaling` (fp8kit.quantize: scale = fp8_max / amax per
@@ -188,3 +172,19 @@ def quantize_(model, config=None, filter_fn=None, *, fuse_siblings=True):
         model.set_submodule(fqn, Float8InferenceLinear.from_linear(m, recipe))
     if fuse_siblings:
         _group_siblings(model)
+
+
+def _group_siblings(model):
+    """Gives every group of two or more Float8InferenceLinear children of one module, alike in
+    in_features, recipe, weight dtype and bias or none, one _Siblings."""
+    for parent in model.modules():
+        groups = {}
+        for child in parent.children():
+            if type(child) is Float8InferenceLinear:
+                key = (child.in_features, child.recipe, child.weight.dtype, child.bias is None)
+                groups.setdefault(key, []).append(child)
+        for members in groups.values():
+            if len(members) > 1:
+                siblings = _Siblings(members)
+                for i, m in enumerate(members):
+                    m._siblings = (siblings, i)

@@ -2,11 +2,12 @@
 Linear reaches its GEMM.
 
 torch.ops.fp8kit.linear is the inference layer's forward as a torch operator, with a fake
-implementation, so torch.compile and torch.export trace it. Both ways into it - the operator,
-under tracing, and the layer's eager fast path, which calls the same function without the
-operator's dispatch - run _linear: check_input (the one check of a layer's input, shared with
-the training layer), then the extension's FusedLinear, packed once per weight and cached on it,
-called on the addresses of x and y. The training GEMMs' custom ops (issue 50) belong here too.
+implementation, so torch.compile and torch.export trace it. The layer's forward runs one function,
+_linear: through the operator when something traces the call, else directly, without the
+operator's dispatch (_plain_eager). _linear checks the input (check_input: the one check of an FP8
+layer's input, the training layer's too), then serves the layer's part of its siblings' GEMM
+(siblings.py) or calls the extension's FusedLinear - packed once per weight and cached on it - on
+the addresses of x and y. The training GEMMs' custom ops (issue 50) belong here too.
 
 Checked by tests/python/test_torch.py (the operator traced by torch.export and torch.compile and
 equal to the eager path, every layout of x, the address entry's own checks, the cache against
@@ -106,7 +107,7 @@ def _linear(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling, si
         raise fp8kit.Error(f"fp8kit.torch.Float8InferenceLinear: the input is on device '{x.device}'; this package "
                            "computes on the CPU (move it with .cpu())")
     if not x.is_contiguous():
-        x = x.contiguous()  # a copy: no run of siblings shares it
+        x = x.contiguous()  # a new tensor, which no sibling is called on: computed alone
     elif siblings is not None:
         y = siblings[0](siblings[1], x, index)
         if y is not None:
@@ -120,6 +121,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor
            input_scaling: str, weight_scaling: str) -> torch.Tensor:
     """_linear as a torch operator, x [..., K]: what torch.compile and torch.export see."""
     return _linear(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling)
+
+
+@linear.register_fake
+def _(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling):
+    check_input(x, weight.shape[1], "Float8InferenceLinear")  # a bad input fails at trace time, as in eager
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
 # _plain_eager's tests, looked up once (each module attribute on the way is a lookup per call):
@@ -137,9 +144,3 @@ def _plain_eager(x):
     which Dynamo breaks the graph."""
     return (type(x) is torch.Tensor and not (x.requires_grad and _grad_enabled()) and not _is_compiling()
             and not _dispatch_modes())
-
-
-@linear.register_fake
-def _(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling):
-    check_input(x, weight.shape[1], "Float8InferenceLinear")  # a bad input fails at trace time, as in eager
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
