@@ -28,7 +28,7 @@ nn.Linear's and fp8kit's alike, against 5 warm); vs_f32 = gflops / torch.f32's; 
 (sum y64^2 / sum (y - y64)^2) against the float64 product of the float32 x and W (every row checks
 its result: a wrong kernel shows as a low SQNR). Plus call_overhead_us: the best time of one
 call on a 16 x 16 layer at M = 1, where the arithmetic is negligible: what a call costs from
-Python, fp8kit's Float8Linear beside nn.Linear.
+Python, fp8kit's Float8InferenceLinear beside nn.Linear.
 
 Shapes: M in {1, 16, 128, 2048} x (N, K) in {(4096, 4096), (11008, 4096), (4096, 11008)};
 --quick: M in {1, 16, 128} x (4096, 4096).

@@ -5,7 +5,8 @@ Oracles: Diffusers itself (which layers are stored in FP8 under its default skip
 upcast layers' outputs, bit for bit), and for the Linear layers that compute on their FP8 weight
 directly, the float64 product of the activation as it is (bfloat16, not quantized: Diffusers'
 compute_dtype) and the stored weight, within the float32 sum bound of test_gemm.py. The nearest
-wrong answer - the activation cast to FP8, as an FP8 GEMM would - fails that bound.
+wrong answer - the activation cast to FP8, as an FP8 GEMM would - fails that bound. After the
+report's remove(), the original model itself: its modules, Parameters and outputs, bit for bit.
 
 Run by scripts/test.sh (pytest, on the package scripts/setup.sh installed into .venv).
 """
@@ -104,6 +105,36 @@ def test_whole_model_runs_and_bad_storage_dtype_is_refused():
     assert "native FP8 (2): ff.0, ff.2" in str(report)
     with pytest.raises(fp8kit.Error, match="storage_dtype torch.bfloat16"):
         f8.enable_layerwise_casting(Block(), storage_dtype=torch.bfloat16)
+
+
+def test_remove_gives_back_the_original_model_bit_for_bit():
+    # Each thing enable_layerwise_casting does to a model - a native Linear and Embedding put in
+    # place of the originals, a convolution's weights cast with hooks around its forward - undone
+    # by the report's remove(): the same module objects in the same places, the same Parameters in
+    # their own dtypes and values, no hooks, and the original outputs bit for bit. In between the
+    # model runs in FP8 (its output differs), so a remove() that left any of it would be seen.
+    torch.manual_seed(7)
+    model = torch.nn.Sequential(torch.nn.Embedding(100, 32), Block()).to(torch.bfloat16)
+    ids = torch.randint(0, 100, (2, 48))
+    modules = dict(model.named_modules())
+    params = {name: (p, p.detach().clone()) for name, p in model.named_parameters()}
+    with torch.no_grad():
+        before = model(ids)
+    report = f8.enable_layerwise_casting(model, skip_modules_pattern=None)
+    assert report.native == ["0", "1.proj_in", "1.ff.0", "1.ff.2", "1.proj_out"] and report.cast == ["1.conv"]
+    with torch.no_grad():
+        assert not torch.equal(model(ids), before)
+    report.remove()
+    with torch.no_grad():
+        after = model(ids)
+    assert torch.equal(after.view(torch.int16), before.view(torch.int16))
+    assert dict(model.named_modules()) == modules  # modules compare by identity
+    for name, p in model.named_parameters():  # after a forward: no hook is left to store it in FP8 again
+        original, value = params.pop(name)
+        assert p is original and p.dtype == torch.bfloat16 and torch.equal(p.view(torch.int16), value.view(torch.int16))
+    assert not params and not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    report.remove()  # nothing left to undo
+    assert dict(model.named_modules()) == modules
 
 
 @pytest.mark.parametrize("scaled", [False, True])

@@ -1,4 +1,4 @@
-"""tests/python/test_torch.py: fp8kit.torch - quantize_ and Float8Linear in PyTorch models.
+"""tests/python/test_torch.py: fp8kit.torch - quantize_ and Float8InferenceLinear in PyTorch models.
 
 Oracle: the float64 product of the dequantized operands - the activation quantized as the recipe
 says (fp8kit.quantize, itself checked against numpy in test_package.py) and the weight's FP8 codes
@@ -35,7 +35,7 @@ WEIGHT_GROUPS = {"rowwise": (1, None), "tensorwise": (None, None), "block": (128
 
 
 def weight64(layer):
-    """float64 values of a Float8Linear's weight: torch's decode of its codes times the scale_inv of
+    """float64 values of a Float8InferenceLinear's weight: torch's decode of its codes times the scale_inv of
     each code's group (e8m0 codes e of mxfp8 stand for 2^(e - 127))."""
     n, k = layer.weight.shape
     gr, gc = WEIGHT_GROUPS[layer.recipe]
@@ -51,7 +51,7 @@ def bf16_terms(x):
 
 
 def expected(layer, x, input_scaling):
-    """float64 y = deq(quantize(x)) . deq(W)^T + b of one Float8Linear, with its bound; input
+    """float64 y = deq(quantize(x)) . deq(W)^T + b of one Float8InferenceLinear, with its bound; input
     scaling "none" (weight-only): x as hi + lo, its two bfloat16 terms rounded by torch (no element
     here is below the 2^-102 that fp8kit flushes)."""
     if input_scaling == "none":
@@ -70,10 +70,10 @@ def expected(layer, x, input_scaling):
 @pytest.mark.parametrize("recipe", ["rowwise", "tensorwise", "block", "mxfp8", "weight_only"])
 def test_quantize_replaces_linears_and_matches_float64(recipe):
     model = mlp(1)
-    x = torch.randn(2, 7, 96)  # [batch, tokens, width]: Float8Linear flattens the leading dims
+    x = torch.randn(2, 7, 96)  # [batch, tokens, width]: Float8InferenceLinear flattens the leading dims
     f8.quantize_(model, recipe)
     first, last = model[0], model[2]
-    assert isinstance(first, f8.Float8Linear) and isinstance(last, f8.Float8Linear)
+    assert isinstance(first, f8.Float8InferenceLinear) and isinstance(last, f8.Float8InferenceLinear)
     scale_dtype = torch.float8_e8m0fnu if recipe == "mxfp8" else torch.float32  # mx: e8m0 codes, as OCP MX
     assert first.weight.dtype == torch.float8_e4m3fn and first.weight_scale_inv.dtype == scale_dtype
     assert (first.input_scaling, first.weight_scaling) == SCALINGS[recipe]
@@ -232,11 +232,11 @@ def test_call_into_parts_writes_each_column_block_to_its_own_tensor(dtype):
     w = torch.randn(160, 96)
     q = fp8kit.quantize(w, "e4m3fn", "row")
     x = torch.randn(3, 96, dtype=dtype)
-    index = f8._OUT_DTYPES[dtype][1]
-    whole = f8._fused_linear(q, "row", None)
+    index = f8.ops._OUT_DTYPES[dtype][1]
+    whole = f8.ops._fused_linear(q, "row", None)
     d = torch.empty(3, 160, dtype=dtype)
     whole.call_into(x.data_ptr(), 3, 96, index, d.data_ptr())
-    split = f8._fused_linear(q, "row", None, [40, 8, 112])
+    split = f8.ops._fused_linear(q, "row", None, [40, 8, 112])
     parts = [torch.zeros(3, n, dtype=dtype) for n in (40, 8, 112)]
     with pytest.raises(fp8kit.Error, match="2 outputs for 3 parts"):
         split.call_into_parts(x.data_ptr(), 3, 96, index, [p.data_ptr() for p in parts[:2]])
@@ -248,9 +248,9 @@ def test_call_into_parts_writes_each_column_block_to_its_own_tensor(dtype):
     split.call_into_parts(x.data_ptr(), 3, 96, index, [p.data_ptr() for p in parts])
     assert torch.equal(torch.cat(parts, 1), d)
     with pytest.raises(fp8kit.Error, match="sum to 150, the weight has N = 160"):
-        f8._fused_linear(q, "row", None, [40, 110])
+        f8.ops._fused_linear(q, "row", None, [40, 110])
     with pytest.raises(fp8kit.Error, match="width is 0"):
-        f8._fused_linear(q, "row", None, [160, 0])
+        f8.ops._fused_linear(q, "row", None, [160, 0])
 
 
 def test_export_and_compile_trace_the_custom_op():
@@ -309,7 +309,7 @@ def test_a_scale_or_bias_assigned_anew_is_not_served_stale():
 def test_filter_fn_picks_layers_by_name():
     model = mlp(6)
     f8.quantize_(model, filter_fn=lambda m, fqn: fqn == "2")
-    assert type(model[0]) is torch.nn.Linear and isinstance(model[2], f8.Float8Linear)
+    assert type(model[0]) is torch.nn.Linear and isinstance(model[2], f8.Float8InferenceLinear)
 
 
 @pytest.mark.parametrize("call,needle", [
@@ -323,7 +323,7 @@ def test_bad_use_raises_fp8kit_error_naming_it(call, needle):
         call(mlp(7))
 
 
-# ---- siblings: Linear layers called in a row on one input run as one GEMM (fp8kit.torch._Siblings) ----
+# ---- siblings: Linear layers called in a row on one input run as one GEMM (fp8kit.torch.siblings) ----
 
 class Attention(torch.nn.Module):
     """q, k and v on one input, o on another - as transformers' attention calls its projections."""

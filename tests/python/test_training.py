@@ -1,6 +1,6 @@
 """tests/python/test_training.py: fp8kit.torch.convert_to_float8_training - the three GEMMs of a
-Float8TrainingLinear under autograd, against float64, against torchao's own float8 training on
-the CPU, and under DDP.
+Float8Linear under autograd, against float64, against torchao's own float8 training on the
+CPU, and under DDP.
 
 Oracles:
 - float64: each GEMM's output is the float64 product of its two operands quantized as the recipe
@@ -93,7 +93,7 @@ def test_three_gemms_match_float64_of_the_recipes_casts(recipe):
     w = lin.weight.detach().numpy().copy()
     b = lin.bias.detach().numpy().astype(np.float64)
     layer = f8.convert_to_float8_training(lin, config=recipe)
-    assert isinstance(layer, f8.Float8TrainingLinear) and layer.weight is lin.weight  # Parameters shared
+    assert isinstance(layer, f8.Float8Linear) and layer.weight is lin.weight  # Parameters shared
     y, dx, dw, db = run(layer, x, dy)
     xn, dyn = x.numpy(), dy.numpy()
 
@@ -150,13 +150,26 @@ def test_filter_shapes_and_errors():
     # "0" refused by the filter; "2" and "3" have 10 features: not a multiple of 16, left as they are.
     assert [type(m).__name__ for m in model] == ["Linear", "ReLU", "Linear", "Linear"]
     model = f8.convert_to_float8_training(torch.nn.Sequential(torch.nn.Linear(64, 128)), config="delayed")
-    assert isinstance(model[0], f8.Float8TrainingLinear) and "config=delayed" in repr(model)
+    assert isinstance(model[0], f8.Float8Linear) and "config=delayed" in repr(model)
     with pytest.raises(fp8kit.Error, match="in_features 64"):
         model(torch.randn(3, 65))
     with pytest.raises(fp8kit.Error, match="torch.float64"):
         model(torch.randn(3, 64, dtype=torch.float64))
     with pytest.raises(fp8kit.Error, match="'fastest'"):
         f8.convert_to_float8_training(model, config="fastest")
+
+
+def test_the_former_name_of_the_training_layer_is_a_deprecated_alias():
+    # Float8TrainingLinear, the training layer's name before it took C++'s and torchao's
+    # (Float8Linear), still names that class for one release - not the inference layer, which held
+    # the name Float8Linear before - and says so with a DeprecationWarning, however it is reached.
+    with pytest.warns(DeprecationWarning, match="Float8InferenceLinear"):
+        assert f8.Float8TrainingLinear is f8.Float8Linear
+    with pytest.warns(DeprecationWarning):
+        from fp8kit.torch import Float8TrainingLinear
+    assert Float8TrainingLinear is f8.Float8Linear and "Float8TrainingLinear" not in f8.__all__
+    with pytest.raises(AttributeError, match="Float8Linearr"):  # other names stay unknown
+        f8.Float8Linearr
 
 
 def test_delayed_scaling_uses_the_amax_of_earlier_steps():

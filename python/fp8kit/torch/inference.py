@@ -1,0 +1,192 @@
+"""fp8kit.torch.inference: quantize_ - torchao's API - and Float8InferenceLinear, the FP8 Linear it
+puts in place of nn.Linear: the weight quantized and packed once, the activation cast to FP8 inside
+fp8kit's GEMM (ops.py), float32 sums; torchao's float8 config objects read as recipes.
+
+Checked by tests/python/test_torch.py (against float64, against torchao's Float8WeightOnlyConfig,
+torchao's configs, state_dict, layouts of x, bad use).
+"""
+import torch
+from torch import nn
+
+import fp8kit
+
+from .ops import _linear, _plain_eager
+from .siblings import _Siblings
+
+# The recipes of quantize_: stateless ones (delayed scaling keeps an amax history per layer, not
+# kept here). Their scalings - of the activation, cast in the GEMM, and of the weight - are the
+# library's (fp8kit::Recipe): block is DeepSeek-V3's 1x128 activations, 128x128 weights; mxfp8 is
+# OCP MX's 1x32 blocks with e8m0 scales (held as torch.float8_e8m0fnu).
+RECIPES = ("rowwise", "tensorwise", "block", "mxfp8", "weight_only")
+
+
+# The recipes whose input is not quantized ("none": fp8kit's weight-only GEMM), by their
+# weight's scaling: weight_only (quantize_'s; torchao's Float8WeightOnlyConfig and optimum-quanto's
+# qfloat8 weights: per output row) and layerwise (enable_layerwise_casting's native Linear: one
+# scale, or none as Diffusers stores weights; the input stays in compute_dtype as Diffusers computes).
+_WEIGHT_ONLY = {"weight_only": "row", "layerwise": "tensor"}
+
+
+def _recipe_scalings(recipe):
+    """(input scaling, weight scaling) of a Float8InferenceLinear's recipe."""
+    if recipe in _WEIGHT_ONLY:
+        return "none", _WEIGHT_ONLY[recipe]
+    return tuple(fp8kit._fp8kit.recipe_scalings(recipe))
+
+
+def _fp8_weight(w, storage_dtype, scaling, scaled=True):
+    """A weight stored in FP8 as the torch.nn modules here hold it: (codes as storage_dtype,
+    scale_inv). scaled: quantized with `scaling` (fp8kit.quantize: scale = fp8_max / amax per
+    group); else cast as it is with scale 1, as Diffusers stores weights."""
+    if not scaled:
+        return w.detach().to(storage_dtype), torch.ones(1, 1)
+    q = fp8kit.quantize(w.detach().float(), str(storage_dtype).removeprefix("torch.float8_"), scaling)
+    data, scale_inv = q.data, q.scale_inv
+    if not isinstance(data, torch.Tensor):  # host: numpy views of the QTensor's memory, read-only
+        data, scale_inv = torch.from_numpy(data.copy()), torch.from_numpy(scale_inv.copy())
+    return data.view(storage_dtype), _scale_tensor(scale_inv, scaling)
+
+
+def _scale_tensor(scale_inv, scaling):
+    """scale_inv as a Float8InferenceLinear holds it: float32, or for mx32 torch.float8_e8m0fnu -
+    from its e8m0 codes (uint8, what quantize returns) or from float32 values (powers of two)."""
+    if scaling != "mx32":
+        return scale_inv
+    if scale_inv.dtype == torch.uint8:
+        return scale_inv.view(torch.float8_e8m0fnu)
+    return scale_inv.to(torch.float8_e8m0fnu)
+
+
+class Float8InferenceLinear(nn.Module):
+    """An nn.Linear for inference with an FP8 weight [out, in] (buffer `weight`, torch.float8_*)
+    and its scale_inv (buffer `weight_scale_inv`): y = x W^T + b with x cast to FP8 in the GEMM
+    (recipe weight_only: x not quantized)."""
+
+    _siblings = None  # (_Siblings, this layer's index there): set by quantize_ / enable_layerwise_casting
+
+    def __init__(self, in_features, out_features, bias=True, recipe="rowwise", format="e4m3fn"):
+        super().__init__()
+        if recipe not in RECIPES and recipe not in _WEIGHT_ONLY:
+            raise fp8kit.Error(f"fp8kit.torch: recipe '{recipe}', expected one of {', '.join(RECIPES)}")
+        self.in_features, self.out_features, self.recipe = in_features, out_features, recipe
+        self.input_scaling, self.weight_scaling = _recipe_scalings(recipe)
+        self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=getattr(torch, "float8_" + format)))
+        shape = fp8kit._fp8kit.scale_shape(self.weight_scaling, out_features, in_features)
+        self.register_buffer("weight_scale_inv", _scale_tensor(torch.ones(shape), self.weight_scaling))
+        self.register_parameter("bias", nn.Parameter(torch.zeros(out_features), requires_grad=False) if bias else None)
+
+    @classmethod
+    def from_linear(cls, linear_module, recipe="rowwise", format="e4m3fn"):
+        """The FP8 twin of an nn.Linear: its weight quantized with the recipe's weight scaling."""
+        m = cls(linear_module.in_features, linear_module.out_features, linear_module.bias is not None, recipe, format)
+        m.weight, m.weight_scale_inv = _fp8_weight(linear_module.weight, getattr(torch, "float8_" + format),
+                                                   m.weight_scaling)
+        if linear_module.bias is not None:
+            m.bias = nn.Parameter(linear_module.bias.detach().clone(), requires_grad=False)  # inference only
+        return m
+
+    def forward(self, x):
+        # x [..., in] -> y [..., out], by one route (ops._linear): called directly when nothing traces
+        # the call (no torch.compile, export, dispatch mode or autograd: _plain_eager), as the
+        # operator's dispatch from Python costs several times a decode step's small GEMM; else through
+        # the operator, which torch.compile and torch.export see. The tensors through the module's
+        # dicts: Module.__getattr__ is a Python call a name.
+        buffers = self._buffers
+        if _plain_eager(x):
+            return _linear(x, buffers["weight"], buffers["weight_scale_inv"], self._parameters["bias"],
+                           self.input_scaling, self.weight_scaling, self._siblings)
+        return torch.ops.fp8kit.linear(x, buffers["weight"], buffers["weight_scale_inv"], self._parameters["bias"],
+                                       self.input_scaling, self.weight_scaling)
+
+    def extra_repr(self):
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"recipe={self.recipe}, format={str(self.weight.dtype).removeprefix('torch.float8_')}")
+
+
+def _granularity_name(g):
+    """torchao's granularity object as fp8kit names a scaling: tensor, row, block(RxC); else its repr."""
+    name = type(g).__name__
+    if name == "PerTensor":
+        return "tensor"
+    if name == "PerRow" and getattr(g, "dim", -1) in (-1, 1):
+        return "row"
+    if name == "PerBlock" and len(getattr(g, "block_size", ())) == 2:
+        return "block({}x{})".format(*g.block_size)
+    return repr(g)
+
+
+def _recipe_of_torchao_config(config):
+    """The recipe of quantize_ that does what a torchao float8 config asks, on fp8kit's kernels:
+    Float8DynamicActivationFloat8WeightConfig with e4m3fn operands and PerTensor, PerRow or
+    DeepSeek-V3's 1x128 / 128x128 PerBlock granularity -> tensorwise, rowwise, block;
+    Float8WeightOnlyConfig with e4m3fn per-row weights -> weight_only. torchao is not imported:
+    the config is read by its class name and fields. Anything else: an fp8kit.Error naming it."""
+    kind = type(config).__name__
+    where = f"fp8kit.torch.quantize_: torchao's {kind}"
+    e4m3 = torch.float8_e4m3fn
+    if kind == "Float8WeightOnlyConfig":
+        g = getattr(config, "granularity", None)
+        if config.weight_dtype != e4m3 or (g is not None and _granularity_name(g) != "row"):
+            raise fp8kit.Error(f"{where} with weight_dtype {config.weight_dtype} and granularity {g}: fp8kit's "
+                               "weight_only recipe is e4m3fn per row")
+        return "weight_only"
+    if kind == "Float8DynamicActivationFloat8WeightConfig":
+        g = config.granularity  # one for both operands, or [activation's, weight's]; None: tensor
+        pair = g if isinstance(g, (list, tuple)) else (g, g)
+        names = tuple("tensor" if x is None else _granularity_name(x) for x in pair)
+        recipe = {("tensor", "tensor"): "tensorwise", ("row", "row"): "rowwise",
+                  ("block(1x128)", "block(128x128)"): "block"}.get(names)
+        if recipe is None or config.activation_dtype != e4m3 or config.weight_dtype != e4m3:
+            raise fp8kit.Error(f"{where} with activation_dtype {config.activation_dtype}, weight_dtype "
+                               f"{config.weight_dtype} and granularity {list(names)}: fp8kit runs e4m3fn with "
+                               "[tensor, tensor], [row, row] or [block(1x128), block(128x128)]")
+        if any(getattr(config, f, None) is not None for f in ("activation_value_lb", "activation_value_ub")):
+            raise fp8kit.Error(f"{where} with activation_value_lb / _ub: fp8kit's casts do not clamp the "
+                               "activation's amax")
+        return recipe
+    raise fp8kit.Error(f"fp8kit.torch.quantize_: config of type {kind}, expected a recipe name ({', '.join(RECIPES)}), "
+                       "Float8DynamicActivationFloat8WeightConfig or Float8WeightOnlyConfig")
+
+
+def quantize_(model, config=None, filter_fn=None, *, fuse_siblings=True):
+    """Replaces, in place, every nn.Linear of model that filter_fn(module, fqn) accepts (all when
+    None) by a Float8InferenceLinear. config: a recipe name - "rowwise" (the default),
+    "tensorwise", "block", "mxfp8", or "weight_only" (e4m3 rowwise weights, activations not
+    quantized: torchao's Float8WeightOnlyConfig; a float32 / float16 activation is taken to 16
+    significant bits, twice the products of a bfloat16 one at M >= 16) - or torchao's config object
+    for one of them (Float8DynamicActivationFloat8WeightConfig with PerTensor / PerRow /
+    1x128-128x128 PerBlock granularity, Float8WeightOnlyConfig), as torchao's quantize_(model,
+    config, filter_fn). fuse_siblings: Float8InferenceLinear layers of one module that the model
+    calls in a row on the same input (q, k and v; gate and up) run as one GEMM at up to 16 rows,
+    with the same outputs bit for bit (_Siblings; it holds one more packed copy of those weights
+    where the model also runs them at more rows)."""
+    recipe = config or "rowwise"
+    if not isinstance(recipe, str):
+        recipe = _recipe_of_torchao_config(recipe)
+    if recipe not in RECIPES:
+        raise fp8kit.Error(f"fp8kit.torch.quantize_: config '{recipe}', expected one of {', '.join(RECIPES)}")
+    chosen = [(fqn, m) for fqn, m in model.named_modules()
+              if type(m) is nn.Linear and (filter_fn is None or filter_fn(m, fqn))]
+    for fqn, m in chosen:
+        if not fqn:
+            raise fp8kit.Error("fp8kit.torch.quantize_: the model is itself an nn.Linear; quantize_ replaces the "
+                               "Linear layers inside a model (wrap it: nn.Sequential(linear))")
+        model.set_submodule(fqn, Float8InferenceLinear.from_linear(m, recipe))
+    if fuse_siblings:
+        _group_siblings(model)
+
+
+def _group_siblings(model):
+    """Gives every group of two or more Float8InferenceLinear children of one module, alike in
+    in_features, recipe, weight dtype and bias or none, one _Siblings."""
+    for parent in model.modules():
+        groups = {}
+        for child in parent.children():
+            if type(child) is Float8InferenceLinear:
+                key = (child.in_features, child.recipe, child.weight.dtype, child.bias is None)
+                groups.setdefault(key, []).append(child)
+        for members in groups.values():
+            if len(members) > 1:
+                siblings = _Siblings(members)
+                for i, m in enumerate(members):
+                    m._siblings = (siblings, i)

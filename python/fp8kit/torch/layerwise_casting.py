@@ -1,0 +1,175 @@
+"""fp8kit.torch.layerwise_casting: enable_layerwise_casting - Diffusers' API and default skip
+patterns: weights stored in FP8; Linear layers compute on the FP8 weight directly, embeddings
+decode only the rows they read, convolutions are upcast per forward as Diffusers does. The
+report it returns restores the model (remove()).
+
+Checked by tests/python/test_layerwise.py (against Diffusers' apply_layerwise_casting on the same
+model, the native Linear against float64, the restore against the original model) and
+test_torch.py (its siblings).
+"""
+import functools
+import re
+
+import torch
+from torch import nn
+
+import fp8kit
+
+from .inference import Float8InferenceLinear, _fp8_weight, _group_siblings
+
+# Diffusers' defaults (diffusers.hooks.layerwise_casting): the modules whose names match one of
+# these are left alone, and only these layer kinds have their weights stored in FP8.
+DEFAULT_SKIP_MODULES_PATTERN = ("pos_embed", "patch_embed", "norm", "^proj_in$", "^proj_out$")
+CASTABLE_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d,
+                   nn.Linear, nn.Embedding)
+
+
+class LayerwiseCastingReport:
+    """What enable_layerwise_casting did: `native` Linear layers compute on their FP8 weight
+    (fp8kit's GEMM), `cast` layers are upcast to compute_dtype at each forward (Diffusers' hook),
+    `skipped` (name, why) stay as they were - and how to undo it: remove().
+
+    The report holds the original weights until remove() (FP8 storage cannot be cast back without
+    loss, which is why Diffusers' hook refuses to be removed): keep it only while the model may be
+    restored; the memory FP8 storage saves is freed once it is dropped."""
+
+    def __init__(self):
+        self.native, self.cast, self.skipped = [], [], []
+        self._undo = []  # one callable per module changed, in the order they were changed
+
+    def remove(self):
+        """Gives the model back what enable_layerwise_casting changed, as it was: the original
+        modules in place of the native ones, the cast layers' weights in their own dtypes and
+        values, their hooks taken off. Outputs are then the original model's, bit for bit; a
+        second call does nothing."""
+        while self._undo:
+            self._undo.pop()()
+
+    def __str__(self):
+        lines = [f"native FP8 ({len(self.native)}): {', '.join(self.native) or '-'}",
+                 f"upcast per forward ({len(self.cast)}): {', '.join(self.cast) or '-'}"]
+        lines += [f"skipped {name}: {why}" for name, why in self.skipped]
+        return "\n".join(lines)
+
+
+def _cast_hooks(module, storage_dtype, compute_dtype, non_blocking):
+    """Diffusers' LayerwiseCastingHook: stored in storage_dtype, compute_dtype for each forward.
+    Returns what undoes it: the hooks removed, each parameter given back its original tensor."""
+    def upcast(m, args):
+        m.to(dtype=compute_dtype, non_blocking=non_blocking)
+
+    def store(m, args, out):
+        m.to(dtype=storage_dtype, non_blocking=non_blocking)
+
+    # By owner and name: .to() gives a parameter new data (or, by torch's __future__ flags, puts a
+    # new Parameter in its place); the detached tensors keep the original data. CASTABLE_LAYERS
+    # hold no buffers.
+    originals = [(m, name, p.detach()) for m in module.modules() for name, p in m._parameters.items()
+                 if p is not None]
+    module.to(dtype=storage_dtype, non_blocking=non_blocking)
+    hooks = (module.register_forward_pre_hook(upcast), module.register_forward_hook(store))
+
+    def undo():
+        for hook in hooks:
+            hook.remove()
+        for m, name, data in originals:
+            m._parameters[name].data = data
+    return undo
+
+
+def _native_linear(linear_module, storage_dtype, compute_dtype, scaled):
+    """A Float8InferenceLinear (recipe layerwise: the input not quantized) holding the Linear's
+    weight in storage_dtype: with a per-tensor scale (scaled), or cast as it is, scale 1 (Diffusers'
+    storage). The bias stays in compute_dtype (N values; Diffusers rounds it to FP8 too)."""
+    m = Float8InferenceLinear(linear_module.in_features, linear_module.out_features, linear_module.bias is not None,
+                              "layerwise", str(storage_dtype).removeprefix("torch.float8_"))
+    m.weight, m.weight_scale_inv = _fp8_weight(linear_module.weight, storage_dtype, "tensor", scaled)
+    if linear_module.bias is not None:
+        m.bias = nn.Parameter(linear_module.bias.detach().to(compute_dtype), requires_grad=False)
+    return m
+
+
+class Float8Embedding(nn.Module):
+    """An nn.Embedding whose table [num, dim] is stored in FP8 (buffer `weight`) with a per-tensor
+    `weight_scale_inv`: a lookup decodes only the rows it reads, to compute_dtype - where Diffusers'
+    hook upcasts the whole table and casts it back at every forward, a pass over a vocabulary's
+    table to read a few rows."""
+
+    def __init__(self, weight, weight_scale_inv, compute_dtype, padding_idx=None):
+        super().__init__()
+        self.register_buffer("weight", weight)
+        self.register_buffer("weight_scale_inv", weight_scale_inv)
+        self.compute_dtype, self.padding_idx = compute_dtype, padding_idx
+
+    @classmethod
+    def from_embedding(cls, embedding, storage_dtype, compute_dtype, scaled):
+        codes, scale_inv = _fp8_weight(embedding.weight, storage_dtype, "tensor", scaled)
+        return cls(codes, scale_inv, compute_dtype, embedding.padding_idx)
+
+    def forward(self, ids):
+        # ids [...] -> [..., dim]: decode(code) * scale_inv in float32 (exact for scale 1), then compute_dtype.
+        rows = nn.functional.embedding(ids, self.weight, self.padding_idx)
+        return (rows.float() * self.weight_scale_inv[0, 0]).to(self.compute_dtype)
+
+    def extra_repr(self):
+        return f"{self.weight.shape[0]}, {self.weight.shape[1]}, weight={self.weight.dtype}, compute={self.compute_dtype}"
+
+
+def _native(module, storage_dtype, compute_dtype, scaled):
+    """The layer that computes on module's weight stored in FP8 directly, to take its place: for an
+    nn.Linear a Float8InferenceLinear, for an nn.Embedding (not sparse, no max_norm) a
+    Float8Embedding; None for any other module."""
+    if type(module) is nn.Linear:
+        return _native_linear(module, storage_dtype, compute_dtype, scaled)
+    if type(module) is nn.Embedding and module.max_norm is None and not module.sparse:
+        return Float8Embedding.from_embedding(module, storage_dtype, compute_dtype, scaled)
+    return None
+
+
+def enable_layerwise_casting(model, storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16,
+                             skip_modules_pattern="auto", skip_modules_classes=None, non_blocking=False, *,
+                             native_fp8=True, scaled=True, fuse_siblings=True):
+    """Diffusers' layerwise casting (ModelMixin.enable_layerwise_casting, apply_layerwise_casting):
+    the weights of the layers below model that no pattern (re.search on the qualified name;
+    "auto": DEFAULT_SKIP_MODULES_PATTERN) or class skips are stored in storage_dtype. Convolutions
+    are upcast to compute_dtype around each forward, as Diffusers does; with native_fp8, nn.Linear
+    layers instead compute on the FP8 weight directly - the activation as Diffusers computes it,
+    not quantized (fp8kit's weight-only GEMM), float32 sums, output in the input's dtype - and keep
+    no upcast copy, and nn.Embedding layers become Float8Embedding, whose lookup decodes only the
+    rows it reads.
+    scaled: weights stored with a per-tensor scale (fp8_max / amax), or False as Diffusers stores
+    them (cast as they are: small weights lose bits in FP8's subnormals). fuse_siblings: as
+    quantize_'s, for the native Linear layers.
+    Returns a LayerwiseCastingReport saying which layer went which way, whose remove() restores
+    the model."""
+    if not (storage_dtype.is_floating_point and storage_dtype.itemsize == 1):
+        raise fp8kit.Error(f"fp8kit.torch.enable_layerwise_casting: storage_dtype {storage_dtype} is not an FP8 dtype")
+    patterns = DEFAULT_SKIP_MODULES_PATTERN if skip_modules_pattern == "auto" else (
+        (skip_modules_pattern,) if isinstance(skip_modules_pattern, str) else tuple(skip_modules_pattern or ()))
+    classes = tuple(skip_modules_classes or ())
+    report = LayerwiseCastingReport()
+
+    def visit(module, prefix, parent, child):
+        if classes and isinstance(module, classes):
+            report.skipped.append((prefix, f"class {type(module).__name__}"))
+            return
+        hit = next((p for p in patterns if re.search(p, prefix)), None)
+        if hit is not None:
+            report.skipped.append((prefix, f"pattern {hit!r}"))
+            return
+        native = _native(module, storage_dtype, compute_dtype, scaled) if native_fp8 and parent is not None else None
+        if native is not None:
+            setattr(parent, child, native)
+            report._undo.append(functools.partial(setattr, parent, child, module))  # the original, untouched
+            report.native.append(prefix)
+        elif isinstance(module, CASTABLE_LAYERS):
+            report._undo.append(_cast_hooks(module, storage_dtype, compute_dtype, non_blocking))
+            report.cast.append(prefix or "(model)")
+        else:
+            for name, sub in list(module.named_children()):
+                visit(sub, f"{prefix}.{name}" if prefix else name, module, name)
+
+    visit(model, "", None, None)
+    if fuse_siblings:
+        _group_siblings(model)
+    return report

@@ -1,0 +1,157 @@
+"""fp8kit.torch.ops: the custom ops (torch.library) and the one route by which an FP8 inference
+Linear reaches its GEMM.
+
+torch.ops.fp8kit.linear is the inference layer's forward as a torch operator, with a fake
+implementation, so torch.compile and torch.export trace it. The layer's forward runs one function,
+_linear: through the operator when something traces the call, else directly, without the
+operator's dispatch (_plain_eager). _linear checks the input (check_input: the one check of an FP8
+layer's input, the training layer's too), then serves the layer's part of its siblings' GEMM
+(siblings.py) or calls the extension's FusedLinear - packed once per weight and cached on it - on
+the addresses of x and y. The training GEMMs' custom ops (issue 50) belong here too.
+
+Checked by tests/python/test_torch.py (the operator traced by torch.export and torch.compile and
+equal to the eager path, every layout of x, the address entry's own checks, the cache against
+stale weights, bad input) and test_training.py (the training layer's bad input).
+"""
+import math
+from typing import Optional
+
+import torch
+
+import fp8kit
+
+
+def _dropped():
+    """What a copied or unpickled _Cached becomes: nothing (made again on first use)."""
+    return None
+
+
+class _Cached(tuple):
+    """What fp8kit.torch caches on a tensor (the extension's FusedLinear and its key): dropped by
+    deepcopy and pickle - an extension object does not copy, and a copy's tensors are others - so
+    a copied model makes its own on first use."""
+
+    def __reduce__(self):
+        return (_dropped, ())
+
+
+def _fused_linear(q, input_scaling, bias, parts=()):
+    """The extension's FusedLinear over the QTensor q: its PackedWeight, the input's e4m3fn
+    saturating cast with input_scaling ("none": no cast, weight-only), the bias (or None) and the
+    widths of the outputs its call_into_parts writes (siblings)."""
+    return fp8kit._fp8kit.FusedLinear(fp8kit.PackedWeight(q), "e4m3fn", input_scaling, "saturate",
+                                      None if bias is None else fp8kit._to_extension(bias), list(parts))
+
+
+def _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling):
+    """The FusedLinear of a Float8InferenceLinear, made on first use and again only after a buffer
+    or the bias is written (load_state_dict, copy_) or replaced: kept on the weight tensor, keyed by
+    the version counters, and holding the scale and bias it read - a tensor assigned in their place
+    has a counter of its own, so they are compared by identity. Returns (the FusedLinear,
+    out_features)."""
+    key = (weight._version, weight_scale_inv._version, weight_scaling, input_scaling,
+           None if bias is None else bias._version)
+    cached = getattr(weight, "_fp8kit_fused", None)
+    if cached is None or cached[0] != key or cached[2] is not bias or cached[3] is not weight_scale_inv:
+        fused = _fused_linear(fp8kit.qtensor(weight, weight_scale_inv, weight_scaling), input_scaling, bias)
+        cached = _Cached((key, (fused, weight.shape[0]), bias, weight_scale_inv))
+        weight._fp8kit_fused = cached
+    return cached[1]
+
+
+# torch dtype -> (name, FusedLinear's index for it): float32, bfloat16, float16
+_OUT_DTYPES = {getattr(torch, name): (name, i) for i, name in enumerate(fp8kit._fp8kit.FusedLinear.out_dtypes)}
+
+
+def check_input(x, in_features, layer):
+    """The check of an FP8 Linear layer's input x [..., in_features] (layer: the class's name, for
+    the message), for the inference route - eager, in the operator and in its fake - and the
+    training layer alike: returns (x's dtype name, FusedLinear's index for it)."""
+    shape = x.shape
+    if not shape or shape[-1] != in_features:
+        raise fp8kit.Error(f"fp8kit.torch.{layer}: the input has shape {list(shape)}, but in_features {in_features}")
+    out = _OUT_DTYPES.get(x.dtype)
+    if out is None:
+        raise fp8kit.Error(f"fp8kit.torch.{layer}: the input is {x.dtype}; it takes float32, bfloat16 or float16")
+    return out
+
+
+def _call_into(fused, n, x, dtype_index):
+    """y[..., n] = fused's GEMM of x [..., K] (on the weight's device, C-contiguous,
+    out_dtypes[dtype_index]), y new in x's dtype - on a CUDA device from torch's allocator, the GEMM
+    ordered on torch's current stream: the addresses of x, as [M, K] rows, and of y to the extension
+    (FusedLinear.call_into).
+    Passing addresses skips the numpy views, DLPack capsules and reshapes a tensor's way into the
+    extension would take, which at a decode step's small layers cost as much as the GEMM.
+    Contiguity is what the extension cannot see; it checks K against the weight. (new_empty with
+    positional sizes: torch.empty with a dtype parses more overloads.)"""
+    shape = x.shape
+    if len(shape) == 2:
+        m, k = shape
+        y = x.new_empty(m, n)
+    else:
+        m, k = math.prod(shape[:-1]), shape[-1]
+        y = x.new_empty(*shape[:-1], n)
+    if m == 0:  # an empty batch: an empty result, as nn.Linear gives
+        return y
+    if x.is_cuda:
+        with fp8kit._on_device(x.device):
+            fused.call_into(x.data_ptr(), m, k, dtype_index, y.data_ptr())
+        return y
+    fused.call_into(x.data_ptr(), m, k, dtype_index, y.data_ptr())
+    return y
+
+
+def _linear(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling, siblings=None):
+    """y[..., N] = deq(fp8(x))[..., K] . deq(weight)[N, K]^T (+ bias[N]), x float32 / bfloat16 /
+    float16 with any leading dimensions, y in x's dtype: x quantized with input_scaling (e4m3fn,
+    saturating) inside the GEMM - or with "none" not quantized (weight-only) - float32 sums. The
+    extension is called directly, with the bias's view cached beside the packed weight:
+    fp8kit.gemm's argument handling costs more than the GEMM of a decode step's small layer.
+    siblings: the layer's (_Siblings, index), which may serve its output from a GEMM of its run."""
+    index = check_input(x, weight.shape[1], "Float8InferenceLinear")[1]
+    # The extension reads x by address: C-contiguous rows where the weight is.
+    if x.device != weight.device:
+        raise fp8kit.Error(f"fp8kit.torch.Float8InferenceLinear: the input is on device '{x.device}', the weight on "
+                           f"device '{weight.device}' (move the model with .to(device))")
+    if x.is_cuda and input_scaling == "none":
+        raise fp8kit.Error("fp8kit.torch.Float8InferenceLinear: the weight-only GEMM (recipe weight_only, layerwise "
+                           "casting) runs on the CPU; on a CUDA device use rowwise, tensorwise or block")
+    if not x.is_contiguous():
+        x = x.contiguous()  # a new tensor, which no sibling is called on: computed alone
+    elif siblings is not None and x.is_cpu:  # siblings write their parts on the host
+        y = siblings[0](siblings[1], x, index)
+        if y is not None:
+            return y
+    fused, n = _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling)
+    return _call_into(fused, n, x, index)
+
+
+@torch.library.custom_op("fp8kit::linear", mutates_args=())
+def linear(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor, bias: Optional[torch.Tensor],
+           input_scaling: str, weight_scaling: str) -> torch.Tensor:
+    """_linear as a torch operator, x [..., K]: what torch.compile and torch.export see."""
+    return _linear(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling)
+
+
+@linear.register_fake
+def _(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling):
+    check_input(x, weight.shape[1], "Float8InferenceLinear")  # a bad input fails at trace time, as in eager
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+# _plain_eager's tests, looked up once (each module attribute on the way is a lookup per call):
+# whether torch.compile or torch.export traces, whether autograd records, how many dispatch modes
+# are on (torch.utils._python_dispatch._get_current_dispatch_mode is None exactly when none is).
+_is_compiling, _grad_enabled, _dispatch_modes = (torch.compiler.is_compiling, torch.is_grad_enabled,
+                                                 torch._C._len_torch_dispatch_stack)
+
+
+def _plain_eager(x):
+    """Whether nothing traces or transforms this call (no torch.compile, no export, no dispatch
+    mode, no autograd through x): the operator's dispatch from Python, which costs several times a
+    decode step's small GEMM, can be skipped then - the same function runs either way. Under
+    torch.compile _is_compiling() is True and ends the test before the dispatch stack's count, on
+    which Dynamo breaks the graph."""
+    return (type(x) is torch.Tensor and not (x.requires_grad and _grad_enabled()) and not _is_compiling()
+            and not _dispatch_modes())
