@@ -321,7 +321,8 @@ __global__ void __launch_bounds__(threads) lines_amax_kernel(LinesJob job) {
         // Thread t: column blockIdx.x * 256 + t, lane t / 8's word (t % 8) / (8 / words).
         const int l = threadIdx.x / 8, e = threadIdx.x % 8, k = e / (8 / words);
         uint32_t m = 0;
-        for (int w = 0; w < threads / 32; ++w) m = max(m, col_part[w][k][l]);
+        // Packed 16-bit magnitudes are maxed half by half (a plain max would pick by the high half).
+        for (int w = 0; w < threads / 32; ++w) m = sizeof(T) == 4 ? max(m, col_part[w][k][l]) : __vmaxu2(m, col_part[w][k][l]);
         if constexpr (sizeof(T) != 4) m = e % 2 != 0 ? m >> 16 : m & 0xffffu;
         const uint32_t col = blockIdx.x * 256u + uint32_t(threadIdx.x);
         if (col < cols) atomicMax(&job.col_keys[col], mags_key<T>(m));
