@@ -728,8 +728,9 @@ void launch_mma(const GemmJob& j, cudaStream_t s) {
 cudaDataType_t lt_type(Format f) { return f == Format::e4m3fn ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
 cudaDataType_t lt_type(DType t) { return t == DType::bf16 ? CUDA_R_16BF : t == DType::f16 ? CUDA_R_16F : CUDA_R_32F; }
 
-// How cuBLASLt reads each operand's scales (fp8kit's scale_inv layouts; the one exception, A's
-// 1x128 scales, is transposed for it: cuBLASLt reads them M-major, [k / 128][m]).
+// How cuBLASLt reads each operand's scales (fp8kit's scale_inv layouts; the exceptions: A's 1x128
+// scales, transposed for it - cuBLASLt reads them M-major, [k / 128][m] - and B's 128x128 scales,
+// whose rows of K blocks it reads with a leading dimension rounded up to a multiple of 4).
 enum class LtScales { none, tensor, row, block };
 
 // The scalings cuBLASLt FP8 takes on Hopper and Ada, with a plain epilogue: tensor x tensor, row x
@@ -766,7 +767,7 @@ void launch_lt(const GemmJob& j, LtScales scales, cudaStream_t s) {
     FP8KIT_LT_CHECK(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof(n)));
     const void* scale_b = j.b.scale_inv;  // cuBLASLt's A is fp8kit's B
     const void* scale_a = j.a.scale_inv;
-    std::shared_ptr<std::byte> a_scales_t;
+    std::shared_ptr<std::byte> a_scales_t, b_scales_padded;  // stream-ordered: freed after the GEMM
     int32_t mode_b = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F, mode_a = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
     if (scales == LtScales::row) {
         mode_a = mode_b = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
@@ -779,6 +780,14 @@ void launch_lt(const GemmJob& j, LtScales scales, cudaStream_t s) {
             static_cast<const float*>(j.a.scale_inv), j.m, kb, reinterpret_cast<float*>(a_scales_t.get()));
         check_launch("transpose_scales_kernel");
         scale_a = a_scales_t.get();
+        const int64_t kb4 = (kb + 3) / 4 * 4, nb = (j.n + 127) / 128;
+        if (kb4 != kb) {  // B's scale rows padded to kb4 (seen on an H200: unpadded, D was wrong past N = 128)
+            b_scales_padded = allocate(size_t(nb * kb4) * sizeof(float));
+            FP8KIT_CUDA_CHECK(cudaMemcpy2DAsync(b_scales_padded.get(), size_t(kb4) * sizeof(float), j.b.scale_inv,
+                                                size_t(kb) * sizeof(float), size_t(kb) * sizeof(float), size_t(nb),
+                                                cudaMemcpyDeviceToDevice, s));
+            scale_b = b_scales_padded.get();
+        }
     }
     FP8KIT_LT_CHECK(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_b, sizeof(mode_b)));
     FP8KIT_LT_CHECK(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_a, sizeof(mode_a)));

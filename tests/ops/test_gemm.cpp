@@ -452,9 +452,11 @@ struct Mnk {
 // small-M kernel where it has one (AMX: M <= 2; AVX512-BF16 without AMX: M <= 32, in even groups of
 // up to 16 rows; AVX2: M <= 8, in pairs of rows and a single one), larger M its tiles; M = 1 with
 // K = 1100 sums a single row's several K groups, each in the lanes the M = 1 kernels split it into.
+// 48 x 272 x 640: the block recipe on cuBLASLt with 5 K blocks (not a multiple of 4) and 3 row
+// blocks of B, whose scale rows cuBLASLt reads padded (src/cuda/gemm.cu, launch_lt).
 const Mnk grid_shapes[] = {{1, 1, 1},     {1, 17, 5},    {1, 40, 1100},  {2, 45, 260},   {3, 7, 130},
                            {4, 50, 384},  {5, 23, 129},  {16, 33, 257},  {17, 64, 128},  {31, 130, 300},
-                           {64, 48, 512}, {130, 257, 129}, {37, 140, 1100}};
+                           {64, 48, 512}, {130, 257, 129}, {37, 140, 1100}, {48, 272, 640}};
 
 const std::pair<Format, Format> format_pairs[] = {{Format::e4m3fn, Format::e4m3fn},
                                                    {Format::e4m3fn, Format::e5m2},
