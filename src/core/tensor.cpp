@@ -329,7 +329,7 @@ Tensor Tensor::to(Device device) const {
     const Tensor src = contiguous();  // on its own device
     Tensor t = empty(shape_, dtype_, device);
 #ifdef FP8KIT_HAS_CUDA
-    cuda::copy_2d(t.raw_data(), src.nbytes(), src.const_raw_data(), src.nbytes(), src.nbytes(), 1);
+    cuda::copy_2d(t.raw_data(), src.nbytes(), src.const_raw_data(), src.nbytes(), src.nbytes(), 1, true);  // host side
 #endif
     return t;
 }
@@ -350,7 +350,8 @@ void Tensor::copy_from_device(const Tensor& src) const {
     const int64_t rows = !flat && src.dim() == 2 ? src.shape_[0] : 1;
     const int64_t cols = flat ? src.numel() : src.dim() == 0 ? 1 : src.shape_.back();
     const int64_t ld = !flat && src.dim() == 2 ? src.strides_[0] : cols;
-    cuda::copy_2d(raw_data(), size_t(cols) * es, src.const_raw_data(), size_t(ld) * es, size_t(cols) * es, size_t(rows));
+    cuda::copy_2d(raw_data(), size_t(cols) * es, src.const_raw_data(), size_t(ld) * es, size_t(cols) * es, size_t(rows),
+                  false);  // device to device: ordered on the stream
 #else
     (void)es;
 #endif

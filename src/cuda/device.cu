@@ -139,11 +139,11 @@ std::shared_ptr<std::byte> allocate(size_t bytes) {
     return std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [s](std::byte* q) { (void)cudaFreeAsync(q, s); });
 }
 
-void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t height) {
+void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t height, bool wait) {
     if (width == 0 || height == 0) return;
     const cudaStream_t s = current_stream();
     FP8KIT_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, height, cudaMemcpyDefault, s));
-    FP8KIT_CUDA_CHECK(cudaStreamSynchronize(s));
+    if (wait) FP8KIT_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
 void zero(void* dst, size_t bytes) {

@@ -22,8 +22,10 @@ const std::string& unavailable_reason() noexcept;
 // device cannot give it (naming the size and the CUDA error).
 std::shared_ptr<std::byte> allocate(size_t bytes);
 // Copies `height` rows of `width` bytes (pitches in bytes) between any two of host and device
-// memory, ordered on this thread's stream, and waits for it: on return dst holds the data.
-void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t height);
+// memory, ordered on this thread's stream; with `wait` (a copy that involves the host) it waits
+// for it, so that on return dst holds the data. A device-to-device copy needs no wait: the work
+// that reads dst is ordered after it on the stream.
+void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t height, bool wait);
 // dst[0, bytes) = 0 on this thread's stream (device memory).
 void zero(void* dst, size_t bytes);
 
