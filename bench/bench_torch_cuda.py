@@ -6,6 +6,9 @@ torch.compile), the same data, GPU and process:
   - training: a stack of 4 Linear layers (width W, 8192 tokens, bf16 parameters) - forward,
     backward and AdamW - after fp8kit.torch.convert_to_float8_training (tensorwise, rowwise)
     against the same stack in bfloat16; the loss of 20 steps beside bf16's.
+  - host cost: the host time of one call of each entry point (quantize, with the transposed copy,
+    gemm, the inference layer, the training layer's forward + backward) with the GPU kept busy by
+    a queued sleep, so that a call that waits for the GPU shows as the sleep's length.
 Each time is the median of 5 runs of repeated calls between CUDA events, after a warm-up. Each
 result is checked: an inference output within 0.1 relative RMS of the bf16 layer's (FP8 rounding
 gives about 0.03), the FP8 losses within 5 % of bf16's after 20 steps; a failed check exits 1.
@@ -14,6 +17,7 @@ runs it on the GPU machine (with the fp8kit package built there or carried).
 """
 import json
 import sys
+import time
 
 import torch
 from torch import nn
@@ -68,6 +72,37 @@ def inference(widths, ms, results):
     return failures
 
 
+def host_cost(results):
+    """Host seconds per call, 50 calls behind ~0.5 s of queued GPU sleep: a call that synchronises
+    with the GPU takes the sleep's length (reported as waits)."""
+    w = 4096
+    x = torch.randn(4096, w, device="cuda", dtype=torch.bfloat16)
+    qx = fp8kit.quantize(x, scaling="row")
+    pw = fp8kit.PackedWeight(fp8kit.quantize(torch.randn(w, w, device="cuda", dtype=torch.bfloat16), scaling="row"))
+    model = nn.Sequential(nn.Linear(w, w, bias=False, device="cuda", dtype=torch.bfloat16))
+    fp8_torch.quantize_(model, "rowwise")
+    train = fp8_torch.convert_to_float8_training(nn.Linear(w, w, bias=False, device="cuda", dtype=torch.bfloat16),
+                                                 config="rowwise")
+    xg = x.detach().requires_grad_()
+    cases = {"quantize row": lambda: fp8kit.quantize(x, scaling="row"),
+             "quantize row + transpose": lambda: fp8kit.quantize(x, scaling="row", transpose=True),
+             "gemm 4096^3 row": lambda: fp8kit.gemm(qx, pw, out_dtype="bfloat16"),
+             "inference layer M=16": lambda: model(x[:16]),
+             "training layer fwd+bwd": lambda: train(xg).sum().backward()}
+    for name, fn in cases.items():
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda._sleep(1_000_000_000)
+        start = time.perf_counter()
+        for _ in range(50):
+            fn()
+        host = (time.perf_counter() - start) / 50
+        torch.cuda.synchronize()
+        waits = host > 5e-3
+        results.append({"bench": "host_cost", "call": name, "host_s": host, "waits": waits})
+        print(f"host cost {name:26s}: {host * 1e6:9.1f} us a call{'  (WAITS FOR THE GPU)' if waits else ''}")
+
+
 def stack(w, layers):
     torch.manual_seed(1)
     return nn.Sequential(*[nn.Linear(w, w, bias=False) for _ in range(layers)]).cuda().to(torch.bfloat16)
@@ -114,6 +149,7 @@ def main():
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, fp8kit {fp8kit.__version__}")
     results = []
     widths = (2048, 4096) if quick else (2048, 4096, 8192)
+    host_cost(results)
     failures = inference(widths, (1, 16, 8192), results)
     failures += train(widths, 8192, 20, results)
     if path:

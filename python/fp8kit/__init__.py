@@ -137,14 +137,28 @@ def _cuda(x):
     return _is_torch(x) and x.is_cuda
 
 
-@contextlib.contextmanager
+_SAME_DEVICE = contextlib.nullcontext()
+
+
 def _on_device(device):
-    """The scope of a call that runs on a CUDA device: torch's current device is `device` (fp8kit's
-    CUDA runtime follows it) and the extension enqueues this thread's work on torch's current stream
-    there (set_stream), as a torch op would."""
+    """The scope of a call that runs on a CUDA device (a torch.device, or an index): the extension
+    enqueues this thread's work on torch's current stream there (set_stream), as a torch op would,
+    and torch's current device is that device (fp8kit's CUDA runtime follows it) - switched for the
+    call only when it is not already."""
     torch = _torch()
-    with torch.cuda.device(device):
-        _fp8kit.set_stream(torch.cuda.current_stream().cuda_stream)
+    index = device if isinstance(device, int) else device.index
+    current = torch.cuda.current_device()
+    if index is None or index == current:
+        _fp8kit.set_stream(torch._C._cuda_getCurrentRawStream(current))
+        return _SAME_DEVICE
+    return _switched_to(index)
+
+
+@contextlib.contextmanager
+def _switched_to(index):
+    torch = _torch()
+    with torch.cuda.device(index):
+        _fp8kit.set_stream(torch._C._cuda_getCurrentRawStream(index))
         yield
 
 
