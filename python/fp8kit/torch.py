@@ -320,6 +320,15 @@ def _(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling):
     return x.new_empty((x.shape[0], weight.shape[0]))
 
 
+def _no_backward(ctx, grad):
+    raise fp8kit.Error("fp8kit.torch.Float8Linear is an inference layer (an FP8 weight buffer): it has no backward. "
+                       "To train in FP8, convert the high-precision model with "
+                       "fp8kit.torch.convert_to_float8_training")
+
+
+linear.register_autograd(_no_backward)
+
+
 def _fp8_weight(w, storage_dtype, scaling, scaled=True):
     """A weight stored in FP8 as the torch.nn modules here hold it: (codes as storage_dtype,
     scale_inv). scaled: quantized with `scaling` (fp8kit.quantize: scale = fp8_max / amax per
@@ -473,6 +482,14 @@ def quantize_(model, config=None, filter_fn=None, *, fuse_siblings=True):
         if not fqn:
             raise fp8kit.Error("fp8kit.torch.quantize_: the model is itself an nn.Linear; quantize_ replaces the "
                                "Linear layers inside a model (wrap it: nn.Sequential(linear))")
+        w = m.weight
+        if w.dtype.itemsize == 1 and w.dtype.is_floating_point:  # codes, not values: never quantized again
+            raise fp8kit.Error(f"fp8kit.torch.quantize_: layer '{fqn}' holds {w.dtype} weights already (an FP8 "
+                               "checkpoint loaded as it is stored); load it with fp8kit.torch.from_pretrained(path) "
+                               "or load_fp8_checkpoint(model, path), which keep its codes and scales")
+        if w.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise fp8kit.Error(f"fp8kit.torch.quantize_: layer '{fqn}' has {w.dtype} weights; quantize_ takes "
+                               "float32, bfloat16 or float16 models (cast it first, e.g. model.float())")
         _replace(model, fqn, Float8Linear.from_linear(m, recipe))
     if fuse_siblings:
         _group_siblings(model)
@@ -836,3 +853,8 @@ def advise(model, example_inputs, path=None, *, recipes=("rowwise", "tensorwise"
     if path is not None:
         fp8kit._fp8kit.write_policy(str(path), [(e["name"], e["fp8"], e["recipe"], e["reason"]) for e in entries])
     return entries
+
+
+# FP8 checkpoints (fp8kit/torch_checkpoint.py): from_pretrained, load_fp8_checkpoint.
+from fp8kit.torch_checkpoint import (Float8Experts, Float8StaticInputLinear, from_pretrained,  # noqa: E402
+                                     load_fp8_checkpoint)
