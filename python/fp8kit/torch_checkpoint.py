@@ -321,6 +321,61 @@ class Float8Experts(nn.Module):
         return f"num_experts={self.num_experts}, has_gate={self.has_gate}"
 
 
+# ---- memory: the packed weight as the one resident copy ----
+
+def _release_pages(t):
+    """Asks the kernel to reclaim the whole pages of tensor t's memory (Linux madvise MADV_PAGEOUT):
+    for an FP8 weight's codes mapped from the checkpoint file (safetensors' mapping, never written)
+    the pages are dropped and read again from the file if state_dict reads them; anonymous memory
+    would be swapped out, never lost. Elsewhere, or on a kernel without MADV_PAGEOUT (Linux < 5.4),
+    nothing happens."""
+    import sys
+    if not sys.platform.startswith("linux") or not t.is_cpu:
+        return
+    import ctypes
+    import mmap
+    libc = _libc()
+    page = mmap.PAGESIZE
+    start = t.data_ptr()
+    first, last = -(-start // page) * page, (start + t.numel() * t.element_size()) // page * page
+    if last > first:  # only pages wholly inside t: its neighbours' bytes stay where they are
+        libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), 21)  # MADV_PAGEOUT
+
+
+_LIBC = []
+
+
+def _libc():
+    if not _LIBC:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        _LIBC.append(libc)
+    return _LIBC[0]
+
+
+def _pack(layers):
+    """Packs each FP8 layer's weight for the GEMM now (what its first call would do) and then lets
+    the codes' pages go back to the file: the packed copy is then the only one in memory (one byte a
+    weight plus its scales), and the codes state_dict returns are the file's, read again on demand."""
+    for m in layers:
+        if isinstance(m, Float8StaticInputLinear):
+            m._fused()
+        else:
+            _ft._fused(m.weight, m.weight_scale_inv, m.weight_scaling, m._parameters["bias"], m.input_scaling)
+        _release_pages(m.weight)
+
+
+def _fp8_layers(model):
+    out = [m for m in model.modules() if isinstance(m, _InferenceLinear)]
+    for m in model.modules():
+        if isinstance(m, Float8Experts):
+            for layers in m.gate_up:
+                out += [x for x in layers if x not in out]
+            out += [x for x in m.down if x not in out]
+    return out
+
+
 # ---- loading ----
 
 def _expert_sources(model, experts_name):
@@ -563,16 +618,21 @@ def _load_experts(model, ename, parts, ckpt, cfg, stored, scale_of):
     setattr(parent, child, new)
 
 
-def load_fp8_checkpoint(model, path, *, torch_dtype=None, strict=True, fuse_siblings=True):
+def load_fp8_checkpoint(model, path, *, torch_dtype=None, strict=True, fuse_siblings=False):
     """Loads an FP8 checkpoint (a .safetensors file, or a directory of shards with its config.json)
     into model, any nn.Module whose parameter names match the checkpoint's: each nn.Linear the
     checkpoint stores in FP8 becomes fp8kit.torch's inference layer holding the stored codes and
     scales as they are (see the module's docstring); every other tensor goes to the parameter or
     buffer of its name (in torch_dtype, if given). strict: a tensor the model has no place for, or a
-    parameter left on the meta device, is an error. fuse_siblings: as quantize_'s. Returns model."""
+    parameter left on the meta device, is an error. fuse_siblings: as quantize_'s, off by default
+    here: the siblings' GEMM keeps a stacked copy of their weights (codes and packed), about 0.6 of
+    a Llama's Linear bytes again, where the loaded model otherwise holds each weight once. Each
+    layer's weight is packed at load, and the pages of its codes handed back to the file
+    (_pack). Returns model."""
     _load(model, path, torch_dtype, strict)
     if fuse_siblings:
         _ft._group_siblings(model)
+    _pack(_fp8_layers(model))
     if strict:
         left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
         if left:
@@ -581,14 +641,15 @@ def load_fp8_checkpoint(model, path, *, torch_dtype=None, strict=True, fuse_sibl
     return model
 
 
-def from_pretrained(path, *, model_class=None, torch_dtype=None, fuse_siblings=True, **kwargs):
+def from_pretrained(path, *, model_class=None, torch_dtype=None, fuse_siblings=False, **kwargs):
     """A transformers model of an FP8 checkpoint directory, its FP8 Linear layers (and experts) on
     fp8kit's kernels with the stored codes and scales (see the module's docstring). The class is
     the one AutoModelForCausalLM picks for the config (model_class= to choose another:
     AutoModelForSeq2SeqLM's, a model class). Built on the meta device (accelerate's
     init_empty_weights), so no weight is ever made in high precision; non-FP8 tensors keep the
-    checkpoint's dtype, or torch_dtype. kwargs go to AutoConfig.from_pretrained (config
-    overrides). Returns the model in eval mode."""
+    checkpoint's dtype, or torch_dtype. fuse_siblings as load_fp8_checkpoint's (off: one copy of
+    each weight). kwargs go to AutoConfig.from_pretrained (config overrides). Returns the model in
+    eval mode."""
     import transformers
     from accelerate import init_empty_weights
     path = os.fspath(path)
@@ -618,6 +679,7 @@ def from_pretrained(path, *, model_class=None, torch_dtype=None, fuse_siblings=T
                            + (f" and {len(left) - 8} more" if len(left) > 8 else ""))
     if fuse_siblings:
         _ft._group_siblings(model)
+    _pack(_fp8_layers(model))
     try:
         model.generation_config = transformers.GenerationConfig.from_pretrained(path)
     except OSError:

@@ -29,7 +29,7 @@ For each checkpoint:
 
 Skipped only when transformers, compressed-tensors, llm-compressor, accelerate or safetensors do not
 import (scripts/setup.sh installs them); the fp8kit-written cases also when the `fp8kit` command is
-not built (FP8KIT_CLI or build/*/tools/fp8kit).
+not built (FP8KIT_CLI or build/*/fp8kit).
 """
 import glob
 import json
@@ -143,7 +143,7 @@ def _checkpoint(work, model, scheme):
 def _fp8kit_cli():
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(os.path.dirname(here))
-    for c in [os.environ.get("FP8KIT_CLI")] + sorted(glob.glob(os.path.join(root, "build", "*", "tools", "fp8kit"))):
+    for c in [os.environ.get("FP8KIT_CLI")] + sorted(glob.glob(os.path.join(root, "build", "*", "fp8kit"))):
         if c and os.path.isfile(c) and os.access(c, os.X_OK):
             return c
     return None
@@ -453,7 +453,7 @@ def test_load_fp8_checkpoint_into_a_module(work):
 def test_fp8kit_written_checkpoint(work, scheme, layout, tmp_path):
     cli = _fp8kit_cli()
     if cli is None:
-        pytest.skip("the fp8kit command is not built (set FP8KIT_CLI, or build a preset: build/*/tools/fp8kit)")
+        pytest.skip("the fp8kit command is not built (set FP8KIT_CLI, or build a preset: build/*/fp8kit)")
     root, bases, _ = work
     base = bases["llama"]
     out = str(tmp_path / f"{scheme}_{layout}")
@@ -477,3 +477,55 @@ def test_empty_batch_and_backward():
     x = torch.randn(3, 64, requires_grad=True)
     with pytest.raises(fp8kit.Error, match="convert_to_float8_training"):
         model(x).sum().backward()
+
+
+def test_fused_3d_experts(work, tmp_path):
+    """The same experts stored as 3-D tensors [experts, out, in] under transformers 5's parameter
+    names (gate_up_proj = [gate; up] per expert, down_proj) with [experts, out, 1] channel scales:
+    the model computes the same logits, bit for bit, as from the per-expert checkpoint (each output
+    column is the same sum over the same codes and scales, whichever GEMM it is part of), and
+    state_dict gives the 3-D tensors as stored."""
+    base, path = _checkpoint(work, "moe", "FP8_DYNAMIC")
+    stored = _stored(path)
+    fused = {k: v for k, v in stored.items() if ".experts." not in k}
+    experts = sorted({int(k.split(".experts.")[1].split(".")[0]) for k in stored if ".experts." in k})
+    p = "model.layers.0.mlp.experts"
+    for name, projs in (("gate_up_proj", ("gate_proj", "up_proj")), ("down_proj", ("down_proj",))):
+        fused[f"{p}.{name}"] = torch.stack([torch.cat([stored[f"{p}.{e}.{q}.weight"] for q in projs]) for e in experts])
+        fused[f"{p}.{name}_scale"] = torch.stack([torch.cat([stored[f"{p}.{e}.{q}.weight_scale"] for q in projs])
+                                                  for e in experts])
+    out = tmp_path / "moe3d"
+    out.mkdir()
+    for f in os.listdir(path):
+        if not f.endswith(".safetensors") and f != "model.safetensors.index.json":
+            shutil.copy(os.path.join(path, f), out / f)
+    save_file(fused, str(out / "model.safetensors"), metadata={"format": "pt"})
+    model3d = fp8kit.torch.from_pretrained(str(out))
+    e3 = model3d.get_submodule(p)
+    assert isinstance(e3, fp8kit.torch.Float8Experts)
+    sd = model3d.state_dict()
+    for k in (f"{p}.gate_up_proj", f"{p}.down_proj", f"{p}.gate_up_proj_scale"):
+        assert torch.equal(_bits(sd[k]), _bits(fused[k])), k
+    per_expert = fp8kit.torch.from_pretrained(path)
+    assert torch.equal(fp8kit_logits(model3d), fp8kit_logits(per_expert))
+
+
+def test_inspect_a_file_inside_a_checkpoint_directory(work, tmp_path):
+    """`fp8kit inspect` / `verify` of the model.safetensors inside an FP8_BLOCK directory read the
+    directory's config.json (compressed-tensors' block scales are known only from it); the same
+    file alone says that the config is needed."""
+    cli = _fp8kit_cli()
+    if cli is None:
+        pytest.skip("the fp8kit command is not built (set FP8KIT_CLI, or build a preset: build/*/fp8kit)")
+    base, path = _checkpoint(work, "llama", "FP8_BLOCK")
+    f = os.path.join(path, "model.safetensors")
+    r = subprocess.run([cli, "inspect", f, "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["detected"] == ["block128"]
+    r = subprocess.run([cli, "verify", os.path.join(base, "model.safetensors"), f, "--min-sqnr", "25"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    alone = tmp_path / "model.safetensors"
+    shutil.copy(f, alone)
+    r = subprocess.run([cli, "inspect", str(alone)], capture_output=True, text=True)
+    assert r.returncode == 3 and "config.json" in r.stderr, (r.returncode, r.stderr)
