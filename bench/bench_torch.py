@@ -61,6 +61,7 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -404,17 +405,128 @@ def run_model(rows):
                      "sqnr_db": round(sqnr_db(logits[how, kind], logits["torch.f32", kind]), 2)})
 
 
+# --section checkpoint: an FP8 checkpoint as users download it, each way of running it in a fresh
+# process. The model: a Llama from a config (hidden 1024, 8 layers, intermediate 2816, vocab 32000:
+# 169M parameters, lm_head and embeddings kept in bf16), bf16, quantized by llm-compressor's oneshot
+# FP8_DYNAMIC (channel weights, per-token activations); both written once under CKPT_DIR.
+CKPT_LLAMA = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+                  num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=1024,
+                  tie_word_embeddings=False)
+CKPT_DIR = os.environ.get("FP8KIT_BENCH_CKPT", os.path.join(os.path.expanduser("~"), ".cache", "fp8kit-bench-ckpt"))
+
+
+def _rss():
+    """This process's resident memory (MB) from /proc/self/status: total, anonymous, file-backed, peak."""
+    f = {}
+    with open("/proc/self/status") as s:
+        for line in s:
+            k, _, v = line.partition(":")
+            if k in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
+                f[k] = int(v.split()[0]) / 1024
+    return f
+
+
+def checkpoint_child(kind, path, prompt, decode):
+    """One way of running a checkpoint, in this (fresh) process: load, prefill `prompt` tokens, then
+    generate `decode` tokens greedily with a StaticCache; prints one JSON object."""
+    import transformers
+    base_rss = _rss()
+    t0 = time.perf_counter()
+    if kind == "fp8kit":
+        model = fp8kit.torch.from_pretrained(path)
+    else:  # transformers' own path: bf16, or for the FP8 checkpoint its CPU decompression to bf16
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    model.eval()
+    load_s = time.perf_counter() - t0
+    loaded = _rss()
+    vocab = model.config.vocab_size
+    ids = torch.randint(0, vocab, (1, prompt), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        model(ids[:, :8])  # warm-up
+        pre = math.inf
+        for _ in range(2):  # prefill: the faster of two
+            t0 = time.perf_counter()
+            model(ids)
+            pre = min(pre, time.perf_counter() - t0)
+        # decode: the median step of `decode` greedy steps after the prompt, with a StaticCache
+        cache = transformers.StaticCache(config=model.config, max_cache_len=prompt + decode + 1)
+        out = model(ids, past_key_values=cache, use_cache=True)
+        tok, steps = out.logits[:, -1:].argmax(-1), []
+        for _ in range(decode):
+            t0 = time.perf_counter()
+            out = model(tok, past_key_values=out.past_key_values, use_cache=True)
+            tok = out.logits[:, -1:].argmax(-1)
+            steps.append(time.perf_counter() - t0)
+        del cache, out
+        model.generate(ids[:, :16], max_new_tokens=8, do_sample=False, pad_token_id=0)  # the RSS "after generate"
+    after = _rss()
+    files = [os.path.join(path, f) for f in os.listdir(path) if f.endswith(".safetensors")]
+    print(json.dumps({"kind": kind, "load_s": round(load_s, 2), "ckpt_mb": round(sum(map(os.path.getsize, files)) / 2**20, 1),
+                      "rss_base_mb": round(base_rss["VmRSS"]), "rss_loaded_mb": round(loaded["VmRSS"] - base_rss["VmRSS"]),
+                      "rss_after_generate_mb": round(after["VmRSS"] - base_rss["VmRSS"]),
+                      "anon_mb": round(after["RssAnon"] - base_rss["RssAnon"]), "file_mb": round(after["RssFile"] - base_rss["RssFile"]),
+                      "peak_mb": round(after["VmHWM"] - base_rss["VmRSS"]),
+                      "prefill_tokens_per_s": round(prompt / pre, 1), "decode_tokens_per_s": round(1 / statistics.median(steps), 2)}))
+
+
+def _make_checkpoints():
+    import transformers
+    bf16, fp8 = os.path.join(CKPT_DIR, "llama-bf16"), os.path.join(CKPT_DIR, "llama-fp8-dynamic")
+    if not os.path.exists(os.path.join(bf16, "config.json")):
+        torch.manual_seed(0)
+        transformers.LlamaForCausalLM(transformers.LlamaConfig(**CKPT_LLAMA)).to(torch.bfloat16).save_pretrained(bf16)
+    if not os.path.exists(os.path.join(fp8, "config.json")):
+        from llmcompressor import oneshot
+        from llmcompressor.modifiers.quantization import QuantizationModifier
+        model = transformers.AutoModelForCausalLM.from_pretrained(bf16, dtype=torch.bfloat16)
+        oneshot(model=model, recipe=QuantizationModifier(targets="Linear", scheme="FP8_DYNAMIC", ignore=["lm_head"]))
+        model.save_pretrained(fp8, save_compressed=True)
+    return bf16, fp8
+
+
+def run_checkpoint(rows, threads, quick):
+    if peer("transformers") is None or peer("llmcompressor") is None:
+        return
+    bf16, fp8 = _make_checkpoints()
+    prompt, decode = (128, 8) if quick else (512, 32)
+    for kind, path in (("transformers.bf16", bf16), ("transformers.fp8ckpt", fp8), ("fp8kit.fp8ckpt", fp8)):
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--checkpoint-child", kind.split(".")[0], path,
+                            str(prompt), str(decode), "--threads", str(threads)],
+                           capture_output=True, text=True, env=env)
+        if r.returncode != 0:
+            rows.append({"bench": "torch_checkpoint", "impl": kind, "note": r.stderr.strip().splitlines()[-1][:120]})
+            continue
+        row = json.loads(r.stdout.strip().splitlines()[-1])
+        row.update({"bench": "torch_checkpoint", "impl": kind, "prompt": prompt, "threads": threads})
+        row["rss_per_ckpt_byte"] = round(row["rss_after_generate_mb"] / row["ckpt_mb"], 2)
+        rows.append(row)
+    by = {r["impl"]: r for r in rows if r.get("bench") == "torch_checkpoint" and "decode_tokens_per_s" in r}
+    for r in by.values():
+        if "transformers.bf16" in by:
+            b = by["transformers.bf16"]
+            r["decode_vs_bf16"] = round(r["decode_tokens_per_s"] / b["decode_tokens_per_s"], 2)
+            r["prefill_vs_bf16"] = round(r["prefill_tokens_per_s"] / b["prefill_tokens_per_s"], 2)
+            r["rss_per_byte_vs_bf16"] = round(r["rss_per_ckpt_byte"] / b["rss_per_ckpt_byte"], 2)
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--checkpoint-child":
+        kind, path, prompt, decode = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+        threads = int(sys.argv[7]) if len(sys.argv) > 7 else 2
+        torch.set_num_threads(threads)
+        fp8kit.set_num_threads(threads)
+        return checkpoint_child(kind, path, prompt, decode)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--flush", choices=("team", "one-thread"), default="team",
                     help="who reads the 256 MiB before a memory-bound call (default: torch's threads)")
-    ap.add_argument("--section", choices=("linear", "train", "model"), action="append",
-                    help="linear, train or model (repeatable; default: all three)")
+    ap.add_argument("--section", choices=("linear", "train", "model", "checkpoint"), action="append",
+                    help="linear, train, model or checkpoint (repeatable; default: all four)")
     a = ap.parse_args()
-    sections = a.section or ["linear", "train", "model"]
+    sections = a.section or ["linear", "train", "model", "checkpoint"]
     global FLUSH_BY
     FLUSH_BY = a.flush
     torch.set_num_threads(a.threads)
@@ -434,6 +546,8 @@ def main():
             run_train(d, 2 * budget, rows)
     if "model" in sections:
         run_model(rows)
+    if "checkpoint" in sections:
+        run_checkpoint(rows, a.threads, a.quick)
     if a.json:
         for r in rows:
             print(json.dumps(r))
@@ -443,7 +557,12 @@ def main():
     tables = {"torch": ("impl m n k gflops vs_f32 sqnr_db call_overhead_us note", "GFLOP/s of y = x W^T + b"),
               "torch_train": ("impl m n k tokens_per_s vs_f32 sqnr_db note", "training step, m tokens, width n"),
               "torch_model": ("impl cache params_m prefill_s decode_tokens_per_s vs_f32 vs_bf16 sqnr_db",
-                              "LlamaForCausalLM, decode tokens/s with each KV cache")}
+                              "LlamaForCausalLM, decode tokens/s with each KV cache"),
+              "torch_checkpoint": ("impl load_s ckpt_mb rss_loaded_mb rss_after_generate_mb anon_mb file_mb peak_mb "
+                                   "rss_per_ckpt_byte rss_per_byte_vs_bf16 prefill_tokens_per_s prefill_vs_bf16 "
+                                   "decode_tokens_per_s decode_vs_bf16 note",
+                                   "an FP8 checkpoint (llm-compressor FP8_DYNAMIC of a 169M Llama), each in a fresh "
+                                   "process: RSS above the imports' (MB), tokens/s with a StaticCache")}
     for bench, (cols, title) in tables.items():
         table = [r for r in rows if r["bench"] == bench]
         if table:

@@ -20,10 +20,12 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -361,6 +363,7 @@ struct FusedLinear {
     PackedWeight b;
     std::optional<QuantizeOptions> q;  // none: weight-only (x not quantized)
     std::optional<Array> bias;
+    std::optional<Array> scale;  // a static input scale (q->scale views it), or none: current scaling
     GemmOptions o[3];  // by output dtype, in the order of fused_out_dtypes
     std::vector<int64_t> parts;  // the widths of the outputs call_into_parts writes (sum: N), if any
 };
@@ -386,6 +389,7 @@ const GemmOptions& fused_checked(const FusedLinear& f, int64_t m, int64_t k, int
 // and misaligned addresses, so a wrong argument is an error and not a stray read. Releases the GIL
 // around the GEMM.
 void fused_call(const FusedLinear& f, const GemmOptions& o, uintptr_t x, int64_t m, int64_t k, void* out) {
+    if (m == 0) return;  // an empty batch: y [0, N] has nothing to write (torch gives it no address)
     const DType d = o.out_dtype;
     const auto external = [&](void* p, int64_t cols, bool read_only, const char* name) {
         Tensor::External e;
@@ -404,6 +408,23 @@ void fused_call(const FusedLinear& f, const GemmOptions& o, uintptr_t x, int64_t
     nb::gil_scoped_release nogil;
     gemm(a, f.b, o, y);
 }
+
+// A checkpoint seen from the shard that holds one tensor: its lookups are the checkpoint's (a scale
+// may be in another shard), its path - named by stored_weight's errors - is that shard file's.
+class ShardLookup final : public TensorLookup {
+public:
+    ShardLookup(const Checkpoint& c, const std::string& tensor)
+        : c_(c), path_(c.is_directory() ? c.path() + "/" + c.shard_files()[c.shard_of(tensor)] : c.path()) {}
+    const std::string& path() const noexcept override { return path_; }
+    bool contains(const std::string& name) const noexcept override { return c_.contains(name); }
+    Tensor tensor(const std::string& name) const override { return c_.tensor(name); }
+    const std::map<std::string, std::string>& metadata() const override { return c_.metadata(); }
+    std::optional<std::string> quantization_config() const override { return c_.quantization_config(); }
+
+private:
+    const Checkpoint& c_;
+    std::string path_;
+};
 
 // D = gemm(a, b, o): into the caller's `out` [M, N] when given (device GEMMs: torch allocates it),
 // returning None; else a new host array.
@@ -594,9 +615,23 @@ NB_MODULE(_fp8kit, m) {
         }, "The output dtypes' names, by the index __call__ takes.")
         .def("__init__",
              [](FusedLinear* self, const PackedWeight& b, const std::string& format, const std::string& scaling,
-                const std::string& overflow, const std::optional<Array>& bias, const std::vector<int64_t>& parts) {
+                const std::string& overflow, const std::optional<Array>& bias, const std::vector<int64_t>& parts,
+                const std::optional<Array>& scale) {
                  std::optional<QuantizeOptions> q;  // scaling "none": weight-only
                  if (scaling != "none") q = quantize_options(format, scaling, overflow, false, 0.0f, "floor", "propagate");
+                 if (scale) {  // a static input scale: checked now, not at the first call
+                     if (!q) throw Error("fp8kit.FusedLinear: a static scale needs an input scaling, got 'none'");
+                     if (q->scaling.granularity != Granularity::tensor) {
+                         throw Error("fp8kit.FusedLinear: a static scale needs tensor input scaling, got " + scaling);
+                     }
+                     q->scale = view(*scale, "scale", hold(*scale)).contiguous();
+                     const float v = q->scale.numel() == 1 && q->scale.dtype() == DType::f32 ? *q->scale.data<const float>() : 0.0f;
+                     if (!(v > 0.0f) || std::isinf(v)) {
+                         throw Error("fp8kit.FusedLinear: scale is " + std::string(to_string(q->scale.dtype())) + " " +
+                                     to_string(q->scale.shape()) + (q->scale.numel() == 1 ? " holding " + std::to_string(v) : "") +
+                                     ", expected one finite float32 value > 0");
+                     }
+                 }
                  int64_t sum = 0;
                  for (const int64_t w : parts) {
                      if (w <= 0) throw Error("fp8kit.FusedLinear: a part's width is " + std::to_string(w));
@@ -606,12 +641,15 @@ NB_MODULE(_fp8kit, m) {
                      throw Error("fp8kit.FusedLinear: the parts' widths sum to " + std::to_string(sum) + ", the weight has N = " +
                                  std::to_string(b.n()));
                  }
-                 auto* f = new (self) FusedLinear{b, q, bias, {}, parts};
+                 auto* f = new (self) FusedLinear{b, q, bias, scale, {}, parts};
                  for (int i = 0; i < 3; ++i) {
                      f->o[i] = gemm_options(fused_out_dtypes[i], 1.0f, 0.0f, std::nullopt, f->bias, "none");
                  }
              },
-             "b"_a, "format"_a, "scaling"_a, "overflow"_a, "bias"_a.none(), "parts"_a = std::vector<int64_t>{})
+             "b"_a, "format"_a, "scaling"_a, "overflow"_a, "bias"_a.none(), "parts"_a = std::vector<int64_t>{},
+             "scale"_a = nb::none(),
+             "scale: a static input scale (one float32 value, x * scale is cast; tensor scaling only), as a "
+             "checkpoint's input_scale gives it (scale = 1 / input_scale); None: the scale of each call's amax.")
         .def("__call__",
              [](const FusedLinear& f, const Array& a, int out) {
                  if (out < 0 || out > 2) {
@@ -697,6 +735,27 @@ NB_MODULE(_fp8kit, m) {
           "replace-on-write.");
     m.def("read_policy", [](const std::string& path) { return policy_json(read_policy(path)); }, "path"_a,
           "A policy file as the library reads it (its JSON, normalized); fp8kit.Error naming what is malformed.");
+    // fp8kit.torch's checkpoint loader reads the layouts through the library's own rules
+    // (stored_weight: the same as fp8kit inspect / dequantize / verify), not a copy of them.
+    using StoredEntry = std::tuple<std::string, std::vector<int64_t>, std::string, std::string, std::string, std::string,
+                                   std::string>;
+    m.def("checkpoint_weights", [](const std::string& path) {
+              const Checkpoint c(path);
+              std::vector<StoredEntry> out;
+              for (const std::string& name : c.names()) {
+                  const std::optional<StoredWeight> w = stored_weight(ShardLookup(c, name), name);
+                  if (!w) continue;
+                  out.emplace_back(name, std::vector<int64_t>(w->shape.begin(), w->shape.end()),
+                                   std::string(to_string(w->scheme)), w->scale, to_string(w->q.scaling), w->input_scale,
+                                   c.is_directory() ? c.shard_files()[c.shard_of(name)] : path);
+              }
+              return std::make_pair(c.quantization_config(), out);
+          },
+          "path"_a,
+          "The FP8 weights of a checkpoint (a safetensors file or a shard directory) as fp8kit's commands read them: "
+          "(quantization_config JSON or None, [(weight name, its shape, scheme, scale tensor's name, the scaling of "
+          "its matrix view [rows, cols], input_scale name or '', the file holding it)]); fp8kit.Error naming the "
+          "file and tensor for a scale no layout explains.");
     m.def("set_num_threads", &set_num_threads, "n"_a, "Threads for fp8kit's kernels (n >= 1).");
 #ifdef FP8KIT_HAS_CUDA
     m.attr("cuda_built") = true;

@@ -285,6 +285,8 @@ def gemm(a, b, *, out_dtype="float32", alpha=1.0, beta=0.0, c=None, bias=None, a
                     "(quantize the weight first: fp8kit.PackedWeight(fp8kit.quantize(w, scaling=...)))")
     ext = lambda t: None if t is None else _to_extension(t)  # noqa: E731
     out_name = _name(out_dtype)
+    if isinstance(b, QTensor):  # packed here: a B that is no GEMM operand is then fp8kit.Error, not a TypeError
+        b = PackedWeight(b)
     if isinstance(a, QTensor):
         call = lambda out: _fp8kit.gemm(a, b, out_name, alpha, beta, ext(c), ext(bias), activation, out)  # noqa: E731
     elif scaling is None:
@@ -366,12 +368,19 @@ def scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=No
     if len(getattr(a, "shape", ())) != 2 or len(getattr(b, "shape", ())) != 2:
         raise Error("fp8kit.scaled_mm: a and b must be 2-d (a [M, K], b [K, N])")
     m, k, n = a.shape[0], a.shape[1], b.shape[1]
+    if a.shape[1] != b.shape[0]:
+        raise Error(f"fp8kit.scaled_mm: a is {list(a.shape)} and b is {list(b.shape)}: a's K (columns) must equal "
+                    "b's K (rows)")
     ga, sa = _operand_scaling(scale_a, "scale_a", m, k)
     gb, sb = _operand_scaling(scale_b, "scale_b", n, k)
     qa = qtensor(a, sa, ga)
-    qb = qtensor(b.T, sb, gb)
+    bt = b.T
+    if bt.stride(-1) != 1 if _is_torch(bt) else bt.strides[-1] != bt.itemsize:
+        bt = _contiguous(bt)  # a row-major b: its [N, K] rows copied once (column-major b is read in place)
+    qb = qtensor(bt, sb, gb)
     fp8_out = out_dtype is None or _name(out_dtype).startswith("float8_")
     out_name = "float32" if fp8_out else _name(out_dtype)
+    qb = PackedWeight(qb)  # an Error naming what is wrong with b (nanobind would raise a TypeError)
     bias = None if bias is None else _to_extension(bias)
     call = lambda out: _fp8kit.gemm(qa, qb, out_name, 1.0, 0.0, None, bias, "none", out)  # noqa: E731
     d = _device_gemm(call, m, n, out_name, a.device) if _cuda(a) else _out(call(None), out_name, _is_torch(a))

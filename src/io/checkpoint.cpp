@@ -198,7 +198,11 @@ std::optional<StoredWeight> stored_weight(const TensorLookup& t, const std::stri
         w.q.scaling = Scaling::block(1, cols / (n / rows));
     } else {
         throw Error(where + ": its scale " + w.scale + " " + got +
-                    " fits no layout (f32/bf16/f16 [1], [out, 1], [out, in/group], the block grid; e8m0 [out, ceil(in/32)])");
+                    " fits no layout (f32/bf16/f16 [1], [out, 1], [out, in/group], the block grid; e8m0 [out, ceil(in/32)])" +
+                    (t.quantization_config() ? std::string()
+                                             : std::string("; there is no quantization_config (neither in the file's metadata "
+                                                           "nor in a config.json beside it): a compressed-tensors block or "
+                                                           "group scale is known only from the checkpoint's config.json")));
     }
     if (!cfg.strategy.empty() && cfg.strategy != "block" && cfg.strategy != to_string(w.scheme)) {
         throw Error(where + ": quantization_config says strategy '" + cfg.strategy + "' but its scale " + w.scale + " (" + got + ") is " +

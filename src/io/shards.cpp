@@ -91,16 +91,38 @@ size_t Checkpoint::shard_of(const std::string& tensor) const {
     return it->second;
 }
 
+namespace {
+// The config.json beside a single file (its directory's), if there is one.
+fs::path sibling_config(const std::string& file) {
+    const fs::path dir = fs::path(file).parent_path();
+    return (dir.empty() ? fs::path(".") : dir) / "config.json";
+}
+}  // namespace
+
 std::optional<std::string> Checkpoint::quantization_config() const {
     if (config_) {
         const Json c = Json::parse(*config_);  // checked when read
         if (c.contains("quantization_config")) return c["quantization_config"].dump();
     }
-    return TensorLookup::quantization_config();
+    if (auto own = TensorLookup::quantization_config()) return own;
+    // A file inside a checkpoint directory (its model.safetensors, one shard): the directory's
+    // config.json describes it - a compressed-tensors block scale, a group size, a block size
+    // other than 128 are known only from there.
+    std::error_code ec;
+    if (const fs::path cfg = sibling_config(path_); !directory_ && fs::exists(cfg, ec)) {
+        const std::string text = read_text(cfg.string());
+        const Json c = parse_json_text(text, cfg.string());
+        if (c.is_object() && c.contains("quantization_config")) return c["quantization_config"].dump();
+    }
+    return std::nullopt;
 }
 
 std::vector<std::string> Checkpoint::files() const {
-    if (!directory_) return {path_};
+    if (!directory_) {  // and the config.json beside it, which quantization_config() may read
+        std::error_code ec;
+        const fs::path cfg = sibling_config(path_);
+        return fs::exists(cfg, ec) ? std::vector<std::string>{path_, cfg.string()} : std::vector<std::string>{path_};
+    }
     std::vector<std::string> out{path_};
     for (const std::string& f : shard_files_) out.push_back((fs::path(path_) / f).string());
     for (const char* f : {index_name, "config.json"}) out.push_back((fs::path(path_) / f).string());

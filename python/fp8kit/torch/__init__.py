@@ -40,13 +40,16 @@ The modules, one feature each (the names above are the API; the modules' other n
     training.py           convert_to_float8_training, Float8Linear and its autograd Function
     layerwise_casting.py  enable_layerwise_casting, Float8Embedding
     advice.py             advise
-and, to come, checkpoint.py (FP8 checkpoints loaded into these layers: issue 48) and fsdp.py
-(FSDP2's FP8 all-gather for the training layers: issue 50; their GEMMs' custom ops go to ops.py).
-Checked by tests/python/test_torch.py, test_training.py, test_layerwise.py and test_advise.py.
+    checkpoint.py         from_pretrained, load_fp8_checkpoint: FP8 checkpoints run as stored
+and, to come, fsdp.py (FSDP2's FP8 all-gather for the training layers: issue 50; their GEMMs'
+custom ops go to ops.py).
+Checked by tests/python/test_torch.py, test_training.py, test_layerwise.py, test_advise.py,
+test_fp8_checkpoints.py and, on a GPU, test_cuda.py.
 """
 import warnings
 
 from .advice import advise
+from .checkpoint import Float8Experts, Float8StaticInputLinear, from_pretrained, load_fp8_checkpoint
 from .inference import RECIPES, Float8InferenceLinear, quantize_
 from .layerwise_casting import (CASTABLE_LAYERS, DEFAULT_SKIP_MODULES_PATTERN, Float8Embedding,
                                 LayerwiseCastingReport, enable_layerwise_casting)
@@ -54,8 +57,9 @@ from .ops import linear
 from .training import TRAINING_RECIPES, Float8Linear, convert_to_float8_training
 
 __all__ = ["CASTABLE_LAYERS", "DEFAULT_SKIP_MODULES_PATTERN", "RECIPES", "TRAINING_RECIPES", "Float8Embedding",
-           "Float8InferenceLinear", "Float8Linear", "LayerwiseCastingReport", "advise", "convert_to_float8_training",
-           "enable_layerwise_casting", "linear", "quantize_"]
+           "Float8Experts", "Float8InferenceLinear", "Float8Linear", "Float8StaticInputLinear", "LayerwiseCastingReport",
+           "advise", "convert_to_float8_training", "enable_layerwise_casting", "from_pretrained", "linear",
+           "load_fp8_checkpoint", "quantize_"]
 
 
 def __getattr__(name):

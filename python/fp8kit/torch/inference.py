@@ -171,6 +171,14 @@ def quantize_(model, config=None, filter_fn=None, *, fuse_siblings=True):
         if not fqn:
             raise fp8kit.Error("fp8kit.torch.quantize_: the model is itself an nn.Linear; quantize_ replaces the "
                                "Linear layers inside a model (wrap it: nn.Sequential(linear))")
+        w = m.weight
+        if w.dtype.itemsize == 1 and w.dtype.is_floating_point:  # codes, not values: never quantized again
+            raise fp8kit.Error(f"fp8kit.torch.quantize_: layer '{fqn}' holds {w.dtype} weights already (an FP8 "
+                               "checkpoint loaded as it is stored); load it with fp8kit.torch.from_pretrained(path) "
+                               "or load_fp8_checkpoint(model, path), which keep its codes and scales")
+        if w.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise fp8kit.Error(f"fp8kit.torch.quantize_: layer '{fqn}' has {w.dtype} weights; quantize_ takes "
+                               "float32, bfloat16 or float16 models (cast it first, e.g. model.float())")
         model.set_submodule(fqn, Float8InferenceLinear.from_linear(m, recipe))
     if fuse_siblings:
         _group_siblings(model)

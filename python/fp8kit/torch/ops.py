@@ -140,6 +140,15 @@ def _(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
+def _no_backward(ctx, grad):
+    raise fp8kit.Error("fp8kit.torch.Float8InferenceLinear is an inference layer (an FP8 weight buffer): it has no "
+                       "backward. To train in FP8, convert the high-precision model with "
+                       "fp8kit.torch.convert_to_float8_training")
+
+
+linear.register_autograd(_no_backward)
+
+
 # _plain_eager's tests, looked up once (each module attribute on the way is a lookup per call):
 # whether torch.compile or torch.export traces, whether autograd records, how many dispatch modes
 # are on (torch.utils._python_dispatch._get_current_dispatch_mode is None exactly when none is).

@@ -1,0 +1,687 @@
+"""fp8kit.torch.checkpoint (fp8kit.torch.from_pretrained, load_fp8_checkpoint): run the FP8 checkpoints
+users download - llm-compressor / compressed-tensors float-quantized, transformers' fine-grained FP8
+(DeepSeek-V3 `weight_scale_inv`), FBGEMM FP8, fp8kit's own - from PyTorch, on fp8kit's FP8 GEMM,
+with the stored FP8 codes and scales as the layers' weights: never dequantized, never re-quantized.
+
+    import fp8kit.torch
+    model = fp8kit.torch.from_pretrained("path/to/fp8-checkpoint")   # a transformers model
+    out = model.generate(ids, max_new_tokens=32)
+    fp8kit.torch.load_fp8_checkpoint(my_module, "path/to/dir")     # any nn.Module whose names match
+
+What it does:
+- Which tensors are FP8 weights, and with which scale layout, is what fp8kit's commands read:
+  the library's own rules (fp8kit::stored_weight through the extension's checkpoint_weights, the
+  rules of docs/CHECKPOINTS.md), not a copy of them: a scale no layout explains, or one that
+  contradicts the config's strategy or block size, is an fp8kit.Error naming the file and tensor.
+- from_pretrained builds the model as transformers does (AutoConfig; the class AutoModelForCausalLM
+  picks for the config, or model_class=) with its parameters on the meta device (accelerate's
+  init_empty_weights: no high-precision weight is ever made), then loads the checkpoint.
+- Every tensor is read through safetensors' safe_open, which maps the file: an FP8 weight's codes
+  are the file's bytes (the layer's `weight` buffer views them); the scale is the stored one, as
+  float32 (bf16 / f16 scales convert exactly), in the layer's [rows, groups] shape. Other tensors
+  keep the checkpoint's dtype (or torch_dtype=).
+- An nn.Linear stored in FP8 becomes fp8kit.torch's inference layer; its activation is cast to FP8
+  inside the GEMM as the checkpoint's config says: dynamic per token (compressed-tensors `token`,
+  FBGEMM), per tensor, per 1 x group (compressed-tensors `group`, fine-grained FP8's 1 x 128), or
+  with the stored static `input_scale` (Float8StaticInputLinear); weight-only when the config
+  quantizes no activation.
+- MoE experts: per-expert nn.Linear modules load as above; a model whose experts are one module of
+  3-D parameters [experts, out, in] (transformers 5's fused experts) gets a Float8Experts module,
+  from per-expert FP8 tensors (the names transformers' own conversion mapping gives for the model
+  type) or from 3-D FP8 tensors with per-expert scales; each expert computes in FP8.
+- Modules the config keeps in high precision (compressed-tensors `ignore`, `modules_to_not_convert`)
+  stay as they are stored; one stored in FP8 nonetheless is an error naming file and tensor.
+
+Checked by tests/python/test_fp8_checkpoints.py (llm-compressor's FP8_DYNAMIC, FP8_BLOCK and static
+FP8 on a Llama and a Qwen2-MoE; files `fp8kit quantize` writes; weights bit for bit against the
+files, logits against a float64 emulation of the same scheme, planted wrong answers).
+"""
+import json
+import os
+import re
+
+import torch
+from torch import nn
+
+import fp8kit
+
+from . import ops as _ops
+from .inference import Float8InferenceLinear as _InferenceLinear, _group_siblings
+
+_E8M0 = getattr(torch, "float8_e8m0fnu", None)
+
+
+class _Checkpoint:
+    """A checkpoint (a .safetensors file or a directory of shards) as tensors by name: every tensor
+    read with safetensors' safe_open (memory-mapped), plus the FP8 weights the library recognises
+    (fp8kit._fp8kit.checkpoint_weights) and the quantization_config."""
+
+    def __init__(self, path):
+        from safetensors import safe_open
+        self.path = os.fspath(path)
+        qc, entries = fp8kit._fp8kit.checkpoint_weights(self.path)
+        self.qconfig = json.loads(qc) if qc else None
+        self.directory = os.path.isdir(self.path)
+        self.fp8 = {}  # weight name -> (shape, scheme, scale name, scaling, input_scale name or None, file)
+        for name, shape, scheme, scale, scaling, input_scale, file in entries:
+            file = os.path.join(self.path, file) if self.directory else self.path
+            self.fp8[name] = (tuple(shape), scheme, scale, scaling, input_scale or None, file)
+        if self.directory:
+            index = os.path.join(self.path, "model.safetensors.index.json")
+            if os.path.exists(index):
+                with open(index) as f:
+                    files = sorted(set(json.load(f)["weight_map"].values()))
+            else:
+                files = sorted(f for f in os.listdir(self.path) if f.endswith(".safetensors"))
+            files = [os.path.join(self.path, f) for f in files]
+        else:
+            files = [self.path]
+        self._open = {f: safe_open(f, framework="pt") for f in files}
+        self.file_of = {}
+        for f, handle in self._open.items():
+            for k in handle.keys():
+                self.file_of[k] = f
+
+    def tensor(self, name):
+        return self._open[self.file_of[name]].get_tensor(name)
+
+    def where(self, name):
+        return f"{self.file_of.get(name, self.path)}: tensor '{name}'"
+
+    def scale_names(self):
+        """The scales and static input scales that belong to FP8 weights."""
+        out = set()
+        for _, _, scale, _, input_scale, _ in self.fp8.values():
+            out.add(scale)
+            if input_scale:
+                out.add(input_scale)
+        return out
+
+
+# ---- what the config says about activations and kept modules ----
+
+def _block_of(scaling):
+    m = re.fullmatch(r"block\((\d+)x(\d+)\)", scaling)
+    return (int(m[1]), int(m[2])) if m else None
+
+
+def _activation_of_args(args, weight_scaling, where):
+    """compressed-tensors' input_activations (a dict, or None: weight-only) as fp8kit's input scaling
+    - "row" (strategy token), "tensor", "block(1xG)" (group) - and whether it is static."""
+    if not args:
+        return "none", False
+    if args.get("type", "float") != "float" or args.get("num_bits", 8) != 8:
+        raise fp8kit.Error(f"{where}: input_activations {args} are not FP8; fp8kit runs FP8 activations or none")
+    strategy = args.get("strategy", "tensor")
+    dynamic = args.get("dynamic", True)
+    static = dynamic is False
+    if strategy == "token":
+        scaling = "row"
+    elif strategy == "tensor":
+        scaling = "tensor"
+    elif strategy == "group" and args.get("group_size"):
+        scaling = f"block(1x{int(args['group_size'])})"
+    else:
+        raise fp8kit.Error(f"{where}: input_activations strategy '{strategy}' ({args}): fp8kit casts activations "
+                           "per token, per tensor or per 1 x group")
+    if static and scaling != "tensor":
+        raise fp8kit.Error(f"{where}: static input_activations with strategy '{strategy}': fp8kit takes a static "
+                           "activation scale per tensor only")
+    return scaling, static
+
+
+class _Config:
+    """The parts of a checkpoint's quantization_config the loader needs: each FP8 module's
+    activation scaling (and whether static), and the modules kept in high precision."""
+
+    def __init__(self, qc, ckpt):
+        self.qc = qc or {}
+        self.ckpt = ckpt
+        self.method = self.qc.get("quant_method")
+        self.groups = []
+        if self.method == "compressed-tensors":
+            for g in (self.qc.get("config_groups") or {}).values():
+                self.groups.append((g.get("targets") or [], g.get("input_activations")))
+            self.ignore = list(self.qc.get("ignore") or [])
+        else:
+            self.ignore = list(self.qc.get("modules_to_not_convert") or [])
+
+    def kept(self, module_name, module):
+        """Whether the config keeps module in high precision."""
+        if not self.ignore:
+            return False
+        if self.method == "compressed-tensors":
+            from compressed_tensors.utils.match import is_match
+            return is_match(module_name, module, self.ignore) if module is not None else any(
+                t == module_name or (t.startswith("re:") and re.match(t[3:], module_name)) for t in self.ignore)
+        from transformers.quantizers.quantizers_utils import should_convert_module
+        return not should_convert_module(module_name, self.ignore)
+
+    def activation(self, module_name, module, scheme, weight_scaling, where):
+        """(input scaling, static) for the FP8 weight of module_name."""
+        if self.method == "compressed-tensors":
+            if len(self.groups) == 1 or len({json.dumps(a, sort_keys=True) for _, a in self.groups}) == 1:
+                args = self.groups[0][1] if self.groups else None
+            else:
+                from compressed_tensors.utils.match import is_match
+                hits = [a for targets, a in self.groups if is_match(module_name, module, targets)]
+                if not hits:
+                    raise fp8kit.Error(f"{where}: stored in FP8, but no config group of quantization_config targets "
+                                       f"module '{module_name}'")
+                args = hits[0]
+            return _activation_of_args(args, weight_scaling, where)
+        if self.method == "fp8":  # transformers FineGrainedFP8 / DeepSeek-V3
+            if self.qc.get("activation_scheme", "dynamic") != "dynamic":
+                raise fp8kit.Error(f"{where}: activation_scheme '{self.qc.get('activation_scheme')}'; fp8kit runs "
+                                   "the fine-grained FP8 layout with dynamic activations")
+            block = _block_of(weight_scaling)
+            return (f"block(1x{block[1]})" if block else "row"), False
+        if self.method == "fbgemm_fp8":  # per-token dynamic activations (fbgemm's quantize_fp8_per_row)
+            return "row", False
+        # fp8kit's own layout, or no config: the activation of the weight scheme's recipe
+        # (tensor: tensorwise, channel / group: rowwise, block: DeepSeek-V3's 1 x block cols, mx32).
+        if scheme in ("tensor", "mx32"):
+            return scheme, False
+        block = _block_of(weight_scaling)
+        return (f"block(1x{block[1]})" if scheme == "block128" else "row"), False
+
+
+# ---- the layers ----
+
+def _fp8_scale(scale, scheme, rows, cols, scaling):
+    """The stored scale as the inference layer holds it: float32 [scale rows, scale cols] (exact:
+    bf16 / f16 widen), or the e8m0 codes for mx32."""
+    shape = fp8kit._fp8kit.scale_shape(scaling, rows, cols)
+    if scheme == "mx32":
+        s = scale if scale.dtype == _E8M0 else scale.view(torch.uint8).view(_E8M0)
+        return s.reshape(shape)
+    return scale.to(torch.float32).reshape(shape)
+
+
+def _recipe_name(input_scaling):
+    """The inference layer's recipe label for an input scaling (what its siblings group by)."""
+    return {"row": "rowwise", "tensor": "tensorwise", "mx32": "mxfp8", "none": "weight_only"}.get(
+        input_scaling, "block")
+
+
+def _inference_linear(codes, scale_inv, weight_scaling, input_scaling, bias):
+    """fp8kit.torch's inference layer over the stored codes and scale: made on the meta device (no
+    buffer allocated), then given the checkpoint's tensors."""
+    out_features, in_features = codes.shape
+    with torch.device("meta"):
+        m = _InferenceLinear(in_features, out_features, bias is not None, _recipe_name(input_scaling),
+                             str(codes.dtype).removeprefix("torch.float8_"))
+    m.input_scaling, m.weight_scaling = input_scaling, weight_scaling
+    m.weight, m.weight_scale_inv = codes, scale_inv
+    if bias is not None:
+        m.bias = nn.Parameter(bias, requires_grad=False)
+    return m
+
+
+class Float8StaticInputLinear(_InferenceLinear):
+    """The inference layer with a static activation scale, as compressed-tensors' static FP8 schemes
+    store it (`input_scale`, the dequantization multiplier of the activation): x is cast to FP8 as
+    encode(float32(x * (1 / input_scale))), saturating, inside the GEMM; the scale is the stored one
+    (buffer `input_scale`, in its stored dtype)."""
+
+    @classmethod
+    def from_stored(cls, codes, scale_inv, weight_scaling, input_scale, bias):
+        out_features, in_features = codes.shape
+        with torch.device("meta"):
+            m = cls(in_features, out_features, bias is not None, "tensorwise",
+                    str(codes.dtype).removeprefix("torch.float8_"))
+        m.input_scaling, m.weight_scaling = "tensor", weight_scaling
+        m.weight, m.weight_scale_inv = codes, scale_inv
+        m.register_buffer("input_scale", input_scale)
+        if bias is not None:
+            m.bias = nn.Parameter(bias, requires_grad=False)
+        return m
+
+    def _fused(self):
+        """The extension's FusedLinear with the static scale 1 / input_scale (computed in float64,
+        rounded once to float32), made on first use and again after a buffer is written or
+        replaced (kept as fp8kit.torch's _Cached: dropped by deepcopy and pickle)."""
+        w, s, b, i = self.weight, self.weight_scale_inv, self.bias, self.input_scale
+        tensors = (w, s, b, i)
+        versions = (w._version, s._version, i._version, None if b is None else b._version)
+        cached = self.__dict__.get("_fp8kit_static")
+        if cached is None or cached[1] != versions or any(x is not y for x, y in zip(cached[0], tensors)):
+            scale = (1.0 / i.detach().to(torch.float64)).to(torch.float32).reshape(1)
+            packed = fp8kit.PackedWeight(fp8kit.qtensor(w, s, self.weight_scaling))
+            fused = fp8kit._fp8kit.FusedLinear(packed, "e4m3fn", "tensor", "saturate",
+                                               None if b is None else fp8kit._to_extension(b.detach()), [],
+                                               fp8kit._to_extension(scale))
+            cached = self.__dict__["_fp8kit_static"] = _ops._Cached((tensors, versions, fused))
+        return cached[2]
+
+    def forward(self, x):
+        shape = x.shape
+        if not shape or shape[-1] != self.in_features:
+            raise fp8kit.Error(f"fp8kit.torch.Float8StaticInputLinear: the input has shape {list(shape)}, but "
+                               f"in_features {self.in_features}")
+        out = _ops._OUT_DTYPES.get(x.dtype)
+        if out is None:
+            raise fp8kit.Error(f"fp8kit.torch.Float8StaticInputLinear: the input is {x.dtype}; it takes float32, "
+                               "bfloat16 or float16")
+        if torch.is_grad_enabled() and x.requires_grad:
+            raise fp8kit.Error("fp8kit.torch.Float8StaticInputLinear is an inference layer: no backward. To train "
+                               "in FP8 use fp8kit.torch.convert_to_float8_training on a high-precision model")
+        if x.device != self.weight.device:
+            raise fp8kit.Error(f"fp8kit.torch.Float8StaticInputLinear: the input is on device '{x.device}', the weight "
+                               f"on device '{self.weight.device}' (move the model with .to(device))")
+        return _ops._call_into(self._fused(), self.out_features, x.contiguous(), out[1])
+
+    def extra_repr(self):
+        return super().extra_repr() + ", static input_scale"
+
+
+class Float8Experts(nn.Module):
+    """A mixture of experts whose projections are FP8 (fp8kit.torch's inference layer per expert
+    and projection), in place of a transformers experts module of 3-D parameters (gate_up_proj
+    [experts, 2 * inter, hidden] and down_proj [experts, hidden, inter]: transformers 5's fused
+    experts), with that module's forward signature: (hidden_states [tokens, hidden], top_k_index
+    and top_k_weights [tokens, k]) -> [tokens, hidden], each token the sum over its k experts of
+    weight * down(gate(gate_up(x))), summed in float32. The gating is the replaced module's own
+    (_apply_gate / act_fn).
+
+    Two storage forms, each as the checkpoint names it (state_dict gives the stored tensors):
+    - per expert ("per_expert"): children "0", "1", ... each with its projections (gate_proj,
+      up_proj, down_proj, or the names of the checkpoint) as inference layers;
+    - 3-D ("fused"): buffers gate_up_proj / down_proj (codes [experts, out, in]) and their scales,
+      each expert's layer a view of its slice."""
+
+    def __init__(self, original, num_experts, has_gate):
+        super().__init__()
+        self.num_experts, self.has_gate = num_experts, has_gate
+        self._original = [original]  # its gating (bound methods, act_fn); a list: not a child module
+        self.gate_up = [None] * num_experts  # per expert: the layers whose outputs, concatenated, are gate_up
+        self.down = [None] * num_experts
+
+    def _gate(self, gate_up):
+        original = self._original[0]
+        if self.has_gate:
+            return original._apply_gate(gate_up)
+        return original.act_fn(gate_up)
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        out = torch.zeros(hidden_states.shape, dtype=torch.float32, device=hidden_states.device)
+        for e in torch.unique(top_k_index).tolist():
+            if not 0 <= e < self.num_experts:
+                continue
+            token, pos = torch.where(top_k_index == e)
+            x = hidden_states[token]
+            parts = [layer(x) for layer in self.gate_up[e]]
+            h = self._gate(parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1))
+            y = self.down[e](h)
+            out.index_add_(0, token, y.float() * top_k_weights[token, pos, None].float())
+        return out.to(hidden_states.dtype)
+
+    def extra_repr(self):
+        return f"num_experts={self.num_experts}, has_gate={self.has_gate}"
+
+
+# ---- memory: the packed weight as the one resident copy ----
+
+def _release_pages(t):
+    """Asks the kernel to reclaim the whole pages of tensor t's memory (Linux madvise MADV_PAGEOUT):
+    for an FP8 weight's codes mapped from the checkpoint file (safetensors' mapping, never written)
+    the pages are dropped and read again from the file if state_dict reads them; anonymous memory
+    would be swapped out, never lost. Elsewhere, or on a kernel without MADV_PAGEOUT (Linux < 5.4),
+    nothing happens."""
+    import sys
+    if not sys.platform.startswith("linux") or not t.is_cpu:
+        return
+    import ctypes
+    import mmap
+    libc = _libc()
+    page = mmap.PAGESIZE
+    start = t.data_ptr()
+    first, last = -(-start // page) * page, (start + t.numel() * t.element_size()) // page * page
+    if last > first:  # only pages wholly inside t: its neighbours' bytes stay where they are
+        libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), 21)  # MADV_PAGEOUT
+
+
+_LIBC = []
+
+
+def _libc():
+    if not _LIBC:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        _LIBC.append(libc)
+    return _LIBC[0]
+
+
+def _pack(layers):
+    """Packs each FP8 layer's weight for the GEMM now (what its first call would do) and then lets
+    the codes' pages go back to the file: the packed copy is then the only one in memory (one byte a
+    weight plus its scales), and the codes state_dict returns are the file's, read again on demand."""
+    for m in layers:
+        if isinstance(m, Float8StaticInputLinear):
+            m._fused()
+        else:
+            _ops._fused(m.weight, m.weight_scale_inv, m.weight_scaling, m._parameters["bias"], m.input_scaling)
+        _release_pages(m.weight)
+
+
+def _fp8_layers(model):
+    out = [m for m in model.modules() if isinstance(m, _InferenceLinear)]
+    for m in model.modules():
+        if isinstance(m, Float8Experts):
+            for layers in m.gate_up:
+                out += [x for x in layers if x not in out]
+            out += [x for x in m.down if x not in out]
+    return out
+
+
+# ---- loading ----
+
+def _expert_sources(model, experts_name):
+    """For a fused experts module (3-D gate_up_proj / up_proj and down_proj parameters): the
+    per-expert checkpoint names its parameters come from, by transformers' own conversion mapping
+    for the model type - {"gate_up_proj": ["gate_proj", "up_proj"], "down_proj": ["down_proj"]}
+    for Qwen2-MoE - or None when the mapping names none."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type is None:
+        return None
+    try:
+        from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+        mapping = get_checkpoint_conversion_mapping(model_type) or []
+    except Exception:  # noqa: BLE001 - an older transformers: no mapping
+        return None
+    out = {}
+    for conv in mapping:
+        targets = getattr(conv, "target_patterns", None)
+        sources = getattr(conv, "source_patterns", None)
+        if not targets or not sources:
+            continue
+        targets = [targets] if isinstance(targets, str) else list(targets)
+        sources = [sources] if isinstance(sources, str) else list(sources)
+        for t in targets:
+            m = re.search(r"experts\.(\w+)$", t)
+            if not m:
+                continue
+            names = []
+            for s in sources:
+                sm = re.search(r"experts\.\*\.(\w+)\.weight$", s)
+                if sm:
+                    names.append(sm[1])
+            if names and len(names) == len(sources):
+                out[m[1]] = names
+    return out or None
+
+
+def _parent(model, name):
+    parent_name, _, child = name.rpartition(".")
+    try:
+        return (model.get_submodule(parent_name) if parent_name else model), child
+    except AttributeError:
+        return None, child
+
+
+def _module(model, name):
+    try:
+        return model.get_submodule(name)
+    except AttributeError:
+        return None
+
+
+def _is_fused_experts(m):
+    return (m is not None and not isinstance(m, nn.ModuleList)
+            and isinstance(getattr(m, "down_proj", None), torch.Tensor)
+            and getattr(m, "down_proj").dim() == 3)
+
+
+def _load(model, path, dtype=None, strict=True):
+    """Loads the checkpoint at path into model (see load_fp8_checkpoint); returns (the _Checkpoint,
+    the names of the FP8 modules made)."""
+    ckpt = _Checkpoint(path)
+    cfg = _Config(ckpt.qconfig, ckpt)
+    scale_names = ckpt.scale_names()
+    used = set()
+    made = []
+
+    def stored(name, cast=True):
+        t = ckpt.tensor(name)
+        used.add(name)
+        return t.to(dtype) if cast and dtype is not None and t.is_floating_point() else t
+
+    def scale_of(wname, codes, scheme, scale, scaling):
+        rows, cols = codes.shape
+        return _fp8_scale(stored(scale, cast=False), scheme, rows, cols, scaling)
+
+    experts = {}  # fused experts module name -> {proj or (expert, proj): weight name}
+    for wname, (shape, scheme, scale, scaling, input_scale, file) in ckpt.fp8.items():
+        where = ckpt.where(wname)
+        mname = wname[:-len(".weight")] if wname.endswith(".weight") else wname
+        module = _module(model, mname)
+        if cfg.kept(mname, module):
+            raise fp8kit.Error(f"{where} is stored in FP8, but the checkpoint's quantization_config keeps module "
+                               f"'{mname}' in high precision (ignore / modules_to_not_convert)")
+        if len(shape) == 3 or module is None or not isinstance(module, nn.Linear):
+            # 3-D experts [E, out, in], or a per-expert Linear of a fused experts module.
+            m3 = re.fullmatch(r"(.*\.experts)\.(\w+)", wname) if len(shape) == 3 else \
+                re.fullmatch(r"(.*\.experts)\.(\d+)\.(\w+)\.weight", wname)
+            holder = _module(model, m3[1]) if m3 else None
+            if not _is_fused_experts(holder):
+                raise fp8kit.Error(f"{where} {list(shape)} is stored in FP8, but the model has no nn.Linear "
+                                   f"'{mname}' (nor a fused experts module holding it) to run it")
+            key = m3[2] if len(shape) == 3 else (int(m3[2]), m3[3])
+            experts.setdefault(m3[1], {})[key] = wname
+            continue
+        if tuple(module.weight.shape) != shape:
+            raise fp8kit.Error(f"{where} has shape {list(shape)}, but the model's {mname}.weight is "
+                               f"{list(module.weight.shape)}")
+        codes = stored(wname, cast=False)
+        scale_inv = scale_of(wname, codes, scheme, scale, scaling)
+        input_scaling, static = cfg.activation(mname, module, scheme, scaling, where)
+        bias = stored(mname + ".bias") if module.bias is not None and mname + ".bias" in ckpt.file_of else None
+        if module.bias is not None and bias is None:
+            raise fp8kit.Error(f"{where}: the model's {mname} has a bias, the checkpoint has no '{mname}.bias'")
+        if static or input_scale:
+            if not input_scale:
+                raise fp8kit.Error(f"{where}: the config asks for a static activation scale, but there is no "
+                                   f"'{mname}.input_scale'")
+            if not static and cfg.method == "compressed-tensors":
+                raise fp8kit.Error(f"{ckpt.where(input_scale)}: a static input scale beside a weight whose config "
+                                   "group has dynamic activations")
+            new = Float8StaticInputLinear.from_stored(codes, scale_inv, scaling, stored(input_scale, cast=False),
+                                                      bias)
+        else:
+            new = _inference_linear(codes, scale_inv, scaling, input_scaling, bias)
+        parent, child = _parent(model, mname)
+        setattr(parent, child, new)
+        made.append(mname)
+
+    for ename, parts in experts.items():
+        _load_experts(model, ename, parts, ckpt, cfg, stored, scale_of)
+        made.append(ename)
+
+    # Every other tensor: into the parameter or buffer of its name.
+    params = dict(model.named_parameters(remove_duplicate=False))
+    buffers = dict(model.named_buffers(remove_duplicate=False))
+    for name in ckpt.file_of:
+        if name in used:
+            continue
+        if name in scale_names:
+            raise fp8kit.Error(f"{ckpt.where(name)}: a scale of an FP8 weight the model does not load")
+        target = params.get(name)
+        is_buffer = target is None and name in buffers
+        if target is None and not is_buffer:
+            if strict:
+                raise fp8kit.Error(f"{ckpt.where(name)}: the model has no parameter or buffer of this name")
+            continue
+        t = stored(name)
+        current = target if target is not None else buffers[name]
+        if tuple(current.shape) != tuple(t.shape):
+            raise fp8kit.Error(f"{ckpt.where(name)} has shape {list(t.shape)}, but the model's is "
+                               f"{list(current.shape)}")
+        if t.dtype.itemsize == 1 and t.is_floating_point():
+            raise fp8kit.Error(f"{ckpt.where(name)} is {t.dtype} without a scale fp8kit's layouts explain; "
+                               "dequantize it first (fp8kit dequantize)")
+        parent, child = _parent(model, name)
+        if is_buffer:
+            parent._buffers[child] = t
+        else:
+            parent._parameters[child] = nn.Parameter(t, requires_grad=False)
+    return ckpt, made
+
+
+def _load_experts(model, ename, parts, ckpt, cfg, stored, scale_of):
+    """Replaces the fused experts module ename by a Float8Experts over the checkpoint's FP8 experts."""
+    original = model.get_submodule(ename)
+    num = getattr(original, "num_experts", None) or original.down_proj.shape[0]
+    has_gate = getattr(original, "has_gate", True)
+    if getattr(original, "is_transposed", False) or getattr(original, "has_bias", False) or \
+            not getattr(original, "is_concatenated", True):
+        raise fp8kit.Error(f"{ckpt.path}: experts module '{ename}' ({type(original).__name__}) stores its experts "
+                           "transposed, interleaved or with biases; fp8kit's Float8Experts takes [experts, out, in] "
+                           "concatenated gate/up without bias")
+    new = Float8Experts(original, num, has_gate)
+    fused_names = [k for k in parts if isinstance(k, str)]
+    per_expert = [k for k in parts if not isinstance(k, str)]
+    if fused_names and per_expert:
+        raise fp8kit.Error(f"{ckpt.path}: experts '{ename}' are stored both as 3-D tensors ({fused_names}) and per "
+                           "expert")
+    first = "gate_up_proj" if has_gate else "up_proj"
+
+    def layer(codes, scale, scheme, scaling, input_scale, wname):
+        mname = wname[:-len(".weight")] if wname.endswith(".weight") else wname
+        input_scaling, static = cfg.activation(mname, None, scheme, scaling, ckpt.where(wname))
+        if static != bool(input_scale):
+            raise fp8kit.Error(f"{ckpt.where(wname)}: the config says {'static' if static else 'dynamic'} "
+                               f"activations, the file has {'an' if input_scale else 'no'} input_scale for it")
+        if static:  # per-expert Linears of a static scheme: each expert's stored input_scale
+            return Float8StaticInputLinear.from_stored(codes, scale, scaling, stored(input_scale, cast=False), None)
+        return _inference_linear(codes, scale, scaling, input_scaling, None)
+
+    if fused_names:
+        if set(fused_names) != {first, "down_proj"}:
+            raise fp8kit.Error(f"{ckpt.path}: experts '{ename}' have FP8 tensors {sorted(fused_names)}, expected "
+                               f"{first} and down_proj")
+        for proj in (first, "down_proj"):
+            wname = parts[proj]
+            shape, scheme, scale, scaling, input_scale, _ = ckpt.fp8[wname]
+            want = tuple(getattr(original, proj).shape)
+            if shape != want:
+                raise fp8kit.Error(f"{ckpt.where(wname)} has shape {list(shape)}, but the model's {wname} is "
+                                   f"{list(want)}")
+            codes = stored(wname, cast=False)
+            raw = stored(scale, cast=False)
+            new.register_buffer(proj, codes)
+            new.register_buffer(scale.rpartition(".")[2], raw)
+            e_, out, cols = shape
+            # The matrix view's scaling [E * out, in] per expert: tensor -> one scale, channel -> rows,
+            # block -> its grid (the C++ reader checked out % block rows == 0).
+            per = raw.reshape(e_, -1)
+            sub = {"tensor": "tensor", "channel": "row"}.get(scheme, scaling)
+            for e in range(e_):
+                s = _fp8_scale(per[e], scheme, out, cols, sub)
+                (new.gate_up if proj == first else new.down)[e] = ([layer(codes[e], s, scheme, sub, input_scale, wname)]
+                                                                  if proj == first else
+                                                                  layer(codes[e], s, scheme, sub, input_scale, wname))
+    else:
+        sources = _expert_sources(model, ename)
+        if sources is None or first not in sources or "down_proj" not in sources:
+            raise fp8kit.Error(f"{ckpt.path}: per-expert FP8 tensors under '{ename}' (e.g. "
+                               f"{parts[per_expert[0]]}), but transformers' conversion mapping for this model type "
+                               "names no per-expert sources for its fused experts")
+        order = {first: sources[first], "down_proj": sources["down_proj"]}
+        for e in range(num):
+            expert = nn.Module()
+            for proj, names in order.items():
+                for p in names:
+                    if (e, p) not in parts:
+                        raise fp8kit.Error(f"{ckpt.path}: expert {e} of '{ename}' has no FP8 '{p}' "
+                                           f"({ename}.{e}.{p}.weight)")
+                    wname = parts[(e, p)]
+                    shape, scheme, scale, scaling, input_scale, _ = ckpt.fp8[wname]
+                    codes = stored(wname, cast=False)
+                    expert.add_module(p, layer(codes, scale_of(wname, codes, scheme, scale, scaling), scheme, scaling,
+                                               input_scale, wname))
+            new.add_module(str(e), expert)
+            new.gate_up[e] = [getattr(expert, p) for p in order[first]]
+            new.down[e] = getattr(expert, order["down_proj"][0])
+            gate_up_out = sum(m.out_features for m in new.gate_up[e])
+            if gate_up_out != original.__getattr__(first).shape[1] or \
+                    new.down[e].out_features != original.down_proj.shape[1]:
+                raise fp8kit.Error(f"{ckpt.path}: expert {e} of '{ename}' does not match the model's {first} "
+                                   f"{list(original.__getattr__(first).shape)} / down_proj "
+                                   f"{list(original.down_proj.shape)}")
+        extra = [parts[k] for k in per_expert if k[0] >= num or k[1] not in sum(order.values(), [])]
+        if extra:
+            raise fp8kit.Error(f"{ckpt.where(extra[0])}: no expert projection of the model loads it")
+    parent, child = _parent(model, ename)
+    setattr(parent, child, new)
+
+
+def load_fp8_checkpoint(model, path, *, torch_dtype=None, strict=True, fuse_siblings=False):
+    """Loads an FP8 checkpoint (a .safetensors file, or a directory of shards with its config.json)
+    into model, any nn.Module whose parameter names match the checkpoint's: each nn.Linear the
+    checkpoint stores in FP8 becomes fp8kit.torch's inference layer holding the stored codes and
+    scales as they are (see the module's docstring); every other tensor goes to the parameter or
+    buffer of its name (in torch_dtype, if given). strict: a tensor the model has no place for, or a
+    parameter left on the meta device, is an error. fuse_siblings: as quantize_'s, off by default
+    here: the siblings' GEMM keeps a stacked copy of their weights (codes and packed), about 0.6 of
+    a Llama's Linear bytes again, where the loaded model otherwise holds each weight once. Each
+    layer's weight is packed at load, and the pages of its codes handed back to the file
+    (_pack). Returns model."""
+    _load(model, path, torch_dtype, strict)
+    if fuse_siblings:
+        _group_siblings(model)
+    _pack(_fp8_layers(model))
+    if strict:
+        left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+        if left:
+            raise fp8kit.Error(f"{os.fspath(path)}: the checkpoint has no tensor for {', '.join(left[:8])}"
+                               + (f" and {len(left) - 8} more" if len(left) > 8 else ""))
+    return model
+
+
+def from_pretrained(path, *, model_class=None, torch_dtype=None, fuse_siblings=False, **kwargs):
+    """A transformers model of an FP8 checkpoint directory, its FP8 Linear layers (and experts) on
+    fp8kit's kernels with the stored codes and scales (see the module's docstring). The class is
+    the one AutoModelForCausalLM picks for the config (model_class= to choose another:
+    AutoModelForSeq2SeqLM's, a model class). Built on the meta device (accelerate's
+    init_empty_weights), so no weight is ever made in high precision; non-FP8 tensors keep the
+    checkpoint's dtype, or torch_dtype. fuse_siblings as load_fp8_checkpoint's (off: one copy of
+    each weight). kwargs go to AutoConfig.from_pretrained (config overrides). Returns the model in
+    eval mode."""
+    import transformers
+    from accelerate import init_empty_weights
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise fp8kit.Error(f"fp8kit.torch.from_pretrained: {path} is not a checkpoint directory (config.json and "
+                           "*.safetensors); for a single file use load_fp8_checkpoint on a model you build")
+    config = transformers.AutoConfig.from_pretrained(path, **kwargs)
+    # The quantization is fp8kit's to run: transformers must not apply its own quantizer.
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    dtype = torch_dtype or getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    with init_empty_weights():
+        if model_class is None:
+            model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+        elif hasattr(model_class, "from_config") and model_class.__name__.startswith("Auto"):
+            model = model_class.from_config(config, dtype=dtype)
+        else:
+            model = model_class._from_config(config, dtype=dtype)
+    _load(model, path, torch_dtype, strict=False)
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
+    left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+    if left:
+        raise fp8kit.Error(f"{path}: the checkpoint has no tensor for {', '.join(left[:8])}"
+                           + (f" and {len(left) - 8} more" if len(left) > 8 else ""))
+    if fuse_siblings:
+        _group_siblings(model)
+    _pack(_fp8_layers(model))
+    try:
+        model.generation_config = transformers.GenerationConfig.from_pretrained(path)
+    except OSError:
+        pass  # no generation_config.json: the model's default
+    model.eval()
+    return model
