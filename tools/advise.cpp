@@ -133,7 +133,7 @@ void run_advise(const AdviseArgs& a) {
             model = std::make_unique<Checkpoint>(a.model);
             layers = model_layers(*model, a.tokens);
         });
-        for (const Layer& l : layers) check_gemm_size(l.m, l.n, l.k, "--tokens " + std::to_string(a.tokens) + " with " + printable(l.name) + " " + to_string(Shape{l.n, l.k}));
+        for (const Layer& l : layers) check_gemm_size(l.m, l.n, l.k, "--tokens " + std::to_string(a.tokens) + " with " + quote_printable(l.name) + " " + to_string(Shape{l.n, l.k}));
     }
     check_output(a.out, false, model ? model->files() : std::vector<std::string>{}, a.force);
     // The weights: N(0,1) for --shapes, the model's own values for --model.
