@@ -15,9 +15,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
-#include <charconv>
 #include <filesystem>
-#include <sstream>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -25,7 +23,9 @@
 #include "checkpoint_commands.hpp"
 #include "commands.hpp"
 #include "common.hpp"
+#include "numbers.hpp"
 #include "fp8kit/error.hpp"
+#include "fp8kit/files.hpp"
 #include "fp8kit/gemm.hpp"
 #include "fp8kit/recipe.hpp"
 #include "fp8kit/runtime.hpp"
@@ -36,7 +36,7 @@ namespace {
 
 struct AdviseArgs {
     std::string shapes, model, recipe = "block", input_dtype = "f32", out;
-    bool force = false, json = false;
+    bool force = false, json = false, shapes_given = false;
     int64_t tokens = 256;
     double budget = 0.2;       // seconds of timing per measurement
     double min_speedup = 1.0;  // FP8 must be at least this much faster than f32
@@ -51,45 +51,45 @@ struct Layer {
     Tensor weight;  // [n, k] f32
 };
 
+// What one layer's GEMM allocates (A [M, K], W [N, K], D [M, N], as f32) stays within 2^31
+// elements each; else fp8kit::Error naming `what` (the shape, or --tokens and the weight).
+void check_gemm_size(int64_t m, int64_t n, int64_t k, const std::string& what) {
+    constexpr int64_t limit = int64_t(1) << 31;
+    const auto over = [&](int64_t a, int64_t b) { return a > limit / b; };  // a * b > 2^31, without overflow
+    if (over(m, n) || over(n, k) || over(m, k)) throw Error(what + " needs M*N, N*K, M*K <= 2^31");
+}
+
 std::vector<Layer> parse_shapes(const std::string& text) {
+    // M x N x K items separated by commas; each number through the command's one parser.
     std::vector<Layer> layers;
-    std::stringstream ss(text);
-    std::string item;
-    while (std::getline(ss, item, ',')) {
-        // M x N x K: three decimal numbers of at most 9 digits, nothing else.
-        int64_t v[3] = {0, 0, 0};
-        const char* p = item.data();
-        const char* end = item.data() + item.size();
-        bool ok = true;
-        for (int i = 0; i < 3 && ok; ++i) {
-            const char* start = p;
-            const auto r = std::from_chars(p, end, v[i]);
-            ok = r.ec == std::errc() && r.ptr - start <= 9;
-            p = r.ptr;
-            if (ok && i < 2) ok = p != end && *p++ == 'x';
-        }
-        if (!ok || p != end) throw Error("--shapes: '" + item + "' is not MxNxK (e.g. 16x4096x4096)");
-        if (v[0] < 1 || v[1] < 1 || v[2] < 1 || v[0] * v[1] > (int64_t(1) << 31) || v[1] * v[2] > (int64_t(1) << 31) ||
-            v[0] * v[2] > (int64_t(1) << 31)) {
-            throw Error("--shapes: '" + item + "' needs dimensions >= 1 and M*N, N*K, M*K <= 2^31");
-        }
-        layers.push_back({"", v[0], v[1], v[2], bench::normal_tensor(v[1], v[2], DType::f32, uint32_t(layers.size() + 1))});
+    for (size_t at = 0;;) {
+        const size_t comma = text.find(',', at);
+        const std::string item = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+        const size_t x1 = item.find('x'), x2 = x1 == std::string::npos ? x1 : item.find('x', x1 + 1);
+        if (x2 == std::string::npos || item.find('x', x2 + 1) != std::string::npos)
+            throw Error("--shapes: " + quote_printable(item) + " is not MxNxK (e.g. 16x4096x4096)");
+        const int64_t m = parse_integer("--shapes M", item.substr(0, x1), 1, int64_t(1) << 31);
+        const int64_t n = parse_integer("--shapes N", item.substr(x1 + 1, x2 - x1 - 1), 1, int64_t(1) << 31);
+        const int64_t k = parse_integer("--shapes K", item.substr(x2 + 1), 1, int64_t(1) << 31);
+        check_gemm_size(m, n, k, "--shapes: " + quote_printable(item));
+        layers.push_back({"", m, n, k, Tensor()});
+        if (comma == std::string::npos) break;
+        at = comma + 1;
     }
-    if (layers.empty()) throw Error("--shapes: no shapes given");
     return layers;
 }
 
-// The 2-D floating weights quantize would convert by default (the same skip rule).
-std::vector<Layer> model_layers(const std::string& path, int64_t tokens) {
-    const Checkpoint c(path);
+// The 2-D floating weights quantize would convert by default (the same skip rule), without their
+// values yet (model_weights fills them once every size is checked).
+std::vector<Layer> model_layers(const Checkpoint& c, int64_t tokens) {
     const SkipRule skip;
     std::vector<Layer> layers;
     for (const std::string& name : c.names()) {
-        const SafetensorsEntry& e = c.shard(c.shard_of(name)).entry(name);
+        const SafetensorsEntry& e = c.entry(name);
         if (e.shape.size() != 2 || !is_float_weight(e.dtype) || skip.skips(name)) continue;
-        layers.push_back({name, tokens, e.shape[0], e.shape[1], to_f32(c.tensor(name)).contiguous()});
+        layers.push_back({name, tokens, e.shape[0], e.shape[1], Tensor()});
     }
-    if (layers.empty()) throw Error(path + ": no 2-D floating weights to advise on");
+    if (layers.empty()) throw Error(c.path() + ": no 2-D floating weights to advise on");
     return layers;
 }
 
@@ -110,11 +110,7 @@ double gemm_sqnr(const Tensor& a, const Tensor& w, const Tensor& d) {
 }
 
 void run_advise(const AdviseArgs& a) {
-    if (a.out.empty()) throw Error("--out is empty");
-    if (a.shapes.empty() == a.model.empty()) throw Error("advise needs exactly one of --shapes and --model");
-    if (a.tokens < 1) throw Error("--tokens " + std::to_string(a.tokens) + ": expected >= 1");
-    if (!(a.budget > 0)) throw Error("--budget " + std::to_string(a.budget) + ": expected seconds > 0");
-    if (!(a.min_speedup >= 0)) throw Error("--min-speedup " + std::to_string(a.min_speedup) + ": expected >= 0");
+    if (a.shapes_given == !a.model.empty()) throw Error("advise needs exactly one of --shapes and --model");
     if (a.recipe == "delayed") throw Error("--recipe delayed needs training state; use tensorwise, rowwise, block, mxfp8 or weight_only");
     // The policy's recipe decides what is timed: its scheme quantizes the weight (weight_only: per
     // row, as rowwise), quantize_input whether A is cast (weight_only: not, GemmA(x)).
@@ -128,12 +124,25 @@ void run_advise(const AdviseArgs& a) {
     const Recipe recipe = parse_recipe(recipe_of(*as_recorded.scheme));
     if (a.input_dtype != "f32" && a.input_dtype != "bf16") throw Error("--input-dtype " + a.input_dtype + ": expected f32 or bf16");
     const DType input_dtype = a.input_dtype == "f32" ? DType::f32 : DType::bf16;
-    std::vector<std::string> inputs;
-    if (!a.model.empty()) reading_inputs([&] { inputs = Checkpoint(a.model).files(); });
-    check_output(a.out, false, inputs, a.force);
     std::vector<Layer> layers;
-    if (a.model.empty()) layers = parse_shapes(a.shapes);
-    else reading_inputs([&] { layers = model_layers(a.model, a.tokens); });
+    std::unique_ptr<Checkpoint> model;
+    if (a.model.empty()) {
+        layers = parse_shapes(a.shapes);
+    } else {
+        reading_inputs([&] {
+            model = std::make_unique<Checkpoint>(a.model);
+            layers = model_layers(*model, a.tokens);
+        });
+        for (const Layer& l : layers) check_gemm_size(l.m, l.n, l.k, "--tokens " + std::to_string(a.tokens) + " with " + quote_printable(l.name) + " " + to_string(Shape{l.n, l.k}));
+    }
+    check_output(a.out, false, model ? model->files() : std::vector<std::string>{}, a.force);
+    // The weights: N(0,1) for --shapes, the model's own values for --model.
+    reading_inputs([&] {
+        for (size_t i = 0; i < layers.size(); ++i) {
+            Layer& l = layers[i];
+            l.weight = model ? to_f32(model->tensor(l.name)).contiguous() : bench::normal_tensor(l.n, l.k, DType::f32, uint32_t(i + 1));
+        }
+    });
     const int threads = num_threads();
     {
         float probe = 0;
@@ -180,11 +189,11 @@ void run_advise(const AdviseArgs& a) {
         const std::string dims = std::to_string(l.m) + "x" + std::to_string(l.n) + "x" + std::to_string(l.k);
         rows.push_back({{"layer", l.name.empty() ? dims : l.name}, {"m", l.m}, {"n", l.n}, {"k", l.k}, {"f32_ms", t32 * 1e3},
                         {"fp8_ms", t8 * 1e3}, {"speedup", speedup}, {"sqnr_db", sqnr}, {"fp8", pl.fp8}});
-        if (!a.json) std::printf("%-40s %-18s %11.3f %11.3f %8.2f %9.2f  %s\n", (l.name.empty() ? dims : l.name).substr(0, 40).c_str(),
+        if (!a.json) std::printf("%-40s %-18s %11.3f %11.3f %8.2f %9.2f  %s\n", printable(l.name.empty() ? dims : l.name).substr(0, 40).c_str(),
                     dims.c_str(), t32 * 1e3, t8 * 1e3, speedup, sqnr, pl.fp8 ? "yes" : "no");
         policy.layers.push_back(std::move(pl));
     }
-    write_policy(a.out, policy);
+    writing_output([&] { write_policy(a.out, policy); });
     if (a.json) std::printf("%s\n", nlohmann::ordered_json{{"policy", a.out}, {"layers", std::move(rows)}}.dump().c_str());
     else std::printf("policy written to %s (fp8kit quantize IN OUT --policy %s)\n", a.out.c_str(), a.out.c_str());
 }
@@ -194,15 +203,17 @@ void run_advise(const AdviseArgs& a) {
 void add_advise_command(CLI::App& app) {
     auto a = std::make_shared<AdviseArgs>();
     CLI::App* c = app.add_subcommand("advise", "time FP8 against f32 per linear layer on this machine and write a policy");
-    c->add_option("--shapes", a->shapes, "linear layers as MxNxK (tokens x outputs x inputs), comma-separated");
-    c->add_option("--model", a->model, "a safetensors checkpoint (file or shard directory): each 2-D weight [N, K], M = --tokens");
-    c->add_option("--out", a->out, "where to write the policy JSON")->required();
-    c->add_option("--tokens", a->tokens, "M for --model")->capture_default_str();
+    c->add_option("--shapes", a->shapes, "linear layers as MxNxK (tokens x outputs x inputs), comma-separated")
+        ->each([a](const std::string&) { a->shapes_given = true; });
+    c->add_option("--model", a->model, "a safetensors checkpoint (file or shard directory): each 2-D weight [N, K], M = --tokens")
+        ->check(not_empty);
+    c->add_option("--out", a->out, "where to write the policy JSON")->required()->check(not_empty);
+    add_integer(c, "--tokens", a->tokens, 1, int64_t(1) << 31, "M for --model");
     c->add_option("--recipe", a->recipe, "tensorwise, rowwise, block, mxfp8 or weight_only (the weight per row, the activations not quantized)")
         ->capture_default_str();
     c->add_option("--input-dtype", a->input_dtype, "activations given to the FP8 GEMM: f32 or bf16")->capture_default_str();
-    c->add_option("--min-speedup", a->min_speedup, "FP8 only where at least this much faster than f32")->capture_default_str();
-    c->add_option("--budget", a->budget, "seconds of timing per measurement")->capture_default_str();
+    add_real(c, "--min-speedup", a->min_speedup, 0, 1e12, "FP8 only where at least this much faster than f32");
+    add_real(c, "--budget", a->budget, 1e-6, 3600, "seconds of timing per measurement");
     c->add_flag("--force", a->force, "replace --out if it exists");
     c->add_flag("--json", a->json, "print one JSON object (the measurements per layer) instead of the table");
     c->footer(std::string("Examples:\n  fp8kit advise --shapes 16x4096x4096,256x4096x4096 --out policy.json\n"

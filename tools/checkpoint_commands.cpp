@@ -106,7 +106,7 @@ void Progress::operator()(size_t done, size_t total, const std::string& what) co
     if (!on_) return;
     const size_t width = 30, filled = total ? done * width / total : width;
     std::string line = "\r[" + std::string(filled, '#') + std::string(width - filled, '.') + "] " + std::to_string(done) +
-                       "/" + std::to_string(total) + " " + what.substr(0, 60);
+                       "/" + std::to_string(total) + " " + printable(what).substr(0, 60);
     line.resize(110, ' ');  // blanks out a longer previous line
     std::cerr << line << (done == total ? "\n" : "") << std::flush;
 }

@@ -28,7 +28,8 @@ void run_dequantize(const DequantizeArgs& a) {
     reading_inputs([&] { in = std::make_unique<Checkpoint>(a.in); });
     prepare_output(a.out, in->is_directory(), in->files(), a.o);
     reading_inputs([&] {
-        CheckpointWriter writer(*in, a.out, std::nullopt);
+        std::unique_ptr<CheckpointWriter> writer;
+        writing_output([&] { writer = std::make_unique<CheckpointWriter>(*in, a.out, std::nullopt); });
         const Progress progress(a.o.quiet);
         size_t done = 0;
         for (size_t s = 0; s < in->shard_files().size(); ++s) {
@@ -42,10 +43,10 @@ void run_dequantize(const DequantizeArgs& a) {
                     out.emplace_back(name, in->shard(s).tensor(name));
                 }
             }
-            writer.write_shard(s, out);
+            writing_output([&] { writer->write_shard(s, out); });
         }
         progress(done, in->names().size(), "");
-        writer.commit();
+        writing_output([&] { writer->commit(); });
     });
 }
 
@@ -54,8 +55,8 @@ void run_dequantize(const DequantizeArgs& a) {
 void add_dequantize_command(CLI::App& app) {
     auto a = std::make_shared<DequantizeArgs>();
     CLI::App* c = app.add_subcommand("dequantize", "FP8 weights of a checkpoint back to bf16 or f32");
-    c->add_option("IN", a->in, "input .safetensors file or directory of shards (only read)")->required();
-    c->add_option("OUT", a->out, "output file or directory (never IN; an existing one only with --force)")->required();
+    c->add_option("IN", a->in, "input .safetensors file or directory of shards (only read)")->required()->check(not_empty);
+    c->add_option("OUT", a->out, "output file or directory (never IN; an existing one only with --force)")->required()->check(not_empty);
     c->add_option("--dtype", a->dtype, "bf16 or f32")->capture_default_str();
     add_output_flags(c, a->o, false);
     c->footer(std::string("Examples:\n  fp8kit dequantize model-fp8/ model-bf16/ --dtype bf16\n") + exit_codes_help);

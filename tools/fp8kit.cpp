@@ -1,13 +1,16 @@
 // tools/fp8kit.cpp: the `fp8kit` command - its subcommands and exit codes (tools/commands.hpp:
-// 0 success, 1 internal error, 2 usage error, 3 bad input, 4 a check failed), each error one
-// line (or a list) on stderr. Checked by tests/e2e/test_cli.sh and tests/e2e/test_checkpoint*.sh.
+// 0 success, 1 internal error, 2 usage error, 3 bad input, 4 a check failed, 5 output failed),
+// each error one line (or a list) on stderr, control characters escaped.
+// Checked by tests/e2e/test_cli.sh, tests/e2e/test_checkpoint*.sh and tests/e2e/hostile_inputs.py.
 #include <cstring>
 #include <exception>
+#include <new>
 #include <iostream>
 #include <string>
 
 #include "commands.hpp"
 #include "fp8kit/error.hpp"
+#include "fp8kit/files.hpp"
 #include "fp8kit/version.hpp"
 
 int main(int argc, char** argv) {
@@ -35,28 +38,49 @@ int main(int argc, char** argv) {
             names += (names.empty() ? "" : ", ") + s->get_name();
         }
         if (!known) {
-            std::cerr << "fp8kit: error: unknown subcommand '" << argv[1] << "' (subcommands: " << names << ")\n";
+            std::cerr << "fp8kit: error: unknown subcommand " << fp8kit::quote_printable(argv[1]) << " (subcommands: " << names << ")\n";
             return exit_usage;
         }
     }
+    // Every message line passes through printable(): whatever a file held (a tensor name with
+    // escape sequences) reaches the terminal escaped, whichever path raised it; the library and
+    // the commands already quote names so; the line breaks of a list are the messages' own.
+    const auto report = [](const char* kind, const char* what) {
+        const std::string text(what);
+        std::string out = std::string("fp8kit: ") + kind + ": ";
+        for (size_t at = 0;;) {
+            const size_t nl = text.find('\n', at);
+            out += fp8kit::printable(std::string_view(text).substr(at, nl == std::string::npos ? std::string::npos : nl - at));
+            if (nl == std::string::npos) break;
+            out += '\n';
+            at = nl + 1;
+        }
+        std::cerr << out << "\n";
+    };
     try {
         app.parse(argc, argv);
     } catch (const CLI::Success& e) {
         return app.exit(e);  // --help, --version
     } catch (const CLI::ParseError& e) {
-        std::cerr << "fp8kit: error: " << e.what() << " (see fp8kit --help)\n";
+        report("error", (std::string(e.what()) + " (see fp8kit --help)").c_str());
         return exit_usage;
     } catch (const CheckFailed& e) {
-        std::cerr << "fp8kit: check failed: " << e.what() << "\n";
+        report("check failed", e.what());
         return exit_check_failed;
     } catch (const BadInput& e) {
-        std::cerr << "fp8kit: error: " << e.what() << "\n";
+        report("error", e.what());
         return exit_bad_input;
+    } catch (const OutputFailed& e) {
+        report("error writing the output", e.what());
+        return exit_output_failed;
     } catch (const fp8kit::Error& e) {
-        std::cerr << "fp8kit: error: " << e.what() << "\n";
+        report("error", e.what());
         return exit_usage;
+    } catch (const std::bad_alloc&) {
+        report("error", "out of memory (the sizes asked for need more memory than this machine gives)");
+        return exit_internal;
     } catch (const std::exception& e) {
-        std::cerr << "fp8kit: internal error: " << e.what() << "\n";
+        report("internal error", e.what());
         return exit_internal;
     }
     return exit_ok;

@@ -13,6 +13,7 @@
 
 #include "checkpoint_commands.hpp"
 #include "commands.hpp"
+#include "fp8kit/files.hpp"
 
 namespace fp8kit::tools {
 
@@ -22,8 +23,11 @@ using Json = nlohmann::ordered_json;
 
 // Who wrote a quantization_config, from its quant_method (and format).
 std::string producer(const Json& q) {
-    const std::string m = q.value("quant_method", "");
-    if (m == "compressed-tensors") return "compressed-tensors (" + q.value("format", std::string("?")) + ")";
+    const auto text = [&](const char* key, const char* otherwise) {  // a string field, whatever the file holds there
+        return q.contains(key) && q[key].is_string() ? q[key].get<std::string>() : std::string(otherwise);
+    };
+    const std::string m = text("quant_method", "");
+    if (m == "compressed-tensors") return "compressed-tensors (" + text("format", "?") + ")";
     if (m == "fp8") return "transformers FineGrainedFP8 / DeepSeek-V3 (fp8)";
     if (m == "fbgemm_fp8") return "FBGEMM fp8 (fbgemm_fp8)";
     if (m == "fp8kit") return "fp8kit";
@@ -65,6 +69,7 @@ void run_inspect(const std::string& path, bool json) {
                                  {"quantization_config", q}}.dump().c_str());
         return;
     }
+    // Names and the config as the file holds them, escaped (fp8kit::printable): never raw to a terminal.
     std::printf("%s: %zu tensors in %zu file(s)\n", path.c_str(), c->names().size(), c->shard_files().size());
     std::printf("%-52s %-8s %-16s %12s  %s\n", "tensor", "dtype", "shape", "bytes", "quantization");
     for (const Json& t : tensors) {
@@ -73,16 +78,16 @@ void run_inspect(const std::string& path, bool json) {
         if (t["quantization"].is_object()) {
             const Json& w = t["quantization"];
             quant = w["scheme"].get<std::string>() + " " + w["format"].get<std::string>() + " " + w["scaling"].get<std::string>() +
-                    " (scale " + w["scale"].get<std::string>() +
-                    (w["input_scale"].is_string() ? ", static input scale " + w["input_scale"].get<std::string>() : "") + ")";
+                    " (scale " + printable(w["scale"].get<std::string>()) +
+                    (w["input_scale"].is_string() ? ", static input scale " + printable(w["input_scale"].get<std::string>()) : "") + ")";
         }
-        std::printf("%-52s %-8s %-16s %12llu  %s\n", t["name"].get<std::string>().c_str(), t["dtype"].get<std::string>().c_str(),
+        std::printf("%-52s %-8s %-16s %12llu  %s\n", printable(t["name"].get<std::string>()).c_str(), t["dtype"].get<std::string>().c_str(),
                     to_string(t["shape"].get<Shape>()).c_str(), t["bytes"].get<unsigned long long>(), quant.c_str());
     }
     std::string detected = schemes.empty() ? "none (not an FP8 checkpoint)" : "";
     for (const std::string& s : schemes) detected += (detected.empty() ? "" : " + ") + s;
     std::printf("total bytes: %zu\ndetected quantization: %s\n", total, detected.c_str());
-    if (qc) std::printf("quantization_config (%s): %s\n", q.is_object() ? producer(q).c_str() : "not JSON", qc->c_str());
+    if (qc) std::printf("quantization_config (%s): %s\n", q.is_object() ? printable(producer(q)).c_str() : "not JSON", printable(*qc).c_str());
 }
 
 }  // namespace
@@ -91,7 +96,7 @@ void add_inspect_command(CLI::App& app) {
     auto path = std::make_shared<std::string>();
     auto json = std::make_shared<bool>(false);
     CLI::App* c = app.add_subcommand("inspect", "list a safetensors checkpoint's tensors and detect its FP8 scheme");
-    c->add_option("FILE", *path, ".safetensors file or directory of shards")->required();
+    c->add_option("FILE", *path, ".safetensors file or directory of shards")->required()->check(not_empty);
     c->add_flag("--json", *json, "print one JSON object on stdout instead of the table");
     c->footer(std::string("Examples:\n  fp8kit inspect model-fp8/\n  fp8kit inspect model-fp8/model.safetensors --json\n") + exit_codes_help);
     c->callback([path, json] { run_inspect(*path, *json); });

@@ -27,6 +27,7 @@
 #include "checkpoint_commands.hpp"
 #include "commands.hpp"
 #include "fp8kit/error.hpp"
+#include "fp8kit/files.hpp"
 #include "fp8kit/format.hpp"
 
 namespace fp8kit::tools {
@@ -135,7 +136,8 @@ void run_quantize(const QuantizeArgs& a) {
     const Scheme default_scheme = parse_scheme(a.scheme);
     std::optional<Layout> layout = a.layout == "auto" ? std::nullopt : std::optional<Layout>(parse_layout(a.layout));
     const SkipRule skip(a.skip);
-    const std::optional<Policy> policy = a.policy.empty() ? std::nullopt : std::optional<Policy>(read_policy(a.policy));
+    std::optional<Policy> policy;
+    if (!a.policy.empty()) reading_inputs([&] { policy = read_policy(a.policy); });
 
     std::unique_ptr<Checkpoint> in;
     reading_inputs([&] { in = std::make_unique<Checkpoint>(a.in); });
@@ -159,7 +161,7 @@ void run_quantize(const QuantizeArgs& a) {
                 continue;
             }
             if (const auto bad = find_non_finite(to_f32(in->tensor(name)))) {
-                const std::string what = "'" + name + "' has " + bad->kind + " at " + bad->index +
+                const std::string what = quote_printable(name) + " has " + bad->kind + " at " + bad->index +
                                          (bad->count > 1 ? " (" + std::to_string(bad->count) + " non-finite values)" : "");
                 if (!a.keep_nonfinite) {
                     non_finite.push_back(what);
@@ -172,7 +174,7 @@ void run_quantize(const QuantizeArgs& a) {
             plan.emplace(name, *scheme);
         }
         if (!fp8_inputs.empty()) {
-            throw Error(a.in + " holds FP8 weights already (" + fp8_inputs.front() + (fp8_inputs.size() > 1 ? ", ..." : "") +
+            throw Error(a.in + " holds FP8 weights already (" + quote_printable(fp8_inputs.front()) + (fp8_inputs.size() > 1 ? ", ..." : "") +
                         "): quantize reads high-precision weights, refused rather than relabelled; `fp8kit dequantize` it first");
         }
         if (!non_finite.empty()) {
@@ -197,7 +199,7 @@ void run_quantize(const QuantizeArgs& a) {
         for (auto it = plan.begin(); it != plan.end();) {
             const Shape& sh = in->entry(it->first).shape;
             if (it->second == Scheme::block128 && (sh[0] % 128 != 0 || sh[1] % 128 != 0)) {
-                notes.push_back("kept in high precision: '" + it->first + "' " + to_string(sh) +
+                notes.push_back("kept in high precision: " + quote_printable(it->first) + " " + to_string(sh) +
                                 " is not whole 128x128 blocks, which block loaders need");
                 kept.push_back(it->first);
                 it = plan.erase(it);
@@ -208,7 +210,8 @@ void run_quantize(const QuantizeArgs& a) {
     }
     for (const auto& [name, scheme] : plan) {
         const std::string sn = layout_scale_name(name, scheme, *layout);
-        if (in->contains(sn)) throw BadInput(a.in + ": tensor '" + sn + "' exists already; it would collide with the scale of '" + name + "'");
+        if (in->contains(sn))
+            throw BadInput(a.in + ": tensor " + quote_printable(sn) + " exists already; it would collide with the scale of " + quote_printable(name));
     }
     if (!a.o.quiet)
         for (const std::string& n : notes) std::cerr << "fp8kit: " << n << "\n";
@@ -218,7 +221,8 @@ void run_quantize(const QuantizeArgs& a) {
 
     std::vector<Row> rows;
     reading_inputs([&] {
-        CheckpointWriter writer(*in, a.out, qc);
+        std::unique_ptr<CheckpointWriter> writer;
+        writing_output([&] { writer = std::make_unique<CheckpointWriter>(*in, a.out, qc); });
         const Progress progress(a.o.quiet || a.o.json);
         size_t done = 0;
         for (size_t s = 0; s < in->shard_files().size(); ++s) {
@@ -245,10 +249,10 @@ void run_quantize(const QuantizeArgs& a) {
                                 compare(to_f32(t), dequantize(q, DType::f32)).sqnr_db});
                 ++done;
             }
-            writer.write_shard(s, out);
+            writing_output([&] { writer->write_shard(s, out); });
         }
         progress(done, plan.size(), "");
-        writer.commit();
+        writing_output([&] { writer->commit(); });
     });
 
     size_t before = 0, after = 0;
@@ -270,7 +274,7 @@ void run_quantize(const QuantizeArgs& a) {
     }
     std::printf("%-48s %-9s %14s %14s %9s\n", "tensor", "scheme", "bytes before", "bytes after", "SQNR dB");
     for (const Row& r : rows) {
-        std::printf("%-48s %-9s %14zu %14zu %9.2f\n", r.name.c_str(), std::string(to_string(r.scheme)).c_str(), r.before,
+        std::printf("%-48s %-9s %14zu %14zu %9.2f\n", printable(r.name).c_str(), std::string(to_string(r.scheme)).c_str(), r.before,
                     r.after, r.sqnr);
     }
     std::printf("%-48s %-9s %14zu %14zu\n", "total (quantized tensors)", "", before, after);
@@ -282,8 +286,8 @@ void run_quantize(const QuantizeArgs& a) {
 void add_quantize_command(CLI::App& app) {
     auto a = std::make_shared<QuantizeArgs>();
     CLI::App* c = app.add_subcommand("quantize", "quantize a safetensors checkpoint's weights to FP8 (file or shard directory)");
-    c->add_option("IN", a->in, "input .safetensors file or directory of shards (only read)")->required();
-    c->add_option("OUT", a->out, "output file or directory (never IN; an existing one only with --force)")->required();
+    c->add_option("IN", a->in, "input .safetensors file or directory of shards (only read)")->required()->check(not_empty);
+    c->add_option("OUT", a->out, "output file or directory (never IN; an existing one only with --force)")->required()->check(not_empty);
     c->add_option("--scheme", a->scheme, "tensor (W_scale [1]), channel (W_scale [out,1]), block128 (128x128 blocks), mx32 (e8m0 per 1x32)")
         ->capture_default_str();
     c->add_option("--layout", a->layout,
@@ -292,7 +296,7 @@ void add_quantize_command(CLI::App& app) {
         ->capture_default_str();
     c->add_option("--format", a->format, "e4m3fn or e5m2 (e5m2: --layout fp8kit)")->capture_default_str();
     c->add_option("--skip", a->skip, "regular expressions of tensor names to keep in high precision (besides embeddings, norms, lm_head, MoE routers)");
-    c->add_option("--policy", a->policy, "per-layer policy JSON (docs/CHECKPOINTS.md), e.g. from fp8kit advise");
+    c->add_option("--policy", a->policy, "per-layer policy JSON (docs/CHECKPOINTS.md), e.g. from fp8kit advise")->check(not_empty);
     c->add_flag("--keep-nonfinite", a->keep_nonfinite, "keep weights holding NaN or Inf in high precision (listed) instead of refusing");
     add_output_flags(c, a->o, true);
     c->footer(std::string("Examples:\n  fp8kit quantize model/ model-fp8/ --scheme channel           # compressed-tensors, for vLLM / transformers\n"

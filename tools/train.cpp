@@ -14,17 +14,16 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <iomanip>
 #include <iostream>
-#include <iterator>
 #include <memory>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "numbers.hpp"
 #include "common.hpp"
 #include "fp8kit/checkpoint.hpp"
 #include "fp8kit/files.hpp"
@@ -47,12 +46,11 @@ struct TrainArgs {
     uint64_t seed = 1;
 };
 
-bool is_fp8_recipe(const std::string& r) { return r != "f32" && r != "bf16"; }
+// The largest values the numeric flags take: beyond them a run would not end in any useful time
+// (the sizes are also checked against the machine's memory, gpt::check_fits_memory).
+constexpr int64_t max_steps = 10'000'000, max_tokens = 1'000'000, max_rounds = 1000, max_batch = 1'000'000, max_threads = 1024;
 
-// `flag` must be >= 1: an error naming it otherwise.
-void require_positive(const char* flag, int64_t v) {
-    if (v < 1) throw Error(std::string(flag) + " must be >= 1, got " + std::to_string(v));
-}
+bool is_fp8_recipe(const std::string& r) { return r != "f32" && r != "bf16"; }
 
 // The recipes of --recipe: "all", or a comma list of known, distinct names (an error naming
 // --recipe and the bad entry otherwise).
@@ -72,12 +70,6 @@ std::vector<std::string> parse_recipes(const std::string& list) {
     }
     if (recipes.empty() || list.back() == ',') throw Error("--recipe '" + list + "': an empty recipe name");
     return recipes;
-}
-
-std::string read_text(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw Error("cannot read --data '" + path + "'");
-    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 // Loss curves as an SVG chart a person reads: per recipe the raw training loss (thin, light:
@@ -167,14 +159,9 @@ std::string mib(size_t bytes) {
 }
 
 void run_train(const TrainArgs& a) {
-    // Every argument is checked before any work or output.
-    if (a.threads < 1) throw Error("--threads must be >= 1, got " + std::to_string(a.threads));
-    require_positive("--steps", a.steps);
-    require_positive("--layers", a.layers);
-    require_positive("--width", a.width);
-    require_positive("--batch", a.batch);
-    if (a.out.empty()) throw Error("--out is empty");
-    if (std::filesystem::exists(a.out) && !std::filesystem::is_directory(a.out))
+    // Every argument is checked before any work or output (the numbers were, as they were parsed).
+    std::error_code ec;
+    if (std::filesystem::exists(std::filesystem::symlink_status(a.out, ec)) && !std::filesystem::is_directory(a.out, ec))
         throw Error("--out '" + a.out + "' exists and is not a directory");
     std::vector<std::string> recipes = parse_recipes(a.recipe);
     gpt::TrainConfig c;
@@ -201,17 +188,30 @@ void run_train(const TrainArgs& a) {
     c.batch = a.batch;
     if (a.width % c.model.heads != 0)
         throw Error("--width " + std::to_string(a.width) + " must be a multiple of the " + std::to_string(c.model.heads) + " attention heads");
-    if (!a.policy.empty()) c.policy = read_policy(a.policy);
-    c.validate();
-    const std::string owned = a.data.empty() ? std::string() : read_text(a.data);
+    try {
+        c.validate();  // the model and the training fit in this machine's memory
+    } catch (const Error& e) {
+        throw Error("--layers / --width / --batch: " + std::string(e.what()));
+    }
+    // The input files, each error naming its flag (exit 3).
+    const auto read_input = [](const char* flag, const auto& read) {
+        try {
+            read();
+        } catch (const Error& e) {
+            throw BadInput(std::string(flag) + ": " + e.what());
+        }
+    };
+    if (!a.policy.empty()) read_input("--policy", [&] { c.policy = read_policy(a.policy); });
+    std::string owned;
+    if (!a.data.empty()) read_input("--data", [&] { owned = read_file(a.data); });
     const std::string_view text = a.data.empty() ? gpt::builtin_corpus() : std::string_view(owned);
     try {
         gpt::check_training_text(text, c);
     } catch (const Error& e) {
-        throw Error("--data '" + a.data + "': " + e.what());  // the built-in corpus far outgrows the fixed context
+        throw BadInput("--data '" + a.data + "': " + e.what());  // the built-in corpus far outgrows the fixed context
     }
     set_num_threads(a.threads);
-    std::filesystem::create_directories(a.out);
+    writing_output([&] { std::filesystem::create_directories(a.out); });
     std::cerr << "fp8kit train: GPT " << c.model.layers << " layers, width " << c.model.width << ", " << c.model.heads
               << " heads, context " << c.model.context << ", batch " << c.batch << ", " << c.steps << " steps, "
               << text.size() << " bytes of text, " << num_threads() << " threads, seed " << c.seed << ", on "
@@ -236,7 +236,7 @@ void run_train(const TrainArgs& a) {
             std::fprintf(stderr, "%-10s %lld steps, loss %.3f (%.1f s)\n", recipe.c_str(), (long long)c.steps,
                          double(runs.back().losses.back()), runs.back().seconds);
         }
-        gpt::save_model(*runs.back().model, a.out + "/model_" + recipe + ".safetensors");
+        writing_output([&] { gpt::save_model(*runs.back().model, a.out + "/model_" + recipe + ".safetensors"); });
     }
     // The table
     const gpt::TrainResult* f32 = nullptr;
@@ -275,8 +275,10 @@ void run_train(const TrainArgs& a) {
         for (const auto& r : runs) csv << "," << r.losses[size_t(s)];
         csv << "\n";
     }
-    write_file(a.out + "/losses.csv", csv.str());
-    write_svg(a.out + "/losses.svg", runs);
+    writing_output([&] {
+        write_file(a.out + "/losses.csv", csv.str());
+        write_svg(a.out + "/losses.svg", runs);
+    });
     std::cout << "wrote " << a.out << "/losses.csv, " << a.out << "/losses.svg and " << a.out << "/model_<recipe>.safetensors\n";
 }
 
@@ -285,16 +287,18 @@ void run_train(const TrainArgs& a) {
 void add_train_command(CLI::App& app) {
     CLI::App* cmd = app.add_subcommand("train", "train the small GPT with every recipe (f32, bf16, FP8) and compare");
     auto a = std::make_shared<TrainArgs>();
-    cmd->add_option("--data", a->data, "text file to train on (default: the built-in corpus)");
-    cmd->add_option("--steps", a->steps, "training steps per recipe")->capture_default_str();
+    cmd->add_option("--data", a->data, "text file to train on (default: the built-in corpus)")->check(not_empty);
+    add_integer(cmd, "--steps", a->steps, 1, max_steps, "training steps per recipe");
     cmd->add_option("--recipe", a->recipe, "all, or a comma list of f32, bf16, tensorwise, rowwise, block, delayed, mxfp8");
-    cmd->add_option("--threads", a->threads, "threads (default 1: see the comment on TrainArgs)");
-    cmd->add_option("--seed", a->seed, "initialisation and data order");
-    cmd->add_option("--out", a->out, "output folder (default fp8kit-train)");
-    cmd->add_option("--layers", a->layers, "model layers")->capture_default_str();
-    cmd->add_option("--width", a->width, "model width")->capture_default_str();
-    cmd->add_option("--batch", a->batch, "sequences per step")->capture_default_str();
-    cmd->add_option("--policy", a->policy, "policy file (fp8kit advise): per layer FP8 or not and the recipe, for the FP8 recipes");
+    add_integer(cmd, "--threads", a->threads, 1, max_threads, "threads (1 by default: see the comment on TrainArgs)");
+    add_integer(cmd, "--seed", a->seed, 0, INT64_MAX, "initialisation and data order");
+    cmd->add_option("--out", a->out, "output folder (default fp8kit-train)")->check(not_empty);
+    // The model's own limits (gpt::GPTConfig::validate); memory is checked against the machine.
+    add_integer(cmd, "--layers", a->layers, 1, 1024, "model layers");
+    add_integer(cmd, "--width", a->width, 1, 65536, "model width");
+    add_integer(cmd, "--batch", a->batch, 1, max_batch, "sequences per step");
+    cmd->add_option("--policy", a->policy, "policy file (fp8kit advise): per layer FP8 or not and the recipe, for the FP8 recipes")
+        ->check(not_empty);
     cmd->add_option("--device", a->device, "cpu, or cuda: every layer on the GPU (without the bf16 recipe)")->capture_default_str();
     cmd->callback([a] { run_train(*a); });
 }
@@ -305,13 +309,13 @@ void add_generate_command(CLI::App& app) {
     auto prompt = std::make_shared<std::string>();
     auto tokens = std::make_shared<int64_t>(200);
     auto seed = std::make_shared<uint64_t>(1);
-    cmd->add_option("--model", *model, "model file (fp8kit-train/model_<recipe>.safetensors)")->required();
+    cmd->add_option("--model", *model, "model file (fp8kit-train/model_<recipe>.safetensors)")->required()->check(not_empty);
     cmd->add_option("--prompt", *prompt, "text to continue");
-    cmd->add_option("--tokens", *tokens, "bytes to generate (default 200)");
-    cmd->add_option("--seed", *seed, "sampling seed");
+    add_integer(cmd, "--tokens", *tokens, 1, max_tokens, "bytes to generate");
+    add_integer(cmd, "--seed", *seed, 0, INT64_MAX, "sampling seed");
     cmd->callback([=] {
-        require_positive("--tokens", *tokens);
-        auto m = gpt::load_model(*model);
+        std::unique_ptr<gpt::GPT> m;
+        reading_inputs([&] { m = gpt::load_model(*model); });
         // Each byte printed as it is sampled; the rate (without the model's load) on stderr.
         std::cout << *prompt << std::flush;
         const auto t0 = std::chrono::steady_clock::now();
@@ -333,15 +337,15 @@ void add_generate_bench(CLI::App& bench) {
     auto tokens = std::make_shared<int64_t>(100);
     auto rounds = std::make_shared<int64_t>(3);
     auto json = std::make_shared<bool>(false);
-    cmd->add_option("--model", *models, "model file (repeat the flag for each model; the first is the baseline)")->required();
-    cmd->add_option("--tokens", *tokens, "bytes to generate per round")->capture_default_str();
-    cmd->add_option("--rounds", *rounds, "rounds (the fastest of each model's is reported)")->capture_default_str();
+    cmd->add_option("--model", *models, "model file (repeat the flag for each model; the first is the baseline)")->required()->check(not_empty);
+    add_integer(cmd, "--tokens", *tokens, 1, max_tokens, "bytes to generate per round");
+    add_integer(cmd, "--rounds", *rounds, 1, max_rounds, "rounds (the fastest of each model's is reported)");
     cmd->add_flag("--json", *json, "one JSON object per line");
     cmd->callback([=] {
-        require_positive("--tokens", *tokens);
-        require_positive("--rounds", *rounds);
         std::vector<std::unique_ptr<gpt::GPT>> ms;
-        for (const std::string& path : *models) ms.push_back(gpt::load_model(path));
+        reading_inputs([&] {
+            for (const std::string& path : *models) ms.push_back(gpt::load_model(path));
+        });
         const std::string prompt = "The ";
         std::vector<double> best(ms.size(), 1e300);
         std::vector<std::string> text(ms.size());
@@ -367,7 +371,7 @@ void add_generate_bench(CLI::App& bench) {
                                  .dump()
                           << "\n";
             } else {
-                std::cout << std::left << std::setw(56) << (*models)[i] << std::right << std::setw(6) << c.width << std::setw(8)
+                std::cout << std::left << std::setw(56) << printable((*models)[i]) << std::right << std::setw(6) << c.width << std::setw(8)
                           << c.layers << std::setprecision(1) << std::setw(11) << rate << std::setprecision(2) << std::setw(10)
                           << rate / first << "\n";
             }

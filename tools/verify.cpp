@@ -13,6 +13,8 @@
 #include "checkpoint_commands.hpp"
 #include "commands.hpp"
 #include "fp8kit/error.hpp"
+#include "fp8kit/files.hpp"
+#include "numbers.hpp"
 
 namespace fp8kit::tools {
 
@@ -84,12 +86,12 @@ void run_verify(const VerifyArgs& args) {
     } else {
         std::printf("%-52s %12s %14s\n", "tensor", "SQNR dB", "max abs error");
         for (const Result& r : results)
-            std::printf("%-52s %12.2f %14.6g%s\n", r.name.c_str(), r.e.sqnr_db, r.e.max_abs, r.failure.empty() ? "" : "  FAILED");
-        if (worst) std::printf("lowest SQNR: %.2f dB (%s)\n", worst->e.sqnr_db, worst->name.c_str());
+            std::printf("%-52s %12.2f %14.6g%s\n", printable(r.name).c_str(), r.e.sqnr_db, r.e.max_abs, r.failure.empty() ? "" : "  FAILED");
+        if (worst) std::printf("lowest SQNR: %.2f dB (%s)\n", worst->e.sqnr_db, printable(worst->name).c_str());
     }
     if (!failed.empty()) {
         std::string msg = std::to_string(failed.size()) + " tensor(s) failed the check:";
-        for (const Result* r : failed) msg += "\n  " + r->name + ": " + r->failure;
+        for (const Result* r : failed) msg += "\n  " + printable(r->name) + ": " + r->failure;
         throw CheckFailed(msg);
     }
 }
@@ -99,9 +101,9 @@ void run_verify(const VerifyArgs& args) {
 void add_verify_command(CLI::App& app) {
     auto a = std::make_shared<VerifyArgs>();
     CLI::App* c = app.add_subcommand("verify", "per-tensor SQNR and max error of checkpoint B against A");
-    c->add_option("A", a->a, "reference checkpoint (file or directory)")->required();
-    c->add_option("B", a->b, "checkpoint to check (file or directory)")->required();
-    c->add_option("--min-sqnr", a->min_sqnr, "fail (exit 4) when a tensor's SQNR is below this many dB");
+    c->add_option("A", a->a, "reference checkpoint (file or directory)")->required()->check(not_empty);
+    c->add_option("B", a->b, "checkpoint to check (file or directory)")->required()->check(not_empty);
+    add_real(c, "--min-sqnr", a->min_sqnr, -1000, 1000, "fail (exit 4) when a tensor's SQNR is below this many dB");
     c->add_flag("--json", a->json, "print one JSON object on stdout instead of the table");
     c->footer(std::string("A tensor fails when missing from B, of another shape, holding NaN or Inf in A or B, or below --min-sqnr.\n"
                           "Examples:\n  fp8kit verify model/ model-fp8/ --min-sqnr 25\n  fp8kit verify model/ model-fp8/ --json\n") +

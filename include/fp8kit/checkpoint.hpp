@@ -85,8 +85,9 @@ private:
 
 // One safetensors file, or a directory: the shards listed by model.safetensors.index.json's
 // weight_map, else every *.safetensors file in it; config.json beside them is read for its
-// quantization_config. fp8kit::Error naming the path for a missing or malformed file, an index
-// naming a missing shard, a tensor in two shards.
+// quantization_config. Only regular files are opened. fp8kit::Error naming the path for a
+// missing, non-regular or malformed file, an index naming a missing shard or a tensor its shard
+// does not hold, a tensor in two shards.
 class Checkpoint final : public TensorLookup {
 public:
     explicit Checkpoint(const std::string& path);
@@ -119,9 +120,10 @@ private:
 
 // The rules for an output path, checked before any work; fp8kit::Error naming the path:
 //  - its folder must exist;
-//  - it must not be one of `inputs` (or, for a directory output, hold one), compared as files
-//    (device and inode, or the platform's equivalent: through links and relative paths);
-//  - if it exists, it is replaced only with `force`, and only by the same kind (file or directory).
+//  - it must not be one of `inputs`, hold one, or lie inside one (an input directory), compared
+//    as files (device and inode, or the platform's equivalent: through links and relative paths);
+//  - if anything is there (a file, a directory, a link - dangling too -, a FIFO), it is replaced
+//    only with `force`, and only by the same kind (a directory by a directory, the rest by a file).
 void check_output(const std::string& out, bool directory, const std::vector<std::string>& inputs, bool force);
 // Removes the temporaries that a killed run writing `out` left beside it (platform temporaries
 // named "<out>.tmp-<pid>-<n>" whose process is gone) and returns their paths.

@@ -1,7 +1,8 @@
-// fp8kit/files.hpp: the two file-system services the command line and applications need from the
-// library's platform layer, so that they never reach into it (tests/layering.cmake).
-// Checked by tests/unit/test_platform.cpp (the platform calls underneath) and the e2e tests of
-// the commands that use them.
+// fp8kit/files.hpp: the file-system services the command line and applications need from the
+// library's platform layer, so that they never reach into it (tests/layering.cmake), and text from
+// files made safe to show on a terminal.
+// Checked by tests/unit/test_platform.cpp (the platform calls underneath, printable) and the e2e
+// tests of the commands that use them (tests/e2e/hostile_inputs.py: names holding escape sequences).
 #pragma once
 
 #include <string>
@@ -14,7 +15,19 @@ namespace fp8kit {
 // temporary. fp8kit::Error naming the path.
 void write_file(const std::string& path, std::string_view bytes);
 
+// The whole of a regular file (never a FIFO, device or directory: those are refused before any
+// blocking open). fp8kit::Error naming the path and the reason.
+std::string read_file(const std::string& path);
+
 // Whether standard error is a terminal (where progress bars are drawn).
 bool stderr_is_terminal() noexcept;
+
+// `text` (a name or a value read from a file) as it may be shown on a terminal: valid UTF-8 is
+// kept except the control characters (C0, DEL, C1), which become \n, \t, \r or \xHH; a byte
+// that is not part of valid UTF-8 becomes \xHH. Every message or table line that shows what a file
+// holds passes it through here, so a name cannot move the cursor, recolour or retitle a terminal.
+std::string printable(std::string_view text);
+// printable(text) in single quotes: how a message names a tensor, file or key read from a file.
+std::string quote_printable(std::string_view text);
 
 }  // namespace fp8kit

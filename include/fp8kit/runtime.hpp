@@ -1,4 +1,4 @@
-// fp8kit/runtime.hpp: which CPU code path runs, and on how many threads.
+// fp8kit/runtime.hpp: which CPU code path runs, on how many threads, and the machine's memory.
 //
 // The SIMD path is chosen once, on first use, from cpuid (and the OS's saved register state):
 // the best the CPU supports, or the one named by the environment variable
@@ -6,6 +6,7 @@
 // first use) rather than a silent fallback, so a test that asks for a path really runs it.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -31,5 +32,9 @@ std::string_view gemm_kernels_name();
 // Threads used by bulk operations (default: OpenMP's default, normally one per core).
 void set_num_threads(int n);  // n >= 1, else fp8kit::Error
 int num_threads() noexcept;
+
+// The machine's physical memory in bytes (0 where the OS does not say): what a caller checks a
+// size against before allocating it, so that an impossible size is refused up front.
+uint64_t physical_memory_bytes() noexcept;
 
 }  // namespace fp8kit

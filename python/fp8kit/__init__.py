@@ -182,8 +182,12 @@ def _device_quantize(x, scaling, transpose, quantize_call):
 def encode(x, format="e4m3fn", overflow="saturate"):
     """FP8 codes of float32 / bfloat16 / float16 x (round to nearest even, one rounding).
 
-    overflow: "saturate" (+-max, TransformerEngine) or "nonsaturating" (Inf or NaN: what
-    ml_dtypes' astype and torch's .to(float8) give). A NaN or Inf input is never made finite.
+    overflow: "saturate" (the default; docs/NUMERICS.md, as TransformerEngine and CUDA's
+    __NV_SATFINITE): magnitudes above the format's max and +-Inf clamp to +-max (e8m0: +Inf to
+    2^127); or "nonsaturating": they become Inf (e5m2) or NaN (what ml_dtypes' astype and torch's
+    .to(float8) give), so an Inf stays visible. A NaN gives NaN in both modes. Empty input gives
+    empty codes. Arrays with negative strides are refused (fp8kit.Error: copy them first); other
+    strided arrays are read in place.
     Returns uint8 codes for numpy input, a torch.float8_* tensor for torch input.
     """
     codes = _fp8kit.encode(_to_extension(x), _name(format), overflow)

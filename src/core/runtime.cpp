@@ -12,6 +12,7 @@
 
 #include "fp8kit/error.hpp"
 #include "fp8kit/runtime.hpp"
+#include "platform/platform.hpp"
 
 #if defined(__x86_64__) || defined(_M_X64)
 #define FP8KIT_X86 1
@@ -138,5 +139,7 @@ void set_num_threads(int n) {
 }
 
 int num_threads() noexcept { return omp_get_max_threads(); }
+
+uint64_t physical_memory_bytes() noexcept { return platform::physical_memory_bytes(); }
 
 }  // namespace fp8kit

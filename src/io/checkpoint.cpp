@@ -5,9 +5,13 @@
 // (policies read and applied).
 #include "fp8kit/checkpoint.hpp"
 
+#include <cmath>
+#include <cstdio>
+
 #include <nlohmann/json.hpp>
 
 #include "fp8kit/error.hpp"
+#include "fp8kit/files.hpp"
 #include "platform/platform.hpp"
 
 namespace fp8kit {
@@ -74,13 +78,26 @@ Scheme scheme_of_recipe(std::string_view recipe) {
 namespace {
 
 // What quantization_config says about the weights' scales, in any of the producers' dialects:
-// transformers FineGrainedFP8 / DeepSeek-V3 (weight_block_size), compressed-tensors
-// (config_groups.*.weights: strategy, block_structure, group_size), fbgemm_fp8 (rows).
+// transformers FineGrainedFP8 / DeepSeek-V3 (quant_method fp8, weight_block_size),
+// compressed-tensors (config_groups.*: targets, weights.strategy, block_structure, group_size),
+// fp8kit (schemes per module), fbgemm_fp8 (rows). Strategies are fp8kit's scheme names.
 struct ConfigScales {
+    bool present = false;                       // a quantization_config describes the tensors
     std::optional<std::vector<int64_t>> block;  // [rows, cols]
     std::optional<int64_t> group_size;
-    std::string strategy;  // compressed-tensors' strategy, or "" when not said
+    std::string strategy;                              // every module's, or "" when not said (or mixed)
+    std::map<std::string, std::string> module_strategy;  // a module's own, where the config names it
+    // The scheme the config says a weight's module is stored in, or "" when it does not say.
+    std::string strategy_of(const std::string& weight) const {
+        const auto it = module_strategy.find(module_name_of(weight));
+        return it != module_strategy.end() ? it->second : strategy;
+    }
+    static std::string module_name_of(const std::string& weight) {
+        const size_t dot = weight.rfind('.');
+        return dot == std::string::npos ? weight : weight.substr(0, dot);
+    }
 };
+
 
 std::optional<std::vector<int64_t>> block_field(const Json& v, const std::string& what, const std::string& path) {
     if (v.is_null()) return std::nullopt;
@@ -91,28 +108,56 @@ std::optional<std::vector<int64_t>> block_field(const Json& v, const std::string
             b.push_back(x.get<int64_t>());
         }
     }
-    if (b.size() != 2 || b.size() != v.size()) throw Error(path + ": quantization_config " + what + " " + v.dump() + " is not [rows, cols] of positive integers");
+    if (b.size() != 2 || b.size() != v.size())
+        throw Error(path + ": quantization_config " + what + " " + printable(v.dump()) + " is not [rows, cols] of positive integers");
     return b;
+}
+
+// compressed-tensors' strategy names as fp8kit's schemes ("" for one that stores no weight scale
+// fp8kit reads, e.g. token).
+std::string scheme_of_strategy(const std::string& st) {
+    if (st == "block") return std::string(to_string(Scheme::block128));
+    return st == "tensor" || st == "channel" || st == "group" ? st : "";
 }
 
 ConfigScales config_scales(const TensorLookup& t) {
     ConfigScales c;
     const auto text = t.quantization_config();
     if (!text) return c;
+    c.present = true;
     const Json q = Json::parse(*text, nullptr, false);
     if (!q.is_object()) throw Error(t.path() + ": quantization_config is not a JSON object");
     if (q.contains("weight_block_size")) c.block = block_field(q["weight_block_size"], "weight_block_size", t.path());
+    const std::string method = q.contains("quant_method") && q["quant_method"].is_string() ? q["quant_method"].get<std::string>() : "";
+    if (method == "fp8" && c.block) c.strategy = to_string(Scheme::block128);  // FineGrainedFP8: blocks only
+    if (method == "fp8kit" && q.contains("schemes")) {
+        if (!q["schemes"].is_object()) throw Error(t.path() + ": quantization_config schemes is not an object of module: scheme");
+        for (const auto& [module, scheme] : q["schemes"].items()) {
+            if (!scheme.is_string()) throw Error(t.path() + ": quantization_config schemes[" + quote_printable(module) + "] is not a scheme name");
+            try {
+                c.module_strategy[module] = to_string(parse_scheme(scheme.get<std::string>()));
+            } catch (const Error&) {
+                throw Error(t.path() + ": quantization_config schemes[" + quote_printable(module) + "] is " + quote_printable(scheme.get<std::string>()) +
+                            ", expected tensor, channel, block128 or mx32");
+            }
+        }
+    }
     if (q.contains("config_groups") && q["config_groups"].is_object()) {
-        // Several groups (mixed schemes) are told apart by their scales' shapes; the strategy is
-        // cross-checked only when every group has the same one, and the first block and group
-        // size named are the ones shapes are checked against.
-        bool mixed = false;
+        // Several groups (mixed schemes): a module a group's targets name takes its strategy;
+        // the others are told apart by their scales' shapes, unless every group has the same
+        // strategy. The first block and group size named are the ones shapes are checked against.
+        bool mixed = false, first = true;
         for (const auto& [_, g] : q["config_groups"].items()) {
             if (!g.is_object() || !g.contains("weights") || !g["weights"].is_object()) continue;
             const Json& w = g["weights"];
-            const std::string st = w.contains("strategy") && w["strategy"].is_string() ? w["strategy"].get<std::string>() : "";
-            if (c.strategy.empty()) c.strategy = st;
+            const std::string st = scheme_of_strategy(w.contains("strategy") && w["strategy"].is_string() ? w["strategy"].get<std::string>() : "");
+            if (first) c.strategy = st;
             mixed = mixed || st != c.strategy;
+            first = false;
+            if (!st.empty() && g.contains("targets") && g["targets"].is_array()) {
+                for (const Json& target : g["targets"])
+                    if (target.is_string()) c.module_strategy.emplace(target.get<std::string>(), st);
+            }
             if (!c.block && w.contains("block_structure")) c.block = block_field(w["block_structure"], "block_structure", t.path());
             if (!c.group_size && w.contains("group_size") && w["group_size"].is_number_integer() && w["group_size"].get<int64_t>() > 0)
                 c.group_size = w["group_size"].get<int64_t>();
@@ -122,13 +167,37 @@ ConfigScales config_scales(const TensorLookup& t) {
     return c;
 }
 
-// A scale tensor's values as float32 (f32, bf16 and f16 convert exactly), or as it is (e8m0).
-Tensor scale_as_f32(const Tensor& s) {
-    if (s.dtype() == DType::f32 || s.dtype() == DType::e8m0fnu) return s;
-    const Tensor c = s.contiguous();
-    Tensor out = Tensor::empty(c.shape(), DType::f32);
-    for (int64_t i = 0; i < c.numel(); ++i)
-        out.data<float>()[i] = c.dtype() == DType::bf16 ? float(c.data<const bf16>()[i]) : float(c.data<const f16>()[i]);
+// A scale tensor's values as float32 (f32, bf16 and f16 convert exactly), or as it is (e8m0);
+// fp8kit::Error (`where` and the rule) for any other dtype, and for a value that is not finite
+// and positive (e8m0: its NaN code 0xff) - a zero, negative or non-finite scale would write zero,
+// sign-flipped or non-finite weights.
+Tensor checked_scale(const Tensor& raw, const std::string& where) {
+    const DType d = raw.dtype();
+    if (d != DType::f32 && d != DType::bf16 && d != DType::f16 && d != DType::e8m0fnu) {
+        throw Error(where + " is " + std::string(to_string(d)) + " " + to_string(raw.shape()) +
+                    ": a scale is f32, bf16, f16 or e8m0 (docs/CHECKPOINTS.md)");
+    }
+    const Tensor c = raw.contiguous();
+    const int64_t n = c.numel();
+    Tensor out = d == DType::f32 || d == DType::e8m0fnu ? c : Tensor::empty(c.shape(), DType::f32);
+    for (int64_t i = 0; i < n; ++i) {
+        float v = 0;
+        switch (d) {
+            case DType::bf16: v = out.data<float>()[i] = float(c.data<const bf16>()[i]); break;
+            case DType::f16: v = out.data<float>()[i] = float(c.data<const f16>()[i]); break;
+            case DType::e8m0fnu: v = decode(c.data<const uint8_t>()[i], Format::e8m0fnu); break;
+            default: v = c.data<const float>()[i];
+        }
+        if (std::isfinite(v) && v > 0) continue;
+        std::vector<int64_t> at(size_t(c.dim()));
+        for (int64_t k = c.dim() - 1, r = i; k >= 0; --k) {
+            at[size_t(k)] = r % c.size(k);
+            r /= c.size(k);
+        }
+        char value[32];
+        std::snprintf(value, sizeof value, "%g", double(v));
+        throw Error(where + " holds " + value + " at " + to_string(at) + ": a scale is finite and positive (docs/CHECKPOINTS.md)");
+    }
     return out;
 }
 
@@ -145,74 +214,113 @@ std::string input_scale_name(const std::string& weight) {
 std::optional<StoredWeight> stored_weight(const TensorLookup& t, const std::string& name) {
     const Tensor data = t.tensor(name);
     if (!is_fp8(data.dtype()) || data.dtype() == DType::e8m0fnu || data.dim() < 2) return std::nullopt;
-    QTensor q;
-    q.data = data;
+    const std::string where = t.path() + ": FP8 tensor " + quote_printable(name) + " " + to_string(data.shape());
+    if (data.dim() > 3) throw Error(where + " has more than 3 dimensions");
     // A 3-D tensor [experts, out, in] (MoE experts) is the matrix [experts * out, in]; its scales
     // are per expert, per expert and channel, or per expert and block.
     const int64_t experts = data.dim() == 3 ? data.size(0) : 1, out = data.size(-2), cols = data.size(-1);
     const int64_t rows = experts * out;
-    if (data.dim() > 3) throw Error(t.path() + ": FP8 tensor '" + name + "' " + to_string(data.shape()) + " has more than 3 dimensions");
-    const std::string where = t.path() + ": FP8 tensor '" + name + "' " + to_string(data.shape());
     const ConfigScales cfg = config_scales(t);
-    StoredWeight w{Scheme::tensor, "", q, {}, ""};
+    StoredWeight w{Scheme::tensor, "", QTensor{}, {}, ""};
     const bool inv = t.contains(name + "_scale_inv");
-    if (!inv && !t.contains(name + "_scale")) return std::nullopt;
+    if (!inv && !t.contains(name + "_scale")) {
+        if (!cfg.present) return std::nullopt;  // FP8 codes without a scale, in a file that claims no quantization
+        throw Error(where + " has no scale tensor (" + quote_printable(name + "_scale") + " or " + quote_printable(name + "_scale_inv") +
+                    "), and the quantization_config says the checkpoint is quantized: every FP8 weight needs its scale");
+    }
     w.scale = name + (inv ? "_scale_inv" : "_scale");
-    const Tensor s = scale_as_f32(t.tensor(w.scale));
-    const std::string got = std::string(to_string(t.tensor(w.scale).dtype())) + " " + to_string(s.shape());
-    if (s.dtype() != DType::f32 && s.dtype() != DType::e8m0fnu)
-        throw Error(where + ": its scale " + w.scale + " is " + got + ", expected f32, bf16, f16 or e8m0 values");
+    const Tensor raw = t.tensor(w.scale);
+    const std::string got = std::string(to_string(raw.dtype())) + " " + to_string(raw.shape());
+    const Tensor s = checked_scale(raw, where + ": its scale " + quote_printable(w.scale));
     const int64_t n = s.numel();
-    const auto block_fits = [&](const std::vector<int64_t>& b) {
-        return (experts == 1 || out % b[0] == 0) && n == experts * ceil_div(out, b[0]) * ceil_div(cols, b[1]);
-    };
-    if (s.dtype() == DType::e8m0fnu) {
-        if (n != rows * ceil_div(cols, 32)) throw Error(where + ": its e8m0 scale " + w.scale + " is " + got + ", expected [rows, ceil(cols/32)]");
-        w.scheme = Scheme::mx32;
-        w.q.scaling = Scaling::mx32();
-    } else if (inv || cfg.strategy == "block") {
-        // DeepSeek-V3 / FineGrainedFP8 weight_scale_inv, or compressed-tensors' block strategy:
-        // one scale per block of the config's size (128 x 128 when it names none).
-        const std::vector<int64_t> b = cfg.block.value_or(std::vector<int64_t>{128, 128});
-        if (!block_fits(b)) {
-            throw Error(where + ": its block scale " + w.scale + " is " + got + ", expected " + (experts > 1 ? std::to_string(experts) + " x " : "") +
-                        "[" + std::to_string(ceil_div(out, b[0])) + ", " + std::to_string(ceil_div(cols, b[1])) + "] for blocks " +
-                        std::to_string(b[0]) + "x" + std::to_string(b[1]));
+    const std::vector<int64_t> b = cfg.block.value_or(std::vector<int64_t>{128, 128});
+    // The scaling a scheme gives this weight when the scale's dtype and shape fit it.
+    const auto fits = [&](Scheme scheme) -> std::optional<Scaling> {
+        if ((s.dtype() == DType::e8m0fnu) != (scheme == Scheme::mx32)) return std::nullopt;
+        switch (scheme) {
+            case Scheme::mx32:
+                if (n == rows * ceil_div(cols, 32)) return Scaling::mx32();
+                break;
+            case Scheme::block128:
+                if ((experts == 1 || out % b[0] == 0) && n == experts * ceil_div(out, b[0]) * ceil_div(cols, b[1])) return Scaling::block(b[0], b[1]);
+                break;
+            case Scheme::tensor:
+                if (n == 1) return Scaling::tensor();
+                if (n == experts && experts > 1) return Scaling::block(out, cols);  // one scale per expert: a block of [out, in]
+                break;
+            case Scheme::channel:  // [out], [out, 1] (compressed-tensors, fbgemm_fp8), [E, out, 1]
+                if (n == rows && s.dim() >= 1 && s.size(0) == (experts > 1 ? experts : rows)) return Scaling::row();
+                break;
+            case Scheme::group:  // compressed-tensors' group strategy: [out, in / group_size]
+                if (rows > 0 && n >= rows && n % rows == 0 && cols % (n / rows) == 0 &&
+                    (!cfg.group_size || *cfg.group_size == cols / (n / rows)))
+                    return Scaling::block(1, cols / (n / rows));
+                break;
         }
-        w.scheme = Scheme::block128;
-        w.q.scaling = Scaling::block(b[0], b[1]);
-    } else if (n == 1) {
-        w.scheme = Scheme::tensor;
-        w.q.scaling = Scaling::tensor();
-    } else if (cfg.strategy.empty() && cfg.block && block_fits(*cfg.block)) {
-        w.scheme = Scheme::block128;  // a block-scaled weight among other schemes
-        w.q.scaling = Scaling::block((*cfg.block)[0], (*cfg.block)[1]);
-    } else if (n == experts && experts > 1) {
-        w.scheme = Scheme::tensor;  // one scale per expert: a block of [out, in] in the matrix view
-        w.q.scaling = Scaling::block(out, cols);
-    } else if (n == rows && s.size(0) == (experts > 1 ? experts : rows)) {
-        w.scheme = Scheme::channel;  // [out], [out, 1] (compressed-tensors, fbgemm_fp8), [E, out, 1]
-        w.q.scaling = Scaling::row();
-    } else if (n % rows == 0 && cols % (n / rows) == 0 && (!cfg.group_size || *cfg.group_size == cols / (n / rows))) {
-        w.scheme = Scheme::group;  // compressed-tensors' group strategy: [out, in / group_size]
-        w.q.scaling = Scaling::block(1, cols / (n / rows));
+        return std::nullopt;
+    };
+    // What a scheme's scale looks like for this weight, for the messages.
+    const auto wanted = [&](Scheme scheme) {
+        const std::string e = experts > 1 ? std::to_string(experts) + " x " : "";
+        switch (scheme) {
+            case Scheme::tensor: return "f32/bf16/f16 [1]" + (experts > 1 ? " or [" + std::to_string(experts) + "]" : std::string());
+            case Scheme::channel: return "f32/bf16/f16 [" + std::to_string(rows) + ", 1]";
+            case Scheme::group: return "f32/bf16/f16 [" + std::to_string(rows) + ", in / group_size]";
+            case Scheme::block128:
+                return "f32/bf16/f16 " + e + "[" + std::to_string(ceil_div(out, b[0])) + ", " + std::to_string(ceil_div(cols, b[1])) +
+                       "] for blocks " + std::to_string(b[0]) + "x" + std::to_string(b[1]);
+            case Scheme::mx32: break;
+        }
+        return "e8m0 [" + std::to_string(rows) + ", " + std::to_string(ceil_div(cols, 32)) + "]";
+    };
+    const std::string expected = cfg.strategy_of(name);
+    std::optional<Scaling> scaling;
+    if (!expected.empty()) {
+        // The config names this module's scheme: the scale must be of that scheme's shape.
+        w.scheme = expected == "group" ? Scheme::group : parse_scheme(expected);
+        scaling = fits(w.scheme);
+        if (!scaling) {
+            throw Error(where + ": quantization_config says scheme '" + expected + "' for it, but its scale " + quote_printable(w.scale) + " is " +
+                        got + ", expected " + wanted(w.scheme));
+        }
     } else {
-        throw Error(where + ": its scale " + w.scale + " " + got +
-                    " fits no layout (f32/bf16/f16 [1], [out, 1], [out, in/group], the block grid; e8m0 [out, ceil(in/32)])" +
-                    (t.quantization_config() ? std::string()
-                                             : std::string("; there is no quantization_config (neither in the file's metadata "
-                                                           "nor in a config.json beside it): a compressed-tensors block or "
-                                                           "group scale is known only from the checkpoint's config.json")));
+        // Recognised from the scale: its dtype (e8m0: mx32), its name (_scale_inv: blocks), then
+        // its shape - one value, the config's block grid (among mixed schemes), one per expert,
+        // per row, per group.
+        const bool e8m0 = s.dtype() == DType::e8m0fnu;
+        std::vector<Scheme> order;
+        if (e8m0) order = {Scheme::mx32};
+        else if (inv) order = {Scheme::block128};
+        else if (n == 1) order = {Scheme::tensor};
+        else order = cfg.block ? std::vector<Scheme>{Scheme::block128, Scheme::tensor, Scheme::channel, Scheme::group}
+                               : std::vector<Scheme>{Scheme::tensor, Scheme::channel, Scheme::group};
+        for (const Scheme scheme : order) {
+            if ((scaling = fits(scheme))) {
+                w.scheme = scheme;
+                break;
+            }
+        }
+        if (!scaling) {
+            throw Error(where + ": its scale " + quote_printable(w.scale) + " " + got + " fits no layout (expected " +
+                        (e8m0 || inv ? wanted(order[0])
+                                                     : "f32/bf16/f16 [1], [out, 1], [out, in/group], the block grid; e8m0 [out, ceil(in/32)]") +
+                        ")" +
+                        // A file read alone: the config that names a block or group layout is beside it.
+                        (t.quantization_config() ? std::string()
+                                                 : std::string("; there is no quantization_config (neither in the file's "
+                                                               "metadata nor in a config.json beside it): a compressed-tensors "
+                                                               "block or group scale is known only from the checkpoint's config.json")));
+        }
     }
-    if (!cfg.strategy.empty() && cfg.strategy != "block" && cfg.strategy != to_string(w.scheme)) {
-        throw Error(where + ": quantization_config says strategy '" + cfg.strategy + "' but its scale " + w.scale + " (" + got + ") is " +
-                    std::string(to_string(w.scheme)));
-    }
-    const GroupShape gs = w.q.scaling.scale_shape(rows, cols);
-    w.q.scale_inv = s.contiguous().reshape({gs.rows, gs.cols});
     w.q.data = data.reshape({rows, cols});
+    w.q.scaling = *scaling;
+    const GroupShape gs = w.q.scaling.scale_shape(rows, cols);
+    w.q.scale_inv = s.reshape({gs.rows, gs.cols});
     w.shape = data.shape();
-    if (const std::string is = input_scale_name(name); !is.empty() && t.contains(is)) w.input_scale = is;
+    if (const std::string is = input_scale_name(name); !is.empty() && t.contains(is)) {
+        w.input_scale = is;
+        (void)checked_scale(t.tensor(is), where + ": its static input scale " + quote_printable(is));
+    }
     return w;
 }
 
@@ -264,41 +372,45 @@ Policy read_policy(const std::string& path) {
         try {
             j = Json::parse(reinterpret_cast<const char*>(f.data()), reinterpret_cast<const char*>(f.data()) + f.size());
         } catch (const Json::exception& e) {
-            throw Error(path + ": not valid JSON (" + std::string(e.what()) + ")");
+            throw Error(path + ": not valid JSON (" + printable(e.what()) + ")");
         }
     }
     const auto bad = [&](const std::string& what) { return Error(path + ": " + what + " (see docs/CHECKPOINTS.md)"); };
-    if (!j.is_object() || j.value("format", "") != "fp8kit-policy" || !j.contains("layers") || !j["layers"].is_array()) {
+    // (Fields are type-checked before they are read: nlohmann's value() throws on a mistyped one.)
+    if (!j.is_object() || !j.contains("format") || j["format"] != "fp8kit-policy" || !j.contains("layers") || !j["layers"].is_array()) {
         throw bad("not an fp8kit policy: expected {\"format\": \"fp8kit-policy\", \"version\": 1, \"layers\": [...]}");
     }
-    if (j.value("version", 0) != 1) throw bad("unsupported version " + j["version"].dump());
+    if (!j.contains("version") || j["version"] != 1) throw bad("unsupported version " + (j.contains("version") ? printable(j["version"].dump()) : "(none)"));
     Policy p;
     for (const Json& l : j["layers"]) {
         PolicyLayer pl;
-        if (!l.is_object() || !l.contains("fp8") || !l["fp8"].is_boolean()) throw bad("layer " + l.dump() + " has no boolean 'fp8'");
+        if (!l.is_object() || !l.contains("fp8") || !l["fp8"].is_boolean()) throw bad("layer " + printable(l.dump()) + " has no boolean 'fp8'");
         pl.fp8 = l["fp8"].get<bool>();
         if (l.contains("name")) {
-            if (!l["name"].is_string()) throw bad("layer " + l.dump() + ": 'name' is not a string");
+            if (!l["name"].is_string()) throw bad("layer " + printable(l.dump()) + ": 'name' is not a string");
             pl.name = l["name"].get<std::string>();
         }
         if (l.contains("weight_shape")) {
             const Json& s = l["weight_shape"];
             if (!s.is_array() || s.size() != 2 || !s[0].is_number_integer() || !s[1].is_number_integer()) {
-                throw bad("layer " + l.dump() + ": 'weight_shape' is not [out, in]");
+                throw bad("layer " + printable(l.dump()) + ": 'weight_shape' is not [out, in]");
             }
             pl.weight_shape = {s[0].get<int64_t>(), s[1].get<int64_t>()};
         }
-        if (pl.name.empty() == pl.weight_shape.empty()) throw bad("layer " + l.dump() + " needs exactly one of 'name' and 'weight_shape'");
+        if (pl.name.empty() == pl.weight_shape.empty()) throw bad("layer " + printable(l.dump()) + " needs exactly one of 'name' and 'weight_shape'");
         if (l.contains("recipe") && !l["recipe"].is_null()) {
-            if (!l["recipe"].is_string()) throw bad("layer " + l.dump() + ": 'recipe' is not a string");
+            if (!l["recipe"].is_string()) throw bad("layer " + printable(l.dump()) + ": 'recipe' is not a string");
             try {
                 pl.set_recipe(l["recipe"].get<std::string>());
             } catch (const Error& e) {
-                throw bad(e.what());
+                throw bad(printable(e.what()));
             }
         }
-        if (pl.fp8 && !pl.scheme) throw bad("layer " + l.dump() + " is fp8 but names no recipe");
-        pl.reason = l.value("reason", "");
+        if (pl.fp8 && !pl.scheme) throw bad("layer " + printable(l.dump()) + " is fp8 but names no recipe");
+        if (l.contains("reason") && !l["reason"].is_null()) {
+            if (!l["reason"].is_string()) throw bad("layer " + printable(l.dump()) + ": 'reason' is not a string");
+            pl.reason = l["reason"].get<std::string>();
+        }
         p.layers.push_back(std::move(pl));
     }
     return p;

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fp8kit/error.hpp"
+#include "fp8kit/files.hpp"
 #include "platform/platform.hpp"
 
 namespace fp8kit {
@@ -45,7 +46,7 @@ uint64_t read_le64(const unsigned char* p) {
     return v;
 }
 
-std::string quoted(const std::string& s) { return "'" + s + "'"; }
+std::string shown(const Json& v) { return printable(v.dump()); }
 
 // The JSON, with duplicate keys (at any depth) and nesting deeper than max_json_depth refused.
 Json parse_json(const char* begin, const char* end, const std::string& what) {
@@ -61,7 +62,7 @@ Json parse_json(const char* begin, const char* end, const std::string& what) {
         } else if (event == Json::parse_event_t::key) {
             const std::string& k = parsed.get_ref<const std::string&>();
             if (!keys.back().insert(k).second) {
-                throw Error(what + ": header JSON has the key " + quoted(k) + " twice (duplicate name)");
+                throw Error(what + ": header JSON has the key " + quote_printable(k) + " twice (duplicate name)");
             }
         }
         return true;
@@ -69,23 +70,23 @@ Json parse_json(const char* begin, const char* end, const std::string& what) {
     try {
         return Json::parse(begin, end, check);
     } catch (const Json::exception& e) {
-        throw Error(what + ": header is not valid JSON (" + e.what() + ")");
+        throw Error(what + ": header is not valid JSON (" + printable(e.what()) + ")");
     }
 }
 
 uint64_t unsigned_field(const Json& v, const std::string& where) {
     if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0)) {
-        throw Error(where + " is " + v.dump() + ", expected a non-negative integer");
+        throw Error(where + " is " + shown(v) + ", expected a non-negative integer");
     }
     return v.get<uint64_t>();
 }
 
 SafetensorsEntry parse_entry(const std::string& name, const Json& v, const std::string& what) {
-    const std::string where = what + ": tensor " + quoted(name);
+    const std::string where = what + ": tensor " + quote_printable(name);
     if (!v.is_object()) throw Error(where + " is " + std::string(v.type_name()) + ", expected an object");
     for (const auto& [k, _] : v.items()) {
         if (k != "dtype" && k != "shape" && k != "data_offsets") {
-            throw Error(where + " has an unknown field " + quoted(k) + " (expected dtype, shape, data_offsets)");
+            throw Error(where + " has an unknown field " + quote_printable(k) + " (expected dtype, shape, data_offsets)");
         }
     }
     for (const char* k : {"dtype", "shape", "data_offsets"}) {
@@ -93,12 +94,12 @@ SafetensorsEntry parse_entry(const std::string& name, const Json& v, const std::
     }
     SafetensorsEntry e{name, DType::u8, {}, 0, 0};
     const Json& dt = v["dtype"];
-    if (!dt.is_string()) throw Error(where + ": dtype is " + dt.dump() + ", expected a string");
+    if (!dt.is_string()) throw Error(where + ": dtype is " + shown(dt) + ", expected a string");
     const auto d = parse_safetensors_dtype(dt.get_ref<const std::string&>());
-    if (!d) throw Error(where + " has an unknown dtype " + dt.dump());
+    if (!d) throw Error(where + " has an unknown dtype " + shown(dt));
     e.dtype = *d;
     const Json& shape = v["shape"];
-    if (!shape.is_array()) throw Error(where + ": shape is " + shape.dump() + ", expected an array");
+    if (!shape.is_array()) throw Error(where + ": shape is " + shown(shape) + ", expected an array");
     // Element count and bytes, refusing anything that overflows 64 bits.
     uint64_t numel = 1;
     bool overflow = false, empty = false;
@@ -111,18 +112,18 @@ SafetensorsEntry parse_entry(const std::string& name, const Json& v, const std::
         numel *= n;
     }
     const Json& off = v["data_offsets"];
-    if (!off.is_array() || off.size() != 2) throw Error(where + ": data_offsets is " + off.dump() + ", expected [begin, end]");
+    if (!off.is_array() || off.size() != 2) throw Error(where + ": data_offsets is " + shown(off) + ", expected [begin, end]");
     e.begin = unsigned_field(off[0], where + ": data_offsets[0]");
     e.end = unsigned_field(off[1], where + ": data_offsets[1]");
-    if (e.end < e.begin) throw Error(where + ": data_offsets " + off.dump() + " end before they begin");
+    if (e.end < e.begin) throw Error(where + ": data_offsets " + shown(off) + " end before they begin");
     const uint64_t elem = dtype_size(e.dtype);
     if (empty) {
         overflow = false;
         numel = 0;
     }
     if (overflow || numel > UINT64_MAX / elem || numel * elem != e.end - e.begin) {
-        throw Error(where + ": data_offsets " + off.dump() + " hold " + std::to_string(e.end - e.begin) +
-                    " bytes, but dtype " + dt.get<std::string>() + " x shape " + to_string(e.shape) +
+        throw Error(where + ": data_offsets " + shown(off) + " hold " + std::to_string(e.end - e.begin) +
+                    " bytes, but dtype " + printable(dt.get<std::string>()) + " x shape " + to_string(e.shape) +
                     (overflow ? " overflows 64 bits" : " needs " + std::to_string(numel * elem)));
     }
     return e;
@@ -159,6 +160,11 @@ SafetensorsHeader parse_safetensors(const void* data, size_t size, const std::st
                     std::to_string(size) + " bytes)");
     }
     const char* h = reinterpret_cast<const char*>(p + 8);
+    // JSON allows no NUL byte; padding is spaces (as the safetensors package writes and requires).
+    if (const void* nul = std::memchr(h, 0, size_t(n))) {
+        throw Error(what + ": header holds a NUL byte at offset " + std::to_string(static_cast<const char*>(nul) - h) +
+                    " (JSON allows none; a header is padded with spaces)");
+    }
     const Json j = parse_json(h, h + n, what);
     if (!j.is_object()) throw Error(what + ": header is a JSON " + std::string(j.type_name()) + ", expected an object");
 
@@ -167,10 +173,10 @@ SafetensorsHeader parse_safetensors(const void* data, size_t size, const std::st
     const uint64_t data_size = size - out.data_offset;
     for (const auto& [key, v] : j.items()) {
         if (key == "__metadata__") {
-            if (!v.is_object()) throw Error(what + ": __metadata__ is " + v.dump() + ", expected an object of strings");
+            if (!v.is_object()) throw Error(what + ": __metadata__ is " + shown(v) + ", expected an object of strings");
             for (const auto& [mk, mv] : v.items()) {
                 if (!mv.is_string()) {
-                    throw Error(what + ": __metadata__ value of " + quoted(mk) + " is " + mv.dump() + ", expected a string");
+                    throw Error(what + ": __metadata__ value of " + quote_printable(mk) + " is " + shown(mv) + ", expected a string");
                 }
                 out.metadata.emplace(mk, mv.get<std::string>());
             }
@@ -178,7 +184,7 @@ SafetensorsHeader parse_safetensors(const void* data, size_t size, const std::st
         }
         SafetensorsEntry e = parse_entry(key, v, what);
         if (e.end > data_size) {
-            throw Error(what + ": tensor " + quoted(key) + ": data_offsets [" + std::to_string(e.begin) + ", " +
+            throw Error(what + ": tensor " + quote_printable(key) + ": data_offsets [" + std::to_string(e.begin) + ", " +
                         std::to_string(e.end) + "] out of bounds: the data section has " +
                         std::to_string(data_size) + " bytes");
         }
@@ -198,12 +204,12 @@ SafetensorsHeader parse_safetensors(const void* data, size_t size, const std::st
     for (size_t i : order) {
         const SafetensorsEntry& e = out.entries[i];
         if (e.begin < at) {
-            throw Error(what + ": tensors " + quoted(prev->name) + " and " + quoted(e.name) + " overlap (bytes [" +
+            throw Error(what + ": tensors " + quote_printable(prev->name) + " and " + quote_printable(e.name) + " overlap (bytes [" +
                         std::to_string(e.begin) + ", " + std::to_string(at) + ") of the data section)");
         }
         if (e.begin > at) {
             throw Error(what + ": gap in the data section: bytes [" + std::to_string(at) + ", " +
-                        std::to_string(e.begin) + ") belong to no tensor (before " + quoted(e.name) + ")");
+                        std::to_string(e.begin) + ") belong to no tensor (before " + quote_printable(e.name) + ")");
         }
         at = e.end;
         prev = &e;
@@ -243,7 +249,7 @@ uint64_t SafetensorsFile::data_offset() const noexcept { return impl_->header.da
 
 const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
     const auto it = impl_->index.find(name);
-    if (it == impl_->index.end()) throw Error(path() + ": no tensor named " + quoted(name));
+    if (it == impl_->index.end()) throw Error(path() + ": no tensor named " + quote_printable(name));
     return impl_->header.entries[it->second];
 }
 
@@ -272,7 +278,7 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
     std::vector<Tensor> data;
     uint64_t at = 0;
     for (const auto& [name, t] : tensors) {
-        const std::string where = "fp8kit::save_safetensors: " + path + ": tensor " + quoted(name);
+        const std::string where = "fp8kit::save_safetensors: " + path + ": tensor " + quote_printable(name);
         if (name == "__metadata__") throw Error(where + ": the name is reserved for the metadata");
         if (header.contains(name)) throw Error(where + " appears twice (duplicate name)");
         if (!t.defined()) throw Error(where + " is undefined");

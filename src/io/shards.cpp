@@ -12,6 +12,7 @@
 
 #include "fp8kit/checkpoint.hpp"
 #include "fp8kit/error.hpp"
+#include "fp8kit/files.hpp"
 #include "platform/platform.hpp"
 
 namespace fp8kit {
@@ -23,18 +24,14 @@ namespace {
 
 constexpr const char* index_name = "model.safetensors.index.json";
 
-std::string read_text(const std::string& path) {
-    const platform::MappedFile f(path);
-    return std::string(reinterpret_cast<const char*>(f.data()), f.size());
-}
-
 Json parse_json_text(const std::string& text, const std::string& path) {
     try {
         return Json::parse(text);
     } catch (const Json::exception& e) {
-        throw Error(path + ": not valid JSON (" + std::string(e.what()) + ")");
+        throw Error(path + ": not valid JSON (" + printable(e.what()) + ")");
     }
 }
+
 
 }  // namespace
 
@@ -48,18 +45,20 @@ Checkpoint::Checkpoint(const std::string& path) : path_(path) {
         shards_.emplace_back(path);
     } else {
         const fs::path index = fs::path(path) / index_name;
+        std::vector<std::pair<std::string, std::string>> listed;  // the index's (tensor, shard) pairs
         if (fs::exists(index, ec)) {
-            const Json j = parse_json_text(read_text(index.string()), index.string());
+            const Json j = parse_json_text(read_file(index.string()), index.string());
             if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
                 throw Error(index.string() + ": no weight_map object");
             }
             for (const auto& [name, file] : j["weight_map"].items()) {
-                if (!file.is_string()) throw Error(index.string() + ": weight_map['" + name + "'] is not a file name");
+                if (!file.is_string()) throw Error(index.string() + ": weight_map[" + quote_printable(name) + "] is not a file name");
                 const std::string f = file.get<std::string>();
                 if (f.empty() || fs::path(f).has_parent_path() || f == "." || f == "..") {
-                    throw Error(index.string() + ": weight_map['" + name + "'] is '" + f + "', not a file in the directory");
+                    throw Error(index.string() + ": weight_map[" + quote_printable(name) + "] is " + quote_printable(f) + ", not a file in the directory");
                 }
                 if (std::find(shard_files_.begin(), shard_files_.end(), f) == shard_files_.end()) shard_files_.push_back(f);
+                listed.emplace_back(name, f);
             }
         } else {
             for (const auto& e : fs::directory_iterator(path)) {
@@ -69,16 +68,25 @@ Checkpoint::Checkpoint(const std::string& path) : path_(path) {
         std::sort(shard_files_.begin(), shard_files_.end());
         if (shard_files_.empty()) throw Error(path + ": no .safetensors files in the directory");
         for (const std::string& f : shard_files_) shards_.emplace_back((fs::path(path) / f).string());
+        // Every tensor the index lists is in the shard it names (else a reader would miss it).
+        for (const auto& [name, f] : listed) {
+            const size_t i = size_t(std::find(shard_files_.begin(), shard_files_.end(), f) - shard_files_.begin());
+            if (!shards_[i].contains(name)) {
+                throw Error(index.string() + ": weight_map lists tensor " + quote_printable(name) + " in " + quote_printable(f) +
+                            ", which does not hold it (each index entry must be in its shard)");
+            }
+        }
         const fs::path cfg = fs::path(path) / "config.json";
         if (fs::exists(cfg, ec)) {
-            config_ = read_text(cfg.string());
+            config_ = read_file(cfg.string());
             if (!parse_json_text(*config_, cfg.string()).is_object()) throw Error(cfg.string() + ": not a JSON object");
         }
     }
     for (size_t i = 0; i < shards_.size(); ++i) {
         for (const std::string& n : shards_[i].names()) {
             if (!shard_index_.emplace(n, i).second) {
-                throw Error(path + ": tensor '" + n + "' is in both " + shard_files_[shard_index_[n]] + " and " + shard_files_[i]);
+                throw Error(path + ": tensor " + quote_printable(n) + " is in both " + quote_printable(shard_files_[shard_index_[n]]) + " and " +
+                            quote_printable(shard_files_[i]));
             }
             names_.push_back(n);
         }
@@ -87,7 +95,7 @@ Checkpoint::Checkpoint(const std::string& path) : path_(path) {
 
 size_t Checkpoint::shard_of(const std::string& tensor) const {
     const auto it = shard_index_.find(tensor);
-    if (it == shard_index_.end()) throw Error(path_ + ": no tensor named '" + tensor + "'");
+    if (it == shard_index_.end()) throw Error(path_ + ": no tensor named " + quote_printable(tensor));
     return it->second;
 }
 
@@ -110,7 +118,7 @@ std::optional<std::string> Checkpoint::quantization_config() const {
     // other than 128 are known only from there.
     std::error_code ec;
     if (const fs::path cfg = sibling_config(path_); !directory_ && fs::exists(cfg, ec)) {
-        const std::string text = read_text(cfg.string());
+        const std::string text = read_file(cfg.string());
         const Json c = parse_json_text(text, cfg.string());
         if (c.is_object() && c.contains("quantization_config")) return c["quantization_config"].dump();
     }
@@ -143,10 +151,18 @@ void check_output(const std::string& out, bool directory, const std::vector<std:
         for (fs::path p = fs::absolute(in, ec).parent_path(); !p.empty() && p != p.parent_path(); p = p.parent_path()) {
             if (platform::same_file(out, p.string())) throw Error(out + " holds the input " + in + " (inputs are never modified)");
         }
+        // Nor may the output land inside an input directory (compared as files, through links).
+        for (fs::path p = folder; !p.empty(); p = p.parent_path()) {
+            if (platform::same_file(p.string(), in)) throw Error(out + " is inside the input " + in + " (inputs are never modified)");
+            if (p == p.parent_path()) break;
+        }
     }
-    if (fs::exists(abs, ec)) {
-        const bool is_dir = fs::is_directory(abs, ec);
+    // Whatever is at OUT - a file, a directory, a link (dangling or not), a FIFO - is there already.
+    const fs::file_status st = fs::symlink_status(abs, ec);
+    if (fs::exists(st)) {
         if (!force) throw Error(out + ": the output exists already (--force replaces it)");
+        // With force a directory (or a link to one) is replaced by a directory, anything else by a file.
+        const bool is_dir = fs::is_directory(abs, ec);
         if (is_dir != directory) {
             throw Error(out + " is a " + (is_dir ? "directory" : "file") + " and the output is a " +
                         (directory ? "directory" : "file") + "; --force replaces only the same kind");
@@ -228,7 +244,7 @@ void CheckpointWriter::commit() {
         for (const auto& e : fs::directory_iterator(in_.path())) {
             const std::string name = e.path().filename().string();
             const bool ours = e.path().extension() == ".safetensors" || name == "config.json" || name == index_name;
-            if (!ours && e.is_regular_file()) write_text(name, read_text(e.path().string()));
+            if (!ours && e.is_regular_file()) write_text(name, read_file(e.path().string()));
         }
         std::error_code ec;
         if (fs::exists(out_, ec)) {

@@ -17,7 +17,8 @@
 namespace fp8kit::platform {
 
 // A whole file mapped read-only (zero copy). An empty file maps to data() == nullptr, size() 0.
-// fp8kit::Error naming the path and the OS's reason when it cannot be opened or mapped.
+// fp8kit::Error naming the path and the OS's reason when it cannot be opened or mapped, and for
+// anything but a regular file (a directory, FIFO, socket or device: refused without waiting on it).
 class MappedFile {
 public:
     MappedFile() = default;
@@ -95,6 +96,9 @@ void keep_on_interrupt(int slot) noexcept;
 
 // Whether the process's standard error is a terminal (progress bars go only there).
 bool stderr_is_terminal() noexcept;
+
+// The machine's physical memory in bytes; 0 where the OS does not say.
+unsigned long long physical_memory_bytes() noexcept;
 
 // Between src/platform/temporaries.cpp (portable: names, the table of paths) and the OS files.
 namespace detail {

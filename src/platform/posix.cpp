@@ -35,7 +35,9 @@ namespace {
 }  // namespace
 
 MappedFile::MappedFile(const std::string& path) : path_(path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: opening a FIFO (or a device) for reading would otherwise wait for a writer;
+    // the fstat below then refuses it. A regular file ignores the flag.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) fail("cannot open", path, errno);
     struct stat st {};
     if (::fstat(fd, &st) != 0) {
@@ -45,7 +47,9 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     }
     if (!S_ISREG(st.st_mode)) {
         ::close(fd);
-        throw Error("not a regular file: '" + path + "'");
+        const char* kind = S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISSOCK(st.st_mode) ? "a socket"
+                           : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device" : "a special file";
+        throw Error(path + ": " + kind + ", not a regular file (only regular files are read)");
     }
     size_ = size_t(st.st_size);
     if (size_ > 0) {
@@ -128,6 +132,11 @@ bool same_file(const std::string& a, const std::string& b) {
 }
 
 bool stderr_is_terminal() noexcept { return ::isatty(STDERR_FILENO) == 1; }
+
+unsigned long long physical_memory_bytes() noexcept {
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? static_cast<unsigned long long>(pages) * static_cast<unsigned long long>(page) : 0;
+}
 
 namespace detail {
 

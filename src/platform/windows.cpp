@@ -52,14 +52,14 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     const std::wstring name = wide(path);
     const DWORD attributes = GetFileAttributesW(name.c_str());
     if (attributes != INVALID_FILE_ATTRIBUTES && (attributes & FILE_ATTRIBUTE_DIRECTORY) != 0) {
-        throw Error("not a regular file: '" + path + "'");
+        throw Error(path + ": not a regular file (only regular files are read)");
     }
     HANDLE file = CreateFileW(name.c_str(), GENERIC_READ, FILE_SHARE_READ | FILE_SHARE_DELETE, nullptr, OPEN_EXISTING,
                               FILE_ATTRIBUTE_NORMAL, nullptr);
     if (file == INVALID_HANDLE_VALUE) fail("cannot open", path, GetLastError());
     if (GetFileType(file) != FILE_TYPE_DISK) {  // a console, pipe or device
         CloseHandle(file);
-        throw Error("not a regular file: '" + path + "'");
+        throw Error(path + ": not a regular file (only regular files are read)");
     }
     LARGE_INTEGER size{};
     if (!GetFileSizeEx(file, &size)) {
@@ -167,6 +167,12 @@ bool same_file(const std::string& a, const std::string& b) {
 bool stderr_is_terminal() noexcept {
     DWORD mode = 0;
     return GetConsoleMode(GetStdHandle(STD_ERROR_HANDLE), &mode) != 0;
+}
+
+unsigned long long physical_memory_bytes() noexcept {
+    MEMORYSTATUSEX m{};
+    m.dwLength = sizeof m;
+    return GlobalMemoryStatusEx(&m) ? static_cast<unsigned long long>(m.ullTotalPhys) : 0;
 }
 
 namespace detail {

@@ -162,7 +162,7 @@ check "hand-written policy: prefix -> channel, named no -> kept, the rest block1
     grep -Eq '^model.layers.1.self_attn.q_proj.weight_scale_inv +F32 +\[1, 1\]' ph.out"
 printf '{"format": "fp8kit-policy", "version": 1, "layers": [{"name": "x", "fp8": true}]}' >pbad.json
 "$fp8kit" quantize m.safetensors pb.safetensors --policy pbad.json >/dev/null 2>e; rc=$?
-check "a policy layer fp8 without a recipe: exit 2 naming the file, no OUT" "[ $rc -eq 2 ] && grep -q 'pbad.json' e && grep -q 'names no recipe' e && [ ! -e pb.safetensors ]"
+check "a policy layer fp8 without a recipe: exit 3 (a malformed input file) naming the file, no OUT" "[ $rc -eq 3 ] && grep -q 'pbad.json' e && grep -q 'names no recipe' e && [ ! -e pb.safetensors ]"
 "$fp8kit" advise --shapes 4x200 --out pa.json >/dev/null 2>e; rc=$?
 check "advise --shapes not MxNxK: exit 2 naming it, no policy" "[ $rc -eq 2 ] && grep -q \"'4x200' is not MxNxK\" e && [ ! -e pa.json ]"
 "$fp8kit" advise --shapes 4x8x8 --recipe foo --out pa.json >/dev/null 2>e; rc=$?

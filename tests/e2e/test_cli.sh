@@ -59,55 +59,58 @@ check "quantize the trained model (mx32), generate from the FP8 file" "[ $rc -eq
 "$fp8kit" bench generate --model "$out/train/model_f32.safetensors" --model "$out/train/model_f32_mx32.safetensors" --tokens 5 --rounds 2 --json >"$out/bg" 2>"$out/e"; rc=$?
 check "bench generate: a JSON line per model, the first the baseline (vs_first 1)" "[ $rc -eq 0 ] && [ \$(wc -l <'$out/bg') -eq 2 ] && head -1 '$out/bg' | grep -q '\"model\":\"$out/train/model_f32.safetensors\".*\"vs_first\":1.0}' && tail -1 '$out/bg' | grep -q 'model_f32_mx32.safetensors\".*\"tokens_per_s\":[0-9]'"
 "$fp8kit" generate --model "$out/train/losses.csv" >"$out/g" 2>"$out/e"; rc=$?
-check "generate from a file that is not a model: exit 2 naming it" "[ $rc -eq 2 ] && grep -q 'losses.csv' '$out/e'"
+check "generate from a file that is not a model: exit 3 (bad input) naming it" "[ $rc -eq 3 ] && grep -q 'losses.csv' '$out/e'"
 "$fp8kit" train --recipe fp4 --steps 1 --out "$out/train" >"$out/o" 2>"$out/e"; rc=$?
 check "train --recipe fp4: exit 2 naming the recipe" "[ $rc -eq 2 ] && grep -q \"unknown recipe 'fp4'\" '$out/e'"
 
 # Refused arguments: exit 2, the message names the flag, nothing on stdout, no --out folder made.
-refused() {  # refused DESCRIPTION NEEDLE ARGS...
-    what=$1 needle=$2
-    shift 2
+# An input file the command cannot use (--data, --policy) is bad input instead: exit 3 (refused_input).
+refused_with() {  # refused_with CODE DESCRIPTION NEEDLE ARGS...
+    code=$1 what=$2 needle=$3
+    shift 3
     rm -rf "$out/r"
     "$fp8kit" "$@" >"$out/o" 2>"$out/e"; rc=$?
-    [ $rc -eq 2 ] && grep -qF -- "$needle" "$out/e" && [ "$(wc -l <"$out/e")" -eq 1 ] && [ ! -s "$out/o" ] && [ ! -e "$out/r" ]
-    verdict "$what: exit 2 naming it, before any work or output" $?
-    [ $rc -eq 2 ] || cat "$out/e"
+    [ $rc -eq "$code" ] && grep -qF -- "$needle" "$out/e" && [ "$(wc -l <"$out/e")" -eq 1 ] && [ ! -s "$out/o" ] && [ ! -e "$out/r" ]
+    verdict "$what: exit $code naming it, before any work or output" $?
+    [ $rc -eq "$code" ] || cat "$out/e"
 }
-refused "train --steps 0" "--steps must be >= 1, got 0" train --steps 0 --out "$out/r"
-refused "train --steps -3" "--steps must be >= 1, got -3" train --steps -3 --out "$out/r"
-refused "train --layers 0" "--layers must be >= 1, got 0" train --layers 0 --out "$out/r"
-refused "train --width 0" "--width must be >= 1, got 0" train --width 0 --out "$out/r"
-refused "train --batch -1" "--batch must be >= 1, got -1" train --batch -1 --out "$out/r"
+refused() { refused_with 2 "$@"; }
+refused_input() { refused_with 3 "$@"; }
+refused "train --steps 0" "--steps '0': expected an integer in [1, 10000000]" train --steps 0 --out "$out/r"
+refused "train --steps -3" "--steps '-3': expected an integer in [1, 10000000]" train --steps -3 --out "$out/r"
+refused "train --layers 0" "--layers '0': expected an integer in [1, 1024]" train --layers 0 --out "$out/r"
+refused "train --width 0" "--width '0': expected an integer in [1, 65536]" train --width 0 --out "$out/r"
+refused "train --batch -1" "--batch '-1': expected an integer in [1, 1000000]" train --batch -1 --out "$out/r"
 refused "train --device tpu" "--device 'tpu': expected cpu or cuda" train --device tpu --out "$out/r"
 # --device cuda: trains where a GPU is (a table row for tensorwise), else exit 2 saying why, before
 # any work (this build without the CUDA backend, or the machine without a GPU or driver).
 rm -rf "$out/r"
 "$fp8kit" train --device cuda --steps 2 --layers 1 --width 32 --batch 2 --recipe tensorwise --out "$out/r" >"$out/o" 2>"$out/e"; rc=$?
 check "train --device cuda: trains on the GPU, or exit 2 naming --device cuda and writing nothing" "{ [ $rc -eq 0 ] && grep -Eq '^tensorwise ' '$out/o'; } || { [ $rc -eq 2 ] && grep -q -- '--device cuda: ' '$out/e' && [ ! -s '$out/o' ] && [ ! -e '$out/r' ]; }"
-refused "train --threads 0" "--threads must be >= 1, got 0" train --threads 0 --out "$out/r"
+refused "train --threads 0" "--threads '0': expected an integer in [1, 1024]" train --threads 0 --out "$out/r"
 refused "train --recipe ''" "--recipe '': an empty recipe name" train --recipe "" --out "$out/r"
 refused "train --recipe foo" "--recipe: unknown recipe 'foo'" train --recipe foo --out "$out/r"
 refused "train --recipe f32,,bf16" "--recipe 'f32,,bf16': an empty recipe name" train --recipe f32,,bf16 --out "$out/r"
 refused "train --recipe f32," "--recipe 'f32,': an empty recipe name" train --recipe f32, --out "$out/r"
 refused "train --recipe f32,f32" "--recipe: 'f32' given twice" train --recipe f32,f32 --out "$out/r"
 refused "train --width 30 (not a multiple of the heads)" "--width 30 must be a multiple of the 4 attention heads" train --width 30 --out "$out/r"
-refused "train --data missing" "cannot read --data '$out/missing.txt'" train --data "$out/missing.txt" --out "$out/r"
+refused_input "train --data missing" "--data: cannot open '$out/missing.txt'" train --data "$out/missing.txt" --out "$out/r"
 printf 'too short' >"$out/short.txt"
-refused "train --data too short" "--data '$out/short.txt': the training text has 9 bytes" train --data "$out/short.txt" --out "$out/r"
-refused "train --policy missing" "$out/missing.json" train --policy "$out/missing.json" --out "$out/r"
-refused "train --out ''" "--out is empty" train --out ""
+refused_input "train --data too short" "--data '$out/short.txt': the training text has 9 bytes" train --data "$out/short.txt" --out "$out/r"
+refused_input "train --policy missing" "$out/missing.json" train --policy "$out/missing.json" --out "$out/r"
+refused "train --out ''" "--out: the path is empty" train --out ""
 refused "train --out a file" "--out '$out/short.txt' exists and is not a directory" train --out "$out/short.txt"
-refused "generate --tokens -5" "--tokens must be >= 1, got -5" generate --model "$out/train/model_f32.safetensors" --tokens -5
-refused "generate --tokens 0" "--tokens must be >= 1, got 0" generate --model "$out/train/model_f32.safetensors" --tokens 0
-refused "bench generate --rounds 0" "--rounds must be >= 1, got 0" bench generate --model "$out/train/model_f32.safetensors" --rounds 0
-refused "advise --tokens 0" "--tokens 0: expected >= 1" advise --shapes 16x64x64 --tokens 0 --out "$out/r"
+refused "generate --tokens -5" "--tokens '-5': expected an integer in [1, 1000000]" generate --model "$out/train/model_f32.safetensors" --tokens -5
+refused "generate --tokens 0" "--tokens '0': expected an integer in [1, 1000000]" generate --model "$out/train/model_f32.safetensors" --tokens 0
+refused "bench generate --rounds 0" "--rounds '0': expected an integer in [1, 1000]" bench generate --model "$out/train/model_f32.safetensors" --rounds 0
+refused "advise --tokens 0" "--tokens '0': expected an integer in [1, 2147483648]" advise --shapes 16x64x64 --tokens 0 --out "$out/r"
 refused "advise --budget 0" "--budget" advise --shapes 16x64x64 --budget 0 --out "$out/r"
 refused "advise --min-speedup -1" "--min-speedup" advise --shapes 16x64x64 --min-speedup -1 --out "$out/r"
 refused "advise --recipe foo" "foo" advise --shapes 16x64x64 --recipe foo --out "$out/r"
 refused "advise --recipe delayed" "--recipe delayed needs training state" advise --shapes 16x64x64 --recipe delayed --out "$out/r"
 refused "advise --input-dtype f64" "--input-dtype f64: expected f32 or bf16" advise --shapes 16x64x64 --input-dtype f64 --out "$out/r"
 refused "advise --shapes 16x64" "--shapes: '16x64' is not MxNxK" advise --shapes 16x64 --out "$out/r"
-refused "advise --shapes 0x64x64" "needs dimensions >= 1" advise --shapes 0x64x64 --out "$out/r"
+refused "advise --shapes 0x64x64" "--shapes M '0': expected an integer in [1, 2147483648]" advise --shapes 0x64x64 --out "$out/r"
 refused "advise without --shapes or --model" "exactly one of --shapes and --model" advise --out "$out/r"
 refused "advise --shapes and --model" "exactly one of --shapes and --model" advise --shapes 16x64x64 --model "$out/train/model_f32.safetensors" --out "$out/r"
 refused "advise --out in a missing folder" "the folder '$out/nofolder' does not exist" advise --shapes 16x64x64 --out "$out/nofolder/p.json"

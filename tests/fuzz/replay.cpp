@@ -42,6 +42,6 @@ int main(int argc, char** argv) {
         const std::vector<char> bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
         LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
     }
-    std::printf("%zu inputs replayed through the safetensors parser\n", inputs.size());
+    std::printf("%zu inputs replayed through the safetensors parser, shard indexes and scale tensors\n", inputs.size());
     return 0;
 }

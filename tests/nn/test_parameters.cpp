@@ -226,16 +226,37 @@ TEST(Checkpoint, FP8OutsideLinearIsDequantizedAndBadFP8IsNamed) {
     EXPECT_EQ(std::memcmp(w.stored->data.const_raw_data(), qkv.data.const_raw_data(), size_t(qkv.data.nbytes())), 0);
     // A scale no layout explains, and FP8 codes without a scale.
     auto bad = fp8;
-    bad.back().second = Tensor::zeros({3}, DType::f32);
+    bad.back().second = Tensor::empty({3}, DType::f32);
+    for (int i = 0; i < 3; ++i) bad.back().second.data<float>()[i] = 1.0f;
     save_safetensors(path, bad, small.to_metadata());
     std::string msg = message([&] { load_model(path); });
     EXPECT_NE(msg.find(path), std::string::npos) << msg;
-    EXPECT_NE(msg.find("blocks.0.attn.qkv.weight_scale f32 [3] fits no layout"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("'blocks.0.attn.qkv.weight_scale' f32 [3] fits no layout"), std::string::npos) << msg;
+    // Scales that would load wrong weights: each refused naming the file, the tensor, the value and
+    // the rule (the same check as every command's: fp8kit::stored_weight). A scale of 1 loads.
+    for (const float v : {-1.0f, 0.0f, NAN, INFINITY}) {
+        auto scaled = fp8;
+        scaled.back().second = Tensor::empty({1}, DType::f32);
+        scaled.back().second.data<float>()[0] = v;
+        save_safetensors(path, scaled, small.to_metadata());
+        msg = message([&] { load_model(path); });
+        EXPECT_NE(msg.find(path), std::string::npos) << msg;
+        EXPECT_NE(msg.find("its scale 'blocks.0.attn.qkv.weight_scale' holds "), std::string::npos) << v << ": " << msg;
+        EXPECT_NE(msg.find(": a scale is finite and positive"), std::string::npos) << v << ": " << msg;
+    }
     bad.pop_back();
     save_safetensors(path, bad, small.to_metadata());
     msg = message([&] { load_model(path); });
     EXPECT_NE(msg.find(path), std::string::npos) << msg;
     EXPECT_NE(msg.find("'blocks.0.attn.qkv.weight' is F8_E4M3 without a scale tensor"), std::string::npos) << msg;
+    // The same under a quantization_config: the checkpoint says it is quantized, so the missing
+    // scale is named by the layout check itself.
+    auto meta = small.to_metadata();
+    meta["quantization_config"] = R"({"quant_method": "fp8kit", "schemes": {"blocks.0.attn.qkv": "tensor"}})";
+    save_safetensors(path, bad, meta);
+    msg = message([&] { load_model(path); });
+    EXPECT_NE(msg.find("FP8 tensor 'blocks.0.attn.qkv.weight'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("has no scale tensor"), std::string::npos) << msg;
     fs::remove(path);
 }
 

@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "fp8kit/error.hpp"
+#include "fp8kit/files.hpp"
+#include "fp8kit/runtime.hpp"
 #include "platform/platform.hpp"
 
 namespace fp8kit::test {
@@ -153,6 +155,29 @@ TEST(Platform, StaleTemporariesAreThoseOfAProcessThatIsGone) {
     ASSERT_EQ(stale.size(), 2u);
     EXPECT_EQ(fs::path(stale[0]).filename().string(), "out.safetensors.tmp-4000000000-3");
     EXPECT_EQ(fs::path(stale[1]).filename().string(), "out.safetensors.tmp-4000000000-4");
+}
+
+// What a terminal acts on is escaped - C0 controls, DEL, the C1 controls (U+0080..U+009F, CSI
+// among them) and bytes that are not UTF-8 (a lone 0x9b is CSI on an 8-bit terminal) - and
+// nothing else: printable text, UTF-8 letters and the 4-byte range pass as they are.
+TEST(Files, PrintableEscapesWhatATerminalActsOn) {
+    EXPECT_EQ(printable("model.layers.0.weight"), "model.layers.0.weight");
+    EXPECT_EQ(printable("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"), "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
+    EXPECT_EQ(printable("a\x1b[2Jb"), "a\\x1b[2Jb");
+    EXPECT_EQ(printable("\n\t\r\x7f"), "\\n\\t\\r\\x7f");
+    EXPECT_EQ(printable(std::string_view("\0x", 2)), "\\x00x");
+    EXPECT_EQ(printable("\xc2\x9b"), "\\xc2\\x9b");      // U+009B, CSI
+    EXPECT_EQ(printable("\xc2\xa0"), "\xc2\xa0");          // U+00A0 is printable: kept
+    EXPECT_EQ(printable("\x9b"), "\\x9b");                  // not UTF-8
+    EXPECT_EQ(printable("\xc0\xaf"), "\\xc0\\xaf");        // overlong '/'
+    EXPECT_EQ(printable("\xed\xa0\x80"), "\\xed\\xa0\\x80");  // a surrogate
+    EXPECT_EQ(printable("\xe2\x82"), "\\xe2\\x82");        // cut short
+    EXPECT_EQ(quote_printable("a\x1b"), "'a\\x1b'");
+}
+
+TEST(Platform, PhysicalMemoryIsKnownHere) {
+    // Every OS fp8kit builds for says (sysconf, GlobalMemoryStatusEx); more than a test machine's 256 MiB.
+    EXPECT_GT(physical_memory_bytes(), uint64_t(256) << 20);
 }
 
 }  // namespace

@@ -261,6 +261,14 @@ TEST_F(Safetensors, MalformedFilesAreRefusedWithTheReason) {
     expect_bad(write_file("entry.safetensors", R"({"x":[1]})"), "tensor 'x' is array, expected an object");
     expect_bad(write_file("deep.safetensors", std::string(40, '[') + std::string(40, ']')), "nests deeper");
     expect_error([&] { SafetensorsFile f(path("absent.safetensors")); }, "absent.safetensors");
+    // NUL padding (JSON has no NUL; the safetensors package refuses it), while spaces pass.
+    expect_bad(write_file("nul.safetensors", ok + std::string(3, '\0'), d8), "header holds a NUL byte at offset " + std::to_string(ok.size()));
+    EXPECT_EQ(SafetensorsFile(write_file("spaces.safetensors", ok + "   ", d8)).names().size(), 1u);
+    // A name holding escape sequences is shown escaped in the message, never raw.
+    const std::string esc = write_file("esc.safetensors", "{\"a\\u001b[2J\\u009b\":{\"dtype\":\"F7\",\"shape\":[2],\"data_offsets\":[0,8]}}", d8);
+    expect_bad(esc, "tensor 'a\\x1b[2J\\xc2\\x9b' has an unknown dtype");
+    // (FIFOs, devices and directories as inputs: tests/e2e/hostile_inputs.py; making one here would need an OS header.)
+    expect_bad(dir_.string(), "not a regular file");
 }
 
 TEST_F(Safetensors, WriterRefusesBadInputAndLeavesNoFile) {

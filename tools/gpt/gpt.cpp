@@ -6,10 +6,13 @@
 // (tests/nn/test_torch_gpt.cpp: logits, loss and every gradient); the model files by
 // tests/nn/test_parameters.cpp (bit-exact round trip, each malformed file, FP8 files).
 #include <cmath>
+#include <cstdio>
 #include <numbers>
 #include <random>
 
 #include "fp8kit/checkpoint.hpp"
+#include "fp8kit/files.hpp"
+#include "fp8kit/runtime.hpp"
 #include "fp8kit/ops.hpp"
 #include "gpt/gpt.hpp"
 
@@ -99,6 +102,22 @@ void GPTConfig::validate() const {
     need(heads >= 1 && width % heads == 0, "width " + std::to_string(width) + " is not a multiple of heads " + std::to_string(heads));
     need(context >= 1 && context <= 65536, "context must be in [1, 65536], got " + std::to_string(context));
     need(vocab >= 1 && vocab <= (int64_t(1) << 24), "vocab must be in [1, 2^24], got " + std::to_string(vocab));
+    check_fits_memory(parameter_bytes(), "fp8kit::gpt::GPTConfig: a GPT of " + std::to_string(layers) + " layers, width " +
+                                             std::to_string(width) + ", vocab " + std::to_string(vocab) + " (its float32 parameters)");
+}
+
+double GPTConfig::parameter_bytes() const {
+    const double c = double(width), per_block = 12 * c * c + 13 * c;  // norms, qkv, proj, fc1, fc2 with biases
+    return 4 * (double(layers) * per_block + 2 * double(vocab) * c + double(context) * c + 2 * c);
+}
+
+void check_fits_memory(double bytes, const std::string& what) {
+    const double have = double(physical_memory_bytes());
+    if (have <= 0 || bytes <= have) return;
+    char msg[128];
+    std::snprintf(msg, sizeof msg, " needs at least %.1f GiB, more than this machine's %.1f GiB of memory", bytes / 1073741824.0,
+                  have / 1073741824.0);
+    throw Error(what + msg);
 }
 
 std::map<std::string, std::string> GPTConfig::to_metadata() const {
@@ -120,7 +139,7 @@ GPTConfig GPTConfig::from_metadata(const std::map<std::string, std::string>& m) 
             if (used != it->second.size()) throw std::invalid_argument("trailing");
             return v;
         } catch (const std::exception&) {
-            throw Error("fp8kit::gpt::GPTConfig: metadata '" + key + "' is '" + it->second + "', not an integer");
+            throw Error("fp8kit::gpt::GPTConfig: metadata '" + key + "' is " + quote_printable(it->second) + ", not an integer");
         }
     };
     if (m.count("fp8kit.model") == 0 || m.at("fp8kit.model") != "gpt") throw Error("fp8kit::gpt: the file does not hold an fp8kit GPT (metadata fp8kit.model)");

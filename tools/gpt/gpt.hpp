@@ -28,7 +28,11 @@ namespace fp8kit::gpt {
 
 struct GPTConfig {
     int64_t layers = 4, width = 128, heads = 4, context = 64, vocab = 256;
-    void validate() const;  // fp8kit::Error naming the field
+    // fp8kit::Error naming the field; also when the float32 parameters alone (parameter_bytes)
+    // would not fit in this machine's memory - checked before anything is allocated.
+    void validate() const;
+    // The bytes of the float32 parameters, in double (no shape overflows it).
+    double parameter_bytes() const;
     // The model file's __metadata__: "fp8kit.model": "gpt", "gpt.layers", ... "gpt.vocab".
     std::map<std::string, std::string> to_metadata() const;
     static GPTConfig from_metadata(const std::map<std::string, std::string>& m);
@@ -79,8 +83,16 @@ struct TrainConfig {
     // recipe, which emulates bf16 GEMM inputs on the host, is refused there). The trained model
     // comes back to the host.
     Device device = Device::cpu;
+    // fp8kit::Error naming the field; also when training would need more than this machine's
+    // memory (memory_bytes), before anything is allocated.
     void validate() const;
+    // A lower bound of what training holds at once: parameters, gradients and AdamW's two moments
+    // (4 x parameter_bytes), and a batch's logits and MLP activations, in double.
+    double memory_bytes() const;
 };
+// fp8kit::Error "<what> needs at least N GiB, more than this machine's M GiB of memory" when
+// `bytes` exceeds the physical memory (fp8kit::physical_memory_bytes; nothing when unknown).
+void check_fits_memory(double bytes, const std::string& what);
 
 struct TrainResult {
     std::string recipe;

@@ -38,6 +38,13 @@ void TrainConfig::validate() const {
     if (batch < 1 || steps < 1 || eval_batches < 1 || !(lr > 0 && lr < 1))
         throw Error("fp8kit::gpt::TrainConfig: batch, steps and eval_batches must be >= 1 and lr in (0, 1)");
     if (model.vocab < 256) throw Error("fp8kit::gpt::TrainConfig: byte tokens need vocab >= 256, got " + std::to_string(model.vocab));
+    check_fits_memory(memory_bytes(), "fp8kit::gpt::TrainConfig: training a GPT of " + std::to_string(model.layers) + " layers, width " +
+                                          std::to_string(model.width) + " on batches of " + std::to_string(batch));
+}
+
+double TrainConfig::memory_bytes() const {
+    const double tokens = double(batch) * double(model.context);
+    return 4 * model.parameter_bytes() + 4 * tokens * (double(model.vocab) + 4 * double(model.layers) * double(model.width));
 }
 
 namespace {
