@@ -12,7 +12,7 @@ results (rel_err, verify); a failing run stops the comparison.
 
     python3 bench/compare_builds.py BASE/fp8kit NEW/fp8kit [--rounds 5] [--train-steps 40]
 
-Used for docs/PERF.md ("Before and after"); not run by ctest (speed is never asserted in tests).
+Used for docs/PERF.md ("Comparing two builds"); not run by ctest (speed is never asserted in tests).
 """
 import argparse
 import json
