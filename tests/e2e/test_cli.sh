@@ -61,6 +61,10 @@ awk '$1 == "f32" { f = ($3 == "+0.00%" && $4 == "-" && $5 == "-") }
          ok = (n == 3 && (m - gap) ^ 2 < 0.01 ^ 2 && (4.303 * sqrt(v / 3) - pm) ^ 2 < 0.03 ^ 2) }
      END { exit !(f && ok) }' "$out/t"
 verdict "train: f32's gap 0, tensorwise's gap the mean of its 3 seeds' and +- their 95% interval" $?
+# Runs at a time share nothing: three at once write the bytes one at a time writes.
+"$fp8kit" train --steps 4 --layers 1 --width 32 --batch 2 --recipe f32,tensorwise --jobs 1 --out "$out/j1" >/dev/null 2>&1 &&
+"$fp8kit" train --steps 4 --layers 1 --width 32 --batch 2 --recipe f32,tensorwise --jobs 3 --out "$out/j3" >/dev/null 2>&1; rc=$?
+check "train --jobs 3: the same losses and models as --jobs 1" "[ $rc -eq 0 ] && cmp -s '$out/j1/losses.csv' '$out/j3/losses.csv' && cmp -s '$out/j1/model_tensorwise.safetensors' '$out/j3/model_tensorwise.safetensors'"
 "$fp8kit" train --steps 2 --layers 1 --width 32 --batch 2 --recipe f32,tensorwise --seeds 1 --jobs 1 --out "$out/t1" >"$out/t" 2>"$out/e"; rc=$?
 check "train --seeds 1: one column per recipe, no interval from one seed" "[ $rc -eq 0 ] && head -1 '$out/t1/losses.csv' | grep -qx 'step,f32,tensorwise' && grep -Eq '^tensorwise +[0-9.]+ +[+-][0-9.]+% +- +- ' '$out/t'"
 "$fp8kit" generate --model "$out/train/model_f32.safetensors" --prompt "The " --tokens 10 >"$out/g" 2>"$out/e"; rc=$?
