@@ -12,7 +12,7 @@ results (rel_err, verify); a failing run stops the comparison.
 
     python3 bench/compare_builds.py BASE/fp8kit NEW/fp8kit [--rounds 5] [--train-steps 40]
 
-Used for docs/PERF.md ("Before and after"); not run by ctest (speed is never asserted in tests).
+Used for docs/PERF.md ("Comparing two builds"); not run by ctest (speed is never asserted in tests).
 """
 import argparse
 import json
@@ -26,7 +26,9 @@ import tempfile
 # The fields that name a row of `fp8kit bench ... --json` (the rest are measurements).
 KEY_FIELDS = ("bench", "impl", "op", "dtype", "scaling", "cache", "shape", "m", "n", "k")
 PEERS = ("openblas", "onednn", "memcpy", "read_bw", "fma_peak", "dot_bf16_peak")
-TRAIN_ROW = re.compile(r"^(\w+)\s+[\d.]+\s+[+-][\d.]+%\s+(\d+)\s")
+# fp8kit train's table: recipe, final loss, gap to f32, then (builds with --seeds) its +- and the
+# per-seed gaps, "-" with one seed, then tokens/s.
+TRAIN_ROW = re.compile(r"^(\w+)\s+[\d.]+\s+[+-][\d.]+%\s+(?:\S+\s+\S+\s+)?(\d+)\s")
 
 
 def run(cmd):
@@ -53,7 +55,12 @@ def bench_rows(fp8kit, name):
 
 def train_rows(fp8kit, steps):
     with tempfile.TemporaryDirectory() as out:
-        text = run([fp8kit, "train", "--steps", str(steps), "--out", out])
+        # One seed, one run at a time: the rows time a recipe alone, not runs sharing the cores.
+        # A build from before --seeds ran just that by default and refuses the flags (exit 2).
+        cmd = [fp8kit, "train", "--steps", str(steps), "--out", out]
+        done = subprocess.run(cmd[:2] + ["--seeds", "1", "--jobs", "1"] + cmd[2:], capture_output=True, text=True,
+                              check=False)
+        text = done.stdout if done.returncode == 0 else run(cmd)
     rows = {}
     for line in text.splitlines():
         m = TRAIN_ROW.match(line)

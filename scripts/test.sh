@@ -3,7 +3,7 @@
 #   release (g++, -Werror): all tests, the slow exhaustive ones (2^32 inputs) included;
 #   clang (clang++, -Werror) and asan (ASan + UBSan): all but the slow ones;
 #   windows-cross (MinGW-w64, tests under Wine) and arm64-cross (aarch64, tests under qemu-user):
-#   the tests their test presets select (README, "Building elsewhere");
+#   the tests their test presets select (docs/BUILDING.md, "Building elsewhere");
 #   the Python package (pytest: tests/python/test_package.py, test_gemm.py, test_torch.py,
 #   test_training.py, test_layerwise.py, test_advise.py, test_fp8_checkpoints.py; test_cuda.py, which
 #   skips without a GPU) that

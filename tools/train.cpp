@@ -1,15 +1,18 @@
 // tools/train.cpp: `fp8kit train` - the main job: trains the default small GPT of the GPT app
 // (tools/gpt/gpt.hpp) on the built-in corpus (or --data FILE) once per recipe (f32, bf16, FP8
-// tensorwise, rowwise, block, delayed) from the same initialisation and data order, with a
-// progress bar on stderr; prints the table (held-out loss, gap to f32, tokens/s, memory), writes
-// loss curves (CSV + SVG plot) and each trained model to --out; --policy applies a policy file
-// (fp8kit advise) to the FP8 recipes; --device cuda trains on the GPU.
+// tensorwise, rowwise, block, delayed) and seed - every recipe of a seed from the same
+// initialisation and data order - several runs at a time (one per core), with a progress bar on
+// stderr; prints the table (held-out loss, gap to f32 as the mean over the seeds with its 95%
+// interval and each seed's gap, tokens/s, memory), writes loss curves (CSV + SVG plot) and each
+// recipe's model of the first seed to --out; --policy applies a policy file (fp8kit advise) to
+// the FP8 recipes; --device cuda trains on the GPU.
 // `fp8kit generate` samples from a saved model (float32, or quantized by fp8kit quantize), each
 // byte printed as it is sampled and the rate on stderr; `fp8kit bench generate` times models in turn.
 // Every argument is checked before any work or output (an error naming the flag).
-// Checked by tests/e2e/test_cli.sh (the table, files, generate, --policy's report, each refused
-// argument leaving nothing behind).
+// Checked by tests/e2e/test_cli.sh (the table and its statistics, files, generate, --policy's
+// report, each refused argument leaving nothing behind) and tests/e2e/test_losses_svg.sh.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -18,7 +21,9 @@
 #include <iomanip>
 #include <iostream>
 #include <memory>
+#include <mutex>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -38,17 +43,23 @@ struct TrainArgs {
     // The defaults of gpt::TrainConfig; each must stay >= 1 (checked with the flag's name).
     int64_t steps = gpt::TrainConfig{}.steps, layers = gpt::GPTConfig{}.layers, width = gpt::GPTConfig{}.width,
             batch = gpt::TrainConfig{}.batch;
-    // One thread by default: the default model's GEMMs are small (512 x 128 x 128), and on a
-    // 2-core machine that is also busy with other work every parallel region waits for a
-    // descheduled thread (measured on the project's shared VM: 200 FP8 steps took 344 s on two
-    // threads against ~40 s on one). --threads N uses N.
+    // One thread per run by default: the default model's GEMMs are small (512 x 128 x 128), and
+    // on a 2-core machine that is also busy with other work every parallel region waits for a
+    // descheduled thread. The cores are used by running several trainings at once instead
+    // (--jobs), which needs no synchronisation between them. --threads N uses N per run.
     int threads = 1;
+    // Runs at a time; 0: one per --threads cores (std::thread::hardware_concurrency). 1 on cuda.
+    int jobs = 0;
     uint64_t seed = 1;
+    // Every recipe is trained from seeds seed, seed + 1, ...: one seed's gap to f32 is that
+    // seed's trajectory as much as the recipe's cost; the table gives the mean and its interval.
+    int64_t seeds = 3;
 };
 
 // The largest values the numeric flags take: beyond them a run would not end in any useful time
 // (the sizes are also checked against the machine's memory, gpt::check_fits_memory).
-constexpr int64_t max_steps = 10'000'000, max_tokens = 1'000'000, max_rounds = 1000, max_batch = 1'000'000, max_threads = 1024;
+constexpr int64_t max_steps = 10'000'000, max_tokens = 1'000'000, max_rounds = 1000, max_batch = 1'000'000, max_threads = 1024,
+                  max_seeds = 1000;
 
 bool is_fp8_recipe(const std::string& r) { return r != "f32" && r != "bf16"; }
 
@@ -72,7 +83,8 @@ std::vector<std::string> parse_recipes(const std::string& list) {
     return recipes;
 }
 
-// Loss curves as an SVG chart a person reads: per recipe the raw training loss (thin, light:
+// Loss curves as an SVG chart a person reads (each run here is a recipe's mean over the seeds,
+// the held-out loss too): per recipe the raw training loss (thin, light:
 // spikes show as spikes), its mean over 10 steps (thick), and the held-out loss after the last
 // step (a diamond at the right edge, its value in the legend). The y axis spans the losses of the
 // second half of the steps and the held-out ones, so the gaps between recipes at the end fill the
@@ -112,7 +124,7 @@ void write_svg(const std::string& path, const std::vector<gpt::TrainResult>& run
     auto y_of = [&](double v) { return t + (h - t - b) * (hi - v) / (hi - lo); };
     o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << w << "\" height=\"" << h << "\" font-family=\"sans-serif\" font-size=\"13\">\n"
       << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-      << "<text x=\"" << l << "\" y=\"20\">fp8kit train: training loss per recipe - raw (thin), mean of 10 steps (thick);</text>\n"
+      << "<text x=\"" << l << "\" y=\"20\">fp8kit train: training loss per recipe, mean over the seeds - raw (thin), mean of 10 steps (thick);</text>\n"
       << "<text x=\"" << l << "\" y=\"38\">diamond: held-out loss after the last step. y axis: the losses from step " << steps / 2
       << " on (step 0: " << std::fixed << std::setprecision(2) << (runs.empty() || runs[0].losses.empty() ? 0.0 : double(runs[0].losses[0]))
       << " runs off the top)</text>\n"
@@ -155,6 +167,51 @@ void write_svg(const std::string& path, const std::vector<gpt::TrainResult>& run
 std::string mib(size_t bytes) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.2f", double(bytes) / 1048576.0);
+    return buf;
+}
+
+// The 95% two-sided quantile of Student's t with `dof` degrees of freedom: the interval of a
+// mean of dof + 1 seeds is mean +- t * s / sqrt(n) (s: the seeds' sample standard deviation).
+double t_quantile_95(int64_t dof) {
+    static const double t[] = {12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+                               2.201,  2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086};
+    return dof <= 20 ? t[dof - 1] : dof <= 30 ? 2.042 : 1.960;  // 30 and beyond: t(30), then the normal's
+}
+
+// One recipe's runs, one per seed (in the order of the seeds), summed up for the table and plot.
+struct RecipeRuns {
+    std::string recipe;
+    std::vector<gpt::TrainResult> runs;
+    // The training loss per step and the held-out loss, as means over the seeds.
+    gpt::TrainResult mean() const {
+        gpt::TrainResult m;
+        m.recipe = recipe;
+        m.losses.assign(runs[0].losses.size(), 0.0f);
+        double held_out = 0, tps = 0;
+        for (const auto& r : runs) {
+            for (size_t i = 0; i < m.losses.size(); ++i) m.losses[i] += r.losses[i] / float(runs.size());
+            held_out += double(r.final_loss) / double(runs.size());
+            tps += r.tokens_per_second / double(runs.size());
+        }
+        m.final_loss = float(held_out);
+        m.tokens_per_second = tps;
+        m.weight_bytes = runs[0].weight_bytes;
+        m.activation_bytes = runs[0].activation_bytes;
+        return m;
+    }
+};
+
+// Per seed, the recipe's held-out loss against f32's of the same seed (the same initialisation
+// and data order): the relative gap.
+std::vector<double> gaps_to(const RecipeRuns& r, const RecipeRuns& f32) {
+    std::vector<double> g;
+    for (size_t i = 0; i < r.runs.size(); ++i) g.push_back(double(r.runs[i].final_loss) / double(f32.runs[i].final_loss) - 1.0);
+    return g;
+}
+
+std::string percent(double v, const char* fmt = "%+.2f%%") {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, fmt, 100.0 * v);
     return buf;
 }
 
@@ -210,76 +267,150 @@ void run_train(const TrainArgs& a) {
     } catch (const Error& e) {
         throw BadInput("--data '" + a.data + "': " + e.what());  // the built-in corpus far outgrows the fixed context
     }
+    // The runs: every recipe from every seed. The GPU trains one at a time (one device, one stream).
+    const size_t seeds = size_t(a.seeds), n_runs = recipes.size() * seeds;
+    const int cores = std::max(1, int(std::thread::hardware_concurrency()) / a.threads);
+    const size_t jobs = c.device == Device::cuda ? 1 : std::min(n_runs, size_t(a.jobs > 0 ? a.jobs : cores));
     set_num_threads(a.threads);
     writing_output([&] { std::filesystem::create_directories(a.out); });
     std::cerr << "fp8kit train: GPT " << c.model.layers << " layers, width " << c.model.width << ", " << c.model.heads
               << " heads, context " << c.model.context << ", batch " << c.batch << ", " << c.steps << " steps, "
-              << text.size() << " bytes of text, " << num_threads() << " threads, seed " << c.seed << ", on "
-              << to_string(c.device) << "\n";
+              << text.size() << " bytes of text, seeds " << a.seed;
+    if (seeds > 1) std::cerr << "-" << a.seed + seeds - 1;
+    std::cerr << ", " << n_runs << " runs, " << jobs << " at a time, " << num_threads() << " threads each, on " << to_string(c.device)
+              << "\n";
     if (c.policy)
         for (const auto& r : recipes)
             if (!is_fp8_recipe(r)) std::cerr << "fp8kit train: --policy applies to the FP8 recipes; " << r << " ignores it\n";
-    std::vector<gpt::TrainResult> runs;
-    // The bar redraws itself with \r: only on a terminal. Into a file or a CI log each recipe
-    // gets one line when it ends.
-    const bool bar = stderr_is_terminal();
-    for (const auto& recipe : recipes) {
-        const auto progress = [&](int64_t step, float loss) {
-            const int width = 30, done = int(double(width) * double(step + 1) / double(c.steps));
-            std::fprintf(stderr, "\r%-10s [%s%s] %5lld/%lld loss %.3f", recipe.c_str(), std::string(size_t(done), '#').c_str(),
-                         std::string(size_t(width - done), '.').c_str(), (long long)(step + 1), (long long)c.steps, double(loss));
-        };
-        runs.push_back(gpt::train_gpt(text, c, recipe, bar ? progress : std::function<void(int64_t, float)>()));
-        if (bar) {
-            std::fprintf(stderr, " (%.1f s)\n", runs.back().seconds);
-        } else {
-            std::fprintf(stderr, "%-10s %lld steps, loss %.3f (%.1f s)\n", recipe.c_str(), (long long)c.steps,
-                         double(runs.back().losses.back()), runs.back().seconds);
-        }
-        writing_output([&] { gpt::save_model(*runs.back().model, a.out + "/model_" + recipe + ".safetensors"); });
+    std::vector<RecipeRuns> table(recipes.size());
+    for (size_t i = 0; i < recipes.size(); ++i) {
+        table[i].recipe = recipes[i];
+        table[i].runs.resize(seeds);
     }
+    // The bar (all runs' steps) redraws itself with \r: only on a terminal. Into a file or a CI
+    // log each run gets one line when it ends.
+    const bool bar = stderr_is_terminal();
+    const int64_t total_steps = int64_t(n_runs) * c.steps;
+    std::atomic<size_t> next{0}, finished{0};
+    std::atomic<int64_t> steps_done{0};
+    std::mutex err_mutex;  // stderr and the first error
+    std::exception_ptr error;
+    const auto draw = [&] {
+        const int width = 30, done = int(double(width) * double(steps_done) / double(total_steps));
+        std::fprintf(stderr, "\rtraining [%s%s] %lld/%lld steps, %zu/%zu runs", std::string(size_t(done), '#').c_str(),
+                     std::string(size_t(width - done), '.').c_str(), (long long)steps_done.load(), (long long)total_steps,
+                     finished.load(), n_runs);
+    };
+    // Run i is recipe i % recipes, seed i / recipes: the seeds come in turn, every recipe of one
+    // seed before the next seed's.
+    const auto worker = [&] {
+        set_num_threads(a.threads);  // OpenMP's thread count is per thread: each worker sets its own
+        for (size_t i = next++; i < n_runs; i = next++) {
+            {
+                std::lock_guard lock(err_mutex);
+                if (error) return;
+            }
+            const size_t ri = i % recipes.size(), si = i / recipes.size();
+            gpt::TrainConfig rc = c;
+            rc.seed = a.seed + si;
+            try {
+                const auto progress = [&](int64_t, float) {
+                    ++steps_done;
+                    std::lock_guard lock(err_mutex);
+                    draw();
+                };
+                gpt::TrainResult r = gpt::train_gpt(text, rc, recipes[ri], bar ? progress : std::function<void(int64_t, float)>());
+                if (!bar) steps_done += c.steps;
+                ++finished;
+                std::lock_guard lock(err_mutex);
+                if (bar) {
+                    draw();
+                } else {
+                    std::fprintf(stderr, "%-10s seed %llu: %lld steps, loss %.3f (%.1f s)\n", recipes[ri].c_str(),
+                                 (unsigned long long)rc.seed, (long long)c.steps, double(r.losses.back()), r.seconds);
+                }
+                table[ri].runs[si] = std::move(r);
+            } catch (...) {
+                std::lock_guard lock(err_mutex);
+                if (!error) error = std::current_exception();
+                return;
+            }
+        }
+    };
+    std::vector<std::thread> pool;
+    for (size_t j = 1; j < jobs; ++j) pool.emplace_back(worker);
+    worker();
+    for (auto& t : pool) t.join();
+    if (bar) std::fprintf(stderr, "\n");
+    if (error) std::rethrow_exception(error);
+    writing_output([&] {
+        for (const auto& r : table) gpt::save_model(*r.runs[0].model, a.out + "/model_" + r.recipe + ".safetensors");
+    });
     // The table
-    const gpt::TrainResult* f32 = nullptr;
-    for (const auto& r : runs)
+    const RecipeRuns* f32 = nullptr;
+    for (const auto& r : table)
         if (r.recipe == "f32") f32 = &r;
     std::vector<bench::Row> rows;
-    for (const auto& r : runs) {
-        char loss[32], gap[32], tps[32];
-        std::snprintf(loss, sizeof loss, "%.4f", double(r.final_loss));
-        if (f32) std::snprintf(gap, sizeof gap, "%+.2f%%", 100.0 * (double(r.final_loss) / double(f32->final_loss) - 1.0));
-        std::snprintf(tps, sizeof tps, "%.0f", r.tokens_per_second);
+    std::vector<gpt::TrainResult> means;
+    for (const auto& r : table) {
+        means.push_back(r.mean());
+        const gpt::TrainResult& m = means.back();
+        char loss[32], tps[32];
+        std::snprintf(loss, sizeof loss, "%.4f", double(m.final_loss));
+        std::snprintf(tps, sizeof tps, "%.0f", m.tokens_per_second);
+        std::string gap = "-", interval = "-", each = "-";
+        if (f32) {
+            const std::vector<double> g = gaps_to(r, *f32);
+            double mean = 0, var = 0;
+            for (double v : g) mean += v / double(g.size());
+            for (double v : g) var += (v - mean) * (v - mean) / double(std::max<size_t>(1, g.size() - 1));
+            gap = percent(mean);
+            if (&r != f32 && g.size() > 1) {
+                interval = percent(t_quantile_95(int64_t(g.size()) - 1) * std::sqrt(var / double(g.size())), "%.2f%%");
+                each.clear();
+                for (double v : g) each += (each.empty() ? "" : "/") + percent(v, "%+.2f");
+            }
+        }
         rows.push_back(bench::Row()
                            .add("recipe", r.recipe)
                            .add("final loss", std::string(loss))
-                           .add("gap to f32", f32 ? std::string(gap) : std::string("-"))
+                           .add("gap to f32", gap)
+                           .add("+- 95%", interval)
+                           .add("per seed %", each)
                            .add("tokens/s", std::string(tps))
-                           .add("weights MiB", mib(r.weight_bytes))
-                           .add("activations MiB", mib(r.activation_bytes)));
+                           .add("weights MiB", mib(m.weight_bytes))
+                           .add("activations MiB", mib(m.activation_bytes)));
     }
     bench::print_rows(std::cout, rows, false);
-    std::cout << "\nfinal loss: held-out (last 10% of the text), nats per byte. tokens/s: after the warm-up steps"
-                 " (gpt::TrainResult::tokens_per_second). weights: float32 parameters + grads + AdamW state; activations:"
-                 " what forward keeps for backward.\n";
+    std::cout << "\nfinal loss: held-out (last 10% of the text), nats per byte, the mean over " << seeds
+              << " seed(s). gap to f32: per seed the recipe's held-out loss against f32's of the same seed (the same"
+                 " initialisation and data), averaged; +- 95%: the half-width of that mean's 95% interval (Student's t"
+                 " over the seeds). A gap within its +- is seed noise, not a cost of the recipe. tokens/s: after the"
+                 " warm-up steps, the mean over the seeds (runs share the machine: --jobs). weights: float32 parameters"
+                 " + grads + AdamW state; activations: what forward keeps for backward.\n";
     if (c.policy) {
         std::cout << "\n--policy " << a.policy << ": which layers ran in FP8, and why\n";
-        for (const auto& r : runs)
-            if (is_fp8_recipe(r.recipe)) std::cout << r.recipe << ":\n" << r.conversion << "\n";
+        for (const auto& r : table)
+            if (is_fp8_recipe(r.recipe)) std::cout << r.recipe << ":\n" << r.runs[0].conversion << "\n";
     }
-    // Curves
+    // Curves: every run's training loss in the CSV, each recipe's mean over the seeds in the plot.
     std::ostringstream csv;
     csv << "step";
-    for (const auto& r : runs) csv << "," << r.recipe;
+    for (const auto& r : table)
+        for (size_t si = 0; si < seeds; ++si) csv << "," << r.recipe << (seeds > 1 ? " seed " + std::to_string(a.seed + si) : "");
     csv << "\n";
     for (int64_t s = 0; s < c.steps; ++s) {
         csv << s;
-        for (const auto& r : runs) csv << "," << r.losses[size_t(s)];
+        for (const auto& r : table)
+            for (const auto& run : r.runs) csv << "," << run.losses[size_t(s)];
         csv << "\n";
     }
     writing_output([&] {
         write_file(a.out + "/losses.csv", csv.str());
-        write_svg(a.out + "/losses.svg", runs);
+        write_svg(a.out + "/losses.svg", means);
     });
-    std::cout << "wrote " << a.out << "/losses.csv, " << a.out << "/losses.svg and " << a.out << "/model_<recipe>.safetensors\n";
+    std::cout << "wrote " << a.out << "/losses.csv, " << a.out << "/losses.svg and " << a.out
+              << "/model_<recipe>.safetensors (seed " << a.seed << ")\n";
 }
 
 }  // namespace
@@ -290,8 +421,10 @@ void add_train_command(CLI::App& app) {
     cmd->add_option("--data", a->data, "text file to train on (default: the built-in corpus)")->check(not_empty);
     add_integer(cmd, "--steps", a->steps, 1, max_steps, "training steps per recipe");
     cmd->add_option("--recipe", a->recipe, "all, or a comma list of f32, bf16, tensorwise, rowwise, block, delayed, mxfp8");
-    add_integer(cmd, "--threads", a->threads, 1, max_threads, "threads (1 by default: see the comment on TrainArgs)");
-    add_integer(cmd, "--seed", a->seed, 0, INT64_MAX, "initialisation and data order");
+    add_integer(cmd, "--threads", a->threads, 1, max_threads, "threads per run (default 1: see the comment on TrainArgs)");
+    add_integer(cmd, "--jobs", a->jobs, 0, max_threads, "runs at a time (default 0: one per --threads cores; the GPU runs one)");
+    add_integer(cmd, "--seed", a->seed, 0, INT64_MAX - max_seeds, "the first seed (initialisation and data order)");
+    add_integer(cmd, "--seeds", a->seeds, 1, max_seeds, "seeds per recipe: the gap to f32 is their mean, with its 95% interval");
     cmd->add_option("--out", a->out, "output folder (default fp8kit-train)")->check(not_empty);
     // The model's own limits (gpt::GPTConfig::validate); memory is checked against the machine.
     add_integer(cmd, "--layers", a->layers, 1, 1024, "model layers");

@@ -1,9 +1,9 @@
 #!/bin/sh
 # tests/e2e/test_cli.sh FP8KIT: the command line as a user meets it - help, version, the formats
 # table (values from NUMERICS.md), bad input giving one line on stderr and exit code 2, and
-# `bench quantize --quick --json` printing JSON lines; `train` (its table, files, no progress bar
-# into a file, losses.svg rendered to PNG where rsvg-convert is installed, --policy's per-layer
-# report), `generate` (the bytes, the rate on stderr), `bench generate` (a JSON line per model), and
+# `bench quantize --quick --json` printing JSON lines; `train` (its table - each recipe's gap the
+# mean of its seeds' gaps, with their 95% interval -, files with every seed's curve, no progress
+# bar into a file, --policy's per-layer report), `generate` (the bytes, the rate on stderr), `bench generate` (a JSON line per model), and
 # every refused argument of train, generate and advise: exit 2, one line naming the flag, nothing
 # on stdout and nothing written.
 set -u
@@ -45,11 +45,28 @@ check "bench without a benchmark name: exit 2" "[ $rc -eq 2 ]"
 "$fp8kit" bench quantize --quick --json >"$out/bq" 2>"$out/e"; rc=$?
 check "bench quantize --quick --json: JSON lines of bench quantize" "[ $rc -eq 0 ] && grep -q '^{\"bench\":\"quantize\",' '$out/bq' && ! grep -qv '^{.*}$' '$out/bq'"
 
-# fp8kit train on a one-layer model for a few steps (the output format and the files; the
-# numerics are tests/nn's), then generate from the saved model.
+# fp8kit train on a one-layer model for a few steps (the output format, its statistics and the
+# files; the numerics are tests/nn's), then generate from the saved model.
 "$fp8kit" train --steps 4 --layers 1 --width 32 --batch 2 --recipe f32,tensorwise --out "$out/train" >"$out/t" 2>"$out/e"; rc=$?
 check "train: table with f32 and tensorwise, CSV, SVG and models written" "[ $rc -eq 0 ] && grep -Eq '^tensorwise +\|? *[0-9.]+' '$out/t' && [ \$(wc -l <'$out/train/losses.csv') -eq 5 ] && grep -q '<svg' '$out/train/losses.svg' && [ -s '$out/train/model_tensorwise.safetensors' ]"
-check "train: stderr not a terminal - no progress bar, one line per recipe" "! grep -q \"\$(printf '\\r')\" '$out/e' && grep -Eq '^tensorwise +4 steps, loss [0-9.]+ \\([0-9.]+ s\\)\$' '$out/e' && [ \$(wc -l <'$out/e') -le 4 ]"
+check "train: stderr not a terminal - no progress bar, one line per run (2 recipes x 3 seeds)" "! grep -q \"\$(printf '\\r')\" '$out/e' && grep -Eq '^tensorwise +seed 3: 4 steps, loss [0-9.]+ \\([0-9.]+ s\\)\$' '$out/e' && [ \$(wc -l <'$out/e') -eq 7 ]"
+# Three seeds by default, each its own initialisation: every run's curve in the CSV, the seeds'
+# step-0 losses different. The table's gap is the mean of the three per-seed gaps it prints, and
+# its +- the 95% half-width of Student's t with 2 degrees of freedom (4.303 s / sqrt 3).
+check "train: the CSV has a column per recipe and seed, the seeds' first losses differ" "head -1 '$out/train/losses.csv' | grep -qx 'step,f32 seed 1,f32 seed 2,f32 seed 3,tensorwise seed 1,tensorwise seed 2,tensorwise seed 3' && [ \$(sed -n 2p '$out/train/losses.csv' | cut -d, -f2-4 | tr , '\\n' | sort -u | wc -l) -eq 3 ]"
+awk '$1 == "f32" { f = ($3 == "+0.00%" && $4 == "-" && $5 == "-") }
+     $1 == "tensorwise" { gap = $3; pm = $4; n = split($5, g, "/"); sub(/%/, "", gap); sub(/%/, "", pm)
+         m = 0; for (i = 1; i <= n; i++) m += g[i] / n
+         v = 0; for (i = 1; i <= n; i++) v += (g[i] - m) ^ 2 / (n - 1)
+         ok = (n == 3 && (m - gap) ^ 2 < 0.01 ^ 2 && (4.303 * sqrt(v / 3) - pm) ^ 2 < 0.03 ^ 2) }
+     END { exit !(f && ok) }' "$out/t"
+verdict "train: f32's gap 0, tensorwise's gap the mean of its 3 seeds' and +- their 95% interval" $?
+# Runs at a time share nothing: three at once write the bytes one at a time writes.
+"$fp8kit" train --steps 4 --layers 1 --width 32 --batch 2 --recipe f32,tensorwise --jobs 1 --out "$out/j1" >/dev/null 2>&1 &&
+"$fp8kit" train --steps 4 --layers 1 --width 32 --batch 2 --recipe f32,tensorwise --jobs 3 --out "$out/j3" >/dev/null 2>&1; rc=$?
+check "train --jobs 3: the same losses and models as --jobs 1" "[ $rc -eq 0 ] && cmp -s '$out/j1/losses.csv' '$out/j3/losses.csv' && cmp -s '$out/j1/model_tensorwise.safetensors' '$out/j3/model_tensorwise.safetensors'"
+"$fp8kit" train --steps 2 --layers 1 --width 32 --batch 2 --recipe f32,tensorwise --seeds 1 --jobs 1 --out "$out/t1" >"$out/t" 2>"$out/e"; rc=$?
+check "train --seeds 1: one column per recipe, no interval from one seed" "[ $rc -eq 0 ] && head -1 '$out/t1/losses.csv' | grep -qx 'step,f32,tensorwise' && grep -Eq '^tensorwise +[0-9.]+ +[+-][0-9.]+% +- +- ' '$out/t'"
 "$fp8kit" generate --model "$out/train/model_f32.safetensors" --prompt "The " --tokens 10 >"$out/g" 2>"$out/e"; rc=$?
 check "generate: the prompt, 10 more bytes and a newline; the rate on stderr" "[ $rc -eq 0 ] && grep -q '^The ' '$out/g' && [ \$(wc -c <'$out/g') -eq 15 ] && grep -Eq '^10 bytes in [0-9.]+ s: [0-9.]+ tokens/s\$' '$out/e'"
 # The saved model is a checkpoint like any other: quantized to FP8 (mx32), generate runs on it.
@@ -88,6 +105,8 @@ rm -rf "$out/r"
 "$fp8kit" train --device cuda --steps 2 --layers 1 --width 32 --batch 2 --recipe tensorwise --out "$out/r" >"$out/o" 2>"$out/e"; rc=$?
 check "train --device cuda: trains on the GPU, or exit 2 naming --device cuda and writing nothing" "{ [ $rc -eq 0 ] && grep -Eq '^tensorwise ' '$out/o'; } || { [ $rc -eq 2 ] && grep -q -- '--device cuda: ' '$out/e' && [ ! -s '$out/o' ] && [ ! -e '$out/r' ]; }"
 refused "train --threads 0" "--threads '0': expected an integer in [1, 1024]" train --threads 0 --out "$out/r"
+refused "train --seeds 0" "--seeds '0': expected an integer in [1, 1000]" train --seeds 0 --out "$out/r"
+refused "train --jobs -1" "--jobs '-1': expected an integer in [0, 1024]" train --jobs -1 --out "$out/r"
 refused "train --recipe ''" "--recipe '': an empty recipe name" train --recipe "" --out "$out/r"
 refused "train --recipe foo" "--recipe: unknown recipe 'foo'" train --recipe foo --out "$out/r"
 refused "train --recipe f32,,bf16" "--recipe 'f32,,bf16': an empty recipe name" train --recipe f32,,bf16 --out "$out/r"

@@ -389,6 +389,7 @@ TEST(Checkpoint, TrainedModelQuantizedByTheCommandHoldsTheDerivedFloors) {
     c.batch = 8;
     c.steps = 30;
     c.seed = 5;
+    c.lr = 3e-3f;  // the model the floors below were derived on (not the job's default lr)
     const TrainResult r = train_gpt(builtin_corpus(), c, "f32");
     GPT& f32 = *r.model;
     const std::string trained = temp_file("trained.safetensors");

@@ -1,19 +1,18 @@
 // tests/nn/test_train_e2e.cpp (label slow): the training job of the GPT app (tools/gpt/gpt.hpp) end
 // to end on a tiny GPT (2 layers, width 64, context 32, batch 8) and the built-in corpus, 200 steps
 // per recipe, over 3 seeds (each seed: one initialisation and data order, the same for every recipe
-// of that seed) - not one chosen seed. Every recipe costs at most 3% on average: the mean of its
-// held-out losses over the seeds no more than 3% above f32's mean; in the worst seed no more than
-// 4% above f32's loss of that seed; the loss falls for every recipe and seed, and the held-out loss
-// ends below a unigram model's. One-sided because a recipe may end well below f32 by the noise of
-// the trajectory: measured, at seed 3 f32 and bf16 end at 3.08 nats and the FP8 recipes 0.7 - 12.8%
-// lower (seeds 1 and 2: every recipe within -0.2 ... +3.5% of f32).
-// Why 4% for one seed: a single seed's gap moves with the rounding of the GEMMs' sums, which the
-// kernels may order differently (NUMERICS.md). Measured with two valid kernel sets on one CPU
-// (FP8KIT_ISA=avx2: float32 FMAs in K order; avx512 on Zen 5: VDPBF16PS pair sums), the same
-// recipe and seed ended 0.6% apart at seed 2 (block: +2.88% and +3.45%) and 3.2% apart at seed 3
-// (tensorwise: -5.56% and -8.80%). 3% plus the seed-2 spread, rounded up, is 4%; the mean over
-// the seeds, where that noise averages out, keeps 3%. A recipe that is broken (a wrong scale or
-// transpose) costs far more than either: its loss does not fall to the unigram model's.
+// of that seed) - not one chosen seed. Every recipe costs at most 1% on average: the mean of its
+// held-out losses over the seeds no more than 1% above f32's mean; in the worst seed no more than
+// 2% above f32's loss of that seed; the loss falls for every recipe and seed, and the held-out loss
+// ends below a unigram model's. One-sided: a recipe ending below f32 is the trajectory's noise.
+// Why 1% and 2%: at the training's peak lr (TrainConfig::lr) no run spikes, and the recipes of a
+// seed stay together - measured, every FP8 recipe and bf16 within -0.05 ... +0.06% of f32 at every
+// seed. A single seed's gap still moves with the rounding of the GEMMs' sums, which the kernels
+// may order differently on another CPU (NUMERICS.md), hence the worst seed's wider margin. At the
+// earlier peak of 3e-3 the loss spiked after the warmup and one seed's gap reached 12.8% by chance;
+// these bounds would fail there, as they should: the table could not tell a cost from a spike. A
+// recipe that is broken (a wrong scale or transpose) costs far more: its loss does not fall to
+// the unigram model's.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -45,7 +44,7 @@ float mean(const std::vector<float>& v, size_t from, size_t to) {
     return std::accumulate(v.begin() + long(from), v.begin() + long(to), 0.0f) / float(to - from);
 }
 
-TEST(TrainE2E, NoRecipeCostsMoreThan3PercentOverSeedsAndTheLossFalls) {
+TEST(TrainE2E, NoRecipeCostsMoreThan1PercentOverSeedsAndTheLossFalls) {
     std::vector<float> f32;  // per seed
     double f32_mean = 0;
     for (uint64_t seed : seeds) {
@@ -76,8 +75,8 @@ TEST(TrainE2E, NoRecipeCostsMoreThan3PercentOverSeedsAndTheLossFalls) {
         const double mean_gap = loss_mean / f32_mean - 1.0;
         std::printf("[ %-10s ] held-out gap to f32 per seed: %s; of the means %+.2f%%, worst %+.2f%%\n", recipe.c_str(), gaps.c_str(),
                     100 * mean_gap, 100 * worst);
-        EXPECT_LE(mean_gap, 0.03) << "mean held-out loss over the seeds";
-        EXPECT_LE(worst, 0.04) << "the worst seed";
+        EXPECT_LE(mean_gap, 0.01) << "mean held-out loss over the seeds";
+        EXPECT_LE(worst, 0.02) << "the worst seed";
     }
 }
 

@@ -2,7 +2,7 @@
 // built-in one: tools/gpt/corpus.txt), a recipe applied to a fresh GPT, AdamW with warmup +
 // cosine decay, held-out loss - and sampling.
 // Checked by tests/nn/test_train.cpp (two runs with one seed agree bit for bit, a policy's
-// per-layer report, bad input), tests/nn/test_train_e2e.cpp (every FP8 recipe within 3% of f32
+// per-layer report, bad input), tests/nn/test_train_e2e.cpp (every FP8 recipe within 1% of f32
 // over several seeds, loss falls) and tests/e2e/test_cli.sh (the command).
 #include <algorithm>
 #include <chrono>
