@@ -232,7 +232,7 @@ bool same_quantized(const QTensor& a, const QTensor& b) {
 // inputs in the same run. Inputs and outputs rotate over sets of at least 3x the L2 together, so
 // no call reads what the one before left in the cache. Each cast's codes, scales and amax are then
 // checked against the host backend's (bit for bit equal to ref: tests/ops/test_quantize.cpp): a
-// difference is WRONG and fails the benchmark. FP8KIT_CUDA_CAST picks the kernels (src/cuda/quantize.cu).
+// difference is WRONG and fails the benchmark.
 void casts(int64_t rows, int64_t cols) {
     cudaDeviceProp prop{};
     cuda_ok(cudaGetDeviceProperties(&prop, 0), "properties");
@@ -253,8 +253,6 @@ void casts(int64_t rows, int64_t cols) {
     }, calls);
     ys.clear();
     const double copy_gbps = 2 * in / t_copy * 1e-9;
-    const char* variant = std::getenv("FP8KIT_CUDA_CAST");
-    variant = variant != nullptr ? variant : "";
     const Tensor host = x0.to(Device::cpu);
     struct Cast {
         const char* name;
@@ -262,8 +260,8 @@ void casts(int64_t rows, int64_t cols) {
     } list[] = {{"tensor", Scaling::tensor()}, {"row", Scaling::row()}, {"block1x128", Scaling::block(1, 128)},
                 {"block128x128", Scaling::block(128, 128)}, {"mx32", Scaling::mx32()}};
     if (!json) {
-        std::printf("\ncasts of a bf16 [%lld, %lld] matrix to e4m3fn (FP8KIT_CUDA_CAST=%s; %d input sets); device-to-device copy %.4f ms, %.0f GB/s (read + write)\n",
-                    (long long)rows, (long long)cols, variant, sets, t_copy * 1e3, copy_gbps);
+        std::printf("\ncasts of a bf16 [%lld, %lld] matrix to e4m3fn (%d input sets); device-to-device copy %.4f ms, %.0f GB/s (read + write)\n",
+                    (long long)rows, (long long)cols, sets, t_copy * 1e3, copy_gbps);
     }
     for (const Cast& c : list) {
         for (bool transpose : {false, true}) {
@@ -282,8 +280,8 @@ void casts(int64_t rows, int64_t cols) {
             const double gbps = bytes / t * 1e-9;
             const std::string name = std::string(c.name) + (transpose ? ".transpose" : "");
             if (json) {
-                std::printf("{\"bench\":\"quantize_cuda\",\"impl\":\"fp8kit.%s\",\"variant\":\"%s\",\"rows\":%lld,\"cols\":%lld,\"seconds\":%.6g,\"gbps\":%.1f,\"copy_seconds\":%.6g,\"of_copy\":%.3f,\"same_as_host\":%s}\n",
-                            name.c_str(), variant, (long long)rows, (long long)cols, t, gbps, t_copy, gbps / copy_gbps, ok ? "true" : "false");
+                std::printf("{\"bench\":\"quantize_cuda\",\"impl\":\"fp8kit.%s\",\"rows\":%lld,\"cols\":%lld,\"seconds\":%.6g,\"gbps\":%.1f,\"copy_seconds\":%.6g,\"of_copy\":%.3f,\"same_as_host\":%s}\n",
+                            name.c_str(), (long long)rows, (long long)cols, t, gbps, t_copy, gbps / copy_gbps, ok ? "true" : "false");
             } else {
                 std::printf("  %-24s %8.4f ms %7.0f GB/s  %.2f of copy%s\n", name.c_str(), t * 1e3, gbps, gbps / copy_gbps,
                             ok ? "" : "  WRONG (not the host backend's bytes)");

@@ -5,9 +5,9 @@
 # (each against ref or the host run), the device tensors of test_backend, compute-sanitizer's memcheck and racecheck on a shorter selection of
 # them, and the benchmarks (bench_gemm_cuda, again with FP8KIT_CUDA_WGMMA=tma, then
 # bench/bench_gemm_cuda_torch.py on the same shapes, then fp8kit train --device cuda).
-# Step casts (issue 49; not in the default steps): the cast kernels under each FP8KIT_CUDA_CAST
-# variant - their tests, compute-sanitizer on each recipe's cast once, and the cast table per
-# variant (bench_gemm_cuda --casts), one JSON line a cast in OUT_DIR/casts.jsonl.
+# Step casts (issue 49; not in the default steps): the cast kernels - their tests, compute-sanitizer
+# on each recipe's cast once, and the cast table (bench_gemm_cuda --casts), one JSON line a cast in
+# OUT_DIR/casts.jsonl.
 # Step python (issue 49; not in the default steps): tests/python/test_cuda.py and
 # bench/bench_torch_cuda.py (JSON in OUT_DIR/bench_torch_cuda.json), with PYTHONPATH set to an
 # fp8kit package built with the cuda backend for the machine's python3.
@@ -109,50 +109,32 @@ for step in $steps; do
         echo "bench/bench_torch_cuda.py: rc $rc" | tee -a "$out/summary.txt"
         cat "$out/bench_torch_cuda.txt" ;;
     casts)
-        # The cast tests under each variant, a bad value refused by name, then compute-sanitizer on
-        # each recipe's cast once (every kernel; racecheck: the tile, block and amax kernels share
-        # memory), then the table. About 90 s on an H200 (estimated, not yet run).
-        # v2b differs from v2 in tensor and row scaling only; v1 is the kernels the earlier runs tested.
-        for v in v2 v2b v1; do
-            filter='*Cuda*'
-            [ $v = v2b ] && filter='QuantizeOps.Cuda*:Granularity/QuantizeGrid.CudaEqualsRefBitForBit/tensor*:Granularity/QuantizeGrid.CudaEqualsRefBitForBit/row_pow2'
-            [ $v = v1 ] && filter='QuantizeOps.CudaRecipesOnce'
-            FP8KIT_CUDA_CAST=$v timeout "${TEST_TIMEOUT:-300}" "$bin/test_quantize_ops" --gtest_filter="$filter" > "$out/test_quantize_$v.log" 2>&1
-            rc=$?
-            [ $rc -eq 0 ] || status=1
-            echo "test_quantize_ops (cuda, FP8KIT_CUDA_CAST=$v): rc $rc; $(grep -E '^\[  (PASSED|FAILED)' "$out/test_quantize_$v.log" | tr '\n' ' ')" | tee -a "$out/summary.txt"
-        done
-        FP8KIT_CUDA_CAST=v3 "$bin/test_quantize_ops" --gtest_filter=QuantizeOps.CudaRecipesOnce 2>&1 |
-            grep -q "FP8KIT_CUDA_CAST=v3 is not a cast variant" && echo "bad FP8KIT_CUDA_CAST refused: yes" || { echo "bad FP8KIT_CUDA_CAST refused: NO"; status=1; }
+        # The cast tests, then compute-sanitizer on each recipe's cast once (every kernel; racecheck:
+        # the tile, block and amax kernels share memory), then the table.
+        timeout "${TEST_TIMEOUT:-300}" "$bin/test_quantize_ops" --gtest_filter='*Cuda*' > "$out/test_quantize.log" 2>&1
+        rc=$?
+        [ $rc -eq 0 ] || status=1
+        echo "test_quantize_ops (cuda): rc $rc; $(grep -E '^\[  (PASSED|FAILED)' "$out/test_quantize.log" | tr '\n' ' ')" | tee -a "$out/summary.txt"
         for tool in memcheck racecheck; do
-            variants="v2 v2b"
-            [ $tool = racecheck ] && variants=v2  # v2b's kernels share memory only in block_max, as v2's
-            for v in $variants; do
-                FP8KIT_CUDA_CAST=$v timeout "${SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool $tool --error-exitcode 9 "$bin/test_quantize_ops" \
-                    --gtest_filter=QuantizeOps.CudaRecipesOnce > "$out/sanitize_casts_${tool}_$v.log" 2>&1
-                rc=$?
-                [ $rc -eq 0 ] || status=1
-                echo "compute-sanitizer $tool (casts, FP8KIT_CUDA_CAST=$v): rc $rc; $(tail -1 "$out/sanitize_casts_${tool}_$v.log")" | tee -a "$out/summary.txt"
-            done
-        done
-        for v in v2 v2b v1; do
-            FP8KIT_CUDA_CAST=$v "$bin/bench_gemm_cuda" --casts --json > "$out/casts_$v.jsonl" 2> "$out/casts_$v.err"
+            timeout "${SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool $tool --error-exitcode 9 "$bin/test_quantize_ops" \
+                --gtest_filter=QuantizeOps.CudaRecipesOnce > "$out/sanitize_casts_$tool.log" 2>&1
             rc=$?
             [ $rc -eq 0 ] || status=1
-            echo "bench_gemm_cuda --casts (FP8KIT_CUDA_CAST=$v): rc $rc" | tee -a "$out/summary.txt"
-            grep '^{' "$out/casts_$v.jsonl" >> "$out/casts.jsonl"
+            echo "compute-sanitizer $tool (casts): rc $rc; $(tail -1 "$out/sanitize_casts_$tool.log")" | tee -a "$out/summary.txt"
         done
-        # The table: each cast's fraction of the copy per variant, and whether it equalled the host's.
+        "$bin/bench_gemm_cuda" --casts --json > "$out/casts_bench.out" 2> "$out/casts.err"
+        rc=$?
+        [ $rc -eq 0 ] || status=1
+        echo "bench_gemm_cuda --casts: rc $rc" | tee -a "$out/summary.txt"
+        grep '^{' "$out/casts_bench.out" >> "$out/casts.jsonl"
+        # The table: each cast's time and fraction of the copy, and whether it equalled the host's.
         python3 - "$out/casts.jsonl" <<'PY'
 import json, sys
-rows = {}
+print("%-12s %-34s %s" % ("shape", "cast", "time, of the copy"))
 for line in open(sys.argv[1]):
     r = json.loads(line)
-    rows.setdefault((r["rows"], r["cols"], r["impl"]), {})[r["variant"] or "v2"] = r
-print("%-12s %-34s %s" % ("shape", "cast", "  ".join("%-21s" % v for v in ("v2", "v2b", "v1"))))
-for (m, n, impl), by in rows.items():
-    cells = ["%.4f ms %.2fx%s" % (by[v]["seconds"] * 1e3, by[v]["of_copy"], "" if by[v]["same_as_host"] else " WRONG") if v in by else "-" for v in ("v2", "v2b", "v1")]
-    print("%-12s %-34s %s" % ("%dx%d" % (m, n), impl, "  ".join("%-21s" % c for c in cells)))
+    cell = "%.4f ms %.2fx%s" % (r["seconds"] * 1e3, r["of_copy"], "" if r["same_as_host"] else " WRONG")
+    print("%-12s %-34s %s" % ("%dx%d" % (r["rows"], r["cols"]), r["impl"], cell))
 PY
         ;;
     esac

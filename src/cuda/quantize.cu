@@ -12,24 +12,19 @@
 // column scaling of long rows or columns) get their amax from a group_amax pass first: two reads
 // (three for cast_transpose with row or column scaling, whose transposed groups are the other
 // dimension). Delayed scaling (a given scale) needs no amax before encoding: one read.
-// A quantize without the transposed copy, on rows of a multiple of 8 elements 16-byte aligned,
-// takes the row-major kernels instead (16-byte loads, 8 elements a thread, no shared memory):
-// groups of several rows and 1024 to 16384 elements (block 128x128) one group a block, held in
-// registers (quantize_groups_kernel: one read); 1 x gc groups that fit a warp (block
-// 1x128, mx32) reduced across its lanes (quantize_rows_kernel: one read); larger groups (tensor
-// scaling) after the amax pass, which on such rows reads 16 bytes a lane too (band_amax_kernel):
-// two reads. docs/PERF.md has their rates beside a device-to-device copy.
-// Those are the v1 kernels. The v2 kernels (issue 49, the default; section "v2" below, and
-// FP8KIT_CUDA_CAST there) take bf16 / f16 / f32 rows of a multiple of 8 elements, 16-byte aligned,
-// and the recipes' groupings - tensor, row, block 1x128 and 128x128, mx32 - with and without the
-// transposed copy (bf16 / f16 for that); everything else stays on the v1 kernels. Checked by the
-// same tests (ctest runs the cuda ones under each FP8KIT_CUDA_CAST) and timed by bench_gemm_cuda
-// --casts (scripts/cuda_device_check.sh, step casts).
+// That tile kernel takes what the v2 kernels (issue 49; section "v2" below) do not: most casts
+// take v2 - bf16 / f16 / f32 rows of a multiple of 8 elements, 16-byte aligned (the output's rows
+// 8-byte aligned); without the transposed copy every grouping whose columns are a multiple of 8 or
+// whole rows, with it (bf16 / f16 only) the recipes' groupings - tensor, row, block 1x128 and
+// 128x128, mx32. The tile kernel keeps float32 with the transposed copy, the other group shapes
+// and rows not a multiple of 8. The amax passes: lines_amax_kernel (v2) for tensor and row
+// scaling on such rows, band_amax_kernel for bands of several whole rows, group_amax_kernel for
+// the rest. Checked by the same tests; timed by bench_gemm_cuda --casts (scripts/
+// cuda_device_check.sh, step casts) beside a device-to-device copy: docs/perf/cuda-h200-2026-11-27.json
+// (docs/PERF.md: the earlier kernels').
 #include <algorithm>
-#include <cstdlib>
 #include <numeric>
 #include <string>
-#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -113,9 +108,9 @@ __global__ void group_amax_kernel(MatrixRef x, GroupShape g, int64_t gcols, int6
     if (threadIdx.x == 0) atomicMax(&out[q], key);
 }
 
-// Groups of whole rows (tensor scaling: one band of all rows; row scaling: bands of one row), on
-// rows of a multiple of 8 elements, 16-byte aligned. Why not group_amax_kernel: element by element,
-// its loads cap the first read of tensor and row scaling far under the memory's rate. Here a warp
+// Groups of whole rows, on rows of a multiple of 8 elements, 16-byte aligned: bands of several
+// rows (tensor and row scaling take lines_amax_kernel, below). Why not group_amax_kernel: element
+// by element, its loads cap such a read far under the memory's rate. Here a warp
 // takes a row at a time, 8 elements a lane from one 16-byte load, 4 loads in flight; a warp's
 // running max goes out when its band changes, and with one band once per block.
 template <class T>
@@ -168,25 +163,11 @@ __global__ void band_amax_kernel(MatrixRef x, int64_t band_rows, unsigned* out) 
 // loaded (16-bit pairs in 32-bit words: 8 elements, 4 registers), take magnitudes' maxima on the
 // pairs (vmax.u16x2: a bf16 or f16 magnitude orders as its bits do, NaN above Inf), encode two
 // elements per conversion (cvt.rn.satfinite.*x2) and test for NaN / Inf once per 8 elements, not
-// per element. Codes and scales are those of encode_scaled and group_scale, as in v1: bit for bit
-// ref's (the NaN/Inf and nonsaturating cases take encode_scaled element by element).
-//
-// FP8KIT_CUDA_CAST picks the kernels (read once per process): v2 (the default), v2b (v2 but row
-// scaling through the amax pass and the streaming kernel, and tensor scaling's second read walking
-// forward), v1 (the kernels above, measured on an H200 at 0.27-0.42x the copy). Kept until a GPU run
-// has timed all three (bench_gemm_cuda --casts); the losers go then.
-enum class CastVariant { v1, v2, v2b };
-
-CastVariant cast_variant() {
-    static const CastVariant v = [] {
-        const char* env = std::getenv("FP8KIT_CUDA_CAST");
-        if (env == nullptr || *env == '\0' || std::string_view(env) == "v2") return CastVariant::v2;
-        if (std::string_view(env) == "v2b") return CastVariant::v2b;
-        if (std::string_view(env) == "v1") return CastVariant::v1;
-        throw Error("FP8KIT_CUDA_CAST=" + std::string(env) + " is not a cast variant, expected v2, v2b or v1");
-    }();
-    return v;
-}
+// per element. Codes and scales are those of encode_scaled and group_scale, as in the tile kernel:
+// bit for bit ref's (the NaN/Inf and nonsaturating cases take encode_scaled element by element).
+// Measured on an H200 (docs/perf/cuda-h200-2026-11-27.json, casts_run1_all_variants) against the
+// row-major float kernels they replaced (0.27-0.42x the copy) and against row scaling through the
+// amax pass with tensor scaling's second read walking forward: these won or tied on every cast.
 
 // n / d for n < 2^32 and a divisor fixed at launch (Granlund-Montgomery: one multiply-high, an add
 // and a shift instead of a 32-bit division's ~20 instructions).
@@ -378,7 +359,7 @@ void launch_lines_amax(cudaStream_t s, const MatrixRef& x, float* rows, float* c
 void launch_group_amax(cudaStream_t s, const MatrixRef& x, GroupShape g, float* out) {
     const int64_t grows = (x.rows + g.rows - 1) / g.rows, gcols = (x.cols + g.cols - 1) / g.cols;
     const int64_t ngroups = grows * gcols, size = min(g.rows, x.rows) * min(g.cols, x.cols);
-    if (cast_variant() != CastVariant::v1 && g.cols >= x.cols && (g.rows == 1 || g.rows >= x.rows) && v2_shape(x)) {
+    if (g.cols >= x.cols && (g.rows == 1 || g.rows >= x.rows) && v2_shape(x)) {
         const bool one = g.rows >= x.rows;
         return launch_lines_amax(s, x, one ? nullptr : out, nullptr, one ? out : nullptr);
     }
@@ -579,123 +560,6 @@ __global__ void quantize_tile_kernel(TileJob job) {
     }
 }
 
-// ---- quantize, the row-major path: 8 elements a thread, 16-byte loads ----
-//
-// Why: the tile kernel stages every element in shared memory and finds its group through tables;
-// on an H100 it cast at 0.08-0.13x the device-to-device copy (docs/PERF.md), bound by
-// instructions, not memory. Most casts need none of that: no transposed copy, rows of a multiple
-// of 8 elements, and groups that never split 8 neighbours of a row (block 1x128 and 128x128,
-// mx32, row and tensor scaling). Here each thread loads 8 elements at once and stores their 8
-// codes as one 8-byte word; a warp covers 32 such chunks of a row. Groups of 1 x gc with gc a
-// power of two from 8 to 256 that divides the row (block 1x128, mx32) reduce their amax over the
-// gc / 8 lanes holding them - x read once; other groupings take their amaxes from the group_amax
-// pass before (or the fixed scale). The encode is encode_scaled, the tile kernel's, element for
-// element: the codes and scales are those of ref either way (tests/ops/test_quantize.cpp runs
-// both paths: its shapes with rows of a multiple of 8 take this one).
-struct RowsJob {
-    MatrixRef x;
-    detail::ScaleRule rule;
-    Overflow overflow;
-    Grouping g;
-    int lanes;            // lanes a group spans when reduced in the warp (gc / 8); 0: amax given
-    unsigned* amax;       // the whole input's (key), combined with atomicMax
-};
-
-// The codes of v[0..8) * s, stored as one 8-byte word at dst (8-byte aligned).
-template <Format F>
-__device__ inline void encode8(const float (&v)[8], float s, Overflow o, uint8_t* dst) {
-    uint32_t word[2] = {0, 0};
-    for (int e = 0; e < 8; ++e) word[e / 4] |= uint32_t(encode_scaled<F>(v[e], s, o)) << (8 * (e % 4));
-    *reinterpret_cast<uint2*>(dst) = make_uint2(word[0], word[1]);
-}
-
-template <Format F, class T>
-__global__ void quantize_rows_kernel(RowsJob job) {
-    const Grouping& G = job.g;
-    const int lane = threadIdx.x % 32;
-    // A trip: 32 chunks (256 elements) of one row. Within a row, 32-bit arithmetic (rows_path
-    // bounds rows and cols): a 64-bit division costs a GPU dozens of instructions, and this kernel
-    // is to be bound by memory. (Four trips a warp with their loads first ran slower on an H200:
-    // 0.36x the copy against 0.42x, its registers leaving fewer warps a multiprocessor.)
-    const uint32_t cols = uint32_t(job.x.cols), grows = uint32_t(G.rows), gcols = uint32_t(G.cols);
-    const int64_t per_row = (job.x.cols + 255) / 256;
-    const int64_t trips = job.x.rows * per_row, warps = int64_t(gridDim.x) * (threads / 32);
-    uint32_t total = 0;
-    // The whole warp takes each trip (its lanes' shuffles need all 32), lanes past the row idle.
-    for (int64_t t = int64_t(blockIdx.x) * (threads / 32) + threadIdx.x / 32; t < trips; t += warps) {
-        const uint32_t i = uint32_t(t / per_row);
-        const uint32_t j = uint32_t(t - int64_t(i) * per_row) * 256u + uint32_t(lane) * 8u;
-        const bool in = j < cols;
-        float v[8] = {};
-        if (in) load8(job.x, int64_t(i) * job.x.ld + j, v, T{});
-        uint32_t key = 0;
-        for (int e = 0; e < 8; ++e) key = max(key, abs_key(v[e]));
-        total = max(total, key);
-        const uint32_t gi = i / grows, gj = j / gcols;
-        float amax;
-        if (job.lanes > 0) {  // a group's lanes: an aligned run of job.lanes (a power of two) in a row
-            for (int o = job.lanes / 2; o > 0; o >>= 1) key = max(key, __shfl_xor_sync(0xffffffffu, key, o));
-            amax = __uint_as_float(key);
-        } else {
-            amax = G.amax != nullptr && in ? G.amax[int64_t(gi) * G.grid_cols + gj] : 0.0f;
-        }
-        if (!in) continue;
-        const detail::GroupScale sc = detail::group_scale(amax, job.rule);
-        if (i - gi * grows == 0 && j - gj * gcols == 0) store_scale(G, job.rule, gi, gj, sc);  // the group's first chunk
-        encode8<F>(v, sc.scale, job.overflow, G.data + int64_t(i) * cols + j);
-    }
-    total = block_max(total);  // one atomic per block (see the tile kernel)
-    if (threadIdx.x == 0) atomicMax(job.amax, total);
-}
-
-// ---- quantize, one group a block: groups of several rows, up to 16384 elements ----
-//
-// Why: groups of several rows (block 128x128) do not fit a warp, and through the rows kernel they
-// would need the group_amax pass first - two reads of x. Here a block holds a whole group in
-// registers (up to 8 chunks of 8 elements a thread, all loaded before any is used), reduces its
-// amax across the block, then encodes from the registers: x read once. Blocks loop over the
-// groups; one atomic per block. Group sizes (elements) it takes: up to 8 chunks of 8 a thread;
-// from 4 elements a thread on (smaller groups would leave most of a block idle: they take the amax
-// pass and the rows kernel). Groups of one row (row scaling) ran slower here than the amax pass
-// and the rows kernel (0.23x the copy against 0.32x, an H200): a block's loads stop while it
-// reduces and encodes, and its registers leave 2 blocks a multiprocessor; they stay there.
-constexpr int64_t block_group_min = threads * 4, block_group_max = threads * 8 * 8;
-
-template <Format F, class T>
-__global__ void quantize_groups_kernel(RowsJob job) {
-    const Grouping& G = job.g;
-    const uint32_t rows = uint32_t(job.x.rows), cols = uint32_t(job.x.cols);
-    const int64_t ngroups = G.grid_rows * G.grid_cols;
-    uint32_t total = 0;
-    for (int64_t q = blockIdx.x; q < ngroups; q += gridDim.x) {
-        const uint32_t gi = uint32_t(q / G.grid_cols), gj = uint32_t(q - int64_t(gi) * G.grid_cols);
-        const uint32_t i0 = gi * uint32_t(G.rows), j0 = gj * uint32_t(G.cols);
-        const uint32_t w8 = min(uint32_t(G.cols), cols - j0) / 8, n = min(uint32_t(G.rows), rows - i0) * w8;
-        float v[8][8];
-        uint32_t key = 0;
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-            const uint32_t c = threadIdx.x + u * threads;
-            if (c < n) {
-                load8(job.x, int64_t(i0 + c / w8) * job.x.ld + j0 + c % w8 * 8, v[u], T{});
-            } else {
-                for (int e = 0; e < 8; ++e) v[u][e] = 0.0f;
-            }
-            for (int e = 0; e < 8; ++e) key = max(key, abs_key(v[u][e]));
-        }
-        key = block_max(key);
-        total = max(total, key);
-        const detail::GroupScale sc = detail::group_scale(__uint_as_float(key), job.rule);
-        if (threadIdx.x == 0) store_scale(G, job.rule, gi, gj, sc);
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-            const uint32_t c = threadIdx.x + u * threads;
-            if (c < n) encode8<F>(v[u], sc.scale, job.overflow, G.data + int64_t(i0 + c / w8) * cols + j0 + c % w8 * 8);
-        }
-    }
-    if (threadIdx.x == 0) atomicMax(job.amax, total);  // total is the block's (block_max)
-}
-
 constexpr int64_t max_tile_side = 128;
 constexpr size_t max_tile_smem = 96 * 1024;
 
@@ -762,7 +626,7 @@ __device__ inline void encode_chunk(const Chunk<T>& c, const T* src, float s, Ov
 // A trip: 32 chunks (256 elements) of one row, a chunk a lane; a warp takes K consecutive trips
 // with their K loads issued first. Groups of 1 x gc (gc = 8 ... 256, a power of two: block 1x128,
 // mx32) are reduced over their gc / 8 lanes (trips start at multiples of 256 in a row, so no group
-// spans two); other groups take their amax from the pass before (row scaling in v2b: one per row),
+// spans two); other groups take their amax from the pass before (row scaling: one per row),
 // tensor scaling and a fixed scale one scale for all, computed once. A grid of one wave, each warp
 // looping, one atomicMax a block for the total.
 struct StreamJob {
@@ -843,8 +707,8 @@ __global__ void __launch_bounds__(threads) cast_stream_kernel(StreamJob job) {
 // ---- v2 one group a block: groups of up to 8 chunks a thread held as loaded ----
 //
 // Block 128x128 (8 chunks a thread) and row scaling (rows up to 16384 elements: one read instead
-// of the amax pass and a second read). v1's version of this kernel held the elements as float (96
-// registers, 2 blocks a multiprocessor: 0.27x the copy on an H200); here they stay as loaded (4
+// of the amax pass and a second read). An earlier version of this kernel held the elements as
+// float (96 registers, 2 blocks a multiprocessor: 0.27x the copy on an H200); here they stay as loaded (4
 // registers a chunk), so more blocks share a multiprocessor and one block's loads overlap another's
 // reduction. Chunk c of a group: row c / gw8, chunk column c % gw8 (gw8: the group's width in
 // chunks), masked at x's edges. A grid of one wave, blocks looping over the groups.
@@ -894,7 +758,7 @@ __global__ void __launch_bounds__(threads) cast_groups_kernel(BlockJob job) {
 
 // ---- v2 cast with the transposed copy: 128 x 128 tiles through shared memory ----
 //
-// v1's tile kernel (0.06-0.08x the copy on an H200) stages every element as float, finds its
+// The general tile kernel (0.06-0.08x the copy on an H200) stages every element as float, finds its
 // group through tables and stores 4 codes at a time. Here, for bf16 and f16 rows of a multiple of
 // 8 elements: a tile of 128 x 128 elements, 8 chunks a thread (16-byte loads; a half-warp holds a
 // tile row), kept in registers and copied as loaded into shared memory (32 KB, rows of 64 words).
@@ -1103,55 +967,6 @@ void for_format_and_dtype(const detail::QuantizeJob& job, Launch&& launch) {
     }
 }
 
-// Whether the row-major path takes this quantize (see quantize_rows_kernel).
-bool rows_path(const detail::QuantizeJob& job) {
-    const GroupShape g = job.group;
-    constexpr int64_t limit = int64_t(1) << 30;  // rows, columns and groups in 32-bit arithmetic
-    return job.data_t == nullptr && vector_rows(job.x) && reinterpret_cast<uintptr_t>(job.data) % 8 == 0 &&
-           (g.cols % 8 == 0 || g.cols >= job.x.cols) && job.x.rows < limit && job.x.cols < limit && g.rows < limit &&
-           g.cols < limit;
-}
-
-void launch_rows(const detail::QuantizeJob& job) {
-    const cudaStream_t s = stream_of(job.ctx);
-    const int64_t rows = job.x.rows, cols = job.x.cols;
-    const GroupShape g = job.group;
-    const bool fixed = job.rule.fixed_scale != nullptr;
-    RowsJob r{job.x, job.rule, job.overflow,
-              {g.rows, g.cols, (rows + g.rows - 1) / g.rows, (cols + g.cols - 1) / g.cols, false, false, nullptr,
-               job.data, job.scale_inv, 0},
-              0, reinterpret_cast<unsigned*>(job.amax)};
-    // A group of 1 x gc (gc = 8 ... 256, a power of two dividing the row) is whole within a warp;
-    // groups of several rows and 1024 to 16384 elements within a block (quantize_groups_kernel).
-    const bool in_warp = g.rows == 1 && g.cols <= 256 && (g.cols & (g.cols - 1)) == 0 && cols % g.cols == 0;
-    const int64_t group_size = std::min(g.rows, rows) * std::min(g.cols, cols);
-    const bool in_block = std::min(g.rows, rows) > 1 && group_size >= block_group_min && group_size <= block_group_max;
-    FP8KIT_CUDA_CHECK(cudaMemsetAsync(job.amax, 0, sizeof(float), s));
-    if (!fixed && !in_warp && in_block) {
-        // At most 1024 blocks (about one wave), each looping over groups: as many same-address atomics.
-        const unsigned blocks = blocks_for(r.g.grid_rows * r.g.grid_cols, 1, 1024);
-        return for_format_and_dtype(job, [&](auto format, auto type) {
-            quantize_groups_kernel<decltype(format)::value, decltype(type)><<<blocks, threads, 0, s>>>(r);
-            check_launch("quantize_groups_kernel");
-        });
-    }
-    std::shared_ptr<std::byte> amaxes;
-    if (!fixed && in_warp) {
-        r.lanes = int(g.cols / 8);
-    } else if (!fixed) {
-        amaxes = allocate(size_t(r.g.grid_rows * r.g.grid_cols) * sizeof(float));
-        float* a = reinterpret_cast<float*>(amaxes.get());
-        launch_group_amax(s, job.x, g, a);
-        r.g.amax = a;
-    }
-    // At most 4096 blocks (a few waves on any GPU; as many same-address atomics), each warp looping.
-    const unsigned blocks = blocks_for(rows * ((cols + 255) / 256), threads / 32, 4096);
-    for_format_and_dtype(job, [&](auto format, auto type) {
-        quantize_rows_kernel<decltype(format)::value, decltype(type)><<<blocks, threads, 0, s>>>(r);
-        check_launch("quantize_rows_kernel");
-    });
-}
-
 // ---- v2 launches ----
 
 // Chunks a thread of the one-group-a-block kernel holds for groups of n chunks: 1, 2, 4 or 8.
@@ -1162,7 +977,7 @@ int chunks_per_thread(int64_t n) {
 }
 
 // The cast without the transposed copy; false: not one v2 takes.
-bool launch_v2_rows(const detail::QuantizeJob& job, CastVariant variant) {
+bool launch_v2_rows(const detail::QuantizeJob& job) {
     const cudaStream_t s = stream_of(job.ctx);
     const MatrixRef& x = job.x;
     const GroupShape g = job.group;
@@ -1172,7 +987,7 @@ bool launch_v2_rows(const detail::QuantizeJob& job, CastVariant variant) {
     const bool in_warp = g.rows == 1 && g.cols <= 256 && (g.cols & (g.cols - 1)) == 0;
     const bool row = g.rows == 1 && g.cols >= x.cols;
     const int64_t gw8 = std::min(g.cols, x.cols) / 8, need = std::min(g.rows, x.rows) * gw8;
-    const bool in_block = !one && !in_warp && need >= threads / 2 && need <= 8 * threads && !(row && variant == CastVariant::v2b);
+    const bool in_block = !one && !in_warp && need >= threads / 2 && need <= 8 * threads;
     const Grouping G{g.rows, g.cols, (x.rows + g.rows - 1) / g.rows, (x.cols + g.cols - 1) / g.cols, false, false, nullptr,
                      job.data, job.scale_inv, 0};
     auto* total = reinterpret_cast<unsigned*>(job.amax);
@@ -1207,7 +1022,7 @@ bool launch_v2_rows(const detail::QuantizeJob& job, CastVariant variant) {
         float* a = reinterpret_cast<float*>(amaxes.get());
         if (one || row) {
             launch_lines_amax(s, x, row && !one ? a : nullptr, nullptr, one ? a : nullptr);
-            r.reverse = variant == CastVariant::v2 || row;  // v2b: tensor scaling's second read forward
+            r.reverse = true;
         } else {
             launch_group_amax(s, x, g, a);  // other groupings (small blocks of several rows ...)
         }
@@ -1293,9 +1108,7 @@ bool launch_v2_transpose(const detail::QuantizeJob& job) {
 }  // namespace
 
 void quantize(detail::QuantizeJob& job) {
-    const CastVariant variant = cast_variant();
-    if (variant != CastVariant::v1 && (job.data_t == nullptr ? launch_v2_rows(job, variant) : launch_v2_transpose(job))) return;
-    if (rows_path(job)) return launch_rows(job);
+    if (job.data_t == nullptr ? launch_v2_rows(job) : launch_v2_transpose(job)) return;
     const cudaStream_t s = stream_of(job.ctx);
     const int64_t rows = job.x.rows, cols = job.x.cols;
     TileJob t{job.x, job.rule, job.overflow, 0, 0, 0, {}, job.data_t != nullptr ? 2 : 1,

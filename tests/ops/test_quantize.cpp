@@ -306,7 +306,7 @@ TEST(QuantizeOps, CudaRecipesOnce) {
 // 64 x 2112: two; 7168: four), bf16 with and without NaN/Inf, every recipe's scaling with and
 // without the transposed copy, e4m3fn saturating (the hardware conversion) and e5m2fnuz (the
 // generic encode). Against the host backend (bit for bit ref's on the grid above) rather than ref
-// itself, which takes seconds a cast at these sizes; ctest runs this under every FP8KIT_CUDA_CAST.
+// itself, which takes seconds a cast at these sizes.
 TEST(QuantizeOps, CudaLargeShapesEqualHost) {
     FP8KIT_SKIP_WITHOUT_CUDA();
     const std::pair<int64_t, int64_t> timed[] = {{4096, 7168}, {64, 7168}, {64, 2112}, {129, 1544}};
