@@ -24,21 +24,7 @@ from torch import nn
 
 import fp8kit
 import fp8kit.torch as fp8_torch
-
-
-def median_seconds(fn, calls):
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(calls):
-            fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e-3 / calls)
-    return sorted(times)[2]
+from bench_gemm_cuda_torch import median_seconds  # beside this file: CUDA events, median of 5
 
 
 def rel_rms(got, want):

@@ -43,12 +43,14 @@ try:
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.config import CompressionFormat  # noqa: F401  (the format names)
     import llmcompressor
-    from llmcompressor import oneshot
-    from llmcompressor.modifiers.quantization import QuantizationModifier
-    from datasets import Dataset
+    from llmcompressor import oneshot  # noqa: F401  (llm_compressor_producer's)
+    from llmcompressor.modifiers.quantization import QuantizationModifier  # noqa: F401  (llm_compressor_producer's)
+    from datasets import Dataset  # noqa: F401  (llm_compressor_producer's)
 except ImportError as e:
     print(f"skipped: {e} (scripts/setup.sh installs tests/requirements-checkpoints.txt)")
     sys.exit(77)
+
+from llm_compressor_producer import produce  # noqa: E402  (beside this file)
 
 FP8KIT = sys.argv[1]
 errors = []
@@ -95,27 +97,6 @@ def qwen2_moe(path):
     Qwen2MoeForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path)
 
 
-IGNORE = ["lm_head", "re:.*mlp.gate$", "re:.*shared_expert_gate$"]
-
-
-def produce(base, out, scheme):
-    """llm-compressor's oneshot with a preset scheme; FP8 (static activations) calibrates on 4 samples."""
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16)
-    kwargs = {}
-    if scheme == "FP8":
-        # Calibration: 4 samples of 16 random token ids, through a word-level tokenizer built
-        # here (a processor is required with a dataset; nothing may be downloaded).
-        from tokenizers import Tokenizer
-        from tokenizers.models import WordLevel
-        from transformers import PreTrainedTokenizerFast
-        tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel({f"t{i}": i for i in range(256)}, unk_token="t0")),
-                                      unk_token="t0", pad_token="t0")
-        g = torch.Generator().manual_seed(2)
-        ids = torch.randint(0, 256, (4, 16), generator=g).tolist()
-        kwargs = dict(dataset=Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * 16] * 4}), processor=tok,
-                      num_calibration_samples=4, max_seq_length=16)
-    oneshot(model=model, recipe=QuantizationModifier(targets="Linear", scheme=scheme, ignore=IGNORE), **kwargs)
-    model.save_pretrained(out, save_compressed=True)
 
 
 def ct_decompressed(path, stored):

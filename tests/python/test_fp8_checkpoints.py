@@ -55,8 +55,8 @@ from safetensors.torch import save_file  # noqa: E402
 
 import fp8kit  # noqa: E402
 import fp8kit.torch  # noqa: E402
+from llm_compressor_producer import produce as _produce  # noqa: E402  (beside this file)
 
-IGNORE = ["lm_head", "re:.*mlp.gate$", "re:.*shared_expert_gate$"]
 E4M3_MAX = 448.0
 MARGIN_DB = 0.5  # the issue's bound: within 0.5 dB of the emulation
 
@@ -97,28 +97,6 @@ def _qwen2_moe(path):
     m = transformers.Qwen2MoeForCausalLM(cfg)
     _scale_rows(m, 11)
     m.to(torch.bfloat16).save_pretrained(path)
-
-
-def _produce(base, out, scheme):
-    """llm-compressor's oneshot with a preset scheme; FP8 (static activations) calibrates on 4
-    samples of 16 random token ids through a word-level tokenizer built here (nothing downloaded)."""
-    from llmcompressor import oneshot
-    from llmcompressor.modifiers.quantization import QuantizationModifier
-    model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16)
-    kwargs = {}
-    if scheme == "FP8":
-        from datasets import Dataset
-        from tokenizers import Tokenizer
-        from tokenizers.models import WordLevel
-        tok = transformers.PreTrainedTokenizerFast(
-            tokenizer_object=Tokenizer(WordLevel({f"t{i}": i for i in range(256)}, unk_token="t0")),
-            unk_token="t0", pad_token="t0")
-        g = torch.Generator().manual_seed(2)
-        ids = torch.randint(0, 256, (4, 16), generator=g).tolist()
-        kwargs = dict(dataset=Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * 16] * 4}), processor=tok,
-                      num_calibration_samples=4, max_seq_length=16)
-    oneshot(model=model, recipe=QuantizationModifier(targets="Linear", scheme=scheme, ignore=IGNORE), **kwargs)
-    model.save_pretrained(out, save_compressed=True)
 
 
 @pytest.fixture(scope="module")
