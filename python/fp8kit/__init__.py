@@ -344,11 +344,6 @@ def _operand_scaling(scale, name, rows, k):
                 f"{want[0]} (rowwise), {want[1]} (1x128 blocks) or {want[2]} (128x128 blocks)")
 
 
-def _clamp_finite(d, big):
-    """d with its finite elements clamped to [-big, big]; NaN and +-Inf as they are."""
-    return _torch().where(d.isfinite(), d.clamp(-big, big), d)
-
-
 def _contiguous(t):
     return t.contiguous() if _is_torch(t) else np.ascontiguousarray(t)
 
@@ -377,12 +372,22 @@ def scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=No
                     "b's K (rows)")
     ga, sa = _operand_scaling(scale_a, "scale_a", m, k)
     gb, sb = _operand_scaling(scale_b, "scale_b", n, k)
+    fp8_out = out_dtype is None or _name(out_dtype).startswith("float8_")
+    fmt = _format_of(a, None) if out_dtype is None else _format_name(out_dtype) if fp8_out else None
+    if m == 0 or n == 0:  # an empty D, as torch._scaled_mm gives: no operand to quantize, no GEMM
+        if _is_torch(a):
+            torch = _torch()
+            return torch.empty(m, n, dtype=_torch_fp8_dtype(fmt) if fp8_out else getattr(torch, _name(out_dtype)),
+                               device=a.device)
+        if fp8_out:
+            return np.zeros((m, n), np.uint8)
+        return _out(np.zeros((m, n), {"bfloat16": np.uint16, "float16": np.float16}.get(_name(out_dtype), np.float32)),
+                    _name(out_dtype), False)
     qa = qtensor(a, sa, ga)
     bt = b.T
     if bt.stride(-1) != 1 if _is_torch(bt) else bt.strides[-1] != bt.itemsize:
         bt = _contiguous(bt)  # a row-major b: its [N, K] rows copied once (column-major b is read in place)
     qb = qtensor(bt, sb, gb)
-    fp8_out = out_dtype is None or _name(out_dtype).startswith("float8_")
     out_name = "float32" if fp8_out else _name(out_dtype)
     qb = PackedWeight(qb)  # an Error naming what is wrong with b (nanobind would raise a TypeError)
     bias = None if bias is None else _to_extension(bias)
@@ -392,9 +397,8 @@ def scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=No
         return d
     if scale_result is not None:
         d = d / (scale_result if _cuda(d) else scale_result.item() if hasattr(scale_result, "item") else float(scale_result))
-    fmt = _format_of(a, None) if out_dtype is None else _format_name(out_dtype)
-    if _cuda(d):  # on the device (encode is the host's): finite values clamped to the format's range,
-        # NaN and Inf left to the cast, which never makes them finite - encode's "saturate"
+    if _cuda(d):  # on the device (encode is the host's) encode's "saturate": magnitudes above the
+        # format's max, +-Inf included, clamp to +-max; NaN stays NaN (torch's clamp keeps it)
         big = format_max(fmt)
-        return _clamp_finite(d, big).to(_torch_fp8_dtype(fmt))
+        return d.clamp(-big, big).to(_torch_fp8_dtype(fmt))
     return encode(d, fmt, "saturate")

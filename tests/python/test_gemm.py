@@ -170,6 +170,20 @@ def test_scaled_mm_matches_torch_scaled_mm(rowwise, out):
     assert np.any(np.abs((a64 @ inverse.T).numpy() - d64) > tol + ulp)
 
 
+
+@pytest.mark.parametrize("out", [None, "float32", "bfloat16"])
+def test_scaled_mm_of_an_empty_operand_is_empty_as_torchs(out):
+    # torch._scaled_mm returns an empty D for M = 0 or N = 0; so does fp8kit, in the same dtype.
+    torch = pytest.importorskip("torch")
+    out_dtype = None if out is None else getattr(torch, out)
+    for m, n in ((0, 16), (16, 0)):
+        a = torch.zeros(m, 32).to(torch.float8_e4m3fn)
+        b = torch.zeros(n, 32).to(torch.float8_e4m3fn).t()
+        one = torch.ones(())
+        theirs = torch._scaled_mm(a, b, one, one, out_dtype=out_dtype or torch.float8_e4m3fn)
+        ours = fp8kit.scaled_mm(a, b, one, one, out_dtype=out_dtype)
+        assert ours.shape == theirs.shape == (m, n) and ours.dtype == theirs.dtype
+
 def test_scaled_mm_fp8_output_divides_by_scale_result_and_saturates():
     torch = pytest.importorskip("torch")
     a, b = fp8_pair(torch, 16, 32, 64, seed=8)

@@ -107,6 +107,23 @@ def test_read_only_and_strided_arrays_are_read_in_place():
         q.data[0, 0] = 0
 
 
+
+def test_negative_strides_are_refused_naming_the_argument():
+    # The rule of encode's docstring: negative strides are refused (copy first), never read wrong.
+    x = np.arange(16, dtype=np.float32).reshape(4, 4)
+    for call, name in ((lambda v: fp8kit.encode(v), "'x'"), (lambda v: fp8kit.quantize(v), "'x'")):
+        with pytest.raises(fp8kit.Error, match=f"{name}.*negative"):
+            call(x[::-1])
+
+
+def test_empty_inputs_give_empty_results():
+    x = np.zeros((0, 8), np.float32)
+    assert fp8kit.encode(x).shape == (0, 8)
+    assert fp8kit.decode(np.zeros((0, 8), np.uint8), "e4m3fn").shape == (0, 8)
+    q = fp8kit.quantize(x, scaling="row")
+    assert q.data.shape == (0, 8) and q.scale_inv.shape == (0, 1)
+    assert fp8kit.dequantize(q).shape == (0, 8)
+
 # ---- quantize against a float32 numpy implementation of docs/NUMERICS.md ----
 
 def numpy_quantize(x, fmt, group_rows, group_cols):
