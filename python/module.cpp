@@ -356,7 +356,7 @@ GemmOptions gemm_options(const std::string& out_dtype, float alpha, float beta, 
 }
 
 // A Linear layer's fused-cast GEMM with all but the input fixed: the packed weight, the input's
-// quantize options and the bias, parsed and viewed once - what fp8kit.torch.Float8Linear calls on
+// quantize options and the bias, parsed and viewed once - what fp8kit.torch's inference layers call on
 // every forward. Why: at a decode step's small layers the per-call parsing of gemm_fused's fifteen
 // arguments costs more than the GEMM. Holds the bias array, so its view stays valid.
 struct FusedLinear {
@@ -367,7 +367,7 @@ struct FusedLinear {
     GemmOptions o[3];  // by output dtype, in the order of fused_out_dtypes
     std::vector<int64_t> parts;  // the widths of the outputs call_into_parts writes (sum: N), if any
 };
-// FusedLinear's output dtypes, by the index its __call__ takes (exported as
+// FusedLinear's output dtypes, by the index call_into takes (exported as
 // FusedLinear.out_dtypes, from which fp8kit.torch builds its index).
 constexpr const char* fused_out_dtypes[3] = {"float32", "bfloat16", "float16"};
 
@@ -612,7 +612,7 @@ NB_MODULE(_fp8kit, m) {
                             "scaling 'none': y = x . deq(b)^T, x not quantized (weight-only).")
         .def_prop_ro_static("out_dtypes", [](nb::handle) {
             return nb::make_tuple(fused_out_dtypes[0], fused_out_dtypes[1], fused_out_dtypes[2]);
-        }, "The output dtypes' names, by the index __call__ takes.")
+        }, "The output dtypes' names, by the index call_into takes.")
         .def("__init__",
              [](FusedLinear* self, const PackedWeight& b, const std::string& format, const std::string& scaling,
                 const std::string& overflow, const std::optional<Array>& bias, const std::vector<int64_t>& parts,
@@ -650,14 +650,6 @@ NB_MODULE(_fp8kit, m) {
              "scale"_a = nb::none(),
              "scale: a static input scale (one float32 value, x * scale is cast; tensor scaling only), as a "
              "checkpoint's input_scale gives it (scale = 1 / input_scale); None: the scale of each call's amax.")
-        .def("__call__",
-             [](const FusedLinear& f, const Array& a, int out) {
-                 if (out < 0 || out > 2) {
-                     throw Error("fp8kit.FusedLinear: out is " + std::to_string(out) + ", expected an index of out_dtypes: 0, 1 or 2");
-                 }
-                 return gemm_array(f.q ? GemmA(view(a, "a"), *f.q) : GemmA(view(a, "a")), f.b, f.o[out], std::nullopt);
-             },
-             "a"_a, "out"_a, "D for a (float32 / bfloat16 / float16 [M, K]) in out_dtypes[out].")
         // fp8kit.torch's eager forward: a torch tensor reaches nanobind only through DLPack (a
         // capsule a tensor, costlier than a decode step's small GEMM) or numpy (which would pin its
         // storage), so its Linear passes the addresses of x and of the y it allocated instead. The
