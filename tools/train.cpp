@@ -423,7 +423,7 @@ void add_train_command(CLI::App& app) {
     cmd->add_option("--recipe", a->recipe, "all, or a comma list of f32, bf16, tensorwise, rowwise, block, delayed, mxfp8");
     add_integer(cmd, "--threads", a->threads, 1, max_threads, "threads per run (default 1: see the comment on TrainArgs)");
     add_integer(cmd, "--jobs", a->jobs, 0, max_threads, "runs at a time (default 0: one per --threads cores; the GPU runs one)");
-    add_integer(cmd, "--seed", a->seed, 0, INT64_MAX - max_seeds, "the first seed (initialisation and data order)");
+    add_integer(cmd, "--seed", a->seed, 0, INT64_MAX, "the first seed (initialisation and data order)");
     add_integer(cmd, "--seeds", a->seeds, 1, max_seeds, "seeds per recipe: the gap to f32 is their mean, with its 95% interval");
     cmd->add_option("--out", a->out, "output folder (default fp8kit-train)")->check(not_empty);
     // The model's own limits (gpt::GPTConfig::validate); memory is checked against the machine.
