@@ -29,7 +29,7 @@ For each checkpoint:
 
 Skipped only when transformers, compressed-tensors, llm-compressor, accelerate or safetensors do not
 import (scripts/setup.sh installs them); the fp8kit-written cases also when the `fp8kit` command is
-not built (FP8KIT_CLI or build/*/fp8kit).
+not built (FP8KIT_CLI, or a host preset's build/PRESET/fp8kit).
 """
 import glob
 import json
@@ -121,7 +121,9 @@ def _checkpoint(work, model, scheme):
 def _fp8kit_cli():
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(os.path.dirname(here))
-    for c in [os.environ.get("FP8KIT_CLI")] + sorted(glob.glob(os.path.join(root, "build", "*", "fp8kit"))):
+    # The host presets' builds only: a cross build's fp8kit (arm64-cross, windows-cross) does not run here.
+    hosts = [os.path.join(root, "build", preset, "fp8kit") for preset in ("release", "clang", "debug", "asan")]
+    for c in [os.environ.get("FP8KIT_CLI")] + hosts:
         if c and os.path.isfile(c) and os.access(c, os.X_OK):
             return c
     return None
@@ -431,7 +433,7 @@ def test_load_fp8_checkpoint_into_a_module(work):
 def test_fp8kit_written_checkpoint(work, scheme, layout, tmp_path):
     cli = _fp8kit_cli()
     if cli is None:
-        pytest.skip("the fp8kit command is not built (set FP8KIT_CLI, or build a preset: build/*/fp8kit)")
+        pytest.skip("the fp8kit command is not built (set FP8KIT_CLI, or build a host preset: build/release/fp8kit)")
     root, bases, _ = work
     base = bases["llama"]
     out = str(tmp_path / f"{scheme}_{layout}")
@@ -494,7 +496,7 @@ def test_inspect_a_file_inside_a_checkpoint_directory(work, tmp_path):
     file alone says that the config is needed."""
     cli = _fp8kit_cli()
     if cli is None:
-        pytest.skip("the fp8kit command is not built (set FP8KIT_CLI, or build a preset: build/*/fp8kit)")
+        pytest.skip("the fp8kit command is not built (set FP8KIT_CLI, or build a host preset: build/release/fp8kit)")
     base, path = _checkpoint(work, "llama", "FP8_BLOCK")
     f = os.path.join(path, "model.safetensors")
     r = subprocess.run([cli, "inspect", f, "--json"], capture_output=True, text=True)

@@ -262,7 +262,7 @@ TEST_F(Safetensors, MalformedFilesAreRefusedWithTheReason) {
     expect_bad(write_file("deep.safetensors", std::string(40, '[') + std::string(40, ']')), "nests deeper");
     expect_error([&] { SafetensorsFile f(path("absent.safetensors")); }, "absent.safetensors");
     // NUL padding (JSON has no NUL; the safetensors package refuses it), while spaces pass.
-    expect_bad(write_file("nul.safetensors", ok + std::string(3, '\0'), d8), "header holds a NUL byte at offset " + std::to_string(ok.size()));
+    expect_bad(write_file("nul_padded.safetensors", ok + std::string(3, '\0'), d8), "header holds a NUL byte at offset " + std::to_string(ok.size()));
     EXPECT_EQ(SafetensorsFile(write_file("spaces.safetensors", ok + "   ", d8)).names().size(), 1u);
     // A name holding escape sequences is shown escaped in the message, never raw.
     const std::string esc = write_file("esc.safetensors", "{\"a\\u001b[2J\\u009b\":{\"dtype\":\"F7\",\"shape\":[2],\"data_offsets\":[0,8]}}", d8);
