@@ -1,9 +1,10 @@
 """tests/python/test_cuda.py: the package on CUDA tensors (a build with the cuda backend, on a GPU;
 skipped, saying which is missing, elsewhere): quantize on the device against the host backend bit
-for bit (NUMERICS.md: every backend gives the same codes and scales), the GEMM and scaled_mm
-against float64 within the bound of tests/python/test_gemm.py plus cuBLASLt's narrower FP8 sums
-(docs/NUMERICS.md, cuda: 2^-11 sum|a b|) and beside torch._scaled_mm, fp8kit.torch's inference and
-training layers on the device against the same layers on the host; and the contract with torch:
+for bit (NUMERICS.md: every backend gives the same codes and scales); the GEMM and scaled_mm
+(beside torch._scaled_mm), fp8kit.torch's inference layer and the training layer's three GEMMs
+against the float64 products of the same FP8 operands, within the bound of tests/python/test_gemm.py
+plus the tensor cores' narrower sums (derived in cublaslt_bound), each with a nearest wrong answer
+that fails it; and the contract with torch:
 outputs from torch's caching allocator (torch.cuda.memory_allocated sees them), work ordered on
 torch's current stream (a side stream whose input is written after a long kernel), no host
 synchronisation inside a call (the call returns while that kernel still runs).
