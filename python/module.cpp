@@ -365,7 +365,6 @@ struct FusedLinear {
     std::optional<Array> bias;
     std::optional<Array> scale;  // a static input scale (q->scale views it), or none: current scaling
     GemmOptions o[3];  // by output dtype, in the order of fused_out_dtypes
-    std::vector<int64_t> parts;  // the widths of the outputs call_into_parts writes (sum: N), if any
 };
 // FusedLinear's output dtypes, by the index call_into takes (exported as
 // FusedLinear.out_dtypes, from which fp8kit.torch builds its index).
@@ -385,9 +384,9 @@ const GemmOptions& fused_checked(const FusedLinear& f, int64_t m, int64_t k, int
 }
 
 // y[m, N] = the FusedLinear's GEMM of x[m, k] with the options o (fused_checked's), both at raw
-// addresses, C-contiguous, of o's dtype (call_into and call_into_parts). from_external refuses null
-// and misaligned addresses, so a wrong argument is an error and not a stray read. Releases the GIL
-// around the GEMM.
+// addresses, C-contiguous, of o's dtype (call_into and call_each). from_external refuses null and
+// misaligned addresses, so a wrong argument is an error and not a stray read. The caller releases
+// the GIL.
 void fused_call(const FusedLinear& f, const GemmOptions& o, uintptr_t x, int64_t m, int64_t k, void* out) {
     if (m == 0) return;  // an empty batch: y [0, N] has nothing to write (torch gives it no address)
     const DType d = o.out_dtype;
@@ -405,7 +404,6 @@ void fused_call(const FusedLinear& f, const GemmOptions& o, uintptr_t x, int64_t
     Tensor xt = external(reinterpret_cast<void*>(x), k, true, "x");
     const GemmA a = f.q ? GemmA(std::move(xt), *f.q) : GemmA(std::move(xt));
     const Tensor y = external(out, f.b.n(), false, "out");
-    nb::gil_scoped_release nogil;
     gemm(a, f.b, o, y);
 }
 
@@ -615,8 +613,7 @@ NB_MODULE(_fp8kit, m) {
         }, "The output dtypes' names, by the index call_into takes.")
         .def("__init__",
              [](FusedLinear* self, const PackedWeight& b, const std::string& format, const std::string& scaling,
-                const std::string& overflow, const std::optional<Array>& bias, const std::vector<int64_t>& parts,
-                const std::optional<Array>& scale) {
+                const std::string& overflow, const std::optional<Array>& bias, const std::optional<Array>& scale) {
                  std::optional<QuantizeOptions> q;  // scaling "none": weight-only
                  if (scaling != "none") q = quantize_options(format, scaling, overflow, false, 0.0f, "floor", "propagate");
                  if (scale) {  // a static input scale: checked now, not at the first call
@@ -632,22 +629,12 @@ NB_MODULE(_fp8kit, m) {
                                      ", expected one finite float32 value > 0");
                      }
                  }
-                 int64_t sum = 0;
-                 for (const int64_t w : parts) {
-                     if (w <= 0) throw Error("fp8kit.FusedLinear: a part's width is " + std::to_string(w));
-                     sum += w;
-                 }
-                 if (!parts.empty() && sum != b.n()) {
-                     throw Error("fp8kit.FusedLinear: the parts' widths sum to " + std::to_string(sum) + ", the weight has N = " +
-                                 std::to_string(b.n()));
-                 }
-                 auto* f = new (self) FusedLinear{b, q, bias, scale, {}, parts};
+                 auto* f = new (self) FusedLinear{b, q, bias, scale, {}};
                  for (int i = 0; i < 3; ++i) {
                      f->o[i] = gemm_options(fused_out_dtypes[i], 1.0f, 0.0f, std::nullopt, f->bias, "none");
                  }
              },
-             "b"_a, "format"_a, "scaling"_a, "overflow"_a, "bias"_a.none(), "parts"_a = std::vector<int64_t>{},
-             "scale"_a = nb::none(),
+             "b"_a, "format"_a, "scaling"_a, "overflow"_a, "bias"_a.none(), "scale"_a = nb::none(),
              "scale: a static input scale (one float32 value, x * scale is cast; tensor scaling only), as a "
              "checkpoint's input_scale gives it (scale = 1 / input_scale); None: the scale of each call's amax.")
         // fp8kit.torch's eager forward: a torch tensor reaches nanobind only through DLPack (a
@@ -661,50 +648,36 @@ NB_MODULE(_fp8kit, m) {
         .def("call_into",
              [](const FusedLinear& f, uintptr_t x, int64_t rows, int64_t k, int dtype, uintptr_t out) {
                  const GemmOptions& o = fused_checked(f, rows, k, dtype, "fp8kit.FusedLinear.call_into");
+                 nb::gil_scoped_release nogil;
                  fused_call(f, o, x, rows, k, reinterpret_cast<void*>(out));
              },
              "x"_a, "m"_a, "k"_a, "dtype"_a, "out"_a,
              "y[m, n] = D for x[m, k] at address x, written at address out, both C-contiguous in out_dtypes[dtype] "
-             "(fp8kit.torch's eager path; the caller keeps both alive).")
-        // fp8kit.torch's siblings (layers run as one GEMM over their stacked weights): D's column
-        // blocks, of the widths given as `parts` at construction, each to a tensor of its own.
-        // Why not views of one output: at more than one row a part's view is strided and was copied
-        // by torch (.contiguous() a part, after split_with_sizes): 3 x 256^2 at 16 rows took 103 us
-        // that way, 71 this way. Here at most MAX_ROWS rows of D are copied (a decode row: 18-32 KiB).
-        .def("call_into_parts",
-             [](const FusedLinear& f, uintptr_t x, int64_t rows, int64_t k, int dtype, const std::vector<uintptr_t>& outs) {
-                 const char* what = "fp8kit.FusedLinear.call_into_parts";
-                 if (outs.size() != f.parts.size()) {
-                     throw Error(std::string(what) + ": " + std::to_string(outs.size()) + " outputs for " +
-                                 std::to_string(f.parts.size()) + " parts");
-                 }
-                 const GemmOptions& o = fused_checked(f, rows, k, dtype, what);
-                 if (f.b.source().data.device() != Device::cpu) {
-                     throw Error(std::string(what) + ": the weight is on a CUDA device; parts are written on the host");
-                 }
-                 const size_t esize = dtype_size(o.out_dtype);
-                 for (size_t p = 0; p < outs.size(); ++p) {  // before the GEMM: the copies below cannot fail
-                     if ((outs[p] == 0 && rows > 0) || outs[p] % esize != 0) {
-                         throw Error(std::string(what) + ": outs[" + std::to_string(p) + "] is " +
-                                     (outs[p] == 0 ? "null" : "not aligned to its elements"));
-                     }
-                 }
-                 thread_local std::vector<std::byte> d;  // D [m, N]: per thread, as each call releases the GIL
-                 d.resize(size_t(rows) * size_t(f.b.n()) * esize);
-                 fused_call(f, o, x, rows, k, d.data());
-                 const size_t row = size_t(f.b.n()) * esize;
-                 size_t at = 0;
-                 for (size_t p = 0; p < outs.size(); ++p) {
-                     const size_t width = size_t(f.parts[p]) * esize;
-                     for (int64_t i = 0; i < rows; ++i) {
-                         std::memcpy(reinterpret_cast<std::byte*>(outs[p]) + size_t(i) * width, d.data() + size_t(i) * row + at, width);
-                     }
-                     at += width;
-                 }
-             },
-             "x"_a, "m"_a, "k"_a, "dtype"_a, "outs"_a,
-             "call_into with D's column blocks (the widths `parts`) written to the addresses outs, each C-contiguous "
-             "[m, part], in out_dtypes[dtype].");
+             "(fp8kit.torch's eager path; the caller keeps both alive).");
+    // fp8kit.torch's siblings (layers a model calls in a row on one input): their GEMMs of one x in
+    // one call, each into its own output, from the layers' own packed weights - no stacked copy of
+    // them. Why one call: a decode step's small GEMM costs less than the way from Python to it,
+    // and each weight stream evicts the interpreter's working set from L2, so the GEMMs run back to
+    // back and Python resumes once.
+    m.def("call_each",
+          [](const std::vector<const FusedLinear*>& fs, uintptr_t x, int64_t rows, int64_t k, int dtype,
+             const std::vector<uintptr_t>& outs) {
+              const char* what = "fp8kit.call_each";
+              if (outs.size() != fs.size()) {
+                  throw Error(std::string(what) + ": " + std::to_string(outs.size()) + " outputs for " +
+                              std::to_string(fs.size()) + " layers");
+              }
+              std::vector<const GemmOptions*> o;  // every layer checked before the first GEMM
+              for (const FusedLinear* f : fs) {
+                  if (f == nullptr) throw Error(std::string(what) + ": a layer is None");
+                  o.push_back(&fused_checked(*f, rows, k, dtype, what));
+              }
+              nb::gil_scoped_release nogil;
+              for (size_t i = 0; i < fs.size(); ++i) fused_call(*fs[i], *o[i], x, rows, k, reinterpret_cast<void*>(outs[i]));
+          },
+          "layers"_a, "x"_a, "m"_a, "k"_a, "dtype"_a, "outs"_a,
+          "FusedLinear.call_into of each layer on the same x[m, k], layer i's D written at address outs[i] (C-contiguous "
+          "[m, n_i] in out_dtypes[dtype]); every layer's shape and the dtype checked before the first GEMM.");
     // (name, fp8, recipe, reason) per layer
     using PolicyEntry = std::tuple<std::string, bool, std::optional<std::string>, std::string>;
     m.def("write_policy", [](const std::string& path, const std::vector<PolicyEntry>& layers) {

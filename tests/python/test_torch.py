@@ -224,33 +224,34 @@ def test_the_address_entry_checks_what_it_can():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_call_into_parts_writes_each_column_block_to_its_own_tensor(dtype):
-    # What siblings read: D's column blocks of the widths given at construction, each a C-contiguous
-    # [m, width] of its own. Three rows and unequal widths: a part written with D's row stride, or
-    # from the wrong offset, differs from D's columns (the oracle: call_into's D of the same GEMM).
+def test_call_each_writes_each_layers_output_to_its_own_tensor(dtype):
+    # What siblings call: the GEMMs of several layers on one x, layer i's D at outs[i]. Three rows
+    # and unequal widths (k's and v's alike in shape): an output written with another layer's
+    # width, or from another layer, differs from that layer's call_into (the oracle, itself held
+    # to float64 above). Every layer is checked before the first GEMM: a bad one writes nothing.
     torch.manual_seed(5)
-    w = torch.randn(160, 96)
-    q = fp8kit.quantize(w, "e4m3fn", "row")
+    layers = [f8.ops._fused_linear(fp8kit.quantize(torch.randn(n, 96), "e4m3fn", "row"), "row", None)
+              for n in (40, 8, 8)]
     x = torch.randn(3, 96, dtype=dtype)
     index = f8.ops._OUT_DTYPES[dtype][1]
-    whole = f8.ops._fused_linear(q, "row", None)
-    d = torch.empty(3, 160, dtype=dtype)
-    whole.call_into(x.data_ptr(), 3, 96, index, d.data_ptr())
-    split = f8.ops._fused_linear(q, "row", None, [40, 8, 112])
-    parts = [torch.zeros(3, n, dtype=dtype) for n in (40, 8, 112)]
-    with pytest.raises(fp8kit.Error, match="2 outputs for 3 parts"):
-        split.call_into_parts(x.data_ptr(), 3, 96, index, [p.data_ptr() for p in parts[:2]])
+    want = [torch.empty(3, n, dtype=dtype) for n in (40, 8, 8)]
+    for f, d in zip(layers, want):
+        f.call_into(x.data_ptr(), 3, 96, index, d.data_ptr())
+    outs = [torch.zeros(3, n, dtype=dtype) for n in (40, 8, 8)]
+    addresses = [p.data_ptr() for p in outs]
+    with pytest.raises(fp8kit.Error, match="2 outputs for 3 layers"):
+        fp8kit._fp8kit.call_each(layers, x.data_ptr(), 3, 96, index, addresses[:2])
     with pytest.raises(fp8kit.Error, match=r"\[3, 95\].*\[M, 96\]"):
-        split.call_into_parts(x.data_ptr(), 3, 95, index, [p.data_ptr() for p in parts])
-    with pytest.raises(fp8kit.Error, match=r"outs\[1\] is null"):
-        split.call_into_parts(x.data_ptr(), 3, 96, index, [parts[0].data_ptr(), 0, parts[2].data_ptr()])
-    assert all(torch.count_nonzero(p) == 0 for p in parts)
-    split.call_into_parts(x.data_ptr(), 3, 96, index, [p.data_ptr() for p in parts])
-    assert torch.equal(torch.cat(parts, 1), d)
-    with pytest.raises(fp8kit.Error, match="sum to 150, the weight has N = 160"):
-        f8.ops._fused_linear(q, "row", None, [40, 110])
-    with pytest.raises(fp8kit.Error, match="width is 0"):
-        f8.ops._fused_linear(q, "row", None, [160, 0])
+        fp8kit._fp8kit.call_each(layers, x.data_ptr(), 3, 95, index, addresses)
+    with pytest.raises(fp8kit.Error, match="dtype is 3"):
+        fp8kit._fp8kit.call_each(layers, x.data_ptr(), 3, 96, 3, addresses)
+    wide = f8.ops._fused_linear(fp8kit.quantize(torch.randn(8, 64), "e4m3fn", "row"), "row", None)
+    with pytest.raises(fp8kit.Error, match=r"\[3, 96\].*\[M, 64\]"):
+        fp8kit._fp8kit.call_each(layers + [wide], x.data_ptr(), 3, 96, index, addresses + [addresses[0]])
+    assert all(torch.count_nonzero(p) == 0 for p in outs)
+    fp8kit._fp8kit.call_each(layers, x.data_ptr(), 3, 96, index, addresses)
+    assert all(torch.equal(o, w) for o, w in zip(outs, want))
+    assert not torch.equal(want[1], want[2])  # the test tells the two 8-wide layers apart
 
 
 def test_export_and_compile_trace_the_custom_op():
@@ -323,7 +324,7 @@ def test_bad_use_raises_fp8kit_error_naming_it(call, needle):
         call(mlp(7))
 
 
-# ---- siblings: Linear layers called in a row on one input run as one GEMM (fp8kit.torch.siblings) ----
+# ---- siblings: Linear layers called in a row on one input run in one call (fp8kit.torch.siblings) ----
 
 class Attention(torch.nn.Module):
     """q, k and v on one input, o on another - as transformers' attention calls its projections."""
@@ -348,11 +349,10 @@ def fused_and_alone(recipe, seed):
 
 
 @pytest.mark.parametrize("recipe", ["rowwise", "tensorwise", "block", "mxfp8", "weight_only"])
-def test_siblings_on_one_input_run_as_one_gemm_with_each_layers_own_output(recipe):
-    # The oracle: each layer computing alone (itself held to float64 above). An output column's sum
-    # does not depend on which GEMM it is part of, so every part must be equal bit for bit; a part
-    # served to the wrong layer (k's and v's have one shape), a scale of the wrong layer (tensorwise
-    # keeps one per layer) or a row shifted in the stacked weight would not be.
+def test_siblings_on_one_input_run_in_one_call_with_each_layers_own_output(recipe):
+    # The oracle: each layer computing alone (itself held to float64 above). Each output is its
+    # layer's own GEMM, so it must be equal bit for bit; an output served to the wrong layer (k's and
+    # v's have one shape) or computed with another layer's weight or scale would not be.
     fused, alone = fused_and_alone(recipe, 20)
     group = fused.q._siblings[0]
     assert fused.o._siblings[0] is group and alone.q._siblings is None
@@ -394,7 +394,7 @@ def test_a_sibling_never_gets_a_stale_part():
         fused.k.load_state_dict(alone.v.state_dict())
         assert torch.equal(fused.k(x), alone.v(x)) and not torch.equal(alone.k(x), alone.v(x))
         assert torch.equal(fused.v(x), alone.v(x))
-        # and the next GEMM stacks the reloaded weight: the part it computed for k is right
+        # and the next call runs the reloaded weight: the output it computed for k is right
         x = torch.randn(1, 256)
         q_runs_the_gemm(x)
         assert torch.equal(group.stash[1][1][0], alone.v(x))
@@ -403,8 +403,8 @@ def test_a_sibling_never_gets_a_stale_part():
         x, other = torch.randn(1, 256), torch.randn(1, 256)
         q_runs_the_gemm(x)
         assert torch.equal(fused.k(other), alone.v(other))
-        # and q was seen alone on x: its run is planned no more, and its stacked weight is freed
-        assert 0 not in group.plan and (0, 1, 2) not in group.fused and (1, 2) in group.fused
+        # and q was seen alone on x: its run is planned no more
+        assert 0 not in group.plan and group.plan[1] == (1, 2)
         # an inference tensor has no version counter: every layer alone
         with torch.inference_mode():
             x = torch.randn(1, 256)
@@ -431,7 +431,7 @@ def test_a_sibling_is_served_its_part_until_its_codes_change():
             m.weight.copy_(alone.v.weight)
         y = fused.k(x)
         assert y is not part_k and torch.equal(y, written(x)) and not torch.equal(y, alone.k(x))
-        # q's next GEMM stacks k's new codes (the run is now q, k: v was not called on that x)
+        # q's next call runs k's new codes (the run is now q, k: v was not called on that x)
         x = torch.randn(1, 256)
         fused.q(x)
         part_k = group.stash[1][1][0]

@@ -5,8 +5,8 @@ Inference: torchao's `quantize_(model, Float8DynamicActivationFloat8WeightConfig
 optimum-quanto's `qfloat8`, but running FP8 on a CPU: every chosen nn.Linear becomes a
 Float8InferenceLinear whose weight is quantized once (e4m3, per recipe) and packed once, and whose
 forward casts the activation to FP8 inside fp8kit's GEMM (dynamic scaling, never written out) and
-sums in float32. Layers that the model calls in a row on one input (q, k, v; gate, up) then run as
-one GEMM at decode's few rows, each output bit for bit its own.
+sums in float32. Layers that the model calls in a row on one input (q, k, v; gate, up) then run in
+one call at decode's few rows, each from its own packed weight.
 
     import fp8kit.torch
     fp8kit.torch.quantize_(model)                  # rowwise e4m3, every nn.Linear
@@ -35,7 +35,7 @@ weight (torch.float8_e4m3fn) and its scale_inv; loading one repacks on the next 
 
 The modules, one feature each (the names above are the API; the modules' other names are not):
     ops.py                the custom ops (torch.library) and the one forward route they share
-    siblings.py           Linear layers called in a row on one input, run as one GEMM
+    siblings.py           Linear layers called in a row on one input, run in one call
     inference.py          quantize_, Float8InferenceLinear, torchao's inference configs
     training.py           convert_to_float8_training, Float8Linear and its autograd Function
     layerwise_casting.py  enable_layerwise_casting, Float8Embedding

@@ -249,7 +249,7 @@ class Float8StaticInputLinear(_InferenceLinear):
             scale = (1.0 / i.detach().to(torch.float64)).to(torch.float32).reshape(1)
             packed = fp8kit.PackedWeight(fp8kit.qtensor(w, s, self.weight_scaling))
             fused = fp8kit._fp8kit.FusedLinear(packed, "e4m3fn", "tensor", "saturate",
-                                               None if b is None else fp8kit._to_extension(b.detach()), [],
+                                               None if b is None else fp8kit._to_extension(b.detach()),
                                                fp8kit._to_extension(scale))
             cached = self.__dict__["_fp8kit_static"] = _ops._Cached((tensors, versions, fused))
         return cached[2]
@@ -617,15 +617,13 @@ def _load_experts(model, ename, parts, ckpt, cfg, stored, scale_of):
     setattr(parent, child, new)
 
 
-def load_fp8_checkpoint(model, path, *, torch_dtype=None, strict=True, fuse_siblings=False):
+def load_fp8_checkpoint(model, path, *, torch_dtype=None, strict=True, fuse_siblings=True):
     """Loads an FP8 checkpoint (a .safetensors file, or a directory of shards with its config.json)
     into model, any nn.Module whose parameter names match the checkpoint's: each nn.Linear the
     checkpoint stores in FP8 becomes fp8kit.torch's inference layer holding the stored codes and
     scales as they are (see the module's docstring); every other tensor goes to the parameter or
     buffer of its name (in torch_dtype, if given). strict: a tensor the model has no place for, or a
-    parameter left on the meta device, is an error. fuse_siblings: as quantize_'s, off by default
-    here: the siblings' GEMM keeps a stacked copy of their weights (codes and packed), about 0.6 of
-    a Llama's Linear bytes again, where the loaded model otherwise holds each weight once. Each
+    parameter left on the meta device, is an error. fuse_siblings: as quantize_'s. Each
     layer's weight is packed at load, and the pages of its codes handed back to the file
     (_pack). Returns model."""
     _load(model, path, torch_dtype, strict)
@@ -640,14 +638,14 @@ def load_fp8_checkpoint(model, path, *, torch_dtype=None, strict=True, fuse_sibl
     return model
 
 
-def from_pretrained(path, *, model_class=None, torch_dtype=None, fuse_siblings=False, **kwargs):
+def from_pretrained(path, *, model_class=None, torch_dtype=None, fuse_siblings=True, **kwargs):
     """A transformers model of an FP8 checkpoint directory, its FP8 Linear layers (and experts) on
     fp8kit's kernels with the stored codes and scales (see the module's docstring). The class is
     the one AutoModelForCausalLM picks for the config (model_class= to choose another:
     AutoModelForSeq2SeqLM's, a model class). Built on the meta device (accelerate's
     init_empty_weights), so no weight is ever made in high precision; non-FP8 tensors keep the
-    checkpoint's dtype, or torch_dtype. fuse_siblings as load_fp8_checkpoint's (off: one copy of
-    each weight). kwargs go to AutoConfig.from_pretrained (config overrides). Returns the model in
+    checkpoint's dtype, or torch_dtype. fuse_siblings as quantize_'s. kwargs go to
+    AutoConfig.from_pretrained (config overrides). Returns the model in
     eval mode."""
     import transformers
     from accelerate import init_empty_weights

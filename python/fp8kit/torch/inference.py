@@ -157,9 +157,9 @@ def quantize_(model, config=None, filter_fn=None, *, fuse_siblings=True):
     for one of them (Float8DynamicActivationFloat8WeightConfig with PerTensor / PerRow /
     1x128-128x128 PerBlock granularity, Float8WeightOnlyConfig), as torchao's quantize_(model,
     config, filter_fn). fuse_siblings: Float8InferenceLinear layers of one module that the model
-    calls in a row on the same input (q, k and v; gate and up) run as one GEMM at up to 16 rows,
-    with the same outputs bit for bit (_Siblings; it holds one more packed copy of those weights
-    where the model also runs them at more rows)."""
+    calls in a row on the same input (q, k and v; gate and up) run in one call at up to 16 rows,
+    each from its own packed weight, with the same outputs bit for bit (_Siblings: no copy of a
+    weight)."""
     recipe = config or "rowwise"
     if not isinstance(recipe, str):
         recipe = _recipe_of_torchao_config(recipe)

@@ -35,12 +35,11 @@ class _Cached(tuple):
         return (_dropped, ())
 
 
-def _fused_linear(q, input_scaling, bias, parts=()):
+def _fused_linear(q, input_scaling, bias):
     """The extension's FusedLinear over the QTensor q: its PackedWeight, the input's e4m3fn
-    saturating cast with input_scaling ("none": no cast, weight-only), the bias (or None) and the
-    widths of the outputs its call_into_parts writes (siblings)."""
+    saturating cast with input_scaling ("none": no cast, weight-only) and the bias (or None)."""
     return fp8kit._fp8kit.FusedLinear(fp8kit.PackedWeight(q), "e4m3fn", input_scaling, "saturate",
-                                      None if bias is None else fp8kit._to_extension(bias), list(parts))
+                                      None if bias is None else fp8kit._to_extension(bias))
 
 
 def _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling):
