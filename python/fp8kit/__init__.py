@@ -162,10 +162,10 @@ def _switched_to(index):
         yield
 
 
-def _device_quantize(x, scaling, transpose, quantize_call):
-    """quantize_call(x, outs) for a CUDA tensor x, with the outputs - codes, scale_inv, amax and
-    with transpose their transposed twins - allocated by torch on x's device (its caching
-    allocator, so torch's memory stats count them), in the shapes quantize gives."""
+def _quantize_outputs(x, scaling, transpose):
+    """What quantize writes for the torch tensor x - codes, scale_inv, amax and with transpose
+    their transposed twins - as torch tensors on x's device (from torch's allocator: its memory
+    stats count them, and they are the tensors a caller keeps, not copies), in quantize's shapes."""
     torch = _torch()
     cols, rows = (x.shape[-1] if x.dim() else 1), math.prod(x.shape[:-1])  # quantize's [rows, cols] view
     scale_dtype = torch.uint8 if scaling == "mx32" else torch.float32  # e8m0 codes travel as uint8
@@ -175,6 +175,13 @@ def _device_quantize(x, scaling, transpose, quantize_call):
     if transpose:
         outs += [torch.empty(cols, rows, dtype=torch.uint8, device=x.device),
                  torch.empty(_fp8kit.scale_shape(scaling, cols, rows), dtype=scale_dtype, device=x.device)]
+    return outs
+
+
+def _device_quantize(x, scaling, transpose, quantize_call):
+    """quantize_call(x, outs) for a CUDA tensor x, into _quantize_outputs, on torch's current
+    stream."""
+    outs = _quantize_outputs(x, scaling, transpose)
     with _on_device(x.device):
         return quantize_call(_to_extension(x), [_to_extension(o) for o in outs])
 

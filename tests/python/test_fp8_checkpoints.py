@@ -26,6 +26,8 @@ For each checkpoint:
   (lm_head) quantized.
 - quantize_ refuses the FP8 model transformers loads; a scale contradicting its layout in a file is
   an fp8kit.Error naming file and tensor.
+- memory, in fresh processes (RSS): the loaded checkpoint holds each FP8 weight once, quantize_ gives
+  the bf16 weights' mapped pages back and peaks at the final model plus about one layer.
 
 Skipped only when transformers, compressed-tensors, llm-compressor, accelerate or safetensors do not
 import (scripts/setup.sh installs them); the fp8kit-written cases also when the `fp8kit` command is
@@ -37,6 +39,7 @@ import math
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -509,3 +512,89 @@ def test_inspect_a_file_inside_a_checkpoint_directory(work, tmp_path):
     shutil.copy(f, alone)
     r = subprocess.run([cli, "inspect", str(alone)], capture_output=True, text=True)
     assert r.returncode == 3 and "config.json" in r.stderr, (r.returncode, r.stderr)
+
+
+# ---- memory: RSS of fresh processes ----
+
+# A Llama whose bytes are its Linear weights (vocab 256: embeddings and lm_head 0.5 MB): 2 layers of
+# hidden 1024, intermediate 2816 - 23.6M Linear weights, 47 MB in bf16, 24 MB in FP8.
+MEMORY_LLAMA = dict(vocab_size=256, hidden_size=1024, intermediate_size=2816, num_hidden_layers=2,
+                    num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=64, tie_word_embeddings=False)
+
+
+def _rss_mb():
+    """This process's VmRSS and VmHWM (peak), MB."""
+    got = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            if k in ("VmRSS", "VmHWM"):
+                got[k] = int(v.split()[0]) / 1024
+    return got
+
+
+def _memory_child(kind, path):
+    """In a fresh process: the model at `path` run as `kind` - bf16 (transformers), quantize_
+    (transformers' bf16 model, then fp8kit.torch.quantize_) or loader (fp8kit.torch.from_pretrained of
+    an FP8 checkpoint) - then a forward and a generate; prints JSON of RSS above the imports' (MB):
+    after quantize_ (its peak too) and after generate."""
+    torch.set_num_threads(1)
+    base = _rss_mb()["VmRSS"]
+    if kind == "loader":
+        model = fp8kit.torch.from_pretrained(path)
+    else:
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    made = _rss_mb()
+    if kind == "quantize_":
+        fp8kit.torch.quantize_(model)
+    made = dict(_rss_mb(), loaded=made["VmRSS"])
+    ids = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    print(json.dumps({"loaded": made["loaded"] - base, "made": made["VmRSS"] - base, "peak": made["VmHWM"] - base,
+                      "generated": _rss_mb()["VmRSS"] - base}))
+
+
+def test_memory_falls_with_the_stored_bytes(tmp_path):
+    """RSS above the imports' after generate, each run in a fresh process. What bf16 holds beyond
+    its checkpoint's bytes (its weights, all paged in by generate) is the working set w - torch's,
+    transformers', generate's - which an FP8 model has too; beyond w the loader holds each FP8
+    weight once (its packed copy: 1 byte a stored byte; the mapped codes' pages go back to the
+    file), quantize_ twice (the codes state_dict returns and the packed copy). Bounds halfway to
+    the nearest wrong answers: the loader <= w + 1.5 stored bytes (codes kept resident beside the
+    packed copy: 2; siblings stacking q/k/v and gate/up again: 2.7), quantize_ <= w + 2.5 FP8 bytes
+    (the bf16 weights' mapped pages kept: 4). quantize_'s peak is at most the final model plus
+    twice the largest layer's bf16 weight (its pages, read once, and the heap freed after the layer
+    before); quantizing every layer before giving any page back would peak 47 MB above."""
+    base, fp8 = str(tmp_path / "bf16"), str(tmp_path / "fp8")
+    rss = {}
+    # The checkpoints made in a process of their own, and written back to disk, as downloaded ones
+    # are: the kernel reclaims a file's pages only where no other process maps them, and once clean.
+    for kind, path in (("make", base), ("bf16", base), ("quantize_", base), ("loader", fp8)):
+        r = subprocess.run([sys.executable, os.path.abspath(__file__), kind, path, fp8], capture_output=True, text=True,
+                           timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        assert r.returncode == 0, r.stderr[-2000:]
+        if kind == "make":
+            os.sync()
+        else:
+            rss[kind] = json.loads(r.stdout.strip().splitlines()[-1])
+    size = {k: sum(os.path.getsize(f) for f in glob.glob(os.path.join(p, "*.safetensors")))
+            / 2**20 for k, p in (("bf16", base), ("fp8", fp8))}
+    working = rss["bf16"]["generated"] - size["bf16"]
+    assert rss["loader"]["generated"] <= working + 1.5 * size["fp8"], (rss, size)
+    assert rss["quantize_"]["generated"] <= working + 2.5 * size["fp8"], (rss, size)
+    largest = 2816 * 1024 * 2 / 2**20
+    assert rss["quantize_"]["peak"] <= rss["quantize_"]["made"] + 2 * largest, rss
+
+
+def _make_memory_checkpoints(base, fp8):
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**MEMORY_LLAMA)).to(torch.bfloat16).save_pretrained(base)
+    _produce(base, fp8, "FP8_DYNAMIC")
+
+
+if __name__ == "__main__":  # a child of test_memory_falls_with_the_stored_bytes: make, or one kind's run
+    if sys.argv[1] == "make":
+        _make_memory_checkpoints(sys.argv[2], sys.argv[3])
+    else:
+        _memory_child(sys.argv[1], sys.argv[2])

@@ -47,6 +47,7 @@ import fp8kit
 
 from . import ops as _ops
 from .inference import Float8InferenceLinear as _InferenceLinear, _group_siblings
+from .memory import release_pages
 
 _E8M0 = getattr(torch, "float8_e8m0fnu", None)
 
@@ -322,37 +323,6 @@ class Float8Experts(nn.Module):
 
 # ---- memory: the packed weight as the one resident copy ----
 
-def _release_pages(t):
-    """Asks the kernel to reclaim the whole pages of tensor t's memory (Linux madvise MADV_PAGEOUT):
-    for an FP8 weight's codes mapped from the checkpoint file (safetensors' mapping, never written)
-    the pages are dropped and read again from the file if state_dict reads them; anonymous memory
-    would be swapped out, never lost. Elsewhere, or on a kernel without MADV_PAGEOUT (Linux < 5.4),
-    nothing happens."""
-    import sys
-    if not sys.platform.startswith("linux") or not t.is_cpu:
-        return
-    import ctypes
-    import mmap
-    libc = _libc()
-    page = mmap.PAGESIZE
-    start = t.data_ptr()
-    first, last = -(-start // page) * page, (start + t.numel() * t.element_size()) // page * page
-    if last > first:  # only pages wholly inside t: its neighbours' bytes stay where they are
-        libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), 21)  # MADV_PAGEOUT
-
-
-_LIBC = []
-
-
-def _libc():
-    if not _LIBC:
-        import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        _LIBC.append(libc)
-    return _LIBC[0]
-
-
 def _pack(layers):
     """Packs each FP8 layer's weight for the GEMM now (what its first call would do) and then lets
     the codes' pages go back to the file: the packed copy is then the only one in memory (one byte a
@@ -362,7 +332,7 @@ def _pack(layers):
             m._fused()
         else:
             _ops._fused(m.weight, m.weight_scale_inv, m.weight_scaling, m._parameters["bias"], m.input_scaling)
-        _release_pages(m.weight)
+        release_pages(m.weight)
 
 
 def _fp8_layers(model):

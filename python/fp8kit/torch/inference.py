@@ -10,7 +10,8 @@ from torch import nn
 
 import fp8kit
 
-from .ops import _linear, _plain_eager
+from . import memory
+from .ops import _fused, _linear, _plain_eager
 from .siblings import _Siblings
 
 # The recipes of quantize_: stateless ones (delayed scaling keeps an amax history per layer, not
@@ -37,14 +38,20 @@ def _recipe_scalings(recipe):
 def _fp8_weight(w, storage_dtype, scaling, scaled=True):
     """A weight stored in FP8 as the torch.nn modules here hold it: (codes as storage_dtype,
     scale_inv). scaled: quantized with `scaling` (fp8kit.quantize: scale = fp8_max / amax per
-    group); else cast as it is with scale 1, as Diffusers stores weights."""
+    group) from w as it is (float32 / bfloat16 / float16: no widened copy), straight into the
+    tensors the module keeps; else cast as it is with scale 1, as Diffusers stores weights."""
+    w = w.detach()
     if not scaled:
-        return w.detach().to(storage_dtype), torch.ones(1, 1)
-    q = fp8kit.quantize(w.detach().float(), str(storage_dtype).removeprefix("torch.float8_"), scaling)
-    data, scale_inv = q.data, q.scale_inv
-    if not isinstance(data, torch.Tensor):  # host: numpy views of the QTensor's memory, read-only
-        data, scale_inv = torch.from_numpy(data.copy()), torch.from_numpy(scale_inv.copy())
-    return data.view(storage_dtype), _scale_tensor(scale_inv, scaling)
+        return w.to(storage_dtype), torch.ones(1, 1)
+    outs = fp8kit._quantize_outputs(w, scaling, False)
+    call = lambda: fp8kit._fp8kit.quantize(fp8kit._to_extension(w), str(storage_dtype).removeprefix("torch.float8_"),  # noqa: E731
+                                           scaling, outs=[fp8kit._to_extension(o) for o in outs])
+    if w.is_cuda:
+        with fp8kit._on_device(w.device):
+            call()
+    else:
+        call()
+    return outs[0].view(storage_dtype), _scale_tensor(outs[1], scaling)
 
 
 def _scale_tensor(scale_inv, scaling):
@@ -167,6 +174,10 @@ def quantize_(model, config=None, filter_fn=None, *, fuse_siblings=True):
         raise fp8kit.Error(f"fp8kit.torch.quantize_: config '{recipe}', expected one of {', '.join(RECIPES)}")
     chosen = [(fqn, m) for fqn, m in model.named_modules()
               if type(m) is nn.Linear and (filter_fn is None or filter_fn(m, fqn))]
+    mapped = memory.file_mappings()
+    names = {}  # a Parameter's names: more than one is a tied weight, which stays in use
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
     for fqn, m in chosen:
         if not fqn:
             raise fp8kit.Error("fp8kit.torch.quantize_: the model is itself an nn.Linear; quantize_ replaces the "
@@ -179,7 +190,15 @@ def quantize_(model, config=None, filter_fn=None, *, fuse_siblings=True):
         if w.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise fp8kit.Error(f"fp8kit.torch.quantize_: layer '{fqn}' has {w.dtype} weights; quantize_ takes "
                                "float32, bfloat16 or float16 models (cast it first, e.g. model.float())")
-        model.set_submodule(fqn, Float8InferenceLinear.from_linear(m, recipe))
+        fp8 = Float8InferenceLinear.from_linear(m, recipe)
+        model.set_submodule(fqn, fp8)
+        _fused(fp8.weight, fp8.weight_scale_inv, fp8.weight_scaling, fp8.bias, fp8.input_scaling)  # packed now
+        # The high-precision weight, read for the last time: where it is a file's pages (a model
+        # loaded from safetensors maps its file) they go back now - they would stay resident as
+        # long as any other tensor of that file is mapped - unless another module still uses it.
+        if len(names.get(id(w), ())) == 1 and memory.in_file_mapping(w, mapped):
+            memory.release_pages(w)
+        memory.trim_heap()
     if fuse_siblings:
         _group_siblings(model)
 
