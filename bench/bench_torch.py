@@ -34,8 +34,8 @@ Shapes: M in {1, 16, 128, 2048} x (N, K) in {(4096, 4096), (11008, 4096), (4096,
 --quick: M in {1, 16, 128} x (4096, 4096).
 
 --section train: one training step (forward, backward, AdamW) of x -> Linear(d, d) -> GELU ->
-Linear(d, d) -> MSE on 512 tokens, d in {1024, 2048, 4096} (--quick: 1024): torch float32,
-torchao convert_to_float8_training on the CPU, fp8kit.torch.convert_to_float8_training, per
+Linear(d, d) -> MSE on 512 tokens, d in {1024, 2048, 4096} (--quick: 1024): torch float32, torch's
+bfloat16 autocast (vs_bf16: its step time over each row's), torchao convert_to_float8_training on the CPU, fp8kit.torch.convert_to_float8_training, per
 recipe, their steps in turn round after round (the fastest of each); tokens/s, and sqnr_db of the
 first step's weight gradient against torch float32's.
 --section model: transformers' LlamaForCausalLM from a config (551M parameters: hidden 1536,
@@ -286,11 +286,20 @@ def call_overhead(budget, rows):
 TRAIN_TOKENS = 512
 
 
+class Bf16Autocast(torch.nn.Sequential):
+    """The float32 model run under torch.autocast("cpu", bfloat16): a PyTorch user's bf16 training
+    step (the Linear GEMMs in bfloat16 on oneDNN, float32 master weights and AdamW)."""
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return super().forward(x).float()
+
+
 def train_step_impls(d):
     """name -> a fresh model (same initial weights) for each training implementation."""
     torch.manual_seed(0)
     base = torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.GELU(), torch.nn.Linear(d, d))
-    impls = {"torch.f32": lambda: copy.deepcopy(base)}
+    impls = {"torch.f32": lambda: copy.deepcopy(base), "torch.bf16_autocast": lambda: Bf16Autocast(*copy.deepcopy(base))}
     ao = peer("torchao.float8")
     for recipe in ("tensorwise", "rowwise"):
         if ao is not None:
@@ -310,7 +319,7 @@ def run_train(d, budget, rows):
     flops = 6 * 2 * TRAIN_TOKENS * d * d  # three GEMMs in each of two Linear layers
     steps, grads, once = {}, {}, {}
     for name, make in train_step_impls(d).items():
-        why = None if name == "torch.f32" else too_slow("train:" + name, flops, 1)  # f32: the baseline
+        why = None if name.startswith("torch.") else too_slow("train:" + name, flops, 1)  # torch's: the baselines
         if why:
             rows.append({"bench": "torch_train", "impl": name, "m": TRAIN_TOKENS, "n": d, "k": d,
                          "threads": torch.get_num_threads(), "note": why.replace("a call", "a step")})
@@ -326,17 +335,19 @@ def run_train(d, budget, rows):
         step()  # the first step's gradient, from the shared initial weights, is the check
         first = time.perf_counter() - t0
         grads[name] = model[0].weight.grad.double()
-        if first > MAX_MEASURE_S / 6 and name != "torch.f32":
+        if first > MAX_MEASURE_S / 6 and not name.startswith("torch."):
             once[name] = first  # a first step: an upper bound of a step's time
         else:
             steps[name] = step
     best = {**best_seconds(steps, budget), **once}
     base, ref_grad = best["torch.f32"], grads["torch.f32"]
+    bf16 = best.get("torch.bf16_autocast")
     for name, s in best.items():
         RATES["train:" + name] = flops / s
         rows.append({"bench": "torch_train", "impl": name, "m": TRAIN_TOKENS, "n": d, "k": d,
                      "threads": torch.get_num_threads(), "seconds": s,
                      "tokens_per_s": round(TRAIN_TOKENS / s, 1), "vs_f32": round(base / s, 3),
+                     "vs_bf16": round(bf16 / s, 3) if bf16 else "",
                      "sqnr_db": round(sqnr_db(grads[name], ref_grad), 2),
                      **({"note": "one step (the first)"} if name in once else {})})
 
@@ -442,12 +453,15 @@ def checkpoint_child(kind, path, prompt, decode):
     vocab = model.config.vocab_size
     ids = torch.randint(0, vocab, (1, prompt), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        model(ids[:, :8])  # warm-up
+        # Warm-up at the prompt's shape: torch's first calls at a shape build oneDNN's primitives and
+        # fault the weights in (a 169M bf16 Llama's first 128-token prefills took 1.2-2.3 s, then
+        # 0.2 s here), so a prefill is the fastest of three after two.
         pre = math.inf
-        for _ in range(2):  # prefill: the faster of two
+        for i in range(5):
             t0 = time.perf_counter()
             model(ids)
-            pre = min(pre, time.perf_counter() - t0)
+            if i >= 2:
+                pre = min(pre, time.perf_counter() - t0)
         # decode: the median step of `decode` greedy steps after the prompt, with a StaticCache
         cache = transformers.StaticCache(config=model.config, max_cache_len=prompt + decode + 1)
         out = model(ids, past_key_values=cache, use_cache=True)
@@ -555,7 +569,7 @@ def main():
     print(f"fp8kit bench torch: torch {torch.__version__}, fp8kit {fp8kit.__version__}, {a.threads} threads, "
           f"{cpu_model()}")
     tables = {"torch": ("impl m n k gflops vs_f32 sqnr_db call_overhead_us note", "GFLOP/s of y = x W^T + b"),
-              "torch_train": ("impl m n k tokens_per_s vs_f32 sqnr_db note", "training step, m tokens, width n"),
+              "torch_train": ("impl m n k tokens_per_s vs_f32 vs_bf16 sqnr_db note", "training step, m tokens, width n"),
               "torch_model": ("impl cache params_m prefill_s decode_tokens_per_s vs_f32 vs_bf16 sqnr_db",
                               "LlamaForCausalLM, decode tokens/s with each KV cache"),
               "torch_checkpoint": ("impl load_s ckpt_mb rss_loaded_mb rss_after_generate_mb anon_mb file_mb peak_mb "
