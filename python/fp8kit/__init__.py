@@ -335,6 +335,9 @@ def _operand_scaling(scale, name, rows, k):
       a: [M/128, K/128] b: [K/128, N/128]          block(128x128)  (DeepSeek-V3 weights)
     (/ rounds up). Else an error naming the argument and the shapes it could have."""
     kb, rb = -(-k // 128), -(-rows // 128)
+    if not hasattr(scale, "shape") or not hasattr(scale, "reshape"):
+        raise Error(f"fp8kit.scaled_mm: {name} is a {type(scale).__name__}; expected a float32 tensor or array of "
+                    "dequantization scales")
     shape = tuple(scale.shape)
     if len(shape) <= 2 and all(d == 1 for d in shape):
         return "tensor", scale.reshape(1, 1)

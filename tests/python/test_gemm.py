@@ -251,6 +251,7 @@ def test_qtensor_over_caller_memory_outlives_the_caller_reference():
 @pytest.mark.parametrize("call,needle", [
     (lambda t: fp8kit.scaled_mm(*fp8_pair(t, 4, 8, 32, 1), t.ones(3), t.tensor(1.0)), r"scale_a has shape \[3\]"),
     (lambda t: fp8kit.scaled_mm(*fp8_pair(t, 4, 8, 32, 1), t.tensor(1.0), t.ones(8, 1)), r"scale_b has shape \[8, 1\]"),
+    (lambda t: fp8kit.scaled_mm(*fp8_pair(t, 4, 8, 32, 1), 2.0, t.tensor(1.0)), "scale_a is a float"),
     (lambda t: fp8kit.qtensor(fp8_pair(t, 4, 8, 32, 1)[0], t.ones(2, 2)), r"scale_inv has shape \[2, 2\]"),
     (lambda t: fp8kit.qtensor(t.zeros(4, 4, dtype=t.uint8), t.ones(1, 1)), "need a format"),
     (lambda t: fp8kit.gemm(t.randn(4, 32), t.randn(8, 32)), "b must be a PackedWeight or a QTensor"),
