@@ -1,15 +1,19 @@
-// src/core/ops.hpp: the interface every backend implements (ref, cpu, later cuda), and the jobs
-// the public operations hand to it after checking their arguments (src/core/quantize.cpp).
+// src/core/ops.hpp: the interface every backend implements (ref, cpu, cuda) - its op table, and a
+// device backend's memory beside it - and the jobs the public operations hand to it after checking
+// their arguments (src/core/quantize.cpp).
 //
 // A backend sees validated, resolved jobs: raw pointers (into memory of the job's device), matrix
 // views, group shapes and the ScaleRule - never options to interpret - so each backend implements
 // only the arithmetic. Every job carries the ExecContext it runs in; amax and scales are written
 // to and read from device memory, never returned by value, so a device backend needs no host
 // round trip.
+// Checked through the backends by tests/ops (each against ref) and tests/unit/test_backend.cpp
+// (dispatch, device memory).
 #pragma once
 
 #include <bit>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -373,6 +377,27 @@ void host_delayed_update(const ExecContext& ctx, const DelayedUpdate& u);
 
 const BackendOps& backend_ops(Backend b);  // fp8kit::Error if not available
 
+// A device backend's memory, the sibling of its BackendOps (as ggml's buffer types are): what
+// Tensor storage, Tensor::fill_zero and copies between host and device use for a tensor off the
+// host. (Host tensors live in host memory, core/host_memory.hpp.)
+struct DeviceMemory {
+    // `bytes` of device memory on this thread's stream (stream-ordered: usable by work enqueued
+    // after it, freed after the work enqueued before the last owner lets go). fp8kit::Error when
+    // the device cannot give it (naming the size and the device's error).
+    std::shared_ptr<std::byte> (*allocate)(size_t bytes);
+    // dst[0, bytes) = 0 on this thread's stream (device memory).
+    void (*zero)(void* dst, size_t bytes);
+    // Copies `height` rows of `width` bytes (pitches in bytes) between any two of host and device
+    // memory, ordered on this thread's stream; with `wait` (a copy that involves the host) it
+    // waits for it, so that on return dst holds the data. A device-to-device copy needs no wait:
+    // the work that reads dst is ordered after it on the stream.
+    void (*copy_2d)(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t height,
+                    bool wait);
+};
+// The memory of `device` (not Device::cpu); fp8kit::Error "fp8kit::Tensor::<fn>: device cuda needs
+// the CUDA backend, which this build does not have" in a build without it.
+const DeviceMemory& device_memory(Device device, const char* fn);
+
 struct Dispatch {
     const BackendOps& ops;
     Backend backend;
@@ -531,3 +556,14 @@ inline void encode_infinities(const QuantizeJob& job) {
 FP8KIT_DECLARE_QUANTIZE_OPS(ref)
 FP8KIT_DECLARE_QUANTIZE_OPS(cpu)
 #undef FP8KIT_DECLARE_QUANTIZE_OPS
+
+// The CUDA backend (src/cuda/device.cu, linked in builds with FP8KIT_HAS_CUDA): whether a CUDA
+// device can be used (a driver and at least one GPU; asked once per process), why not ("no CUDA
+// device", "no NVIDIA driver", the runtime's error; "" when available), its op table and its
+// device memory (src/core/backend.cpp puts them behind Backend::cuda and Device::cuda).
+namespace fp8kit::cuda {
+bool available() noexcept;
+const std::string& unavailable_reason() noexcept;
+const detail::BackendOps& ops() noexcept;
+const detail::DeviceMemory& memory() noexcept;
+}  // namespace fp8kit::cuda

@@ -32,7 +32,6 @@
 
 #include "cuda/common.cuh"
 #include "cuda/cublaslt.cuh"
-#include "cuda/device.hpp"
 #include "fp8kit/error.hpp"
 
 namespace fp8kit::cuda {

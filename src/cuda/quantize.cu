@@ -31,7 +31,6 @@
 #include <cuda_fp8.h>
 
 #include "cuda/common.cuh"
-#include "cuda/device.hpp"
 #include "fp8kit/error.hpp"
 
 namespace fp8kit::cuda {
