@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/host_memory.hpp"
+#include "core/math.hpp"
 #include "core/ops.hpp"
 #include "fp8kit/error.hpp"
 #include "fp8kit/gemm.hpp"

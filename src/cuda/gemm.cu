@@ -30,6 +30,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "core/math.hpp"
 #include "cuda/common.cuh"
 #include "cuda/cublaslt.cuh"
 #include "fp8kit/error.hpp"
