@@ -25,8 +25,8 @@
 #include "fp8kit/gemm.hpp"
 #include "fp8kit/recipe.hpp"
 #include "fp8kit/runtime.hpp"
-#if __has_include("gpt.hpp")  // the GPT application lives in tools/gpt since issue 16 item 4
-#include "gpt.hpp"
+#if __has_include("gpt/gpt.hpp")  // the GPT application lives in tools/gpt since issue 16 item 4
+#include "gpt/gpt.hpp"
 namespace gpt = fp8kit::gpt;
 #else
 #include "fp8kit/nn.hpp"

@@ -44,7 +44,7 @@ def shim(cxx, tree, out):
     compile_([cxx, "-O2", "-std=c++20", "-fPIC", "-shared", "-fvisibility=hidden", "-Wl,-Bsymbolic",
               "-DFP8KIT_PAIR_SHIM", "-DFP8KIT_PAIR_EXPORT=__attribute__((visibility(\"default\")))",
               "-I", os.path.join(tree, "include"), "-I", os.path.join(build, "include"),
-              "-I", os.path.join(tree, "tools", "gpt"), SOURCE, "-Wl,--exclude-libs,ALL", *libs,
+              "-I", os.path.join(tree, "tools"), SOURCE, "-Wl,--exclude-libs,ALL", *libs,
               "-fopenmp", "-o", out])
 
 

@@ -22,8 +22,8 @@
 
 #include "checkpoint_commands.hpp"
 #include "commands.hpp"
-#include "common.hpp"
 #include "numbers.hpp"
+#include "bench/common.hpp"
 #include "fp8kit/error.hpp"
 #include "fp8kit/files.hpp"
 #include "fp8kit/gemm.hpp"

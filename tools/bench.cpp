@@ -4,7 +4,7 @@
 #include <memory>
 
 #include "commands.hpp"
-#include "common.hpp"
+#include "bench/common.hpp"
 
 namespace fp8kit::tools {
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "commands.hpp"
-#include "common.hpp"
+#include "bench/common.hpp"
 #include "fp8kit/format.hpp"
 #include "fp8kit/runtime.hpp"
 

@@ -29,7 +29,7 @@
 
 #include "commands.hpp"
 #include "numbers.hpp"
-#include "common.hpp"
+#include "bench/common.hpp"
 #include "fp8kit/checkpoint.hpp"
 #include "fp8kit/files.hpp"
 #include "fp8kit/runtime.hpp"

@@ -1,7 +1,7 @@
 // src/core/backend.cpp: the backend registry - which backends this build has, which one runs the
 // tensors of a device on this thread (FP8KIT_BACKEND, BackendOverride), each one's table of
-// operations, the per-thread execution context, and the dispatch of an operation by the device
-// of its inputs.
+// operations and a device's memory table, the per-thread execution context, and the dispatch of an
+// operation by the device of its inputs.
 // Checked by tests/unit/test_backend.cpp.
 #include <cstdlib>
 #include <mutex>
@@ -9,9 +9,6 @@
 
 #include "core/ops.hpp"
 #include "fp8kit/error.hpp"
-#ifdef FP8KIT_HAS_CUDA
-#include "cuda/device.hpp"
-#endif
 
 namespace fp8kit {
 
@@ -118,6 +115,14 @@ const detail::BackendOps& detail::backend_ops(Backend b) {
 #endif
     }
     throw Error("fp8kit: backend cuda is not available in this build");
+}
+
+const detail::DeviceMemory& detail::device_memory([[maybe_unused]] Device device, [[maybe_unused]] const char* fn) {
+#ifdef FP8KIT_HAS_CUDA
+    return cuda::memory();  // the one device besides the host
+#else
+    throw Error(std::string("fp8kit::Tensor::") + fn + ": device cuda needs the CUDA backend, which this build does not have");
+#endif
 }
 
 detail::Dispatch detail::dispatch(const char* fn, std::initializer_list<Input> inputs) {

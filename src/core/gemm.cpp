@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/host_memory.hpp"
+#include "core/math.hpp"
 #include "core/ops.hpp"
 #include "fp8kit/error.hpp"
 #include "fp8kit/gemm.hpp"
@@ -213,9 +214,25 @@ void run_gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, co
     const int64_t m = oa.rows, n = ob.rows, k = oa.k;
     const int64_t kgroup = gemm_k_group(a_scaling, qb.scaling, k);
 
-    detail::GemmJob job{d.ctx, m, n, k, kgroup, oa, ob, a.fp8 || weight_only ? nullptr : &fuse, nullptr, opts.alpha, opts.beta,
-                        detail::MatrixRef{nullptr, DType::f32, 0, 0, 0}, nullptr, DType::f32, opts.activation,
-                        nullptr, opts.out_dtype, weight_only ? x.ref : detail::MatrixRef{}};
+    // C, the bias, out and B's packing are filled in below.
+    detail::GemmJob job{.ctx = d.ctx,
+                        .m = m,
+                        .n = n,
+                        .k = k,
+                        .kgroup = kgroup,
+                        .a = oa,
+                        .b = ob,
+                        .fuse = a.fp8 || weight_only ? nullptr : &fuse,
+                        .b_packed = nullptr,
+                        .alpha = opts.alpha,
+                        .beta = opts.beta,
+                        .c = detail::MatrixRef{nullptr, DType::f32, 0, 0, 0},
+                        .bias = nullptr,
+                        .bias_dtype = DType::f32,
+                        .activation = opts.activation,
+                        .out = nullptr,
+                        .out_dtype = opts.out_dtype,
+                        .a_hp = weight_only ? x.ref : detail::MatrixRef{}};
     if (!std::isfinite(opts.alpha) || !std::isfinite(opts.beta)) {
         throw Error("fp8kit::gemm: alpha and beta must be finite, got " + std::to_string(opts.alpha) + " and " +
                     std::to_string(opts.beta));

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <string>
 
+#include "core/math.hpp"
 #include "core/ops.hpp"
 #include "fp8kit/error.hpp"
 #include "fp8kit/quantize.hpp"

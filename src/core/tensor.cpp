@@ -6,11 +6,9 @@
 #include <string>
 
 #include "core/host_memory.hpp"
-#include "fp8kit/convert.hpp"
+#include "core/ops.hpp"
+#include "fp8kit/format.hpp"
 #include "fp8kit/tensor.hpp"
-#ifdef FP8KIT_HAS_CUDA
-#include "cuda/device.hpp"
-#endif
 
 namespace fp8kit {
 
@@ -91,11 +89,7 @@ Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
     // At least one aligned line, so that an empty tensor is still defined().
     const size_t bytes = std::max<size_t>(size_t(count(shape)) * dtype_size(dtype), tensor_alignment);
     if (device != Device::cpu) {
-#ifdef FP8KIT_HAS_CUDA
-        t.storage_ = cuda::allocate(detail::round_up(bytes, tensor_alignment));
-#else
-        throw Error("fp8kit::Tensor::empty: device cuda needs the CUDA backend, which this build does not have");
-#endif
+        t.storage_ = detail::device_memory(device, "empty").allocate(detail::round_up(bytes, tensor_alignment));
     } else {
         t.storage_ = detail::host_allocate(bytes);  // rounds up itself
     }
@@ -115,12 +109,10 @@ Tensor Tensor::zeros(Shape shape, DType dtype, Device device) {
 void Tensor::fill_zero() const {
     if (!is_contiguous()) throw Error("fp8kit::Tensor::fill_zero: the tensor of shape " + to_string(shape_) + " is not contiguous");
     void* p = raw_data();  // an Error for read-only memory
-#ifdef FP8KIT_HAS_CUDA
     if (device_ != Device::cpu) {
-        cuda::zero(p, nbytes());
+        detail::device_memory(device_, "fill_zero").zero(p, nbytes());
         return;
     }
-#endif
     std::memset(p, 0, nbytes());
 }
 
@@ -328,9 +320,8 @@ Tensor Tensor::to(Device device) const {
     if (device == device_) return contiguous();
     const Tensor src = contiguous();  // on its own device
     Tensor t = empty(shape_, dtype_, device);
-#ifdef FP8KIT_HAS_CUDA
-    cuda::copy_2d(t.raw_data(), src.nbytes(), src.const_raw_data(), src.nbytes(), src.nbytes(), 1, true);  // host side
-#endif
+    detail::device_memory(device != Device::cpu ? device : device_, "to")
+        .copy_2d(t.raw_data(), src.nbytes(), src.const_raw_data(), src.nbytes(), src.nbytes(), 1, true);  // host side
     return t;
 }
 
@@ -346,15 +337,12 @@ void Tensor::copy_from_device(const Tensor& src) const {
                     " with these strides is not copied on the device; copy it to the host first");
     }
     if (src.numel() == 0) return;
-#ifdef FP8KIT_HAS_CUDA
     const int64_t rows = !flat && src.dim() == 2 ? src.shape_[0] : 1;
     const int64_t cols = flat ? src.numel() : src.dim() == 0 ? 1 : src.shape_.back();
     const int64_t ld = !flat && src.dim() == 2 ? src.strides_[0] : cols;
-    cuda::copy_2d(raw_data(), size_t(cols) * es, src.const_raw_data(), size_t(ld) * es, size_t(cols) * es, size_t(rows),
-                  false);  // device to device: ordered on the stream
-#else
-    (void)es;
-#endif
+    detail::device_memory(src.device_, "clone")
+        .copy_2d(raw_data(), size_t(cols) * es, src.const_raw_data(), size_t(ld) * es, size_t(cols) * es, size_t(rows),
+                 false);  // device to device: ordered on the stream
 }
 
 int64_t Tensor::element_offset(std::initializer_list<int64_t> index) const {

@@ -1,6 +1,7 @@
 // src/cpu/adamw.cpp: the cpu backend's AdamW update (torch.optim.AdamW), elementwise in the
 // tensor's precision in the order of <fp8kit/ops.hpp>'s formula (detail::adamw_at), split over
 // OpenMP threads. Checked against the reference backend by tests/ops/test_adamw.cpp.
+#include "core/math.hpp"
 #include "core/ops.hpp"
 #include "cpu/layer_parallel.hpp"
 

@@ -2,6 +2,7 @@
 // and its derivative, elementwise in the tensor's precision (detail::gelu / gelu_grad; float32:
 // float32 tanh), split over OpenMP threads. Checked against the reference backend by
 // tests/ops/test_gelu.cpp.
+#include "core/math.hpp"
 #include "core/ops.hpp"
 #include "cpu/layer_parallel.hpp"
 

@@ -21,6 +21,7 @@
 #include <utility>
 
 #include "core/host_memory.hpp"
+#include "core/math.hpp"
 #include "core/ops.hpp"
 #include "cpu/gemm_kernels.hpp"
 #include "cpu/parallel.hpp"

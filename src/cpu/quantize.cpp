@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/host_memory.hpp"
+#include "core/math.hpp"
 #include "core/ops.hpp"
 #include "cpu/convert_kernels.hpp"
 #include "cpu/parallel.hpp"

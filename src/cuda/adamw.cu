@@ -3,6 +3,7 @@
 // sqrtf and division; nvcc's FMA contraction only removes roundings), so the cpu bound of
 // docs/NUMERICS.md holds. Checked against the reference backend by tests/ops/test_adamw.cpp
 // (the cuda part of CpuMatchesRefWithinTheBound).
+#include "core/math.hpp"
 #include "cuda/common.cuh"
 
 namespace fp8kit::cuda {

@@ -9,7 +9,6 @@
 #include <cmath>
 
 #include "cuda/common.cuh"
-#include "cuda/device.hpp"
 
 namespace fp8kit::cuda {
 

@@ -1,13 +1,16 @@
 // src/cuda/common.cuh: what every CUDA source of the backend shares - the check that turns a
-// failed CUDA call into an fp8kit::Error naming the call, the stream of an ExecContext, element
-// loads of f32/bf16/f16 matrices, the amax reduction on float bits, and a block reduction.
+// failed CUDA call into an fp8kit::Error naming the call, the stream of an ExecContext, device
+// memory for scratch (src/cuda/device.cu), element loads of f32/bf16/f16 matrices, the amax
+// reduction on float bits, and a block reduction.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "core/ops.hpp"
 
@@ -20,6 +23,11 @@ void check(cudaError_t e, const char* call);
 inline void check_launch(const char* kernel) { check(cudaGetLastError(), kernel); }
 
 inline cudaStream_t stream_of(const ExecContext& ctx) noexcept { return static_cast<cudaStream_t>(ctx.stream); }
+
+// Device memory on this thread's stream, and zeroing it: the allocate and zero entries of the
+// backend's detail::DeviceMemory (core/ops.hpp says how they behave), for the kernels' scratch too.
+std::shared_ptr<std::byte> allocate(size_t bytes);
+void zero(void* dst, size_t bytes);
 
 // Element (i, j) of an f32 / bf16 / f16 matrix, as float (exact).
 __device__ inline float load_element(const detail::MatrixRef& x, int64_t i, int64_t j) {

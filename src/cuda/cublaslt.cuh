@@ -1,5 +1,5 @@
 // src/cuda/cublaslt.cuh: what the cuda backend's two cuBLASLt users share (the scaled FP8 GEMM of
-// src/cuda/gemm.cu and the float32 / float64 matmul of src/cuda/matmul.cu) - the one handle and
+// src/cuda/gemm_cublaslt.cu and the float32 / float64 matmul of src/cuda/matmul.cu) - the one handle and
 // workspace, the status check that names the call, the descriptors of one call released on every
 // path, and the cached choice of algorithm per shape and operand alignment.
 // Checked by the Cuda* tests of tests/ops/test_gemm.cpp and tests/ops/test_matmul.cpp.

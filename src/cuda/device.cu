@@ -1,13 +1,13 @@
-// src/cuda/device.cu: the CUDA backend's device, memory and table - whether a GPU can be used,
+// src/cuda/device.cu: the CUDA backend's device, memory and tables - whether a GPU can be used,
 // stream-ordered allocation for Tensor storage, copies, the delayed-scaling state updates as
-// one-thread kernels (no host round trip, so they can be captured in a CUDA graph), and the op
-// table src/core/backend.cpp dispatches Device::cuda tensors to.
+// one-thread kernels (no host round trip, so they can be captured in a CUDA graph), the op table
+// src/core/backend.cpp dispatches Device::cuda tensors to and the device memory table beside it
+// (fp8kit::cuda::ops and memory, declared in core/ops.hpp).
 // Checked by tests/unit/test_backend.cpp and the cuda tests of tests/ops (skipped, saying why,
 // without a GPU).
 #include <string>
 
 #include "cuda/common.cuh"
-#include "cuda/device.hpp"
 #include "fp8kit/error.hpp"
 #include "fp8kit/scaling.hpp"
 
@@ -139,6 +139,12 @@ std::shared_ptr<std::byte> allocate(size_t bytes) {
     return std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [s](std::byte* q) { (void)cudaFreeAsync(q, s); });
 }
 
+void zero(void* dst, size_t bytes) {
+    if (bytes > 0) FP8KIT_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, current_stream()));
+}
+
+namespace {
+
 void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t height, bool wait) {
     if (width == 0 || height == 0) return;
     const cudaStream_t s = current_stream();
@@ -146,10 +152,16 @@ void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, siz
     if (wait) FP8KIT_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
-void zero(void* dst, size_t bytes) {
-    if (bytes > 0) FP8KIT_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, current_stream()));
-}
+const detail::DeviceMemory memory_table{
+    &allocate,
+    &zero,
+    &copy_2d,
+};
+
+}  // namespace
 
 const detail::BackendOps& ops() noexcept { return table; }
+
+const detail::DeviceMemory& memory() noexcept { return memory_table; }
 
 }  // namespace fp8kit::cuda

@@ -4,6 +4,7 @@
 // contraction only removes roundings),
 // so the cpu bound of docs/NUMERICS.md holds. Checked against the reference backend by
 // tests/ops/test_gelu.cpp (CudaMatchesRefWithinTheBound).
+#include "core/math.hpp"
 #include "cuda/common.cuh"
 
 namespace fp8kit::cuda {

@@ -13,7 +13,6 @@
 
 #include "cuda/common.cuh"
 #include "cuda/cublaslt.cuh"
-#include "cuda/device.hpp"
 
 namespace fp8kit::cuda {
 

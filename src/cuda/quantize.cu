@@ -1,6 +1,6 @@
 // src/cuda/quantize.cu: the cast operations on the GPU - amax, per-group amax, quantize (with the
 // transposed copy: cast_transpose) and dequantize - bit for bit those of src/ref/quantize.cpp:
-// the same group amax (NaN canonical), the same scale formula (group_scale of core/ops.hpp, built
+// the same group amax (NaN canonical), the same scale formula (group_scale of core/math.hpp, built
 // without FMA contraction: --fmad=false), the same encode of float32(x * scale).
 // Checked by tests/ops/test_quantize.cpp (cuda against ref, every granularity, format, dtype,
 // overflow mode, with NaN/Inf) when a GPU is present.
@@ -30,8 +30,8 @@
 
 #include <cuda_fp8.h>
 
+#include "core/math.hpp"
 #include "cuda/common.cuh"
-#include "cuda/device.hpp"
 #include "fp8kit/error.hpp"
 
 namespace fp8kit::cuda {

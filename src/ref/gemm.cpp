@@ -8,6 +8,7 @@
 // approximates. Only the final store rounds (to float32, then to bf16/f16).
 #include <vector>
 
+#include "core/math.hpp"
 #include "core/ops.hpp"
 
 namespace fp8kit::ref {

@@ -3,6 +3,7 @@
 // kernel approximates. The ground truth of tests/ops/test_matmul.cpp.
 #include <vector>
 
+#include "core/math.hpp"
 #include "core/ops.hpp"
 
 namespace fp8kit::ref {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/math.hpp"
 #include "core/ops.hpp"
 
 namespace fp8kit::ref {

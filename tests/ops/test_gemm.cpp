@@ -383,7 +383,7 @@ bool runs_on_cublaslt(const QTensor& qa, const QTensor& qb, const GemmOptions& o
     return ga == GroupShape{1, 128} && gb == GroupShape{128, 128} && k % 128 == 0;
 }
 
-// The cuda backend's rule for its wgmma kernel (src/cuda/gemm.cu, wgmma_fits), on an sm_90 GPU:
+// The cuda backend's rule for its wgmma kernel (src/cuda/gemm_wgmma.cu, wgmma_fits), on an sm_90 GPU:
 // e4m3/e5m2 operands with K a multiple of 16 that cuBLASLt does not take, and either one K group
 // or groups of exactly 128 whose B scales are one per 128 rows of B.
 bool runs_on_wgmma(const QTensor& qa, const QTensor& qb, const GemmOptions& o) {
@@ -453,7 +453,7 @@ struct Mnk {
 // up to 16 rows; AVX2: M <= 8, in pairs of rows and a single one), larger M its tiles; M = 1 with
 // K = 1100 sums a single row's several K groups, each in the lanes the M = 1 kernels split it into.
 // 48 x 272 x 640: the block recipe on cuBLASLt with 5 K blocks (not a multiple of 4) and 3 row
-// blocks of B, whose scale rows cuBLASLt reads padded (src/cuda/gemm.cu, launch_lt).
+// blocks of B, whose scale rows cuBLASLt reads padded (src/cuda/gemm_cublaslt.cu, launch_lt).
 const Mnk grid_shapes[] = {{1, 1, 1},     {1, 17, 5},    {1, 40, 1100},  {2, 45, 260},   {3, 7, 130},
                            {4, 50, 384},  {5, 23, 129},  {16, 33, 257},  {17, 64, 128},  {31, 130, 300},
                            {64, 48, 512}, {130, 257, 129}, {37, 140, 1100}, {48, 272, 640}};
