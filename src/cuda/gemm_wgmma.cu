@@ -363,7 +363,8 @@ bool wgmma_fits(const GemmJob& j) {
 }
 
 // FP8KIT_CUDA_WGMMA: how the wgmma kernel loads its stages - "cp.async" (the default, measured) or
-// "tma" (the copy engine; written ahead of a GPU, to be measured). Read once per process (the tests
+// "tma" (the copy engine; its tests pass on an H200, its speed is not measured yet: the default
+// stays until it is). Read once per process (the tests
 // and the device check set it from outside); any other value is an error at every GEMM (a throwing
 // initializer runs again on the next call).
 bool wgmma_tma() {
