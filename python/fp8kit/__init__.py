@@ -90,14 +90,21 @@ class _DLPack:
         return self.tensor.__dlpack_device__()
 
 
+def _check_device(x):
+    """x (a torch tensor) is on a device fp8kit computes on, or an Error naming its device (nanobind
+    would answer with a TypeError listing signatures; torch's operators would run their fakes on
+    the meta device)."""
+    if x.device.type not in ("cpu", "cuda"):
+        raise Error(f"fp8kit: a tensor on device '{x.device}': fp8kit computes on the CPU and on CUDA devices")
+
+
 def _to_extension(x):
     """What the extension reads, never a copy: numpy arrays as they are; torch tensors (CPU or
     CUDA) through _DLPack. FP8 crosses as its codes (uint8): DLPack readers differ on float8. A
     tensor on any other device is an Error naming it."""
     if _is_torch(x):
         torch = _torch()
-        if x.device.type not in ("cpu", "cuda"):  # nanobind would answer with a TypeError listing signatures
-            raise Error(f"fp8kit: a tensor on device '{x.device}': fp8kit computes on the CPU and on CUDA devices")
+        _check_device(x)
         x = x.detach()
         if x.dtype.itemsize == 1 and x.dtype.is_floating_point:
             x = x.view(torch.uint8)
@@ -162,10 +169,11 @@ def _switched_to(index):
         yield
 
 
-def _device_quantize(x, scaling, transpose, quantize_call):
-    """quantize_call(x, outs) for a CUDA tensor x, with the outputs - codes, scale_inv, amax and
-    with transpose their transposed twins - allocated by torch on x's device (its caching
-    allocator, so torch's memory stats count them), in the shapes quantize gives."""
+def _torch_outs(x, scaling, transpose):
+    """The outputs of quantizing torch tensor x - codes (uint8), scale_inv, amax and with transpose
+    their transposed twins - allocated by torch on x's device (on CUDA its caching allocator, so
+    torch's memory stats count them), in the shapes quantize gives. What the extension writes
+    there is torch's memory: no extension object has to outlive the call to keep it."""
     torch = _torch()
     cols, rows = (x.shape[-1] if x.dim() else 1), math.prod(x.shape[:-1])  # quantize's [rows, cols] view
     scale_dtype = torch.uint8 if scaling == "mx32" else torch.float32  # e8m0 codes travel as uint8
@@ -175,6 +183,12 @@ def _device_quantize(x, scaling, transpose, quantize_call):
     if transpose:
         outs += [torch.empty(cols, rows, dtype=torch.uint8, device=x.device),
                  torch.empty(_fp8kit.scale_shape(scaling, cols, rows), dtype=scale_dtype, device=x.device)]
+    return outs
+
+
+def _device_quantize(x, scaling, transpose, quantize_call):
+    """quantize_call(x, outs) for a CUDA tensor x, with the outputs from _torch_outs."""
+    outs = _torch_outs(x, scaling, transpose)
     with _on_device(x.device):
         return quantize_call(_to_extension(x), [_to_extension(o) for o in outs])
 

@@ -6,12 +6,14 @@ dW) in FP8 through fp8kit under autograd.
 Checked by tests/python/test_training.py (each GEMM against float64, against torchao's float8
 training on the CPU, under DDP).
 """
+import warnings
+
 import torch
 from torch import nn
 
 import fp8kit
 
-from .ops import _OUT_DTYPES, check_input
+from .ops import cast, check_input, mm
 
 # torchao's recipe names, plus block, mxfp8 and delayed: the library's recipe (fp8kit::Recipe:
 # formats and scalings per operand) and whether grad_weight runs in FP8 (rowwise_with_gw_hp keeps
@@ -22,19 +24,22 @@ TRAINING_RECIPES = {"tensorwise": ("tensorwise", True), "rowwise": ("rowwise", T
 
 
 class _Casts:
-    """How one Float8Linear quantizes its operands (input, weight, grad_output): as its
-    recipe says, or for delayed with one DelayedScaling per operand whose history rolls at each
-    use - the scale of a cast comes from the amaxes of the casts before it (TransformerEngine's
-    delayed scaling, one step per forward and backward)."""
+    """How one Float8Linear quantizes its operands (input, weight, grad_output): as its recipe
+    says (ops.cast: the operator torch.ops.fp8kit.recipe_quantize), or for delayed with one DelayedScaling
+    per operand whose history rolls at each use - the scale of a cast comes from the amaxes of the
+    casts before it (TransformerEngine's delayed scaling, one step per forward and backward).
+    A cast is [codes, scale_inv] (+ [codes_t, scale_inv_t], the cast of t^T) as torch tensors;
+    scaling[role] is its scaling."""
 
     def __init__(self, recipe):
         self.recipe = recipe
+        self.scaling = {role: fp8kit._fp8kit.recipe_scaling(recipe, role) for role in ("input", "weight", "grad_output")}
         self.delayed = ({role: fp8kit._fp8kit.DelayedScaling(role) for role in ("input", "weight", "grad_output")}
                         if recipe == "delayed" else None)
 
     def __call__(self, t, role, transpose):
         if self.delayed is None:
-            return fp8kit._recipe_quantize(t, self.recipe, role, transpose)
+            return cast(t, self.recipe, role, transpose)
         if t.is_cuda:
             raise fp8kit.Error("fp8kit.torch: the delayed recipe keeps its amax history on the host; on a CUDA "
                                "device use tensorwise, rowwise or block")
@@ -44,17 +49,13 @@ class _Casts:
             # and fp8kit::nn::Float8Linear do, the first use records this tensor's amax first.
             d.quantize(fp8kit._to_extension(t))
         d.step()
-        return d.quantize(fp8kit._to_extension(t), transpose)
-
-
-def _gemm(a, b, out_dtype, bias=None):
-    """D = deq(a) . deq(b)^T (+ bias) of two QTensors, as a torch tensor of out_dtype."""
-    name = _OUT_DTYPES[out_dtype][0]
-    bias = None if bias is None else fp8kit._to_extension(bias)
-    call = lambda out: fp8kit._fp8kit.gemm(a, b, name, 1.0, 0.0, None, bias, "none", out)  # noqa: E731
-    if a.device == "cuda":  # D from torch's allocator, on its current stream
-        return fp8kit._device_gemm(call, a.shape[0], b.shape[0], name, None)
-    return fp8kit._out(call(None), name, True)
+        q = d.quantize(fp8kit._to_extension(t), transpose)
+        dtype = fp8kit._torch_fp8_dtype(q.format)
+        with warnings.catch_warnings():  # the QTensor's arrays are read-only to numpy; nothing writes them
+            warnings.simplefilter("ignore", UserWarning)
+            arrays = (q.data, q.scale_inv) + ((q.data_t, q.scale_inv_t) if transpose else ())
+            out = [torch.from_numpy(a) for a in arrays]
+        return [out[0].view(dtype), out[1]] + ([out[2].view(dtype), out[3]] if transpose else [])
 
 
 class _Float8LinearFunction(torch.autograd.Function):
@@ -65,7 +66,8 @@ class _Float8LinearFunction(torch.autograd.Function):
         grad_weight  dW[N, K] = q(dY^T) . q(x^T)^T   (or dY^T x in x's precision: fp8_grad_weight False)
     The transposed operands are quantize's transposed copies (exactly quantize(t^T)), so row and
     block scales run along each GEMM's K; forward keeps only them (one byte per element) for
-    backward."""
+    backward. Casts and GEMMs are the operators of ops.py, on torch tensors only, so torch.compile
+    traces forward and backward (AOTAutograd) without a graph break."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, casts, fp8_grad_weight, grad_enabled):
@@ -74,30 +76,44 @@ class _Float8LinearFunction(torch.autograd.Function):
         keep_x8 = fp8_grad_weight and need_dw
         qx = casts(x, "input", keep_x8)
         qw = casts(weight, "weight", need_dx)
-        y = _gemm(qx, qw, x.dtype, bias)
+        y = mm(qx[0], qx[1], casts.scaling["input"], qw[0], qw[1], casts.scaling["weight"], bias, x.dtype)
         ctx.casts, ctx.weight_dtype, ctx.has_bias = casts, weight.dtype, bias is not None
-        ctx.qw_t = qw.transposed() if need_dx else None
-        ctx.qx_t = qx.transposed() if keep_x8 else None
-        ctx.save_for_backward(x if need_dw and not fp8_grad_weight else None)
+        x_t = qx[2:] if keep_x8 else [None, None]
+        w_t = qw[2:] if need_dx else [None, None]
+        ctx.save_for_backward(*x_t, *w_t, x if need_dw and not fp8_grad_weight else None)
         return y
 
     @staticmethod
     def backward(ctx, dy):
         dy = dy.contiguous()  # autograd may hand a broadcast (stride 0) gradient
-        x, = ctx.saved_tensors
+        x_t, x_t_scale_inv, w_t, w_t_scale_inv, x = ctx.saved_tensors
         need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
-        fp8_dw = need_dw and ctx.qx_t is not None
-        qdy = ctx.casts(dy, "grad_output", fp8_dw) if need_dx or fp8_dw else None
-        dx = _gemm(qdy, ctx.qw_t, dy.dtype) if need_dx else None
+        casts, scaling = ctx.casts, ctx.casts.scaling
+        fp8_dw = need_dw and x_t is not None
+        qdy = casts(dy, "grad_output", fp8_dw) if need_dx or fp8_dw else None
+        dx = mm(qdy[0], qdy[1], scaling["grad_output"], w_t, w_t_scale_inv, scaling["weight"], None,
+                dy.dtype) if need_dx else None
         if not need_dw:
             dw = None
         elif fp8_dw:
-            dw = _gemm(qdy.transposed(), ctx.qx_t, ctx.weight_dtype)
+            dw = mm(qdy[2], qdy[3], scaling["grad_output"], x_t, x_t_scale_inv, scaling["input"], None,
+                    ctx.weight_dtype)
         else:  # rowwise_with_gw_hp: dY^T x in the input's precision
             dw = (dy.t() @ x).to(ctx.weight_dtype)
         db = dy.sum(0) if need_db and ctx.has_bias else None
-        ctx.qx_t = ctx.qw_t = None  # the FP8 casts go now, not when the graph does
         return dx, dw, db, None, None, None
+
+
+@torch.compiler.disable
+def _delayed_runs_eagerly_only(compiling):
+    """Refuses torch.compile of the delayed recipe: its amax histories are host objects (the
+    extension's DelayedScaling) that each cast changes. Dynamo does not trace this function but
+    calls it as it is, with is_compiling() as it saw it (True) - a raise in traced code would only
+    send the frame back to eager - and fullgraph=True refuses the call by this function's name."""
+    if compiling:
+        raise fp8kit.Error("fp8kit.torch.Float8Linear: the delayed recipe keeps its amax history in host objects "
+                           "that each cast changes, which torch.compile does not trace: compile tensorwise, "
+                           "rowwise or block, or run delayed without torch.compile")
 
 
 class Float8Linear(nn.Linear):
@@ -123,6 +139,9 @@ class Float8Linear(nn.Linear):
     def forward(self, x):
         # x [..., in] -> y [..., out]: the GEMMs see [M, in] rows.
         check_input(x, self.in_features, "Float8Linear")
+        fp8kit._check_device(x)
+        if self._casts.delayed is not None:
+            _delayed_runs_eagerly_only(torch.compiler.is_compiling())
         rows = x.reshape(-1, self.in_features)
         y = _Float8LinearFunction.apply(rows, self.weight, self.bias, self._casts, self.fp8_grad_weight,
                                         torch.is_grad_enabled())
