@@ -4,8 +4,9 @@ and torchao's Float8Linear): the same Parameters, the three GEMMs of forward and
 dW) in FP8 through fp8kit under autograd.
 
 Checked by tests/python/test_training.py (each GEMM against float64, against torchao's float8
-training on the CPU, under DDP).
+training on the CPU, under DDP, under torch.compile) and test_fsdp.py (under FSDP2).
 """
+import dataclasses
 import warnings
 
 import torch
@@ -13,6 +14,7 @@ from torch import nn
 
 import fp8kit
 
+from .fsdp import Float8GatheredWeight, shard_weight
 from .ops import cast, check_input, mm
 
 # torchao's recipe names, plus block, mxfp8 and delayed: the library's recipe (fp8kit::Recipe:
@@ -75,7 +77,8 @@ class _Float8LinearFunction(torch.autograd.Function):
         need_dx, need_dw = grad_enabled and x.requires_grad, grad_enabled and weight.requires_grad
         keep_x8 = fp8_grad_weight and need_dw
         qx = casts(x, "input", keep_x8)
-        qw = casts(weight, "weight", need_dx)
+        # Under FSDP2 with FP8 all-gather the weight arrives cast (fsdp.py): taken as it is.
+        qw = weight.weight_casts(need_dx) if type(weight) is Float8GatheredWeight else casts(weight, "weight", need_dx)
         y = mm(qx[0], qx[1], casts.scaling["input"], qw[0], qw[1], casts.scaling["weight"], bias, x.dtype)
         ctx.casts, ctx.weight_dtype, ctx.has_bias = casts, weight.dtype, bias is not None
         x_t = qx[2:] if keep_x8 else [None, None]
@@ -145,24 +148,30 @@ class Float8Linear(nn.Linear):
         rows = x.reshape(-1, self.in_features)
         y = _Float8LinearFunction.apply(rows, self.weight, self.bias, self._casts, self.fp8_grad_weight,
                                         torch.is_grad_enabled())
-        return y.reshape(*x.shape[:-1], self.out_features)
+        # (2-d x: y itself, not a view of it - FSDP2 warns of a module that returns a view)
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self):
         return super().extra_repr() + f", config={self.config}"
 
 
-def convert_to_float8_training(module, *, module_filter_fn=None, config=None):
+def convert_to_float8_training(module, *, module_filter_fn=None, config=None, enable_fsdp_float8_all_gather=False):
     """torchao's convert_to_float8_training on fp8kit's kernels: every nn.Linear of module that
     module_filter_fn(mod, fqn) accepts (all when None) and whose in and out features are multiples
     of 16 (the FP8 GEMM's operand rule, as torchao's) becomes a Float8Linear sharing its
     Parameters. config: a recipe name of TRAINING_RECIPES (default "tensorwise", as torchao's), or
     torchao's Float8LinearConfig as its from_recipe_name makes it for tensorwise, rowwise or
-    rowwise_with_gw_hp (compared field by field with torchao's own; any other config is refused).
+    rowwise_with_gw_hp (compared field by field with torchao's own; any other config is refused),
+    with or without its enable_fsdp_float8_all_gather.
+    enable_fsdp_float8_all_gather (or that field of the config): under FSDP2 each layer's weight
+    is cast to FP8 before it is all-gathered (fsdp.py; tensorwise and block).
     Returns module (converted in place; an nn.Linear itself is returned converted)."""
     config = config or "tensorwise"
     if type(config).__name__ == "Float8LinearConfig":
+        enable_fsdp_float8_all_gather = enable_fsdp_float8_all_gather or config.enable_fsdp_float8_all_gather
+        plain = dataclasses.replace(config, enable_fsdp_float8_all_gather=False)
         named = type(config).from_recipe_name
-        config = next((n for n in ("tensorwise", "rowwise", "rowwise_with_gw_hp") if named(n) == config), config)
+        config = next((n for n in ("tensorwise", "rowwise", "rowwise_with_gw_hp") if named(n) == plain), config)
     if not isinstance(config, str) or config not in TRAINING_RECIPES:
         raise fp8kit.Error(f"fp8kit.torch.convert_to_float8_training: config {config!r}, expected one of "
                            f"{', '.join(TRAINING_RECIPES)}")
@@ -171,8 +180,14 @@ def convert_to_float8_training(module, *, module_filter_fn=None, config=None):
         return (type(m) is nn.Linear and m.in_features % 16 == 0 and m.out_features % 16 == 0
                 and (module_filter_fn is None or module_filter_fn(m, fqn)))
 
+    def convert(m, fqn):
+        layer = Float8Linear.from_linear(m, config)
+        if enable_fsdp_float8_all_gather:
+            shard_weight(layer, fqn)
+        return layer
+
     if eligible(module, ""):
-        return Float8Linear.from_linear(module, config)
+        return convert(module, "")
     for fqn, m in [(fqn, m) for fqn, m in module.named_modules() if fqn and eligible(m, fqn)]:
-        module.set_submodule(fqn, Float8Linear.from_linear(m, config))
+        module.set_submodule(fqn, convert(m, fqn))
     return module
