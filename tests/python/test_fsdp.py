@@ -35,38 +35,41 @@ if not torch.distributed.is_available() or not torch.distributed.is_gloo_availab
 
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: E402
 
-STEPS, ROWS, SECONDS = 10, 8, 120  # steps, rows per rank's micro-batch, time a group of ranks may take
+STEPS, ROWS, SECONDS, LR = 10, 8, 120, 1e-2  # steps, rows per micro-batch, time a group of ranks may take, AdamW
 
 
-def make_model(recipe, fp8_all_gather, skip=None):
-    """Two blocks Linear 64 -> 128 -> GELU -> 64, the same weights on every rank and in the reference;
-    skip: the FQNs module_filter_fn refuses."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(),
-                                                      torch.nn.Linear(128, 64)) for _ in range(2)])
+def make_model(recipe, fp8_all_gather, skip=None, wide=False, seed=0):
+    """Two blocks Linear 64 -> 128 -> GELU -> 64 (wide: 256 -> 256 -> GELU -> 256, so that 2 ranks'
+    shards hold whole 128-row blocks), the same weights on every rank and in the reference; skip:
+    the FQNs module_filter_fn refuses."""
+    torch.manual_seed(seed)
+    dims = (256, 256, 256) if wide else (64, 128, 64)
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(dims[0], dims[1]), torch.nn.GELU(),
+                                                      torch.nn.Linear(dims[1], dims[2])) for _ in range(2)])
     return f8.convert_to_float8_training(model, config=recipe, enable_fsdp_float8_all_gather=fp8_all_gather,
                                          module_filter_fn=None if skip is None else lambda m, fqn: fqn not in skip)
 
 
-def batches(world):
-    """Per step, per rank: (x, target) micro-batches of ROWS rows."""
+def batches(world, wide=False):
+    """Per step, per rank: (x, target) micro-batches of ROWS rows (for make_model's model): each
+    rank's the same at every step, so that its loss falls within the few steps."""
     g = torch.Generator().manual_seed(1)
-    return [[(torch.randn(ROWS, 64, generator=g), torch.randn(ROWS, 64, generator=g)) for _ in range(world)]
-            for _ in range(STEPS)]
+    n = 256 if wide else 64
+    return [[(torch.randn(ROWS, n, generator=g), torch.randn(ROWS, n, generator=g)) for _ in range(world)]] * STEPS
 
 
 def loss_of(model, x, t):
     return torch.nn.functional.mse_loss(model(x), t)
 
 
-def reference(recipe, world, skip=None, param_dtype=None):
+def reference(recipe, world, skip=None, param_dtype=None, wide=False):
     """The losses [step][rank] of one process: each rank's micro-batch through the one model, the
     gradients averaged as FSDP2 averages them. param_dtype bfloat16: FSDP2's MixedPrecisionPolicy
     (bfloat16 compute copy of float32 weights, gradients reduced in float32), done by hand."""
-    model = make_model(recipe, False, skip)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model = make_model(recipe, False, skip, wide)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
     losses = []
-    for step in batches(world):
+    for step in batches(world, wide):
         run = model if param_dtype is None else _copy_in(model, param_dtype)
         grads, row = [], []
         for x, t in step:
@@ -97,13 +100,14 @@ def _average(gs):
 
 def sharded(case):
     """The case's model under FSDP2 (each block and the root) and its AdamW."""
-    model = make_model(case["recipe"], case.get("fp8_all_gather", False), case.get("skip"))
+    model = make_model(case["recipe"], case.get("fp8_all_gather", False), case.get("skip"), case.get("wide", False),
+                       case.get("seed", 0))
     mp = MixedPrecisionPolicy(param_dtype=case.get("param_dtype"), reduce_dtype=torch.float32)
     reshard = case.get("reshard_after_forward", True)
     for block in model:
         fully_shard(block, mp_policy=mp, reshard_after_forward=reshard)
     fully_shard(model, mp_policy=mp, reshard_after_forward=reshard)
-    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+    return model, torch.optim.AdamW(model.parameters(), lr=LR)
 
 
 def train_steps(model, opt, steps, rank, case):
@@ -124,7 +128,7 @@ def train_steps(model, opt, steps, rank, case):
 def train(rank, world, case):
     """The losses [step] of this rank."""
     model, opt = sharded(case)
-    return train_steps(model, opt, [tuple(zip(*s)) for s in batches(world)], rank, case)
+    return train_steps(model, opt, [tuple(zip(*s)) for s in batches(world, case.get("wide", False))], rank, case)
 
 
 def rank_main(rank, world, store, cases, out):
@@ -168,23 +172,125 @@ def run_ranks(tmp_path, world, cases):
     return list(zip(*(torch.load(f"{out}.{r}") for r in range(world))))
 
 
-PARITY = [  # (recipe, FP8 all-gather, precomputed scales, reshard_after_forward, module_filter_fn skips, param_dtype)
-    ("tensorwise", True, False, True, None, None),
-    ("tensorwise", True, True, False, None, None),
-    ("tensorwise", True, True, True, {"0.0", "1.2"}, None),
-    ("tensorwise", False, False, True, None, None),
-    ("rowwise", False, False, False, None, None),
-    ("tensorwise", False, False, False, None, torch.bfloat16),
+PARITY = [  # each with recipe, FP8 all-gather, precomputed scales, reshard_after_forward, skips, param_dtype, wide
+    dict(recipe="tensorwise", fp8_all_gather=True),
+    dict(recipe="tensorwise", fp8_all_gather=True, precompute=True, reshard_after_forward=False),
+    dict(recipe="tensorwise", fp8_all_gather=True, precompute=True, skip={"0.0", "1.2"}),
+    dict(recipe="tensorwise"),
+    dict(recipe="rowwise", reshard_after_forward=False),
+    dict(recipe="tensorwise", reshard_after_forward=False, param_dtype=torch.bfloat16),
+    dict(recipe="block", fp8_all_gather=True, wide=True),
 ]
 
 
 def test_fsdp2_follows_the_single_process_reference_bit_for_bit(tmp_path):
-    cases = [{"run": "train", "recipe": r, "fp8_all_gather": ag, "precompute": pre, "reshard_after_forward": re,
-              "skip": skip, "param_dtype": dt} for r, ag, pre, re, skip, dt in PARITY]
-    results = run_ranks(tmp_path, 2, cases)
+    results = run_ranks(tmp_path, 2, [dict(case, run="train") for case in PARITY])
     assert not isinstance(results, str), results
-    for (recipe, ag, pre, re, skip, dt), ranks in zip(PARITY, results):
+    for case, ranks in zip(PARITY, results):
         got = [list(row) for row in zip(*ranks)]
-        want = reference(recipe, 2, skip, dt)
+        want = reference(case["recipe"], 2, case.get("skip"), case.get("param_dtype"), case.get("wide", False))
         assert want[0][0] > want[-1][0] and want[0][1] > want[-1][1]  # it trains
-        assert got == want, (recipe, ag, pre, re, skip, dt)
+        assert got == want, case
+
+
+def gathered(rank, world, case):
+    """Per Float8Linear of the case's model (FP8 all-gather), the codes and scales FSDP2's
+    all-gather gives it, as uint8 bits and float32, with the weight's type once gathered."""
+    model, _ = sharded(dict(case, fp8_all_gather=True))
+    for block in model:  # each block is an FSDP2 unit of its own
+        block.unshard()
+    return [(type(m.weight).__name__, m.weight._codes.view(torch.uint8).clone(), m.weight._scale_inv.clone())
+            for m in model.modules() if isinstance(m, f8.Float8Linear)]
+
+
+@pytest.mark.parametrize("world, recipe", [(2, "tensorwise"), (4, "tensorwise"), (2, "block")])
+def test_the_gathered_fp8_weight_is_the_whole_weights_cast_bit_for_bit(tmp_path, world, recipe):
+    # block: 128x128 blocks need whole 128-row shards, 256 out_features on 2 ranks (WIDE).
+    results = run_ranks(tmp_path, world, [{"run": "gathered", "recipe": recipe, "wide": recipe == "block"}])
+    assert not isinstance(results, str), results
+    whole = [m.weight.detach() for m in make_model(recipe, False, wide=recipe == "block").modules()
+             if isinstance(m, f8.Float8Linear)]
+    for ranks in results:  # every rank gathers the same
+        assert len(ranks[0]) == len(whole) == 4
+        for (kind, codes, scale_inv), w in zip(ranks[0], whole):
+            q = fp8kit._recipe_quantize(w, recipe, "weight", False)
+            assert kind == "Float8GatheredWeight"
+            assert torch.equal(codes, torch.tensor(q.data)) and torch.equal(scale_inv, torch.tensor(q.scale_inv))
+            # The nearest wrong answer: each rank's shard cast alone (its own amax, not all-reduced).
+            alone = [fp8kit._recipe_quantize(s, recipe, "weight", False) for s in w.chunk(world)]
+            if recipe == "tensorwise":
+                assert not torch.equal(codes, torch.cat([torch.tensor(a.data) for a in alone]))
+        assert all(torch.equal(a[1], b[1]) for r in ranks[1:] for a, b in zip(ranks[0], r))
+
+
+def test_a_block_shard_that_cuts_128_row_blocks_and_a_row_scaling_are_refused_naming_the_layer(tmp_path):
+    # 128 out_features on 2 ranks: 64 rows each, half a block.
+    error = run_ranks(tmp_path, 2, [{"run": "gathered", "recipe": "block"}])
+    assert isinstance(error, str) and "fp8kit.Error" in error.replace("fp8kit._fp8kit.Error", "fp8kit.Error") and \
+        "layer '0.0'" in error and "128-row" in error
+    for recipe in ("rowwise", "rowwise_with_gw_hp", "mxfp8"):
+        with pytest.raises(fp8kit.Error, match=f"layer '0.0'.*'{recipe}'"):
+            make_model(recipe, True)
+
+
+def all_gather_bytes(rank, world, case):
+    """The bytes FSDP2 all-gathers in one training step (forward, and backward's re-gather),
+    counted at torch.distributed.all_gather_single, the collective FSDP2 calls."""
+    counted = []
+    plain = torch.distributed.all_gather_single
+
+    def counting(output, input, *args, **kwargs):
+        counted.append(output.numel() * output.element_size())
+        return plain(output, input, *args, **kwargs)
+
+    model, opt = sharded(case)
+    torch.distributed.all_gather_single = counting
+    try:
+        train_steps(model, opt, [tuple(zip(*batches(world)[0]))], rank, case)
+    finally:
+        torch.distributed.all_gather_single = plain
+    return sum(counted)
+
+
+def test_fp8_all_gather_moves_at_most_0_53x_the_bytes_of_bfloat16(tmp_path):
+    both = {"run": "all_gather_bytes", "recipe": "tensorwise", "param_dtype": torch.bfloat16}
+    results = run_ranks(tmp_path, 2, [dict(both, fp8_all_gather=True), dict(both, fp8_all_gather=False)])
+    assert not isinstance(results, str), results
+    (fp8, _), (bf16, _) = results
+    # Weights: 1 byte per element instead of 2, biases bfloat16 in both (their 384 elements make
+    # the ratio (32768 + 768) / (65536 + 768) = 0.506 here); the tensorwise scale is not gathered.
+    assert bf16 > 0 and fp8 <= 0.53 * bf16
+    assert fp8 == (32768 + 768) * 2 and bf16 == (65536 + 768) * 2  # the whole model gathered twice (forward, backward)
+
+
+def checkpointed(rank, world, case):
+    """Trains 3 steps, saves model and optimizer with torch.distributed.checkpoint, trains step 4;
+    then a fresh model (other weights) loads the checkpoint and trains step 4, and a fresh model
+    that does not load it: the three step-4 losses."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                         set_model_state_dict, set_optimizer_state_dict)
+    steps = [tuple(zip(*s)) for s in batches(world)]
+    model, opt = sharded(case)
+    train_steps(model, opt, steps[:3], rank, case)
+    dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)},
+             checkpoint_id=case["dir"])
+    saved = train_steps(model, opt, steps[3:4], rank, case)
+    losses = [saved]
+    for load in (True, False):
+        fresh, fresh_opt = sharded(dict(case, seed=5))
+        if load:
+            state = {"model": get_model_state_dict(fresh), "optim": get_optimizer_state_dict(fresh, fresh_opt)}
+            dcp.load(state, checkpoint_id=case["dir"])
+            set_model_state_dict(fresh, state["model"])
+            set_optimizer_state_dict(fresh, fresh_opt, state["optim"])
+        losses.append(train_steps(fresh, fresh_opt, steps[3:4], rank, case))
+    return losses
+
+
+def test_a_distributed_checkpoint_loaded_into_a_fresh_model_gives_the_same_next_loss(tmp_path):
+    results = run_ranks(tmp_path, 2, [{"run": "checkpointed", "recipe": "tensorwise", "fp8_all_gather": True,
+                                       "precompute": True, "dir": str(tmp_path / "dcp")}])
+    assert not isinstance(results, str), results
+    for saved, loaded, not_loaded in results[0]:
+        assert loaded == saved and not_loaded != saved

@@ -185,3 +185,7 @@ def precompute_float8_dynamic_scale_for_fsdp(module):
     torch.distributed.all_reduce(amaxes, torch.distributed.ReduceOp.MAX, group=shards[0].device_mesh.get_group())
     for w, amax in zip(shards, amaxes):
         w._local_tensor._amax = amax
+
+
+# torch.load's weights_only unpickler (torch.distributed.checkpoint loads with it) takes the shard.
+torch.serialization.add_safe_globals([Float8WeightShard])
