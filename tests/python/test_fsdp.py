@@ -224,6 +224,27 @@ def test_the_gathered_fp8_weight_is_the_whole_weights_cast_bit_for_bit(tmp_path,
         assert all(torch.equal(a[1], b[1]) for r in ranks[1:] for a, b in zip(ranks[0], r))
 
 
+def test_without_fsdp2_a_model_converted_for_fp8_all_gather_trains_as_one_converted_without():
+    # enable_fsdp_float8_all_gather=True wraps each weight (Float8WeightShard); outside FSDP2 the
+    # layer casts it as any weight: the losses of AdamW steps are the same bits.
+    for recipe in ("tensorwise", "block"):
+        runs = []
+        for fp8_all_gather in (True, False):
+            model = make_model(recipe, fp8_all_gather)
+            opt = torch.optim.AdamW(model.parameters(), lr=LR)
+            (x, t), = batches(1)[0]
+            losses = []
+            for _ in range(3):
+                opt.zero_grad()
+                loss = loss_of(model, x, t)
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+            runs.append(losses)
+        assert runs[0] == runs[1] and runs[0][0] > runs[0][-1]
+    assert type(make_model("tensorwise", True)[0][0].weight).__name__ == "Float8WeightShard"
+
+
 def test_a_block_shard_that_cuts_128_row_blocks_and_a_row_scaling_are_refused_naming_the_layer(tmp_path):
     # 128 out_features on 2 ranks: 64 rows each, half a block.
     error = run_ranks(tmp_path, 2, [{"run": "gathered", "recipe": "block"}])
@@ -234,34 +255,45 @@ def test_a_block_shard_that_cuts_128_row_blocks_and_a_row_scaling_are_refused_na
             make_model(recipe, True)
 
 
-def all_gather_bytes(rank, world, case):
-    """The bytes FSDP2 all-gathers in one training step (forward, and backward's re-gather),
-    counted at torch.distributed.all_gather_single, the collective FSDP2 calls."""
-    counted = []
-    plain = torch.distributed.all_gather_single
+def collectives(rank, world, case):
+    """In the second training step (forward, backward's re-gather, optimizer, precompute): the
+    bytes FSDP2 all-gathers, counted at torch.distributed.all_gather_single (the collective FSDP2
+    calls), and the number of all-reduces."""
+    counted, reduces = [], []
+    plain_gather, plain_reduce = torch.distributed.all_gather_single, torch.distributed.all_reduce
 
-    def counting(output, input, *args, **kwargs):
+    def gather(output, input, *args, **kwargs):
         counted.append(output.numel() * output.element_size())
-        return plain(output, input, *args, **kwargs)
+        return plain_gather(output, input, *args, **kwargs)
+
+    def reduce(*args, **kwargs):
+        reduces.append(1)
+        return plain_reduce(*args, **kwargs)
 
     model, opt = sharded(case)
-    torch.distributed.all_gather_single = counting
+    steps = [tuple(zip(*s)) for s in batches(world)]
+    train_steps(model, opt, steps[:1], rank, case)
+    torch.distributed.all_gather_single, torch.distributed.all_reduce = gather, reduce
     try:
-        train_steps(model, opt, [tuple(zip(*batches(world)[0]))], rank, case)
+        train_steps(model, opt, steps[1:2], rank, case)
     finally:
-        torch.distributed.all_gather_single = plain
-    return sum(counted)
+        torch.distributed.all_gather_single, torch.distributed.all_reduce = plain_gather, plain_reduce
+    return sum(counted), len(reduces)
 
 
-def test_fp8_all_gather_moves_at_most_0_53x_the_bytes_of_bfloat16(tmp_path):
-    both = {"run": "all_gather_bytes", "recipe": "tensorwise", "param_dtype": torch.bfloat16}
-    results = run_ranks(tmp_path, 2, [dict(both, fp8_all_gather=True), dict(both, fp8_all_gather=False)])
+def test_fp8_all_gather_moves_at_most_0_53x_the_bytes_of_bfloat16_and_precompute_all_reduces_once(tmp_path):
+    both = {"run": "collectives", "recipe": "tensorwise", "param_dtype": torch.bfloat16}
+    results = run_ranks(tmp_path, 2, [dict(both, fp8_all_gather=True), dict(both, fp8_all_gather=True, precompute=True),
+                                      dict(both, fp8_all_gather=False)])
     assert not isinstance(results, str), results
-    (fp8, _), (bf16, _) = results
+    ((fp8, fp8_reduces), _), ((fp8_pre, pre_reduces), _), ((bf16, bf16_reduces), _) = results
     # Weights: 1 byte per element instead of 2, biases bfloat16 in both (their 384 elements make
     # the ratio (32768 + 768) / (65536 + 768) = 0.506 here); the tensorwise scale is not gathered.
-    assert bf16 > 0 and fp8 <= 0.53 * bf16
+    assert bf16 > 0 and fp8 <= 0.53 * bf16 and fp8_pre == fp8
     assert fp8 == (32768 + 768) * 2 and bf16 == (65536 + 768) * 2  # the whole model gathered twice (forward, backward)
+    # One amax all-reduce per layer and all-gather (4 layers, forward and backward), or the one
+    # of precompute_float8_dynamic_scale_for_fsdp; none without FP8 all-gather.
+    assert (fp8_reduces, pre_reduces, bf16_reduces) == (8, 1, 0)
 
 
 def checkpointed(rank, world, case):

@@ -86,7 +86,7 @@ class Float8WeightShard(torch.Tensor):
         if self._recipe == "tensorwise":
             amax = self._amax
             if amax is None:
-                amax = w.detach().abs().max().float()
+                amax = _amax(w)
                 torch.distributed.all_reduce(amax, torch.distributed.ReduceOp.MAX, group=mesh.get_group())
             codes, scale_inv = _cast_with_amax(w, amax)
             return (codes,), (scale_inv,)
@@ -109,6 +109,12 @@ class Float8WeightShard(torch.Tensor):
             out._scale_inv = scale_inv
             return None
         return Float8GatheredWeight(codes, scale_inv, self._recipe, param_dtype), tuple(outputs)
+
+
+def _amax(w):
+    """max |w| as a float32 scalar tensor; 0 for an empty shard (FSDP2 leaves a rank none when a
+    weight has fewer rows than ranks), which the all-reduced max then ignores."""
+    return w.detach().abs().amax().float() if w.numel() else torch.zeros((), dtype=torch.float32, device=w.device)
 
 
 def _cast_with_amax(w, amax):
@@ -138,12 +144,11 @@ class Float8GatheredWeight(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args, kwargs=None):
-        # FSDP2 and autograd only alias the parameter (as_strided to its own shape, detach, view);
-        # anything else would read codes as values: refused.
+        # FSDP2 and autograd only alias the parameter (detach; as_strided or view to its own
+        # shape); anything else would read codes as values: refused.
         w = args[0]
-        if func in (aten.detach.default, aten.alias.default, aten.as_strided.default, aten.view.default,
-                    aten._unsafe_view.default) and tuple(func(torch.empty(w.shape, device="meta"), *args[1:],
-                                                               **(kwargs or {})).shape) == tuple(w.shape):
+        if func in (aten.detach.default, aten.alias.default) or (
+                func in (aten.as_strided.default, aten.view.default) and list(args[1]) == list(w.shape)):
             return cls(w._codes, w._scale_inv, w._recipe, w.dtype)
         raise fp8kit.Error(f"fp8kit.torch: {func} on an FP8-gathered Float8Linear weight: only the layer's GEMMs "
                            "read it")
@@ -174,14 +179,16 @@ def shard_weight(linear, layer):
 
 def precompute_float8_dynamic_scale_for_fsdp(module):
     """torchao's precompute_float8_dynamic_scale_for_fsdp: after the optimizer step, the amax of
-    every tensorwise FP8-all-gathered Float8Linear weight of module in one all-reduce (max) - the
-    next all-gathers cast with it instead of all-reducing one amax per layer. Same bits either way."""
+    every tensorwise FP8-all-gathered Float8Linear weight of module (FSDP2-sharded) in one
+    all-reduce (max); the all-gathers cast with it, instead of all-reducing one amax per layer,
+    until the next call - so call it after every optimizer step. Same bits either way."""
     from torch.distributed.tensor import DTensor
-    shards = [m.weight for m in module.modules() if isinstance(m.weight if hasattr(m, "weight") else None, DTensor)
-              and isinstance(m.weight._local_tensor, Float8WeightShard) and m.weight._local_tensor._recipe == "tensorwise"]
+    weights = [getattr(m, "weight", None) for m in module.modules()]
+    shards = [w for w in weights if isinstance(w, DTensor) and isinstance(w._local_tensor, Float8WeightShard)
+              and w._local_tensor._recipe == "tensorwise"]
     if not shards:
         return
-    amaxes = torch.stack([w._local_tensor._tensor.detach().abs().max().float() for w in shards])
+    amaxes = torch.stack([_amax(w._local_tensor._tensor) for w in shards])
     torch.distributed.all_reduce(amaxes, torch.distributed.ReduceOp.MAX, group=shards[0].device_mesh.get_group())
     for w, amax in zip(shards, amaxes):
         w._local_tensor._amax = amax
