@@ -245,6 +245,17 @@ def test_without_fsdp2_a_model_converted_for_fp8_all_gather_trains_as_one_conver
     assert type(make_model("tensorwise", True)[0][0].weight).__name__ == "Float8WeightShard"
 
 
+def test_torchaos_config_switches_fp8_all_gather_on():
+    # torchao's switch, Float8LinearConfig(enable_fsdp_float8_all_gather=True): its recipe
+    # (tensorwise, the default) with the weights made Float8WeightShard, as fp8kit's keyword does.
+    torchao_float8 = pytest.importorskip("torchao.float8")  # the peer (tests/requirements-peers.txt)
+    for config, shard in ((torchao_float8.Float8LinearConfig(enable_fsdp_float8_all_gather=True), True),
+                          (torchao_float8.Float8LinearConfig(), False)):
+        model = f8.convert_to_float8_training(torch.nn.Sequential(torch.nn.Linear(64, 32)), config=config)
+        assert model[0].config == "tensorwise"
+        assert (type(model[0].weight).__name__ == "Float8WeightShard") == shard
+
+
 def test_a_block_shard_that_cuts_128_row_blocks_and_a_row_scaling_are_refused_naming_the_layer(tmp_path):
     # 128 out_features on 2 ranks: 64 rows each, half a block.
     error = run_ranks(tmp_path, 2, [{"run": "gathered", "recipe": "block"}])
