@@ -30,7 +30,7 @@ import torch.utils._pytree as pytree
 
 import fp8kit
 
-from .ops import cast
+from .ops import _device_scope, cast
 
 aten = torch.ops.aten
 
@@ -120,10 +120,12 @@ def _amax(w):
 def _cast_with_amax(w, amax):
     """The tensorwise weight cast (e4m3fn, scale fp8_max / amax) of w with the given amax, which
     bounds w's own: as fp8kit.quantize's amax_epsilon (the floor of the amax: docs/NUMERICS.md)
-    it becomes the amax, so a shard casts bit for bit as the whole weight whose amax this is."""
+    it becomes the amax, so a shard casts bit for bit as the whole weight whose amax this is. The
+    options are the tensorwise recipe's for a weight (test_fsdp.py compares the bits with its cast)."""
     outs = fp8kit._torch_outs(w, "tensor", False)
-    fp8kit._fp8kit.quantize(fp8kit._to_extension(w), "e4m3fn", "tensor", "saturate", False, float(amax), "floor",
-                            "propagate", False, outs=[fp8kit._DLPack(o) for o in outs])
+    with _device_scope(w):
+        fp8kit._fp8kit.quantize(fp8kit._to_extension(w), "e4m3fn", "tensor", "saturate", False, float(amax), "floor",
+                                "propagate", False, outs=[fp8kit._DLPack(o) for o in outs])
     return outs[0].view(torch.float8_e4m3fn), outs[1]
 
 
