@@ -41,14 +41,20 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: E4
 STEPS, ROWS, SECONDS, LR = 10, 8, 120, 1e-2  # steps, rows per micro-batch, time a group of ranks may take, AdamW
 
 
-def make_model(recipe, fp8_all_gather, skip=None, wide=False, seed=0):
+def make_model(recipe, fp8_all_gather, skip=None, wide=False, seed=0, skew=False):
     """Two blocks Linear 64 -> 128 -> GELU -> 64 (wide: 256 -> 256 -> GELU -> 256, so that 2 ranks'
     shards hold whole 128-row blocks), the same weights on every rank and in the reference; skip:
-    the FQNs module_filter_fn refuses."""
+    the FQNs module_filter_fn refuses; skew: each weight's first quarter of rows (rank 0's) x 8, so
+    that every column's amax is in rank 0's shard - a shard cast alone then scales otherwise."""
     torch.manual_seed(seed)
     dims = (256, 256, 256) if wide else (64, 128, 64)
     model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(dims[0], dims[1]), torch.nn.GELU(),
                                                       torch.nn.Linear(dims[1], dims[2])) for _ in range(2)])
+    if skew:
+        with torch.no_grad():
+            for m in model.modules():
+                if isinstance(m, torch.nn.Linear):
+                    m.weight[:m.out_features // 4] *= 8
     return f8.convert_to_float8_training(model, config=recipe, enable_fsdp_float8_all_gather=fp8_all_gather,
                                          module_filter_fn=None if skip is None else lambda m, fqn: fqn not in skip)
 
@@ -102,7 +108,7 @@ def _average(gs):
 def sharded(case):
     """The case's model under FSDP2 (each block and the root) and its AdamW."""
     model = make_model(case["recipe"], case.get("fp8_all_gather", False), case.get("skip"), case.get("wide", False),
-                       case.get("seed", 0))
+                       case.get("seed", 0), case.get("skew", False))
     mp = MixedPrecisionPolicy(param_dtype=case.get("param_dtype"), reduce_dtype=torch.float32)
     reshard = case.get("reshard_after_forward", True)
     for block in model:
@@ -181,6 +187,8 @@ PARITY = [  # each with recipe, FP8 all-gather, precomputed scales, reshard_afte
     dict(recipe="rowwise", reshard_after_forward=False),
     dict(recipe="tensorwise", reshard_after_forward=False, param_dtype=torch.bfloat16),
     dict(recipe="block", fp8_all_gather=True, wide=True),
+    dict(recipe="rowwise", fp8_all_gather=True),
+    dict(recipe="rowwise_with_gw_hp", fp8_all_gather=True, reshard_after_forward=False),
 ]
 
 
@@ -195,32 +203,40 @@ def test_fsdp2_follows_the_single_process_reference_bit_for_bit(tmp_path):
 
 
 def gathered(rank, world, case):
-    """Per Float8Linear of the case's model (FP8 all-gather), the codes and scales FSDP2's
-    all-gather gives it, as uint8 bits and float32, with the weight's type once gathered."""
+    """Per Float8Linear of the case's model (FP8 all-gather), what FSDP2's all-gather gives its
+    GEMMs: W's codes (as uint8 bits) and scale_inv, W^T's codes and scale_inv; and the weight's type."""
     model, _ = sharded(dict(case, fp8_all_gather=True))
     for block in model:  # each block is an FSDP2 unit of its own
         block.unshard()
-    return [(type(m.weight).__name__, m.weight._codes.view(torch.uint8).clone(), m.weight._scale_inv.clone())
+    return [(type(m.weight).__name__, *[t.view(torch.uint8).clone() if t.dtype.itemsize == 1 else t.clone()
+                                        for t in m.weight.weight_casts(True)])
             for m in model.modules() if isinstance(m, f8.Float8Linear)]
 
 
-@pytest.mark.parametrize("world, recipe", [(2, "tensorwise"), (4, "tensorwise"), (2, "block")])
+@pytest.mark.parametrize("world, recipe", [(2, "tensorwise"), (4, "tensorwise"), (2, "block"), (2, "rowwise"),
+                                           (4, "rowwise")])
 def test_the_gathered_fp8_weight_is_the_whole_weights_cast_bit_for_bit(tmp_path, world, recipe):
-    # block: 128x128 blocks need whole 128-row shards, 256 out_features on 2 ranks (WIDE).
-    results = run_ranks(tmp_path, world, [{"run": "gathered", "recipe": recipe, "wide": recipe == "block"}])
+    # block: 128x128 blocks need whole 128-row shards, 256 out_features on 2 ranks (wide).
+    results = run_ranks(tmp_path, world, [{"run": "gathered", "recipe": recipe, "wide": recipe == "block",
+                                           "skew": True}])
     assert not isinstance(results, str), results
-    whole = [m.weight.detach() for m in make_model(recipe, False, wide=recipe == "block").modules()
+    whole = [m.weight.detach() for m in make_model(recipe, False, wide=recipe == "block", skew=True).modules()
              if isinstance(m, f8.Float8Linear)]
+    bits = lambda a: torch.tensor(a).view(torch.uint8) if a.dtype.itemsize == 1 else torch.tensor(a)  # noqa: E731
     for ranks in results:  # every rank gathers the same
         assert len(ranks[0]) == len(whole) == 4
-        for (kind, codes, scale_inv), w in zip(ranks[0], whole):
-            q = fp8kit._recipe_quantize(w, recipe, "weight", False)
+        for (kind, *casts), w in zip(ranks[0], whole):
+            q = fp8kit._recipe_quantize(w, recipe, "weight", True)  # the layer's cast without FSDP2
             assert kind == "Float8GatheredWeight"
-            assert torch.equal(codes, torch.tensor(q.data)) and torch.equal(scale_inv, torch.tensor(q.scale_inv))
-            # The nearest wrong answer: each rank's shard cast alone (its own amax, not all-reduced).
-            alone = [fp8kit._recipe_quantize(s, recipe, "weight", False) for s in w.chunk(world)]
+            for got, want in zip(casts, (q.data, q.scale_inv, q.data_t, q.scale_inv_t)):
+                assert torch.equal(got, bits(want))
+            # The nearest wrong answer: each rank's shard cast alone (its own amax, not all-reduced:
+            # tensorwise's one scale, rowwise's column scales of W^T).
+            alone = [fp8kit._recipe_quantize(s, recipe, "weight", True) for s in w.chunk(world)]
             if recipe == "tensorwise":
-                assert not torch.equal(codes, torch.cat([torch.tensor(a.data) for a in alone]))
+                assert not torch.equal(casts[0], torch.cat([bits(a.data) for a in alone]))
+            if recipe == "rowwise":
+                assert not torch.equal(casts[2], torch.cat([bits(a.data_t) for a in alone], 1))
         assert all(torch.equal(a[1], b[1]) for r in ranks[1:] for a, b in zip(ranks[0], r))
 
 
@@ -256,14 +272,13 @@ def test_torchaos_config_switches_fp8_all_gather_on():
         assert (type(model[0].weight).__name__ == "Float8WeightShard") == shard
 
 
-def test_a_block_shard_that_cuts_128_row_blocks_and_a_row_scaling_are_refused_naming_the_layer(tmp_path):
+def test_a_block_shard_that_cuts_128_row_blocks_and_mxfp8_are_refused_naming_the_layer(tmp_path):
     # 128 out_features on 2 ranks: 64 rows each, half a block.
     error = run_ranks(tmp_path, 2, [{"run": "gathered", "recipe": "block"}])
     assert isinstance(error, str) and "fp8kit.Error" in error.replace("fp8kit._fp8kit.Error", "fp8kit.Error") and \
         "layer '0.0'" in error and "128-row" in error
-    for recipe in ("rowwise", "rowwise_with_gw_hp", "mxfp8"):
-        with pytest.raises(fp8kit.Error, match=f"layer '0.0'.*'{recipe}'"):
-            make_model(recipe, True)
+    with pytest.raises(fp8kit.Error, match="layer '0.0'.*'mxfp8'"):
+        make_model("mxfp8", True)
 
 
 def collectives(rank, world, case):
@@ -293,11 +308,13 @@ def collectives(rank, world, case):
 
 
 def test_fp8_all_gather_moves_at_most_0_53x_the_bytes_of_bfloat16_and_precompute_all_reduces_once(tmp_path):
+    # tensorwise; rowwise's count is stated below.
     both = {"run": "collectives", "recipe": "tensorwise", "param_dtype": torch.bfloat16}
     results = run_ranks(tmp_path, 2, [dict(both, fp8_all_gather=True), dict(both, fp8_all_gather=True, precompute=True),
-                                      dict(both, fp8_all_gather=False)])
+                                      dict(both, fp8_all_gather=False),
+                                      dict(both, fp8_all_gather=True, recipe="rowwise")])
     assert not isinstance(results, str), results
-    ((fp8, fp8_reduces), _), ((fp8_pre, pre_reduces), _), ((bf16, bf16_reduces), _) = results
+    ((fp8, fp8_reduces), _), ((fp8_pre, pre_reduces), _), ((bf16, bf16_reduces), _), ((rows, _), _) = results
     # Weights: 1 byte per element instead of 2, biases bfloat16 in both (their 384 elements make
     # the ratio (32768 + 768) / (65536 + 768) = 0.506 here); the tensorwise scale is not gathered.
     assert bf16 > 0 and fp8 <= 0.53 * bf16 and fp8_pre == fp8
@@ -305,6 +322,9 @@ def test_fp8_all_gather_moves_at_most_0_53x_the_bytes_of_bfloat16_and_precompute
     # One amax all-reduce per layer and all-gather (4 layers, forward and backward), or the one
     # of precompute_float8_dynamic_scale_for_fsdp; none without FP8 all-gather.
     assert (fp8_reduces, pre_reduces, bf16_reduces) == (8, 1, 0)
+    # rowwise gathers W's cast and W^T's (2 bytes an element, and 4 for each row's scale of W's
+    # 384 rows): 1.02x bfloat16's bytes, half float32's.
+    assert rows == (32768 * 2 + 384 * 4 + 768) * 2
 
 
 def checkpointed(rank, world, case):

@@ -375,7 +375,8 @@ for recipe in sys.argv[1:]:
     (le, *eager), (lc, *compiled) = runs
     same = all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(eager[:3], compiled[:3]))
     sums = [(le - lc).abs() <= 2 * gamma(32 * 128) * (eager[0] * g).abs().sum()]
-    sums += [bool(((a - b).abs() <= 2 * gamma(32) * dy_abs[i]).all()) for a, b, i in zip(eager[3:], compiled[3:], (0, 2))]
+    sums += [bool(((a - b).abs() <= 2 * gamma(32) * dy_abs[i]).all())
+             for a, b, i in zip(eager[3:], compiled[3:], (0, 2))]
     print(recipe, same, all(sums), bool(eager[0].abs().sum() > 0))
 model = f8.convert_to_float8_training(torch.nn.Sequential(torch.nn.Linear(128, 64)), config="delayed")
 try:

@@ -22,8 +22,8 @@ C++ and torchao's Float8Linear: the same Parameters, with the three GEMMs of for
 (y, dX, dW) in FP8 through fp8kit under autograd (and DDP, FSDP2, torch.compile with fullgraph).
 With enable_fsdp_float8_all_gather=True (or torchao's Float8LinearConfig field) FSDP2 all-gathers
 the weights in FP8, cast by each rank from its shard bit for bit as the whole weight casts
-(tensorwise, block); precompute_float8_dynamic_scale_for_fsdp(model) after the optimizer step
-finds every layer's tensorwise amax in one all-reduce, as torchao's.
+(tensorwise, rowwise, block); precompute_float8_dynamic_scale_for_fsdp(model) after the optimizer
+step finds every layer's tensorwise amax in one all-reduce, as torchao's.
 
 Layerwise casting: enable_layerwise_casting(model, storage_dtype, compute_dtype, ...) with Diffusers'
 signature and default skip patterns stores weights in FP8; Linear layers then compute on the FP8

@@ -18,9 +18,13 @@ all-gather trains as the same model without FSDP2:
   blocks - FSDP2 splits dim 0 into equal parts, so out_features / ranks must be a multiple of 128
   (else fp8kit.Error naming the layer).
 Both scalings are the same on W and W^T (one scale; 128x128 blocks transposed), so the backward's
-W^T cast is the gathered codes transposed. Row scalings (rowwise, rowwise_with_gw_hp, mxfp8) are
-not: W^T's rows are W's columns, whose scales span every rank's rows - their FP8 all-gather is
-refused (fp8kit.Error naming the layer); FSDP2 without it runs them.
+W^T cast is the gathered codes transposed: one byte per element is gathered.
+- rowwise, rowwise_with_gw_hp: W's row scales are each row's own (a rank casts its rows alone),
+  but W^T's rows are W's columns, which span every rank: their amaxes are all-reduced (max, one
+  vector) and each rank casts its rows with them too. Both casts are gathered - two bytes per
+  element, bfloat16's count, half float32's - with the whole weight's bits.
+mxfp8 (1x32 blocks along W's rows and along W^T's) is refused, naming the layer; FSDP2 without
+FP8 all-gather runs it.
 
 Checked by tests/python/test_fsdp.py (2 ranks on gloo against one process with its gradients
 all-reduced by hand; the gathered codes against the whole weight's cast; bytes all-gathered).
@@ -34,8 +38,8 @@ from .ops import _device_scope, cast
 
 aten = torch.ops.aten
 
-# The recipes whose weight cast all-gathers in FP8 (the module's docstring says why these).
-FP8_ALL_GATHER_RECIPES = ("tensorwise", "block")
+# The library recipes whose weight cast all-gathers in FP8 (the module's docstring says how).
+FP8_ALL_GATHER_RECIPES = ("tensorwise", "block", "rowwise")
 
 # What FSDP2 does to a weight to shard, pad and copy it: the result stays a Float8WeightShard.
 _PRESERVED = {aten.empty_like.default, aten.new_zeros.default, aten.slice.Tensor, aten.copy_.default,
@@ -91,6 +95,14 @@ class Float8WeightShard(torch.Tensor):
             codes, scale_inv = _cast_with_amax(w, amax)
             return (codes,), (scale_inv,)
         rows = w.shape[0]
+        if self._recipe == "rowwise":
+            # W^T's row amaxes (W's columns') all-reduced, appended to the shard as one more row:
+            # each column's amax then is the whole weight's, and the shard's own rows cast as before.
+            cols = w.detach().abs().amax(0).float() if rows else w.new_zeros(w.shape[1], dtype=torch.float32)
+            torch.distributed.all_reduce(cols, torch.distributed.ReduceOp.MAX, group=mesh.get_group())
+            codes, scale_inv, codes_t, scale_inv_t = cast(torch.cat([w.detach(), cols[None].to(w.dtype)]), "rowwise",
+                                                          "weight", True)
+            return (codes[:rows], scale_inv[:rows], codes_t[:, :rows].t().contiguous()), (scale_inv_t,)
         if rows % 128 != 0:
             raise fp8kit.Error(f"fp8kit.torch: layer '{self._layer}': FSDP2 gives each of {mesh.size()} ranks "
                                f"{rows} of its weight's {outer_size[0]} rows; the block recipe's FP8 all-gather "
@@ -101,14 +113,18 @@ class Float8WeightShard(torch.Tensor):
 
     def fsdp_post_all_gather(self, outputs, metadata, param_dtype, *, out=None):
         """The gathered FP8 weight (Float8GatheredWeight), and the tensors FSDP2 frees after use."""
+        transposed = None
         if self._recipe == "tensorwise":
             (codes,), (scale_inv,) = outputs, metadata
+        elif self._recipe == "rowwise":
+            (codes, scale_inv, codes_t_rows), (scale_inv_t,) = outputs, metadata
+            transposed = (codes_t_rows, scale_inv_t)
         else:
             codes, scale_inv = outputs
-        if out is not None:  # FSDP2 refilled the storage of the codes (and scales) it has: the new scale
-            out._scale_inv = scale_inv
+        if out is not None:  # FSDP2 refilled the storage of what it gathers: the new metadata
+            out._scale_inv, out._transposed = scale_inv, transposed
             return None
-        return Float8GatheredWeight(codes, scale_inv, self._recipe, param_dtype), tuple(outputs)
+        return Float8GatheredWeight(codes, scale_inv, transposed, param_dtype), tuple(outputs)
 
 
 def _amax(w):
@@ -131,16 +147,17 @@ def _cast_with_amax(w, amax):
 
 class Float8GatheredWeight(torch.Tensor):
     """The whole weight as FSDP2's all-gather leaves it: FP8 codes [out, in] and their scale_inv,
-    as the recipe casts the weight; to autograd and FSDP2 a parameter of param_dtype. The forward
-    GEMM reads them as they are; weight_casts gives them (and W^T's) to the layer."""
+    as the recipe casts the weight, and W^T's cast where it is not theirs transposed (transposed:
+    W^T's codes as W's rows [out, in], and W^T's scale_inv); to autograd and FSDP2 a parameter of
+    dtype. The forward GEMM reads them as they are; weight_casts gives them to the layer."""
 
     @staticmethod
-    def __new__(cls, codes, scale_inv, recipe, dtype):
+    def __new__(cls, codes, scale_inv, transposed, dtype):
         return torch.Tensor._make_wrapper_subclass(cls, codes.size(), dtype=dtype, device=codes.device,
                                                    requires_grad=False)
 
-    def __init__(self, codes, scale_inv, recipe, dtype):
-        self._codes, self._scale_inv, self._recipe = codes, scale_inv, recipe
+    def __init__(self, codes, scale_inv, transposed, dtype):
+        self._codes, self._scale_inv, self._transposed = codes, scale_inv, transposed
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
@@ -151,32 +168,35 @@ class Float8GatheredWeight(torch.Tensor):
         w = args[0]
         if func in (aten.detach.default, aten.alias.default) or (
                 func in (aten.as_strided.default, aten.view.default) and list(args[1]) == list(w.shape)):
-            return cls(w._codes, w._scale_inv, w._recipe, w.dtype)
+            return cls(w._codes, w._scale_inv, w._transposed, w.dtype)
         raise fp8kit.Error(f"fp8kit.torch: {func} on an FP8-gathered Float8Linear weight: only the layer's GEMMs "
                            "read it")
 
     def __repr__(self):
-        return f"Float8GatheredWeight(recipe={self._recipe}, shape={list(self.shape)}, dtype={self.dtype})"
+        return f"Float8GatheredWeight(shape={list(self.shape)}, dtype={self.dtype})"
 
     def weight_casts(self, transpose):
         """[codes, scale_inv] (+ [codes_t, scale_inv_t]): what the recipe's weight cast gives.
-        W^T's cast is W's transposed: one scale (tensorwise), or 128x128 blocks whose amax is the
-        same transposed."""
+        Without a gathered W^T cast, W^T's is W's transposed: one scale (tensorwise), or 128x128
+        blocks whose amax is the same transposed."""
         out = [self._codes, self._scale_inv]
-        if transpose:
+        if transpose and self._transposed is None:
             out += [self._codes.t().contiguous(), self._scale_inv.t().contiguous()]
+        elif transpose:
+            out += [self._transposed[0].t().contiguous(), self._transposed[1]]
         return out
 
 
 def shard_weight(linear, layer):
     """linear's (a Float8Linear's) weight made a Float8WeightShard, or fp8kit.Error naming the
     layer when its recipe's FP8 all-gather is not the whole weight's cast."""
-    if linear.config not in FP8_ALL_GATHER_RECIPES:
+    recipe = linear._casts.recipe  # the library's (rowwise_with_gw_hp casts its weight as rowwise)
+    if recipe not in FP8_ALL_GATHER_RECIPES:
         raise fp8kit.Error(f"fp8kit.torch: layer '{layer}': enable_fsdp_float8_all_gather with recipe "
-                           f"'{linear.config}': its backward casts W^T per column of W, which spans every rank's "
-                           f"rows; FP8 all-gather takes {', '.join(FP8_ALL_GATHER_RECIPES)}")
+                           f"'{linear.config}': its 1x32 blocks of W^T run across every rank's rows; FP8 all-gather "
+                           f"takes tensorwise, rowwise, rowwise_with_gw_hp and block")
     w = linear.weight
-    linear.weight = torch.nn.Parameter(Float8WeightShard(w.data, linear.config, layer), requires_grad=w.requires_grad)
+    linear.weight = torch.nn.Parameter(Float8WeightShard(w.data, recipe, layer), requires_grad=w.requires_grad)
 
 
 def precompute_float8_dynamic_scale_for_fsdp(module):

@@ -35,9 +35,9 @@ class _Casts:
 
     def __init__(self, recipe):
         self.recipe = recipe
-        self.scaling = {role: fp8kit._fp8kit.recipe_scaling(recipe, role) for role in ("input", "weight", "grad_output")}
-        self.delayed = ({role: fp8kit._fp8kit.DelayedScaling(role) for role in ("input", "weight", "grad_output")}
-                        if recipe == "delayed" else None)
+        roles = ("input", "weight", "grad_output")
+        self.scaling = {role: fp8kit._fp8kit.recipe_scaling(recipe, role) for role in roles}
+        self.delayed = {role: fp8kit._fp8kit.DelayedScaling(role) for role in roles} if recipe == "delayed" else None
 
     def __call__(self, t, role, transpose):
         if self.delayed is None:
@@ -164,7 +164,8 @@ def convert_to_float8_training(module, *, module_filter_fn=None, config=None, en
     rowwise_with_gw_hp (compared field by field with torchao's own; any other config is refused),
     with or without its enable_fsdp_float8_all_gather.
     enable_fsdp_float8_all_gather (or that field of the config): under FSDP2 each layer's weight
-    is cast to FP8 before it is all-gathered (fsdp.py; tensorwise and block).
+    is cast to FP8 before it is all-gathered (fsdp.py: tensorwise, rowwise, rowwise_with_gw_hp,
+    block).
     Returns module (converted in place; an nn.Linear itself is returned converted)."""
     config = config or "tensorwise"
     if type(config).__name__ == "Float8LinearConfig":
