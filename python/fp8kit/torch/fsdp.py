@@ -121,8 +121,8 @@ class Float8WeightShard(torch.Tensor):
             transposed = (codes_t_rows, scale_inv_t)
         else:
             codes, scale_inv = outputs
-        if out is not None:  # FSDP2 refilled the storage of what it gathers: the new metadata
-            out._scale_inv, out._transposed = scale_inv, transposed
+        if out is not None:  # FSDP2 refilled the storage it gathers into: out takes the new views and metadata
+            out._codes, out._scale_inv, out._transposed = codes, scale_inv, transposed
             return None
         return Float8GatheredWeight(codes, scale_inv, transposed, param_dtype), tuple(outputs)
 
