@@ -1,6 +1,6 @@
 """tests/python/test_training.py: fp8kit.torch.convert_to_float8_training - the three GEMMs of a
 Float8Linear under autograd, against float64, against torchao's own float8 training on the
-CPU, and under DDP.
+CPU, under DDP and under torch.compile (FSDP2: test_fsdp.py).
 
 Oracles:
 - float64: each GEMM's output is the float64 product of its two operands quantized as the recipe
@@ -14,6 +14,9 @@ Oracles:
 - DDP (gloo, 2 ranks on 127.0.0.1, started here): the losses of 2 ranks on halves of a batch follow
   1 rank on the whole batch step for step (rowwise_with_gw_hp: every FP8 scale is per token row, so
   the split changes only float32 summation order); without the gradient all-reduce they do not.
+- torch.compile(fullgraph=True), in a child interpreter: y and the weights' gradients the eager
+  run's bits (same operands into the same GEMM operators), loss and bias gradients within float32
+  sum bounds; nothing printed at exit (no exception, no nanobind leak); delayed refused.
 
 Run by scripts/test.sh (pytest, on the package scripts/setup.sh installed into .venv).
 """
