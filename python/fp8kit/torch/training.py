@@ -7,7 +7,6 @@ Checked by tests/python/test_training.py (each GEMM against float64, against tor
 training on the CPU, under DDP, under torch.compile) and test_fsdp.py (under FSDP2).
 """
 import dataclasses
-import warnings
 
 import torch
 from torch import nn
@@ -15,7 +14,7 @@ from torch import nn
 import fp8kit
 
 from .fsdp import Float8GatheredWeight, shard_weight
-from .ops import cast, check_input, mm
+from .ops import cast, check_input, mm, qtensor_tensors
 
 # torchao's recipe names, plus block, mxfp8 and delayed: the library's recipe (fp8kit::Recipe:
 # formats and scalings per operand) and whether grad_weight runs in FP8 (rowwise_with_gw_hp keeps
@@ -51,13 +50,7 @@ class _Casts:
             # and fp8kit::nn::Float8Linear do, the first use records this tensor's amax first.
             d.quantize(fp8kit._to_extension(t))
         d.step()
-        q = d.quantize(fp8kit._to_extension(t), transpose)
-        dtype = fp8kit._torch_fp8_dtype(q.format)
-        with warnings.catch_warnings():  # the QTensor's arrays are read-only to numpy; nothing writes them
-            warnings.simplefilter("ignore", UserWarning)
-            arrays = (q.data, q.scale_inv) + ((q.data_t, q.scale_inv_t) if transpose else ())
-            out = [torch.from_numpy(a) for a in arrays]
-        return [out[0].view(dtype), out[1]] + ([out[2].view(dtype), out[3]] if transpose else [])
+        return qtensor_tensors(d.quantize(fp8kit._to_extension(t), transpose), transpose)
 
 
 class _Float8LinearFunction(torch.autograd.Function):
