@@ -11,9 +11,11 @@ the addresses of x and y.
 
 The training layer's (training.py) casts and GEMMs are operators too, torch.ops.fp8kit.recipe_quantize
 and torch.ops.fp8kit.gemm, with fake implementations: only torch tensors cross them (FP8 codes
-and their scale_inv, which the extension writes into memory torch allocated), so torch.compile
-traces a Float8Linear's forward and backward into its graphs, and no extension object is kept by
-a compiled graph (or left to the interpreter's exit).
+and their scale_inv; on the host views of the extension's arrays, on CUDA torch's memory), so
+torch.compile traces a Float8Linear's forward and backward into its graphs, which hold no
+extension object (none is left to the interpreter's exit). The layer calls them as the inference
+layer calls linear: through the operators when something traces the call, else their functions
+directly (_direct).
 
 Checked by tests/python/test_torch.py (the operator traced by torch.export and torch.compile and
 equal to the eager path, every layout of x, the address entry's own checks, the cache against
