@@ -90,14 +90,21 @@ class _DLPack:
         return self.tensor.__dlpack_device__()
 
 
+def _check_device(x):
+    """x (a torch tensor) is on a device fp8kit computes on, or an Error naming its device (nanobind
+    would answer with a TypeError listing signatures; torch's operators would run their fakes on
+    the meta device)."""
+    if x.device.type not in ("cpu", "cuda"):
+        raise Error(f"fp8kit: a tensor on device '{x.device}': fp8kit computes on the CPU and on CUDA devices")
+
+
 def _to_extension(x):
     """What the extension reads, never a copy: numpy arrays as they are; torch tensors (CPU or
     CUDA) through _DLPack. FP8 crosses as its codes (uint8): DLPack readers differ on float8. A
     tensor on any other device is an Error naming it."""
     if _is_torch(x):
         torch = _torch()
-        if x.device.type not in ("cpu", "cuda"):  # nanobind would answer with a TypeError listing signatures
-            raise Error(f"fp8kit: a tensor on device '{x.device}': fp8kit computes on the CPU and on CUDA devices")
+        _check_device(x)
         x = x.detach()
         if x.dtype.itemsize == 1 and x.dtype.is_floating_point:
             x = x.view(torch.uint8)

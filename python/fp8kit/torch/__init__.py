@@ -19,7 +19,11 @@ Training: convert_to_float8_training(model, module_filter_fn=None, config="tenso
 torchao's signature and recipe names (tensorwise, rowwise, rowwise_with_gw_hp, plus block, mxfp8,
 delayed) makes nn.Linear layers Float8Linear - the training layer, as fp8kit::nn::Float8Linear in
 C++ and torchao's Float8Linear: the same Parameters, with the three GEMMs of forward and backward
-(y, dX, dW) in FP8 through fp8kit under autograd (and DDP).
+(y, dX, dW) in FP8 through fp8kit under autograd (and DDP, FSDP2, torch.compile with fullgraph).
+With enable_fsdp_float8_all_gather=True (or torchao's Float8LinearConfig field) FSDP2 all-gathers
+the weights in FP8, cast by each rank from its shard bit for bit as the whole weight casts
+(tensorwise, rowwise, block); precompute_float8_dynamic_scale_for_fsdp(model) after the optimizer
+step finds every layer's tensorwise amax in one all-reduce, as torchao's.
 
 Layerwise casting: enable_layerwise_casting(model, storage_dtype, compute_dtype, ...) with Diffusers'
 signature and default skip patterns stores weights in FP8; Linear layers then compute on the FP8
@@ -30,7 +34,8 @@ advise(model, example_inputs, path): per Linear, FP8 or not and which recipe, fr
 on this machine and SQNR; writes the policy file the C++ side reads.
 
 The inference forward is a registered torch custom op, torch.ops.fp8kit.linear, with a fake (meta)
-implementation, so torch.compile and torch.export trace through it. state_dict holds the FP8
+implementation, so torch.compile and torch.export trace through it; the training layer's casts
+and GEMMs are torch.ops.fp8kit.recipe_quantize and torch.ops.fp8kit.gemm. state_dict holds the FP8
 weight (torch.float8_e4m3fn) and its scale_inv; loading one repacks on the next call.
 
 The modules, one feature each (the names above are the API; the modules' other names are not):
@@ -41,15 +46,15 @@ The modules, one feature each (the names above are the API; the modules' other n
     layerwise_casting.py  enable_layerwise_casting, Float8Embedding
     advice.py             advise
     checkpoint.py         from_pretrained, load_fp8_checkpoint: FP8 checkpoints run as stored
-and, to come, fsdp.py (FSDP2's FP8 all-gather for the training layers: issue 50; their GEMMs'
-custom ops go to ops.py).
-Checked by tests/python/test_torch.py, test_training.py, test_layerwise.py, test_advise.py,
-test_fp8_checkpoints.py and, on a GPU, test_cuda.py.
+    fsdp.py               FSDP2's FP8 all-gather of the training layers' weights, precompute_float8_...
+Checked by tests/python/test_torch.py, test_training.py, test_fsdp.py, test_layerwise.py,
+test_advise.py, test_fp8_checkpoints.py and, on a GPU, test_cuda.py.
 """
 import warnings
 
 from .advice import advise
 from .checkpoint import Float8Experts, Float8StaticInputLinear, from_pretrained, load_fp8_checkpoint
+from .fsdp import precompute_float8_dynamic_scale_for_fsdp
 from .inference import RECIPES, Float8InferenceLinear, quantize_
 from .layerwise_casting import (CASTABLE_LAYERS, DEFAULT_SKIP_MODULES_PATTERN, Float8Embedding,
                                 LayerwiseCastingReport, enable_layerwise_casting)
@@ -59,7 +64,7 @@ from .training import TRAINING_RECIPES, Float8Linear, convert_to_float8_training
 __all__ = ["CASTABLE_LAYERS", "DEFAULT_SKIP_MODULES_PATTERN", "RECIPES", "TRAINING_RECIPES", "Float8Embedding",
            "Float8Experts", "Float8InferenceLinear", "Float8Linear", "Float8StaticInputLinear", "LayerwiseCastingReport",
            "advise", "convert_to_float8_training", "enable_layerwise_casting", "from_pretrained", "linear",
-           "load_fp8_checkpoint", "quantize_"]
+           "load_fp8_checkpoint", "precompute_float8_dynamic_scale_for_fsdp", "quantize_"]
 
 
 def __getattr__(name):

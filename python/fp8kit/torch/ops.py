@@ -7,16 +7,30 @@ _linear: through the operator when something traces the call, else directly, wit
 operator's dispatch (_plain_eager). _linear checks the input (check_input: the one check of an FP8
 layer's input, the training layer's too), then serves the layer's part of its siblings' GEMM
 (siblings.py) or calls the extension's FusedLinear - packed once per weight and cached on it - on
-the addresses of x and y. The training GEMMs' custom ops (issue 50) belong here too.
+the addresses of x and y.
+
+The training layer's (training.py) casts and GEMMs are operators too, torch.ops.fp8kit.recipe_quantize
+and torch.ops.fp8kit.gemm, with fake implementations: only torch tensors cross them (FP8 codes
+and their scale_inv; on the host views of the extension's arrays, on CUDA torch's memory), so
+torch.compile traces a Float8Linear's forward and backward into its graphs, which hold no
+extension object (none is left to the interpreter's exit). The layer calls them as the inference
+layer calls linear: through the operators when something traces the call, else their functions
+directly (_direct).
 
 Checked by tests/python/test_torch.py (the operator traced by torch.export and torch.compile and
 equal to the eager path, every layout of x, the address entry's own checks, the cache against
-stale weights, bad input) and test_training.py (the training layer's bad input).
+stale weights, bad input) and test_training.py (the training layer's bad input; the training
+operators under torch.compile, fullgraph, against eager).
 """
+import functools
 import math
-from typing import Optional
+import warnings
+from typing import List, Optional
+
+import numpy as np
 
 import torch
+from torch import nn
 
 import fp8kit
 
@@ -155,11 +169,119 @@ _is_compiling, _grad_enabled, _dispatch_modes = (torch.compiler.is_compiling, to
                                                  torch._C._len_torch_dispatch_stack)
 
 
+def _direct(x):
+    """Whether nothing traces or transforms a call on x (no torch.compile, no export, no dispatch
+    mode, no tensor subclass but nn.Parameter): the operator's dispatch from Python, which costs
+    several times a decode step's small GEMM, can be skipped then - the same function runs either
+    way. Under torch.compile _is_compiling() is True and ends the test before the dispatch stack's
+    count, on which Dynamo breaks the graph."""
+    return (type(x) is torch.Tensor or type(x) is nn.Parameter) and not _is_compiling() and not _dispatch_modes()
+
+
 def _plain_eager(x):
-    """Whether nothing traces or transforms this call (no torch.compile, no export, no dispatch
-    mode, no autograd through x): the operator's dispatch from Python, which costs several times a
-    decode step's small GEMM, can be skipped then - the same function runs either way. Under
-    torch.compile _is_compiling() is True and ends the test before the dispatch stack's count, on
-    which Dynamo breaks the graph."""
-    return (type(x) is torch.Tensor and not (x.requires_grad and _grad_enabled()) and not _is_compiling()
-            and not _dispatch_modes())
+    """_direct, and no autograd through x (the inference operator's autograd refuses backward)."""
+    return not (x.requires_grad and _grad_enabled()) and _direct(x)
+
+
+# ---- the training layer's operators: casts and GEMMs on torch tensors ----
+
+@functools.cache
+def _recipe_kind(recipe, role):
+    """How recipe casts a Linear's operand of role: (scaling, the codes' torch dtype, the scales').
+    The format is asked of the library by a 1x1 cast (the library has the recipe's table; the fake
+    cast needs it without data); cached: at a small layer these lookups cost as much as the cast."""
+    scaling = fp8kit._fp8kit.recipe_scaling(recipe, role)
+    fmt = fp8kit._fp8kit.recipe_quantize(np.zeros((1, 1), np.float32), recipe, role).format
+    return scaling, fp8kit._torch_fp8_dtype(fmt), torch.uint8 if scaling == "mx32" else torch.float32  # e8m0 as uint8
+
+
+def _device_scope(t):
+    """The scope of an extension call on t's device: torch's current device and stream on CUDA."""
+    return fp8kit._on_device(t.device) if t.is_cuda else fp8kit._SAME_DEVICE
+
+
+def _recipe_quantize(t: torch.Tensor, recipe: str, role: str, transpose: bool) -> List[torch.Tensor]:
+    """t [rows, cols] cast as recipe casts a Linear's operand of role (fp8kit._recipe_quantize):
+    [codes, scale_inv], and with transpose also [codes_t, scale_inv_t], exactly the cast of t^T -
+    codes as torch.float8_* tensors."""
+    if t.is_cuda:  # the outputs from torch's caching allocator, written on its current stream
+        scaling, dtype, _ = _recipe_kind(recipe, role)
+        outs = fp8kit._quantize_outputs(t, scaling, transpose)
+        with fp8kit._on_device(t.device):
+            fp8kit._fp8kit.recipe_quantize(fp8kit._to_extension(t), recipe, role, transpose,
+                                           outs=[fp8kit._DLPack(o) for o in outs])  # new: nothing to check
+        return [outs[0].view(dtype), outs[1]] + ([outs[3].view(dtype), outs[4]] if transpose else [])
+    # On the host the extension's own arrays, viewed by torch: the outputs torch allocates for it
+    # (fresh pages a call) made the casts of a 1024 x 1024 training step 7-15% slower here.
+    return qtensor_tensors(fp8kit._fp8kit.recipe_quantize(fp8kit._to_extension(t), recipe, role, transpose),
+                           transpose)
+
+
+def qtensor_tensors(q, transpose):
+    """A host QTensor's codes and scale_inv (+ its transposed copy's) as torch tensors that view
+    its arrays (no copy; they keep it alive), codes as torch.float8_* tensors."""
+    arrays = (q.data, q.scale_inv) + ((q.data_t, q.scale_inv_t) if transpose else ())
+    with warnings.catch_warnings():  # numpy marks a QTensor's arrays read-only; nothing writes them
+        warnings.simplefilter("ignore", UserWarning)
+        out = [torch.from_numpy(a) for a in arrays]
+    dtype = fp8kit._torch_fp8_dtype(q.format)
+    return [out[0].view(dtype), out[1]] + ([out[2].view(dtype), out[3]] if transpose else [])
+
+
+recipe_quantize = torch.library.custom_op("fp8kit::recipe_quantize", _recipe_quantize, mutates_args=())
+
+
+@recipe_quantize.register_fake
+def _(t, recipe, role, transpose):
+    scaling, dtype, scale_dtype = _recipe_kind(recipe, role)
+    rows, cols = t.shape
+    outs = [t.new_empty((rows, cols), dtype=dtype), t.new_empty(fp8kit._fp8kit.scale_shape(scaling, rows, cols),
+                                                                dtype=scale_dtype)]
+    if transpose:
+        outs += [t.new_empty((cols, rows), dtype=dtype), t.new_empty(fp8kit._fp8kit.scale_shape(scaling, cols, rows),
+                                                                     dtype=scale_dtype)]
+    return outs
+
+
+def _qtensor(codes, scale_inv, scaling):
+    """fp8kit.qtensor of a cast's codes (a torch.float8_* tensor) and scale_inv, without its
+    checks of arbitrary arrays: at a small layer they cost as much as the GEMM."""
+    return fp8kit._fp8kit.qtensor(fp8kit._DLPack(codes.view(torch.uint8)), fp8kit._DLPack(scale_inv), scaling,
+                                  str(codes.dtype).removeprefix("torch.float8_"))
+
+
+def _gemm(a: torch.Tensor, a_scale_inv: torch.Tensor, a_scaling: str, b: torch.Tensor, b_scale_inv: torch.Tensor,
+          b_scaling: str, bias: Optional[torch.Tensor], out_dtype: torch.dtype) -> torch.Tensor:
+    """D[M, N] = deq(a)[M, K] . deq(b)[N, K]^T (+ bias[N]) in out_dtype (float32 sums, one
+    rounding): a and b FP8 codes with their scale_inv and scaling (fp8kit.qtensor's)."""
+    qa = _qtensor(a, a_scale_inv, a_scaling)
+    qb = _qtensor(b, b_scale_inv, b_scaling)
+    name = _OUT_DTYPES[out_dtype][0]
+    bias = None if bias is None else fp8kit._to_extension(bias)
+    if a.is_cuda:  # D from torch's caching allocator, written on its current stream
+        d = a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
+        with fp8kit._on_device(a.device):
+            fp8kit._fp8kit.gemm(qa, qb, name, 1.0, 0.0, None, bias, "none", fp8kit._DLPack(d))
+        return d
+    # On the host D is the extension's own array, viewed by torch (it owns no extension object):
+    # written into an out= array it took 10-15% longer at 1024 x 1024 x 1024 here.
+    return fp8kit._out(fp8kit._fp8kit.gemm(qa, qb, name, 1.0, 0.0, None, bias, "none", None), name, True)
+
+
+gemm = torch.library.custom_op("fp8kit::gemm", _gemm, mutates_args=())
+
+
+@gemm.register_fake
+def _(a, a_scale_inv, a_scaling, b, b_scale_inv, b_scaling, bias, out_dtype):
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
+
+
+def cast(t, recipe, role, transpose):
+    """The training layer's route to recipe_quantize: the operator when something traces the call,
+    else its function directly (_direct), the same function either way."""
+    return (_recipe_quantize if _direct(t) else recipe_quantize)(t, recipe, role, transpose)
+
+
+def mm(a, a_scale_inv, a_scaling, b, b_scale_inv, b_scaling, bias, out_dtype):
+    """The training layer's route to gemm, as cast's to recipe_quantize."""
+    return (_gemm if _direct(a) else gemm)(a, a_scale_inv, a_scaling, b, b_scale_inv, b_scaling, bias, out_dtype)

@@ -4,14 +4,17 @@ and torchao's Float8Linear): the same Parameters, the three GEMMs of forward and
 dW) in FP8 through fp8kit under autograd.
 
 Checked by tests/python/test_training.py (each GEMM against float64, against torchao's float8
-training on the CPU, under DDP).
+training on the CPU, under DDP, under torch.compile) and test_fsdp.py (under FSDP2).
 """
+import dataclasses
+
 import torch
 from torch import nn
 
 import fp8kit
 
-from .ops import _OUT_DTYPES, check_input
+from .fsdp import Float8GatheredWeight, shard_weight
+from .ops import cast, check_input, mm, qtensor_tensors
 
 # torchao's recipe names, plus block, mxfp8 and delayed: the library's recipe (fp8kit::Recipe:
 # formats and scalings per operand) and whether grad_weight runs in FP8 (rowwise_with_gw_hp keeps
@@ -22,19 +25,22 @@ TRAINING_RECIPES = {"tensorwise": ("tensorwise", True), "rowwise": ("rowwise", T
 
 
 class _Casts:
-    """How one Float8Linear quantizes its operands (input, weight, grad_output): as its
-    recipe says, or for delayed with one DelayedScaling per operand whose history rolls at each
-    use - the scale of a cast comes from the amaxes of the casts before it (TransformerEngine's
-    delayed scaling, one step per forward and backward)."""
+    """How one Float8Linear quantizes its operands (input, weight, grad_output): as its recipe
+    says (ops.cast: the operator torch.ops.fp8kit.recipe_quantize), or for delayed with one DelayedScaling
+    per operand whose history rolls at each use - the scale of a cast comes from the amaxes of the
+    casts before it (TransformerEngine's delayed scaling, one step per forward and backward).
+    A cast is [codes, scale_inv] (+ [codes_t, scale_inv_t], the cast of t^T) as torch tensors;
+    scaling[role] is its scaling."""
 
     def __init__(self, recipe):
         self.recipe = recipe
-        self.delayed = ({role: fp8kit._fp8kit.DelayedScaling(role) for role in ("input", "weight", "grad_output")}
-                        if recipe == "delayed" else None)
+        roles = ("input", "weight", "grad_output")
+        self.scaling = {role: fp8kit._fp8kit.recipe_scaling(recipe, role) for role in roles}
+        self.delayed = {role: fp8kit._fp8kit.DelayedScaling(role) for role in roles} if recipe == "delayed" else None
 
     def __call__(self, t, role, transpose):
         if self.delayed is None:
-            return fp8kit._recipe_quantize(t, self.recipe, role, transpose)
+            return cast(t, self.recipe, role, transpose)
         if t.is_cuda:
             raise fp8kit.Error("fp8kit.torch: the delayed recipe keeps its amax history on the host; on a CUDA "
                                "device use tensorwise, rowwise or block")
@@ -44,17 +50,7 @@ class _Casts:
             # and fp8kit::nn::Float8Linear do, the first use records this tensor's amax first.
             d.quantize(fp8kit._to_extension(t))
         d.step()
-        return d.quantize(fp8kit._to_extension(t), transpose)
-
-
-def _gemm(a, b, out_dtype, bias=None):
-    """D = deq(a) . deq(b)^T (+ bias) of two QTensors, as a torch tensor of out_dtype."""
-    name = _OUT_DTYPES[out_dtype][0]
-    bias = None if bias is None else fp8kit._to_extension(bias)
-    call = lambda out: fp8kit._fp8kit.gemm(a, b, name, 1.0, 0.0, None, bias, "none", out)  # noqa: E731
-    if a.device == "cuda":  # D from torch's allocator, on its current stream
-        return fp8kit._device_gemm(call, a.shape[0], b.shape[0], name, None)
-    return fp8kit._out(call(None), name, True)
+        return qtensor_tensors(d.quantize(fp8kit._to_extension(t), transpose), transpose)
 
 
 class _Float8LinearFunction(torch.autograd.Function):
@@ -65,7 +61,8 @@ class _Float8LinearFunction(torch.autograd.Function):
         grad_weight  dW[N, K] = q(dY^T) . q(x^T)^T   (or dY^T x in x's precision: fp8_grad_weight False)
     The transposed operands are quantize's transposed copies (exactly quantize(t^T)), so row and
     block scales run along each GEMM's K; forward keeps only them (one byte per element) for
-    backward."""
+    backward. Casts and GEMMs are the operators of ops.py, on torch tensors only, so torch.compile
+    traces forward and backward (AOTAutograd) without a graph break."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, casts, fp8_grad_weight, grad_enabled):
@@ -73,31 +70,46 @@ class _Float8LinearFunction(torch.autograd.Function):
         need_dx, need_dw = grad_enabled and x.requires_grad, grad_enabled and weight.requires_grad
         keep_x8 = fp8_grad_weight and need_dw
         qx = casts(x, "input", keep_x8)
-        qw = casts(weight, "weight", need_dx)
-        y = _gemm(qx, qw, x.dtype, bias)
+        # Under FSDP2 with FP8 all-gather the weight arrives cast (fsdp.py): taken as it is.
+        qw = weight.weight_casts(need_dx) if type(weight) is Float8GatheredWeight else casts(weight, "weight", need_dx)
+        y = mm(qx[0], qx[1], casts.scaling["input"], qw[0], qw[1], casts.scaling["weight"], bias, x.dtype)
         ctx.casts, ctx.weight_dtype, ctx.has_bias = casts, weight.dtype, bias is not None
-        ctx.qw_t = qw.transposed() if need_dx else None
-        ctx.qx_t = qx.transposed() if keep_x8 else None
-        ctx.save_for_backward(x if need_dw and not fp8_grad_weight else None)
+        x_t = qx[2:] if keep_x8 else [None, None]
+        w_t = qw[2:] if need_dx else [None, None]
+        ctx.save_for_backward(*x_t, *w_t, x if need_dw and not fp8_grad_weight else None)
         return y
 
     @staticmethod
     def backward(ctx, dy):
         dy = dy.contiguous()  # autograd may hand a broadcast (stride 0) gradient
-        x, = ctx.saved_tensors
+        x_t, x_t_scale_inv, w_t, w_t_scale_inv, x = ctx.saved_tensors
         need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
-        fp8_dw = need_dw and ctx.qx_t is not None
-        qdy = ctx.casts(dy, "grad_output", fp8_dw) if need_dx or fp8_dw else None
-        dx = _gemm(qdy, ctx.qw_t, dy.dtype) if need_dx else None
+        casts, scaling = ctx.casts, ctx.casts.scaling
+        fp8_dw = need_dw and x_t is not None
+        qdy = casts(dy, "grad_output", fp8_dw) if need_dx or fp8_dw else None
+        dx = mm(qdy[0], qdy[1], scaling["grad_output"], w_t, w_t_scale_inv, scaling["weight"], None,
+                dy.dtype) if need_dx else None
         if not need_dw:
             dw = None
         elif fp8_dw:
-            dw = _gemm(qdy.transposed(), ctx.qx_t, ctx.weight_dtype)
+            dw = mm(qdy[2], qdy[3], scaling["grad_output"], x_t, x_t_scale_inv, scaling["input"], None,
+                    ctx.weight_dtype)
         else:  # rowwise_with_gw_hp: dY^T x in the input's precision
             dw = (dy.t() @ x).to(ctx.weight_dtype)
         db = dy.sum(0) if need_db and ctx.has_bias else None
-        ctx.qx_t = ctx.qw_t = None  # the FP8 casts go now, not when the graph does
         return dx, dw, db, None, None, None
+
+
+@torch.compiler.disable
+def _delayed_runs_eagerly_only(compiling):
+    """Refuses torch.compile of the delayed recipe: its amax histories are host objects (the
+    extension's DelayedScaling) that each cast changes. Dynamo does not trace this function but
+    calls it as it is, with is_compiling() as it saw it (True) - a raise in traced code would only
+    send the frame back to eager - and fullgraph=True refuses the call by this function's name."""
+    if compiling:
+        raise fp8kit.Error("fp8kit.torch.Float8Linear: the delayed recipe keeps its amax history in host objects "
+                           "that each cast changes, which torch.compile does not trace: compile tensorwise, "
+                           "rowwise or block, or run delayed without torch.compile")
 
 
 class Float8Linear(nn.Linear):
@@ -123,27 +135,37 @@ class Float8Linear(nn.Linear):
     def forward(self, x):
         # x [..., in] -> y [..., out]: the GEMMs see [M, in] rows.
         check_input(x, self.in_features, "Float8Linear")
+        fp8kit._check_device(x)
+        if self._casts.delayed is not None:
+            _delayed_runs_eagerly_only(torch.compiler.is_compiling())
         rows = x.reshape(-1, self.in_features)
         y = _Float8LinearFunction.apply(rows, self.weight, self.bias, self._casts, self.fp8_grad_weight,
                                         torch.is_grad_enabled())
-        return y.reshape(*x.shape[:-1], self.out_features)
+        # (2-d x: y itself, not a view of it - FSDP2 warns of a module that returns a view)
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self):
         return super().extra_repr() + f", config={self.config}"
 
 
-def convert_to_float8_training(module, *, module_filter_fn=None, config=None):
+def convert_to_float8_training(module, *, module_filter_fn=None, config=None, enable_fsdp_float8_all_gather=False):
     """torchao's convert_to_float8_training on fp8kit's kernels: every nn.Linear of module that
     module_filter_fn(mod, fqn) accepts (all when None) and whose in and out features are multiples
     of 16 (the FP8 GEMM's operand rule, as torchao's) becomes a Float8Linear sharing its
     Parameters. config: a recipe name of TRAINING_RECIPES (default "tensorwise", as torchao's), or
     torchao's Float8LinearConfig as its from_recipe_name makes it for tensorwise, rowwise or
-    rowwise_with_gw_hp (compared field by field with torchao's own; any other config is refused).
+    rowwise_with_gw_hp (compared field by field with torchao's own; any other config is refused),
+    with or without its enable_fsdp_float8_all_gather.
+    enable_fsdp_float8_all_gather (or that field of the config): under FSDP2 each layer's weight
+    is cast to FP8 before it is all-gathered (fsdp.py: tensorwise, rowwise, rowwise_with_gw_hp,
+    block).
     Returns module (converted in place; an nn.Linear itself is returned converted)."""
     config = config or "tensorwise"
     if type(config).__name__ == "Float8LinearConfig":
+        enable_fsdp_float8_all_gather = enable_fsdp_float8_all_gather or config.enable_fsdp_float8_all_gather
+        plain = dataclasses.replace(config, enable_fsdp_float8_all_gather=False)
         named = type(config).from_recipe_name
-        config = next((n for n in ("tensorwise", "rowwise", "rowwise_with_gw_hp") if named(n) == config), config)
+        config = next((n for n in ("tensorwise", "rowwise", "rowwise_with_gw_hp") if named(n) == plain), config)
     if not isinstance(config, str) or config not in TRAINING_RECIPES:
         raise fp8kit.Error(f"fp8kit.torch.convert_to_float8_training: config {config!r}, expected one of "
                            f"{', '.join(TRAINING_RECIPES)}")
@@ -152,8 +174,14 @@ def convert_to_float8_training(module, *, module_filter_fn=None, config=None):
         return (type(m) is nn.Linear and m.in_features % 16 == 0 and m.out_features % 16 == 0
                 and (module_filter_fn is None or module_filter_fn(m, fqn)))
 
+    def convert(m, fqn):
+        layer = Float8Linear.from_linear(m, config)
+        if enable_fsdp_float8_all_gather:
+            shard_weight(layer, fqn)
+        return layer
+
     if eligible(module, ""):
-        return Float8Linear.from_linear(module, config)
+        return convert(module, "")
     for fqn, m in [(fqn, m) for fqn, m in module.named_modules() if fqn and eligible(m, fqn)]:
-        module.set_submodule(fqn, Float8Linear.from_linear(m, config))
+        module.set_submodule(fqn, convert(m, fqn))
     return module

@@ -1,0 +1,220 @@
+"""fp8kit.torch.fsdp: FP8 all-gather under FSDP2 (torch.distributed.fsdp.fully_shard) for the
+training layer, Float8Linear, through FSDP2's own extension of a parameter: fsdp_pre_all_gather /
+fsdp_post_all_gather on the weight's shard (the protocol torchao's float8 training uses).
+
+convert_to_float8_training(..., enable_fsdp_float8_all_gather=True) (or torchao's
+Float8LinearConfig(enable_fsdp_float8_all_gather=True)) makes each Float8Linear's weight a
+Float8WeightShard: the high-precision weight as before for everything else (optimizer, state_dict,
+a run without FSDP), but each rank casts its shard to FP8 before FSDP2 all-gathers it, and the
+forward GEMM takes the gathered codes and scales as they are (Float8GatheredWeight): one byte per
+element crosses instead of two (bfloat16) or four (float32).
+
+Numerics: the gathered weight is bit for bit the cast of the whole weight, so FSDP2 with FP8
+all-gather trains as the same model without FSDP2:
+- tensorwise: one scale for the whole weight, fp8_max / amax, so every rank casts its shard with
+  the amax all-reduced (max) over the ranks - or the one precompute_float8_dynamic_scale_for_fsdp
+  computed for every layer in one all-reduce after the optimizer step;
+- block (128x128): a block's scale is its own amax's, so a shard casts alone when it holds whole
+  blocks - FSDP2 splits dim 0 into equal parts, so out_features / ranks must be a multiple of 128
+  (else fp8kit.Error naming the layer).
+Both scalings are the same on W and W^T (one scale; 128x128 blocks transposed), so the backward's
+W^T cast is the gathered codes transposed: one byte per element is gathered.
+- rowwise, rowwise_with_gw_hp: W's row scales are each row's own (a rank casts its rows alone),
+  but W^T's rows are W's columns, which span every rank: their amaxes are all-reduced (max, one
+  vector) and each rank casts its rows with them too. Both casts are gathered - two bytes per
+  element, bfloat16's count, half float32's - with the whole weight's bits.
+mxfp8 (1x32 blocks along W's rows and along W^T's) is refused, naming the layer; FSDP2 without
+FP8 all-gather runs it.
+
+Checked by tests/python/test_fsdp.py (2 ranks on gloo against one process with its gradients
+all-reduced by hand; the gathered codes against the whole weight's cast; bytes all-gathered).
+"""
+import torch
+import torch.utils._pytree as pytree
+
+import fp8kit
+
+from .ops import _device_scope, cast
+
+aten = torch.ops.aten
+
+# The library recipes whose weight cast all-gathers in FP8 (the module's docstring says how).
+FP8_ALL_GATHER_RECIPES = ("tensorwise", "block", "rowwise")
+
+# What FSDP2 does to a weight to shard, pad and copy it: the result stays a Float8WeightShard.
+_PRESERVED = {aten.empty_like.default, aten.new_zeros.default, aten.slice.Tensor, aten.copy_.default,
+              aten.view.default, aten.as_strided.default, aten._to_copy.default, aten._pin_memory.default,
+              aten.split.Tensor, aten.clone.default, aten.detach.default, aten.alias.default}
+
+
+class Float8WeightShard(torch.Tensor):
+    """A Float8Linear's high-precision weight (whole, or FSDP2's shard of it) that FSDP2 all-gathers
+    in FP8. Every operation runs on the tensor it wraps (_tensor); the ones of _PRESERVED keep the
+    wrapper. layer: the layer's name, for errors; amax: a precomputed global amax (tensorwise)."""
+
+    @staticmethod
+    def __new__(cls, tensor, recipe, layer, amax=None):
+        return torch.Tensor._make_wrapper_subclass(cls, tensor.size(), strides=tensor.stride(),
+                                                   storage_offset=tensor.storage_offset(), dtype=tensor.dtype,
+                                                   layout=tensor.layout, device=tensor.device,
+                                                   requires_grad=tensor.requires_grad)
+
+    def __init__(self, tensor, recipe, layer, amax=None):
+        self._tensor, self._recipe, self._layer, self._amax = tensor, recipe, layer, amax
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args, kwargs=None):
+        shard = next(a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, cls))
+        args, kwargs = pytree.tree_map_only(cls, lambda t: t._tensor, (args, kwargs or {}))
+        out = func(*args, **kwargs)
+        if func not in _PRESERVED:
+            return out
+        return pytree.tree_map_only(torch.Tensor, lambda t: cls(t, shard._recipe, shard._layer), out)
+
+    def __tensor_flatten__(self):
+        return ["_tensor"], (self._recipe, self._layer)
+
+    @staticmethod
+    def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
+        return Float8WeightShard(inner["_tensor"], *meta)
+
+    def __repr__(self):
+        return f"Float8WeightShard({self._tensor}, recipe={self._recipe}, layer={self._layer})"
+
+    def fsdp_pre_all_gather(self, mesh, outer_size, outer_stride, module, mp_policy):
+        """This rank's shard cast to FP8: (codes, and block's scales) to all-gather, and the
+        metadata (tensorwise's one scale_inv) that every rank has already."""
+        w = self._tensor
+        if self._recipe == "tensorwise":
+            amax = self._amax
+            if amax is None:
+                amax = _amax(w)
+                torch.distributed.all_reduce(amax, torch.distributed.ReduceOp.MAX, group=mesh.get_group())
+            codes, scale_inv = _cast_with_amax(w, amax)
+            return (codes,), (scale_inv,)
+        rows = w.shape[0]
+        if self._recipe == "rowwise":
+            # W^T's row amaxes (W's columns') all-reduced, appended to the shard as one more row:
+            # each column's amax then is the whole weight's, and the shard's own rows cast as before.
+            cols = w.detach().abs().amax(0).float() if rows else w.new_zeros(w.shape[1], dtype=torch.float32)
+            torch.distributed.all_reduce(cols, torch.distributed.ReduceOp.MAX, group=mesh.get_group())
+            codes, scale_inv, codes_t, scale_inv_t = cast(torch.cat([w.detach(), cols[None].to(w.dtype)]), "rowwise",
+                                                          "weight", True)
+            return (codes[:rows], scale_inv[:rows], codes_t[:, :rows].t().contiguous()), (scale_inv_t,)
+        if rows % 128 != 0:
+            raise fp8kit.Error(f"fp8kit.torch: layer '{self._layer}': FSDP2 gives each of {mesh.size()} ranks "
+                               f"{rows} of its weight's {outer_size[0]} rows; the block recipe's FP8 all-gather "
+                               "needs whole 128-row blocks per rank (out_features a multiple of 128 x ranks), or "
+                               "convert with enable_fsdp_float8_all_gather=False")
+        codes, scale_inv = cast(w.detach(), "block", "weight", False)
+        return (codes, scale_inv), None
+
+    def fsdp_post_all_gather(self, outputs, metadata, param_dtype, *, out=None):
+        """The gathered FP8 weight (Float8GatheredWeight), and the tensors FSDP2 frees after use."""
+        transposed = None
+        if self._recipe == "tensorwise":
+            (codes,), (scale_inv,) = outputs, metadata
+        elif self._recipe == "rowwise":
+            (codes, scale_inv, codes_t_rows), (scale_inv_t,) = outputs, metadata
+            transposed = (codes_t_rows, scale_inv_t)
+        else:
+            codes, scale_inv = outputs
+        if out is not None:  # FSDP2 refilled the storage it gathers into: out takes the new views and metadata
+            out._codes, out._scale_inv, out._transposed = codes, scale_inv, transposed
+            return None
+        return Float8GatheredWeight(codes, scale_inv, transposed, param_dtype), tuple(outputs)
+
+
+def _amax(w):
+    """max |w| as a float32 scalar tensor; 0 for an empty shard (FSDP2 leaves a rank none when a
+    weight has fewer rows than ranks), which the all-reduced max then ignores."""
+    return w.detach().abs().amax().float() if w.numel() else torch.zeros((), dtype=torch.float32, device=w.device)
+
+
+def _cast_with_amax(w, amax):
+    """The tensorwise weight cast (e4m3fn, scale fp8_max / amax) of w with the given amax, which
+    bounds w's own: as fp8kit.quantize's amax_epsilon (the floor of the amax: docs/NUMERICS.md)
+    it becomes the amax, so a shard casts bit for bit as the whole weight whose amax this is. The
+    options are the tensorwise recipe's for a weight (test_fsdp.py compares the bits with its cast)."""
+    outs = fp8kit._quantize_outputs(w, "tensor", False)
+    with _device_scope(w):
+        fp8kit._fp8kit.quantize(fp8kit._to_extension(w), "e4m3fn", "tensor", "saturate", False, float(amax), "floor",
+                                "propagate", False, outs=[fp8kit._DLPack(o) for o in outs])
+    return outs[0].view(torch.float8_e4m3fn), outs[1]
+
+
+class Float8GatheredWeight(torch.Tensor):
+    """The whole weight as FSDP2's all-gather leaves it: FP8 codes [out, in] and their scale_inv,
+    as the recipe casts the weight, and W^T's cast where it is not theirs transposed (transposed:
+    W^T's codes as W's rows [out, in], and W^T's scale_inv); to autograd and FSDP2 a parameter of
+    dtype. The forward GEMM reads them as they are; weight_casts gives them to the layer."""
+
+    @staticmethod
+    def __new__(cls, codes, scale_inv, transposed, dtype):
+        return torch.Tensor._make_wrapper_subclass(cls, codes.size(), dtype=dtype, device=codes.device,
+                                                   requires_grad=False)
+
+    def __init__(self, codes, scale_inv, transposed, dtype):
+        self._codes, self._scale_inv, self._transposed = codes, scale_inv, transposed
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args, kwargs=None):
+        # FSDP2 and autograd only alias the parameter (detach; as_strided or view to its own
+        # shape); anything else would read codes as values: refused.
+        w = args[0]
+        if func in (aten.detach.default, aten.alias.default) or (
+                func in (aten.as_strided.default, aten.view.default) and list(args[1]) == list(w.shape)):
+            return cls(w._codes, w._scale_inv, w._transposed, w.dtype)
+        raise fp8kit.Error(f"fp8kit.torch: {func} on an FP8-gathered Float8Linear weight: only the layer's GEMMs "
+                           "read it")
+
+    def __repr__(self):
+        return f"Float8GatheredWeight(shape={list(self.shape)}, dtype={self.dtype})"
+
+    def weight_casts(self, transpose):
+        """[codes, scale_inv] (+ [codes_t, scale_inv_t]): what the recipe's weight cast gives.
+        Without a gathered W^T cast, W^T's is W's transposed: one scale (tensorwise), or 128x128
+        blocks whose amax is the same transposed."""
+        out = [self._codes, self._scale_inv]
+        if transpose and self._transposed is None:
+            out += [self._codes.t().contiguous(), self._scale_inv.t().contiguous()]
+        elif transpose:
+            out += [self._transposed[0].t().contiguous(), self._transposed[1]]
+        return out
+
+
+def shard_weight(linear, layer):
+    """linear's (a Float8Linear's) weight made a Float8WeightShard, or fp8kit.Error naming the
+    layer when its recipe's FP8 all-gather is not the whole weight's cast."""
+    recipe = linear._casts.recipe  # the library's (rowwise_with_gw_hp casts its weight as rowwise)
+    if recipe not in FP8_ALL_GATHER_RECIPES:
+        raise fp8kit.Error(f"fp8kit.torch: layer '{layer}': enable_fsdp_float8_all_gather with recipe "
+                           f"'{linear.config}': its 1x32 blocks of W^T run across every rank's rows; FP8 all-gather "
+                           f"takes tensorwise, rowwise, rowwise_with_gw_hp and block")
+    w = linear.weight
+    linear.weight = torch.nn.Parameter(Float8WeightShard(w.data, recipe, layer), requires_grad=w.requires_grad)
+
+
+def precompute_float8_dynamic_scale_for_fsdp(module):
+    """torchao's precompute_float8_dynamic_scale_for_fsdp: after the optimizer step, the amax of
+    every tensorwise FP8-all-gathered Float8Linear weight of module (FSDP2-sharded) in one
+    all-reduce (max); the all-gathers cast with it, instead of all-reducing one amax per layer,
+    until the next call - so call it after every optimizer step. Same bits either way."""
+    from torch.distributed.tensor import DTensor
+    weights = [getattr(m, "weight", None) for m in module.modules()]
+    shards = [w for w in weights if isinstance(w, DTensor) and isinstance(w._local_tensor, Float8WeightShard)
+              and w._local_tensor._recipe == "tensorwise"]
+    if not shards:
+        return
+    amaxes = torch.stack([_amax(w._local_tensor._tensor) for w in shards])
+    torch.distributed.all_reduce(amaxes, torch.distributed.ReduceOp.MAX, group=shards[0].device_mesh.get_group())
+    for w, amax in zip(shards, amaxes):
+        w._local_tensor._amax = amax
+
+
+# torch.load's weights_only unpickler (torch.distributed.checkpoint loads with it) takes the shard.
+torch.serialization.add_safe_globals([Float8WeightShard])
