@@ -45,7 +45,18 @@ def shim(cxx, tree, out):
               "-DFP8KIT_PAIR_SHIM", "-DFP8KIT_PAIR_EXPORT=__attribute__((visibility(\"default\")))",
               "-I", os.path.join(tree, "include"), "-I", os.path.join(build, "include"),
               "-I", os.path.join(tree, "tools"), SOURCE, "-Wl,--exclude-libs,ALL", *libs,
-              "-fopenmp", "-o", out])
+              *link_flags(build), "-o", out])
+
+
+def link_flags(build):
+    """What the static library needs linked after it (OpenMP; a build with the cuda backend:
+    cuBLASLt and the CUDA runtime), from the Libs line of the tree's pkg-config file."""
+    pc = os.path.join(build, "fp8kit.pc")
+    if not os.path.isfile(pc):
+        return ["-fopenmp"]
+    with open(pc) as f:
+        libs = next((line.split(":", 1)[1].split() for line in f if line.startswith("Libs:")), [])
+    return [flag for flag in libs if flag not in ("-L${libdir}", "-lfp8kit")] or ["-fopenmp"]
 
 
 def main():
