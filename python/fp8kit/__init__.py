@@ -185,12 +185,13 @@ def _quantize_outputs(x, scaling, transpose):
     return outs
 
 
-def _device_quantize(x, scaling, transpose, quantize_call):
-    """quantize_call(x, outs) for a CUDA tensor x, into _quantize_outputs, on torch's current
-    stream."""
+def _quantize_into(x, scaling, transpose, quantize_call):
+    """quantize_call(x, outs) for the torch tensor x, into _quantize_outputs (on a CUDA device on
+    torch's current stream): (what the call returned, the outputs)."""
     outs = _quantize_outputs(x, scaling, transpose)
-    with _on_device(x.device):
-        return quantize_call(_to_extension(x), [_to_extension(o) for o in outs])
+    with _on_device(x.device) if x.is_cuda else _SAME_DEVICE:
+        got = quantize_call(_to_extension(x), [_DLPack(o) for o in outs])  # new tensors: nothing to check
+    return got, outs
 
 
 def encode(x, format="e4m3fn", overflow="saturate"):
@@ -231,8 +232,7 @@ def quantize(x, format="e4m3fn", scaling="tensor", *, overflow="saturate", power
     """
     args = (_name(format), scaling, overflow, power_of_two, amax_epsilon, mx_rounding, non_finite, transpose)
     if _cuda(x):
-        return _device_quantize(x, scaling, transpose,
-                                lambda t, outs: _fp8kit.quantize(t, *args, outs=outs))
+        return _quantize_into(x, scaling, transpose, lambda t, outs: _fp8kit.quantize(t, *args, outs=outs))[0]
     return _fp8kit.quantize(_to_extension(x), *args)
 
 
@@ -240,8 +240,8 @@ def _recipe_quantize(x, recipe, role, transpose):
     """x quantized as `recipe` quantizes a Linear's operand of `role` (fp8kit.torch's training
     layer), on x's device."""
     if _cuda(x):
-        return _device_quantize(x, _fp8kit.recipe_scaling(recipe, role), transpose,
-                                lambda t, outs: _fp8kit.recipe_quantize(t, recipe, role, transpose, outs=outs))
+        return _quantize_into(x, _fp8kit.recipe_scaling(recipe, role), transpose,
+                              lambda t, outs: _fp8kit.recipe_quantize(t, recipe, role, transpose, outs=outs))[0]
     return _fp8kit.recipe_quantize(_to_extension(x), recipe, role, transpose)
 
 

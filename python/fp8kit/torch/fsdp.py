@@ -34,7 +34,7 @@ import torch.utils._pytree as pytree
 
 import fp8kit
 
-from .ops import _device_scope, cast
+from .ops import cast
 
 aten = torch.ops.aten
 
@@ -138,10 +138,8 @@ def _cast_with_amax(w, amax):
     bounds w's own: as fp8kit.quantize's amax_epsilon (the floor of the amax: docs/NUMERICS.md)
     it becomes the amax, so a shard casts bit for bit as the whole weight whose amax this is. The
     options are the tensorwise recipe's for a weight (test_fsdp.py compares the bits with its cast)."""
-    outs = fp8kit._quantize_outputs(w, "tensor", False)
-    with _device_scope(w):
-        fp8kit._fp8kit.quantize(fp8kit._to_extension(w), "e4m3fn", "tensor", "saturate", False, float(amax), "floor",
-                                "propagate", False, outs=[fp8kit._DLPack(o) for o in outs])
+    outs = fp8kit._quantize_into(w, "tensor", False, lambda t, o: fp8kit._fp8kit.quantize(
+        t, "e4m3fn", "tensor", "saturate", False, float(amax), "floor", "propagate", False, outs=o))[1]
     return outs[0].view(torch.float8_e4m3fn), outs[1]
 
 

@@ -43,14 +43,8 @@ def _fp8_weight(w, storage_dtype, scaling, scaled=True):
     w = w.detach()
     if not scaled:
         return w.to(storage_dtype), torch.ones(1, 1)
-    outs = fp8kit._quantize_outputs(w, scaling, False)
-    call = lambda: fp8kit._fp8kit.quantize(fp8kit._to_extension(w), str(storage_dtype).removeprefix("torch.float8_"),  # noqa: E731
-                                           scaling, outs=[fp8kit._to_extension(o) for o in outs])
-    if w.is_cuda:
-        with fp8kit._on_device(w.device):
-            call()
-    else:
-        call()
+    fmt = str(storage_dtype).removeprefix("torch.float8_")
+    outs = fp8kit._quantize_into(w, scaling, False, lambda x, o: fp8kit._fp8kit.quantize(x, fmt, scaling, outs=o))[1]
     return outs[0].view(storage_dtype), _scale_tensor(outs[1], scaling)
 
 

@@ -195,21 +195,14 @@ def _recipe_kind(recipe, role):
     return scaling, fp8kit._torch_fp8_dtype(fmt), torch.uint8 if scaling == "mx32" else torch.float32  # e8m0 as uint8
 
 
-def _device_scope(t):
-    """The scope of an extension call on t's device: torch's current device and stream on CUDA."""
-    return fp8kit._on_device(t.device) if t.is_cuda else fp8kit._SAME_DEVICE
-
-
 def _recipe_quantize(t: torch.Tensor, recipe: str, role: str, transpose: bool) -> List[torch.Tensor]:
     """t [rows, cols] cast as recipe casts a Linear's operand of role (fp8kit._recipe_quantize):
     [codes, scale_inv], and with transpose also [codes_t, scale_inv_t], exactly the cast of t^T -
     codes as torch.float8_* tensors."""
     if t.is_cuda:  # the outputs from torch's caching allocator, written on its current stream
         scaling, dtype, _ = _recipe_kind(recipe, role)
-        outs = fp8kit._quantize_outputs(t, scaling, transpose)
-        with fp8kit._on_device(t.device):
-            fp8kit._fp8kit.recipe_quantize(fp8kit._to_extension(t), recipe, role, transpose,
-                                           outs=[fp8kit._DLPack(o) for o in outs])  # new: nothing to check
+        outs = fp8kit._quantize_into(t, scaling, transpose, lambda x, o: fp8kit._fp8kit.recipe_quantize(
+            x, recipe, role, transpose, outs=o))[1]
         return [outs[0].view(dtype), outs[1]] + ([outs[3].view(dtype), outs[4]] if transpose else [])
     # On the host the extension's own arrays, viewed by torch: the outputs torch allocates for it
     # (fresh pages a call) made the casts of a 1024 x 1024 training step 7-15% slower here.
