@@ -172,7 +172,9 @@ def quantize_(model, config=None, filter_fn=None, *, fuse_siblings=True):
     names = {}  # a Parameter's names: more than one is a tied weight, which stays in use
     for name, p in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(name)
-    for fqn, m in chosen:
+    chosen.reverse()
+    while chosen:  # popped, so that no list keeps a replaced Linear alive until the end
+        fqn, m = chosen.pop()
         if not fqn:
             raise fp8kit.Error("fp8kit.torch.quantize_: the model is itself an nn.Linear; quantize_ replaces the "
                                "Linear layers inside a model (wrap it: nn.Sequential(linear))")
@@ -192,7 +194,9 @@ def quantize_(model, config=None, filter_fn=None, *, fuse_siblings=True):
         # long as any other tensor of that file is mapped - unless another module still uses it.
         if len(names.get(id(w), ())) == 1 and memory.in_file_mapping(w, mapped):
             memory.release_pages(w)
+        del m, w  # the replaced Linear goes now where nothing else holds it
         memory.trim_heap()
+    memory.give_back()
     if fuse_siblings:
         _group_siblings(model)
 

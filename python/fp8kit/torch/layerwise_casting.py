@@ -15,6 +15,7 @@ from torch import nn
 
 import fp8kit
 
+from . import memory
 from .inference import Float8InferenceLinear, _fp8_weight, _group_siblings
 
 # Diffusers' defaults (diffusers.hooks.layerwise_casting): the modules whose names match one of
@@ -170,6 +171,7 @@ def enable_layerwise_casting(model, storage_dtype=torch.float8_e4m3fn, compute_d
                 visit(sub, f"{prefix}.{name}" if prefix else name, module, name)
 
     visit(model, "", None, None)
+    memory.give_back()
     if fuse_siblings:
         _group_siblings(model)
     return report

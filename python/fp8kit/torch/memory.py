@@ -7,6 +7,7 @@ the bytes the model holds; state_dict and outputs unchanged after the pages went
 """
 import bisect
 import ctypes
+import gc
 import mmap
 import sys
 
@@ -70,3 +71,11 @@ def trim_heap():
         trim = getattr(_libc(), "malloc_trim", None)
         if trim is not None:
             trim(0)
+
+
+def give_back():
+    """After a model's layers were replaced: the replaced modules that only a reference cycle keeps
+    (Diffusers' and transformers' modules often sit in one) collected now, not at some later
+    collection, and the heap they leave free handed back (trim_heap)."""
+    gc.collect()
+    trim_heap()
