@@ -9,8 +9,8 @@ Oracles:
   of 10 steps must be equal bit for bit - tensorwise, rowwise, rowwise_with_gw_hp and block, FP8
   all-gather on and off, scales precomputed or not, reshard_after_forward True and False, a
   module_filter_fn that leaves Linears in float32, a bfloat16 MixedPrecisionPolicy (the reference
-  computing on a bfloat16 copy). With 4 ranks the gradient sums' order differs: within 1e-5
-  relative. A rank casting with its own amax (not all-reduced) fails both (checked by planting it).
+  computing on a bfloat16 copy). With 4 ranks, and with 3 (FSDP2 splitting the rows unevenly and
+  padding the short shards), the gradient sums' order differs: within 1e-5 relative. A rank casting with its own amax (not all-reduced) fails both (checked by planting it).
 - The cast of the whole weight (fp8kit._recipe_quantize, as the layer without FSDP2 casts it):
   the codes and scales FSDP2 all-gathers, W's and W^T's, must be those bits; each shard cast
   alone (its own amax) gives others - shown here to differ.
@@ -224,6 +224,24 @@ def test_fsdp2_on_4_ranks_follows_the_reference_but_for_summation_order(tmp_path
         assert all(abs(g - w) <= 1e-5 * abs(w) for gs, ws in zip(got, want) for g, w in zip(gs, ws)), case
 
 
+def test_fsdp2_splits_rows_unevenly_over_3_ranks_and_follows_the_reference(tmp_path):
+    # 3 ranks: FSDP2 gives the 128-row weights 43, 43 and 42 rows and the 64-row ones 22, 22, 20,
+    # padding the short shards; the FP8 all-gather sends codes padded alike and drops the padding
+    # rows after it (fsdp.py). The reference and its bound are the 4-rank test's (three gradients
+    # summed in gloo's order); a padding row taken for a weight row, or a row scale sent to the
+    # wrong row, would change the losses by the casts' own errors.
+    cases = [dict(run="train", recipe="tensorwise", fp8_all_gather=True),
+             dict(run="train", recipe="rowwise", fp8_all_gather=True, reshard_after_forward=False)]
+    results = run_ranks(tmp_path, 3, cases)
+    assert not isinstance(results, str), results
+    for case, ranks in zip(cases, results):
+        got = [list(row) for row in zip(*ranks)]
+        want = reference(case["recipe"], 3)
+        assert want[0][0] > want[-1][0]  # it trains
+        assert got[0] == want[0]
+        assert all(abs(g - w) <= 1e-5 * abs(w) for gs, ws in zip(got, want) for g, w in zip(gs, ws)), case
+
+
 def gathered(rank, world, case):
     """Per Float8Linear of the case's model (FP8 all-gather), what FSDP2's all-gather gives its
     GEMMs: W's codes (as uint8 bits) and scale_inv, W^T's codes and scale_inv; and the weight's type."""
@@ -235,8 +253,8 @@ def gathered(rank, world, case):
             for m in model.modules() if isinstance(m, f8.Float8Linear)]
 
 
-@pytest.mark.parametrize("world, recipe", [(2, "tensorwise"), (4, "tensorwise"), (2, "block"), (2, "rowwise"),
-                                           (4, "rowwise")])
+@pytest.mark.parametrize("world, recipe", [(2, "tensorwise"), (4, "tensorwise"), (3, "tensorwise"), (2, "block"),
+                                           (2, "rowwise"), (4, "rowwise"), (3, "rowwise")])
 def test_the_gathered_fp8_weight_is_the_whole_weights_cast_bit_for_bit(tmp_path, world, recipe):
     # block: 128x128 blocks need whole 128-row shards, 256 out_features on 2 ranks (wide).
     results = run_ranks(tmp_path, world, [{"run": "gathered", "recipe": recipe, "wide": recipe == "block",
@@ -295,37 +313,47 @@ def test_torchaos_config_switches_fp8_all_gather_on():
 
 
 def test_a_block_shard_that_cuts_128_row_blocks_and_mxfp8_are_refused_naming_the_layer(tmp_path):
-    # 128 out_features on 2 ranks: 64 rows each, half a block.
-    error = run_ranks(tmp_path, 2, [{"run": "gathered", "recipe": "block"}])
-    assert isinstance(error, str) and "fp8kit.Error" in error.replace("fp8kit._fp8kit.Error", "fp8kit.Error") and \
-        "layer '0.0'" in error and "128-row" in error
+    # 128 out_features on 2 ranks: 64 rows each, half a block; 256 on 3 ranks: 86, 86 and 84 rows.
+    # Every rank refuses (none is left waiting in the all-gather for the others).
+    for world, wide in ((2, False), (3, True)):
+        where = tmp_path / f"world{world}"
+        where.mkdir()
+        error = run_ranks(where, world, [{"run": "gathered", "recipe": "block", "wide": wide}])
+        assert isinstance(error, str) and "fp8kit.Error" in error.replace("fp8kit._fp8kit.Error", "fp8kit.Error") and \
+            "layer '0.0'" in error and "128-row" in error
+        refused = [f.read_text() for f in where.glob("*.err")]
+        assert len(refused) == world and all("layer '0.0'" in e for e in refused), refused
     with pytest.raises(fp8kit.Error, match="layer '0.0'.*'mxfp8'"):
         make_model("mxfp8", True)
 
 
 def collectives(rank, world, case):
     """In the second training step (forward, backward's re-gather, optimizer, precompute): the
-    bytes FSDP2 all-gathers, counted at torch.distributed.all_gather_single (the collective FSDP2
-    calls), and the number of all-reduces."""
+    bytes all-gathered, counted at torch.distributed.all_gather_single (the collective FSDP2
+    calls) and all_gather_into_tensor (rowwise's row scales, gathered beside it), and the number
+    of all-reduces."""
     counted, reduces = [], []
-    plain_gather, plain_reduce = torch.distributed.all_gather_single, torch.distributed.all_reduce
+    dist = torch.distributed
+    plain = dist.all_gather_single, dist.all_gather_into_tensor, dist.all_reduce
 
-    def gather(output, input, *args, **kwargs):
-        counted.append(output.numel() * output.element_size())
-        return plain_gather(output, input, *args, **kwargs)
+    def counting(gather):
+        def counted_gather(output, input, *args, **kwargs):
+            counted.append(output.numel() * output.element_size())
+            return gather(output, input, *args, **kwargs)
+        return counted_gather
 
     def reduce(*args, **kwargs):
         reduces.append(1)
-        return plain_reduce(*args, **kwargs)
+        return plain[2](*args, **kwargs)
 
     model, opt = sharded(case)
     steps = [tuple(zip(*s)) for s in batches(world)]
     train_steps(model, opt, steps[:1], rank, case)
-    torch.distributed.all_gather_single, torch.distributed.all_reduce = gather, reduce
+    dist.all_gather_single, dist.all_gather_into_tensor, dist.all_reduce = counting(plain[0]), counting(plain[1]), reduce
     try:
         train_steps(model, opt, steps[1:2], rank, case)
     finally:
-        torch.distributed.all_gather_single, torch.distributed.all_reduce = plain_gather, plain_reduce
+        dist.all_gather_single, dist.all_gather_into_tensor, dist.all_reduce = plain
     return sum(counted), len(reduces)
 
 

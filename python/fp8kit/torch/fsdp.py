@@ -22,12 +22,18 @@ W^T cast is the gathered codes transposed: one byte per element is gathered.
 - rowwise, rowwise_with_gw_hp: W's row scales are each row's own (a rank casts its rows alone),
   but W^T's rows are W's columns, which span every rank: their amaxes are all-reduced (max, one
   vector) and each rank casts its rows with them too. Both casts are gathered - two bytes per
-  element, bfloat16's count, half float32's - with the whole weight's bits.
+  element, bfloat16's count, half float32's - with the whole weight's bits; W's row scales are
+  gathered beside FSDP2's all-gather (all_gather_into_tensor), as FSDP2 takes only inputs of the
+  shard's shape when the split is uneven.
+Uneven splits (out_features not a multiple of the ranks): FSDP2 gives each rank ceil(out / ranks)
+rows, the last ranks fewer or none, and pads them; the codes go padded with zero rows, and the
+gathered weight is the first out_features rows of what arrives.
 mxfp8 (1x32 blocks along W's rows and along W^T's) is refused, naming the layer; FSDP2 without
 FP8 all-gather runs it.
 
-Checked by tests/python/test_fsdp.py (2 ranks on gloo against one process with its gradients
-all-reduced by hand; the gathered codes against the whole weight's cast; bytes all-gathered).
+Checked by tests/python/test_fsdp.py (2, 3 and 4 ranks on gloo against one process with its
+gradients all-reduced by hand; the gathered codes against the whole weight's cast, 3 ranks
+splitting unevenly; bytes all-gathered).
 """
 import torch
 import torch.utils._pytree as pytree
@@ -85,46 +91,67 @@ class Float8WeightShard(torch.Tensor):
 
     def fsdp_pre_all_gather(self, mesh, outer_size, outer_stride, module, mp_policy):
         """This rank's shard cast to FP8: (codes, and block's scales) to all-gather, and the
-        metadata (tensorwise's one scale_inv) that every rank has already."""
-        w = self._tensor
+        metadata that every rank has already (the weight's rows; tensorwise's one scale_inv,
+        rowwise's scales). An uneven split (out_features not a multiple of the ranks: FSDP2 gives
+        each rank ceil(out / ranks) rows, the last ones fewer or none, and pads them) sends codes
+        padded with zero rows to that many, as FSDP2 requires of every input then."""
+        w, rows, world = self._tensor, outer_size[0], mesh.size()
+        padded = -(-rows // world)  # FSDP2's shard rows (torch.chunk's): the gathered codes' first `rows` are W's
         if self._recipe == "tensorwise":
             amax = self._amax
             if amax is None:
                 amax = _amax(w)
                 torch.distributed.all_reduce(amax, torch.distributed.ReduceOp.MAX, group=mesh.get_group())
             codes, scale_inv = _cast_with_amax(w, amax)
-            return (codes,), (scale_inv,)
-        rows = w.shape[0]
+            return (_pad_rows(codes, padded),), (rows, scale_inv)
+        mine = w.shape[0]
         if self._recipe == "rowwise":
             # W^T's row amaxes (W's columns') all-reduced, appended to the shard as one more row:
             # each column's amax then is the whole weight's, and the shard's own rows cast as before.
-            cols = w.detach().abs().amax(0).float() if rows else w.new_zeros(w.shape[1], dtype=torch.float32)
+            cols = w.detach().abs().amax(0).float() if mine else w.new_zeros(w.shape[1], dtype=torch.float32)
             torch.distributed.all_reduce(cols, torch.distributed.ReduceOp.MAX, group=mesh.get_group())
             codes, scale_inv, codes_t, scale_inv_t = cast(torch.cat([w.detach(), cols[None].to(w.dtype)]), "rowwise",
                                                           "weight", True)
-            return (codes[:rows], scale_inv[:rows], codes_t[:, :rows].t().contiguous()), (scale_inv_t,)
-        if rows % 128 != 0:
-            raise fp8kit.Error(f"fp8kit.torch: layer '{self._layer}': FSDP2 gives each of {mesh.size()} ranks "
-                               f"{rows} of its weight's {outer_size[0]} rows; the block recipe's FP8 all-gather "
-                               "needs whole 128-row blocks per rank (out_features a multiple of 128 x ranks), or "
-                               "convert with enable_fsdp_float8_all_gather=False")
+            # W's row scales, 4 bytes a row, gathered beside FSDP2's all-gather: FSDP2 takes only
+            # inputs of the shard's shape when the split is uneven.
+            scales = scale_inv.new_ones(world * padded, 1)
+            torch.distributed.all_gather_into_tensor(scales, _pad_rows(scale_inv[:mine], padded, 1.0),
+                                                     group=mesh.get_group())
+            return ((_pad_rows(codes[:mine], padded), _pad_rows(codes_t[:, :mine].t(), padded)),
+                    (rows, scales[:rows], scale_inv_t))
+        if rows % (128 * world) != 0:  # every rank's test, so that all of them refuse
+            raise fp8kit.Error(f"fp8kit.torch: layer '{self._layer}': FSDP2 splits its weight's {rows} rows over "
+                               f"{world} ranks; the block recipe's FP8 all-gather needs whole 128-row blocks per "
+                               "rank (out_features a multiple of 128 x ranks), or convert with "
+                               "enable_fsdp_float8_all_gather=False")
         codes, scale_inv = cast(w.detach(), "block", "weight", False)
-        return (codes, scale_inv), None
+        return (codes, scale_inv), (rows,)
 
     def fsdp_post_all_gather(self, outputs, metadata, param_dtype, *, out=None):
         """The gathered FP8 weight (Float8GatheredWeight), and the tensors FSDP2 frees after use."""
         transposed = None
+        rows = metadata[0]
         if self._recipe == "tensorwise":
-            (codes,), (scale_inv,) = outputs, metadata
+            (codes,), (_, scale_inv) = outputs, metadata
         elif self._recipe == "rowwise":
-            (codes, scale_inv, codes_t_rows), (scale_inv_t,) = outputs, metadata
-            transposed = (codes_t_rows, scale_inv_t)
+            (codes, codes_t_rows), (_, scale_inv, scale_inv_t) = outputs, metadata
+            transposed = (codes_t_rows[:rows], scale_inv_t)
         else:
             codes, scale_inv = outputs
+        codes = codes[:rows]  # the padding rows of an uneven split dropped: a view, the gathered memory
         if out is not None:  # FSDP2 refilled the storage it gathers into: out takes the new views and metadata
             out._codes, out._scale_inv, out._transposed = codes, scale_inv, transposed
             return None
         return Float8GatheredWeight(codes, scale_inv, transposed, param_dtype), tuple(outputs)
+
+
+def _pad_rows(t, rows, value=0):
+    """t [r, c] with rows - r more rows of value (zero codes: the value 0), contiguous."""
+    if t.shape[0] == rows:
+        return t.contiguous()
+    out = t.new_full((rows, t.shape[1]), value) if value else t.new_zeros((rows, t.shape[1]))
+    out[:t.shape[0]] = t
+    return out
 
 
 def _amax(w):
