@@ -87,7 +87,7 @@ void block_portable(int rows, int nj, const uint16_t* a, int64_t lda, const void
 
 constexpr GemmKernels portable_kernels{&expand_portable, &widen_bf16<&expand_portable>, 2, 8, 32, 2,
                                        &block_then_promote<&block_portable>, &no_tile_state, &no_tile_state, nullptr, 0,
-                                       &matmul_f32_portable, "portable"};
+                                       &matmul_f32_portable, &scale_store_loop, "portable"};
 
 // ---- packing A ----
 
@@ -231,23 +231,67 @@ struct Task {
     bool small;
 };
 
+// The chunks of K in one window of run_tiles: whole K groups, up to the kernel's window_chunks
+// (one group may be longer: then the window is that group, in pieces accumulated in the tiles).
+int64_t window_chunks(const KLayout& kl, const GemmKernels& kern) {
+    const int64_t cpg = kl.chunks_per_group();
+    return kl.groups == 1 ? std::min(kern.window_chunks, cpg) : std::max<int64_t>(1, kern.window_chunks / cpg) * cpg;
+}
+
+// The epilogue of packed rows [p0, p0 + rows) over strips [s0, s1), their sums in acc (row p0's
+// first): scales (one group), alpha, C, bias, activation, the output type - written to D.
+void finish_rows(const Task& t, int64_t p0, int64_t rows, int64_t s0, int64_t s1, float* acc, int64_t ldacc) {
+    const GemmJob& job = t.job;
+    const int64_t j0 = s0 * gemm_tile, cols = std::min(job.n, s1 * gemm_tile) - j0;
+    const float* sb = t.b.scales.data() + j0;
+    if (t.terms == 1 && t.b.kl.groups == 1 && job.c.data == nullptr && job.bias == nullptr &&
+        job.activation == Activation::none && (job.out_dtype == DType::f32 || job.out_dtype == DType::bf16)) {
+        const bool bf16_out = job.out_dtype == DType::bf16;
+        auto* out = static_cast<std::byte*>(job.out) + (p0 * job.n + j0) * (bf16_out ? 2 : 4);
+        for (int64_t i = 0; i < rows; ++i, out += job.n * (bf16_out ? 2 : 4)) {
+            t.kern.scale_store(acc + i * ldacc, job.alpha, t.sa[p0 + i], sb, out, bf16_out, cols);
+        }
+        return;
+    }
+    for (int64_t i = 0; i < rows; i += t.terms) {  // p0 is a multiple of terms (of 16)
+        float* v = acc + i * ldacc;
+        const int64_t gi = (p0 + i) / t.terms;
+        if (t.terms == 2) {
+            // hi's sums plus lo's. A non-finite hi sum stays as it is: where B holds an Inf, lo's
+            // term may be 0 x Inf = NaN while hi's sum is the Inf that x . B is (a NaN or Inf x is
+            // in hi alone, its lo zero; and hi's sums overflow before lo's).
+            const float* lo = v + ldacc;
+            for (int64_t j = 0; j < cols; ++j) v[j] = std::isfinite(v[j]) ? v[j] + lo[j] : v[j];
+        }
+        if (t.b.kl.groups == 1) {
+            const float sa = t.sa[p0 + i];
+            for (int64_t j = 0; j < cols; ++j) v[j] = job.alpha * (v[j] * (sa * sb[j]));
+        } else {
+            for (int64_t j = 0; j < cols; ++j) v[j] = job.alpha * v[j];
+        }
+        detail::gemm_epilogue(job, gi, j0, v, cols);
+        detail::gemm_store(job, gi, j0, v, cols);
+    }
+}
+
 // Packed rows [r0, r0 + rows) x strips [s0, s1) on 16x16 tiles into acc: windows of B widened
 // (bf16 or float32, the kernel's choice) once per task and reused by every pair of row tiles. A
 // last tile partly past the packed rows is computed whole or in part (GemmKernels::block).
+// Each block of rows is finished (finish_rows) as soon as the last window's tiles stored its sums,
+// while they are in L1. With one window (K up to window_chunks x 32) the blocks then take turns
+// in one block's sums (acc_out holds block_rows rows, not the task's): the task's whole sums
+// (1 MiB at 512^3) and D did not stay in L2 together.
 void run_tiles(const Task& t, int64_t r0, int64_t rows, int64_t s0, int64_t s1, float* acc_out, int64_t ldacc) {
     const KLayout& kl = t.b.kl;
     const int64_t ns = s1 - s0;
     const bool one_group = kl.groups == 1;
     const int64_t cpg = kl.chunks_per_group();
-    // A window: whole K groups, up to the kernel's window_chunks (one group may be longer: then
-    // the window is that group, in pieces accumulated in the tiles).
-    const int64_t max_chunks = t.kern.window_chunks;
-    const int64_t groups_per_window = std::max<int64_t>(1, max_chunks / cpg);
-    const int64_t wchunks = one_group ? std::min(max_chunks, cpg) : groups_per_window * cpg;
+    const int64_t wchunks = window_chunks(kl, t.kern);
     const int64_t b_strip = wchunks * gemm_chunk_codes;  // elements of the window per strip
     const int64_t eb = t.kern.widened_bytes;
     Scratch<std::byte> bexp(ns * b_strip * eb);
     const int64_t total_chunks = kl.padded / gemm_chunk;
+    const bool one_window = total_chunks <= wchunks;
 
     // The next window's codes are prefetched into L2 while this one computes, a share before each
     // block: otherwise each window's read from memory and its computation take turns, which at
@@ -284,7 +328,7 @@ void run_tiles(const Task& t, int64_t r0, int64_t rows, int64_t s0, int64_t s1, 
                 const int64_t g = (w0 + q) / cpg;
                 for (int64_t s = 0; s < ns; s += 2) {
                     const int nj = ns - s > 1 ? 2 : 1;
-                    float* c = acc_out + i * ldacc + s * gemm_tile;
+                    float* c = acc_out + (one_window ? 0 : i) * ldacc + s * gemm_tile;
                     const std::byte* b = bexp.get() + (s * b_strip + q * gemm_chunk_codes) * eb;
                     prefetch_share();
                     if (one_group) {
@@ -296,46 +340,26 @@ void run_tiles(const Task& t, int64_t r0, int64_t rows, int64_t s0, int64_t s1, 
                     t.kern.block(block_m, nj, a + q * gemm_chunk, t.lda, b, b_strip, cpg, c, ldacc, false, &promotion);
                 }
             }
+            if (next_w0 >= total_chunks) finish_rows(t, r0 + i, block_m, s0, s1, acc_out + (one_window ? 0 : i) * ldacc, ldacc);
         }
     }
     t.kern.end();
 }
 
 void run_task(const Task& t, int64_t r0, int64_t r1, int64_t s0, int64_t s1) {
-    const KLayout& kl = t.b.kl;
     const int64_t ns = s1 - s0, rows = r1 - r0, ldacc = ns * gemm_tile;
-    const bool one_group = kl.groups == 1;
-    Scratch<float> acc(rows * ldacc);
     const int64_t m_rows = std::min(rows, t.packed_m - r0);  // packed rows of A here (the rest is padding)
     if (t.small) {
-        t.kern.small(m_rows, t.apk + r0 * t.lda, t.lda, t.b, s0, s1, t.sa + r0 * kl.groups, t.table, acc.get(), ldacc);
-    } else {
-        run_tiles(t, r0, m_rows, s0, s1, acc.get(), ldacc);
+        Scratch<float> acc(rows * ldacc);
+        t.kern.small(m_rows, t.apk + r0 * t.lda, t.lda, t.b, s0, s1, t.sa + r0 * t.b.kl.groups, t.table, acc.get(), ldacc);
+        finish_rows(t, r0, m_rows, s0, s1, acc.get(), ldacc);
+        return;
     }
-
-    // Epilogue: scales (one group), alpha, C, bias, activation, the output type.
-    const GemmJob& job = t.job;
-    const int64_t j0 = s0 * gemm_tile, cols = std::min(job.n, s1 * gemm_tile) - j0;
-    const float* sb = t.b.scales.data() + j0;
-    for (int64_t i = 0; i < m_rows; i += t.terms) {  // r0 is a multiple of terms (of 16)
-        float* v = acc.get() + i * ldacc;
-        const int64_t gi = (r0 + i) / t.terms;
-        if (t.terms == 2) {
-            // hi's sums plus lo's. A non-finite hi sum stays as it is: where B holds an Inf, lo's
-            // term may be 0 x Inf = NaN while hi's sum is the Inf that x . B is (a NaN or Inf x is
-            // in hi alone, its lo zero; and hi's sums overflow before lo's).
-            const float* lo = v + ldacc;
-            for (int64_t j = 0; j < cols; ++j) v[j] = std::isfinite(v[j]) ? v[j] + lo[j] : v[j];
-        }
-        if (one_group) {
-            const float sa = t.sa[r0 + i];
-            for (int64_t j = 0; j < cols; ++j) v[j] = job.alpha * (v[j] * (sa * sb[j]));
-        } else {
-            for (int64_t j = 0; j < cols; ++j) v[j] = job.alpha * v[j];
-        }
-        detail::gemm_epilogue(job, gi, j0, v, cols);
-        detail::gemm_store(job, gi, j0, v, cols);
-    }
+    // run_tiles' sums: one block of rows where K is one window (run_tiles says why), else all rows.
+    const int64_t block_rows = t.kern.block_tiles * gemm_tile;
+    const bool one_window = t.b.kl.padded / gemm_chunk <= window_chunks(t.b.kl, t.kern);
+    Scratch<float> acc((one_window ? std::min(rows, block_rows) : rows) * ldacc);
+    run_tiles(t, r0, m_rows, s0, s1, acc.get(), ldacc);
 }
 
 }  // namespace

@@ -212,12 +212,13 @@ bool amx_usable() {
 // 2048 x 4096 x 4096 1598-1698 / 2007-2063 / 1453-1485; M = 128 1568-1640 / 1764-1847 / 1810-1822;
 // 8 and 16 chunks slower than 32 (2048^3: 1244, 1395).
 constexpr GemmKernels amx_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 64, 2, &block_then_promote<&block_dispatch>,
-                                  &amx_begin, &amx_end, &small_amx<false>, amx_small_m_max, &matmul_f32_avx2, "amx"};
+                                  &amx_begin, &amx_end, &small_amx<false>, amx_small_m_max, &matmul_f32_avx2,
+                                  &scale_store_loop, "amx"};
 // With AVX512-BF16: M = 1 on src/cpu/gemm_avx512.cpp's small kernel, two strips at once
 // (small_strips_for); 2 <= M <= 128 streams through the tiles (small_amx).
 constexpr GemmKernels amx_bf16_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 64, 2,
                                        &block_then_promote<&block_dispatch>, &amx_begin, &amx_end, &small_amx<true>,
-                                       amx_small_m_max, &matmul_f32_avx2, "amx"};
+                                       amx_small_m_max, &matmul_f32_avx2, &scale_store_loop, "amx"};
 
 }  // namespace
 

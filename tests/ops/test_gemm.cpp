@@ -926,6 +926,37 @@ TEST(GemmOps, ThreadCountDoesNotChangeD) {
     }
 }
 
+// D in bfloat16 is D in float32 rounded once, to nearest even (fp8kit::bf16, NaN kept), on every
+// ISA path: where the epilogue only scales, the cpu kernels store bf16 from their own vectors
+// (GemmKernels::scale_store). Shapes through the small-M kernels, the tiles with K in one window
+// and K past it (AMX: 2048), one row of B all NaN; a truncating or ties-away store fails.
+TEST(GemmOps, Bf16DIsTheFloat32DRoundedOnce) {
+    uint32_t seed = 950;
+    for (const Mnk s : {Mnk{1, 40, 1100}, Mnk{16, 48, 256}, Mnk{130, 257, 129}, Mnk{64, 300, 2100}}) {
+        for (const Scaling sc : {Scaling::tensor(), Scaling::row()}) {
+            SCOPED_TRACE(std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k) + " " + to_string(sc));
+            const QTensor qa = quantize(as_tensor(gaussian(s.m, s.k, seed), s.m, s.k, DType::f32), qopts(sc, Format::e4m3fn));
+            QTensor qb = quantize(as_tensor(gaussian(s.n, s.k, seed + 1), s.n, s.k, DType::f32), qopts(sc, Format::e4m3fn));
+            seed += 2;
+            std::memset(qb.data.raw_data(), 0x7f, size_t(s.k));  // B's row 0: e4m3fn NaN codes
+            on_backend(Backend::cpu, [&] {
+                for_each_isa([&](Isa) {
+                    GemmOptions o;
+                    o.alpha = 0.75f;
+                    const Tensor f = gemm(qa, qb, o);
+                    o.out_dtype = DType::bf16;
+                    const Tensor h = gemm(qa, qb, o);
+                    std::vector<bf16> want;
+                    for (const double v : values(f)) want.push_back(bf16(float(v)));
+                    EXPECT_TRUE(identical(h, Tensor::from(want, {s.m, s.n})));
+                    EXPECT_TRUE(std::isnan(h.get({0, 0})));
+                });
+                return 0;
+            });
+        }
+    }
+}
+
 // The small-M kernels add each output's K pairs in K order into one float32 lane, as the tiles
 // do: the first M rows of A give the first M rows of the tiles' D (M = 160) bit for bit, for one K
 // group (row) and for many (block, mx32; each group's partial sum promoted in turn). On the
