@@ -244,12 +244,13 @@ void finish_rows(const Task& t, int64_t p0, int64_t rows, int64_t s0, int64_t s1
     const GemmJob& job = t.job;
     const int64_t j0 = s0 * gemm_tile, cols = std::min(job.n, s1 * gemm_tile) - j0;
     const float* sb = t.b.scales.data() + j0;
-    if (t.terms == 1 && t.b.kl.groups == 1 && job.c.data == nullptr && job.bias == nullptr &&
-        job.activation == Activation::none && (job.out_dtype == DType::f32 || job.out_dtype == DType::bf16)) {
+    if (t.terms == 1 && t.b.kl.groups == 1 && job.c.data == nullptr && job.activation == Activation::none &&
+        (job.bias == nullptr || job.bias_dtype == DType::f32) && (job.out_dtype == DType::f32 || job.out_dtype == DType::bf16)) {
         const bool bf16_out = job.out_dtype == DType::bf16;
+        const float* bias = job.bias == nullptr ? nullptr : static_cast<const float*>(job.bias) + j0;
         auto* out = static_cast<std::byte*>(job.out) + (p0 * job.n + j0) * (bf16_out ? 2 : 4);
         for (int64_t i = 0; i < rows; ++i, out += job.n * (bf16_out ? 2 : 4)) {
-            t.kern.scale_store(acc + i * ldacc, job.alpha, t.sa[p0 + i], sb, out, bf16_out, cols);
+            t.kern.scale_store(acc + i * ldacc, job.alpha, t.sa[p0 + i], sb, bias, out, bf16_out, cols);
         }
         return;
     }

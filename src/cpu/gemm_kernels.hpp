@@ -195,11 +195,13 @@ struct GemmKernels {
     // order (src/cpu/matmul_kernel.hpp; on AVX2 the FP8 tiles' float32 kernel).
     void (*matmul_f32)(float* c, const float* a, bool ta, const float* b, bool tb, int64_t m, int64_t n, int64_t k,
                        bool accumulate);
-    // The GEMM's epilogue where it only scales (gemm.cpp's finish_rows: one K group, no C, bias or
-    // activation): D's row segment out[j] = alpha * (v[j] * (sa * sb[j])), j < cols, as float32 or
-    // bf16 (scale_store_loop; in the kernel TU's vectors: built with baseline flags, the loop and
-    // the store after it took a third of a 512^3 GEMM on the AMX tiles).
-    void (*scale_store)(const float* v, float alpha, float sa, const float* sb, void* out, bool bf16_out, int64_t cols);
+    // The GEMM's epilogue where it only scales and adds a float32 bias or none (gemm.cpp's
+    // finish_rows: one K group, no C or activation): D's row segment out[j] = alpha * (v[j] * (sa *
+    // sb[j])) (+ bias[j]), j < cols, as float32 or bf16 (scale_store_loop; in the kernel TU's
+    // vectors: built with baseline flags, the loop and the store after it took a third of a 512^3
+    // GEMM on the AMX tiles). v may be overwritten.
+    void (*scale_store)(float* v, float alpha, float sa, const float* sb, const float* bias, void* out, bool bf16_out,
+                        int64_t cols);
     const char* name;  // what gemm_kernels_name() reports: amx, avx512-bf16, avx2, portable
 };
 
@@ -253,20 +255,25 @@ void widen_bf16(const uint8_t* codes, int64_t n, const ExpandTable& t, bool, voi
 // begin / end for kernels that keep no per-thread state.
 inline void no_tile_state() {}
 
-// GemmKernels::scale_store as a loop the kernel TU vectorizes: the products rounded as
-// finish_rows rounds them (no sum follows, so nothing is fused into an FMA), and a bf16 D rounded
-// to nearest even with NaN kept quiet, fp8kit::bf16's rounding written out on the bits (so that no
-// inline function is compiled with this TU's ISA; checked against it by test_gemm's backends).
-inline void scale_store_loop(const float* v, float alpha, float sa, const float* sb, void* out, bool bf16_out,
-                             int64_t cols) {
+// GemmKernels::scale_store as loops the kernel TU vectorizes: the products rounded as finish_rows
+// rounds them, and a bf16 D rounded to nearest even with NaN kept quiet, fp8kit::bf16's rounding
+// written out on the bits (so that no inline function is compiled with this TU's ISA; checked
+// against it by test_gemm). With a bias the products are stored first and the bias added in a
+// loop of its own: in one loop a TU built with FMA would fuse product and bias into one rounding.
+inline void scale_store_loop(float* v, float alpha, float sa, const float* sb, const float* bias, void* out,
+                             bool bf16_out, int64_t cols) {
+    if (bias != nullptr) {
+        for (int64_t j = 0; j < cols; ++j) v[j] = alpha * (v[j] * (sa * sb[j]));
+    }
+    const auto d = [&](int64_t j) { return bias != nullptr ? v[j] + bias[j] : alpha * (v[j] * (sa * sb[j])); };
     if (!bf16_out) {
         float* o = static_cast<float*>(out);
-        for (int64_t j = 0; j < cols; ++j) o[j] = alpha * (v[j] * (sa * sb[j]));
+        for (int64_t j = 0; j < cols; ++j) o[j] = d(j);
         return;
     }
     uint16_t* o = static_cast<uint16_t*>(out);
     for (int64_t j = 0; j < cols; ++j) {
-        const float x = alpha * (v[j] * (sa * sb[j]));
+        const float x = d(j);
         uint32_t b;
         std::memcpy(&b, &x, sizeof b);
         o[j] = (b & 0x7fffffffu) > 0x7f800000u ? uint16_t((b >> 16) | 0x40u) : uint16_t((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);

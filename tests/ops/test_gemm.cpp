@@ -203,6 +203,7 @@ struct Epilogue {
 const Epilogue epilogues[] = {
     {"plain", 1.0f, 0.0f, false, DType::f32, false, DType::f32, Activation::none},
     {"alpha", -0.75f, 0.0f, false, DType::f32, false, DType::f32, Activation::none},
+    {"alpha_bias_f32", 0.5f, 0.0f, false, DType::f32, true, DType::f32, Activation::none},
     {"beta_c_f32", 1.5f, 0.5f, true, DType::f32, false, DType::f32, Activation::none},
     {"beta_c_bf16_bias_f32", 1.0f, -1.25f, true, DType::bf16, true, DType::f32, Activation::none},
     {"bias_f16_gelu", 0.5f, 0.0f, false, DType::f32, true, DType::f16, Activation::gelu},
@@ -927,9 +928,11 @@ TEST(GemmOps, ThreadCountDoesNotChangeD) {
 }
 
 // D in bfloat16 is D in float32 rounded once, to nearest even (fp8kit::bf16, NaN kept), on every
-// ISA path: where the epilogue only scales, the cpu kernels store bf16 from their own vectors
-// (GemmKernels::scale_store). Shapes through the small-M kernels, the tiles with K in one window
-// and K past it (AMX: 2048), one row of B all NaN; a truncating or ties-away store fails.
+// ISA path: where the epilogue only scales and adds a float32 bias, the cpu kernels store D from
+// their own vectors (GemmKernels::scale_store). Shapes through the small-M kernels, the tiles with
+// K in one window and K past it (AMX: 2048), one row of B all NaN; a truncating or ties-away store
+// fails. And a float32 bias gives the D that the same values as a bf16 bias give through the
+// general epilogue (product, then + bias: a product and bias fused into one FMA fails).
 TEST(GemmOps, Bf16DIsTheFloat32DRoundedOnce) {
     uint32_t seed = 950;
     for (const Mnk s : {Mnk{1, 40, 1100}, Mnk{16, 48, 256}, Mnk{130, 257, 129}, Mnk{64, 300, 2100}}) {
@@ -950,6 +953,16 @@ TEST(GemmOps, Bf16DIsTheFloat32DRoundedOnce) {
                     for (const double v : values(f)) want.push_back(bf16(float(v)));
                     EXPECT_TRUE(identical(h, Tensor::from(want, {s.m, s.n})));
                     EXPECT_TRUE(std::isnan(h.get({0, 0})));
+                    std::vector<float> bv = gaussian(1, s.n, seed);
+                    for (float& x : bv) x = float(bf16(x));  // the same values in both dtypes
+                    const Tensor bias16 = as_tensor(bv, 1, s.n, DType::bf16).reshape({s.n});
+                    for (const DType out : {DType::f32, DType::bf16}) {
+                        o.out_dtype = out;
+                        o.bias = Tensor::from(bv, {s.n});
+                        const Tensor fast = gemm(qa, qb, o);
+                        o.bias = bias16;
+                        EXPECT_TRUE(identical(fast, gemm(qa, qb, o))) << to_string(out) << " D";
+                    }
                 });
                 return 0;
             });
