@@ -105,6 +105,12 @@ std::shared_ptr<std::byte> host_allocate(size_t bytes) {
     return {large_take(rounded), [rounded](std::byte* q) { cache().give({q, rounded}); }};
 }
 
+std::shared_ptr<std::byte> host_allocate_lasting(size_t bytes) {
+    const size_t rounded = round_up(bytes, size_t(4) << 10);
+    if (rounded < host_cache_min) return {aligned_new(rounded), release};
+    return {large_new(rounded), large_release};
+}
+
 namespace {
 
 // A thread's released scratch blocks (sizes rounded to 64 bytes).

@@ -418,7 +418,7 @@ std::shared_ptr<const void> pack_weight(const ExecContext&, const GemmOperand& b
                                                b.format, {}, {}, {}, {}});
     PackedB& pb = *p;
     const KLayout& kl = pb.kl;
-    pb.codes = detail::host_allocate(pb.code_bytes());  // uninitialised: written below
+    pb.codes = detail::host_allocate_lasting(pb.code_bytes());  // uninitialised: written below
     pb.scales.assign(size_t(kl.groups * pb.strips * gemm_tile), 0.0f);
     pb.strip_has_nan.assign(size_t(pb.strips), 0);
     const int64_t chunks = kl.padded / gemm_chunk;

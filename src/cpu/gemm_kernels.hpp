@@ -69,7 +69,7 @@ struct PackedB {
     int64_t n, strips;
     KLayout kl;
     Format format;
-    // [strips][kl.padded / 32][512]; from detail::host_allocate (a large weight on huge pages),
+    // [strips][kl.padded / 32][512]; from detail::host_allocate_lasting (a large weight on huge pages),
     // uninitialised until pack_weight writes every byte (padding included), in parallel: zeroing
     // 16 MiB on one thread took a fifth of a 4096 x 4096 pack.
     std::shared_ptr<std::byte> codes;
