@@ -6,7 +6,7 @@ Oracles:
 - The single-process reference: the same FP8 model replicated, each rank's micro-batch run through
   it in turn, the gradients averaged by hand, AdamW. With 2 ranks every operation is the same
   arithmetic (FSDP2's gradient average of two is one rounding, as the reference's), so the losses
-  of 10 steps must be equal bit for bit - tensorwise, rowwise, rowwise_with_gw_hp and block, FP8
+  of 10 steps must be equal bit for bit - tensorwise, rowwise, rowwise_with_gw_hp, block and mxfp8, FP8
   all-gather on and off, scales precomputed or not, reshard_after_forward True and False, a
   module_filter_fn that leaves Linears in float32, a bfloat16 MixedPrecisionPolicy (the reference
   computing on a bfloat16 copy). With 4 ranks, and with 3 (FSDP2 splitting the rows unevenly and
@@ -193,6 +193,7 @@ PARITY = [  # each with recipe, FP8 all-gather, precomputed scales, reshard_afte
     dict(recipe="block", fp8_all_gather=True, wide=True),
     dict(recipe="rowwise", fp8_all_gather=True),
     dict(recipe="rowwise_with_gw_hp", fp8_all_gather=True, reshard_after_forward=False),
+    dict(recipe="mxfp8", fp8_all_gather=True),
 ]
 
 
@@ -254,7 +255,7 @@ def gathered(rank, world, case):
 
 
 @pytest.mark.parametrize("world, recipe", [(2, "tensorwise"), (4, "tensorwise"), (3, "tensorwise"), (2, "block"),
-                                           (2, "rowwise"), (4, "rowwise"), (3, "rowwise")])
+                                           (2, "rowwise"), (4, "rowwise"), (3, "rowwise"), (2, "mxfp8")])
 def test_the_gathered_fp8_weight_is_the_whole_weights_cast_bit_for_bit(tmp_path, world, recipe):
     # block: 128x128 blocks need whole 128-row shards, 256 out_features on 2 ranks (wide).
     results = run_ranks(tmp_path, world, [{"run": "gathered", "recipe": recipe, "wide": recipe == "block",
@@ -312,19 +313,21 @@ def test_torchaos_config_switches_fp8_all_gather_on():
         assert (type(model[0].weight).__name__ == "Float8WeightShard") == shard
 
 
-def test_a_block_shard_that_cuts_128_row_blocks_and_mxfp8_are_refused_naming_the_layer(tmp_path):
-    # 128 out_features on 2 ranks: 64 rows each, half a block; 256 on 3 ranks: 86, 86 and 84 rows.
-    # Every rank refuses (none is left waiting in the all-gather for the others).
-    for world, wide in ((2, False), (3, True)):
-        where = tmp_path / f"world{world}"
+def test_shards_that_cut_a_block_and_delayed_are_refused_naming_the_layer(tmp_path):
+    # block: 128 out_features on 2 ranks, 64 rows each, half a 128-row block; 256 on 3 ranks: 86,
+    # 86 and 84 rows. mxfp8: 128 out_features on 3 ranks, 43 rows each, cutting W^T's 32-row
+    # blocks. Every rank refuses (none is left waiting in the all-gather for the others).
+    for world, recipe, wide, words in ((2, "block", False, "128-row"), (3, "block", True, "128-row"),
+                                       (3, "mxfp8", False, "32-row")):
+        where = tmp_path / f"{recipe}{world}"
         where.mkdir()
-        error = run_ranks(where, world, [{"run": "gathered", "recipe": "block", "wide": wide}])
+        error = run_ranks(where, world, [{"run": "gathered", "recipe": recipe, "wide": wide}])
         assert isinstance(error, str) and "fp8kit.Error" in error.replace("fp8kit._fp8kit.Error", "fp8kit.Error") and \
-            "layer '0.0'" in error and "128-row" in error
+            "layer '0.0'" in error and words in error
         refused = [f.read_text() for f in where.glob("*.err")]
         assert len(refused) == world and all("layer '0.0'" in e for e in refused), refused
-    with pytest.raises(fp8kit.Error, match="layer '0.0'.*'mxfp8'"):
-        make_model("mxfp8", True)
+    with pytest.raises(fp8kit.Error, match="layer '0.0'.*'delayed'"):
+        make_model("delayed", True)
 
 
 def collectives(rank, world, case):

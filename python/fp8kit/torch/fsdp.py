@@ -28,8 +28,11 @@ W^T cast is the gathered codes transposed: one byte per element is gathered.
 Uneven splits (out_features not a multiple of the ranks): FSDP2 gives each rank ceil(out / ranks)
 rows, the last ranks fewer or none, and pads them; the codes go padded with zero rows, and the
 gathered weight is the first out_features rows of what arrives.
-mxfp8 (1x32 blocks along W's rows and along W^T's) is refused, naming the layer; FSDP2 without
-FP8 all-gather runs it.
+- mxfp8: W's 1x32 blocks run along its rows (a rank's own), W^T's along W's columns, 32 rows of W
+  each: where every rank's share of rows is a multiple of 32 (FSDP2's ceil(out / ranks)) each block
+  lies in one shard, so each rank casts both for its rows alone, and both casts are gathered as
+  rowwise's are, the e8m0 scales beside FSDP2's all-gather. Any other split is refused, naming the
+  layer, on every rank.
 
 Checked by tests/python/test_fsdp.py (2, 3 and 4 ranks on gloo against one process with its
 gradients all-reduced by hand; the gathered codes against the whole weight's cast, 3 ranks
@@ -45,7 +48,7 @@ from .ops import cast
 aten = torch.ops.aten
 
 # The library recipes whose weight cast all-gathers in FP8 (the module's docstring says how).
-FP8_ALL_GATHER_RECIPES = ("tensorwise", "block", "rowwise")
+FP8_ALL_GATHER_RECIPES = ("tensorwise", "block", "rowwise", "mxfp8")
 
 # What FSDP2 does to a weight to shard, pad and copy it: the result stays a Float8WeightShard.
 _PRESERVED = {aten.empty_like.default, aten.new_zeros.default, aten.slice.Tensor, aten.copy_.default,
@@ -114,11 +117,21 @@ class Float8WeightShard(torch.Tensor):
                                                           "weight", True)
             # W's row scales, 4 bytes a row, gathered beside FSDP2's all-gather: FSDP2 takes only
             # inputs of the shard's shape when the split is uneven.
-            scales = scale_inv.new_ones(world * padded, 1)
-            torch.distributed.all_gather_into_tensor(scales, _pad_rows(scale_inv[:mine], padded, 1.0),
-                                                     group=mesh.get_group())
+            scales = _gather_rows(scale_inv[:mine], padded, 1.0, mesh)[:rows]
             return ((_pad_rows(codes[:mine], padded), _pad_rows(codes_t[:, :mine].t(), padded)),
-                    (rows, scales[:rows], scale_inv_t))
+                    (rows, scales, scale_inv_t))
+        if self._recipe == "mxfp8":
+            if padded % 32 != 0:  # every rank's test, so that all of them refuse
+                raise fp8kit.Error(f"fp8kit.torch: layer '{self._layer}': FSDP2 gives each of {world} ranks up to "
+                                   f"{padded} of its weight's {rows} rows; mxfp8's FP8 all-gather needs whole 32-row "
+                                   "blocks of W^T per rank (ceil(out_features / ranks) a multiple of 32), or convert "
+                                   "with enable_fsdp_float8_all_gather=False")
+            codes, scale_inv, codes_t, scale_inv_t = cast(w.detach(), "mxfp8", "weight", True)
+            # W's e8m0 scales [rows, K / 32] and W^T's [K, rows / 32] (its blocks' rows as W's
+            # 32-row groups), gathered beside FSDP2's all-gather; 127 is e8m0's 1 (padding only).
+            scales = _gather_rows(scale_inv, padded, 127, mesh)[:rows]
+            scales_t = _gather_rows(scale_inv_t.t(), padded // 32, 127, mesh)[:-(-rows // 32)].t().contiguous()
+            return (_pad_rows(codes, padded), _pad_rows(codes_t.t(), padded)), (rows, scales, scales_t)
         if rows % (128 * world) != 0:  # every rank's test, so that all of them refuse
             raise fp8kit.Error(f"fp8kit.torch: layer '{self._layer}': FSDP2 splits its weight's {rows} rows over "
                                f"{world} ranks; the block recipe's FP8 all-gather needs whole 128-row blocks per "
@@ -133,7 +146,7 @@ class Float8WeightShard(torch.Tensor):
         rows = metadata[0]
         if self._recipe == "tensorwise":
             (codes,), (_, scale_inv) = outputs, metadata
-        elif self._recipe == "rowwise":
+        elif self._recipe in ("rowwise", "mxfp8"):
             (codes, codes_t_rows), (_, scale_inv, scale_inv_t) = outputs, metadata
             transposed = (codes_t_rows[:rows], scale_inv_t)
         else:
@@ -143,6 +156,14 @@ class Float8WeightShard(torch.Tensor):
             out._codes, out._scale_inv, out._transposed = codes, scale_inv, transposed
             return None
         return Float8GatheredWeight(codes, scale_inv, transposed, param_dtype), tuple(outputs)
+
+
+def _gather_rows(t, rows, value, mesh):
+    """Every rank's t [r, c] (r <= rows) padded with value to rows rows, all-gathered in rank order:
+    [ranks x rows, c]."""
+    out = t.new_empty((mesh.size() * rows, t.shape[1]))
+    torch.distributed.all_gather_into_tensor(out, _pad_rows(t, rows, value), group=mesh.get_group())
+    return out
 
 
 def _pad_rows(t, rows, value=0):
@@ -218,8 +239,8 @@ def shard_weight(linear, layer):
     recipe = linear._casts.recipe  # the library's (rowwise_with_gw_hp casts its weight as rowwise)
     if recipe not in FP8_ALL_GATHER_RECIPES:
         raise fp8kit.Error(f"fp8kit.torch: layer '{layer}': enable_fsdp_float8_all_gather with recipe "
-                           f"'{linear.config}': its 1x32 blocks of W^T run across every rank's rows; FP8 all-gather "
-                           f"takes tensorwise, rowwise, rowwise_with_gw_hp and block")
+                           f"'{linear.config}': its amax history is each rank's own; FP8 all-gather takes "
+                           f"tensorwise, rowwise, rowwise_with_gw_hp, block and mxfp8")
     w = linear.weight
     linear.weight = torch.nn.Parameter(Float8WeightShard(w.data, recipe, layer), requires_grad=w.requires_grad)
 
