@@ -25,14 +25,14 @@ W^T cast is the gathered codes transposed: one byte per element is gathered.
   element, bfloat16's count, half float32's - with the whole weight's bits; W's row scales are
   gathered beside FSDP2's all-gather (all_gather_into_tensor), as FSDP2 takes only inputs of the
   shard's shape when the split is uneven.
-Uneven splits (out_features not a multiple of the ranks): FSDP2 gives each rank ceil(out / ranks)
-rows, the last ranks fewer or none, and pads them; the codes go padded with zero rows, and the
-gathered weight is the first out_features rows of what arrives.
 - mxfp8: W's 1x32 blocks run along its rows (a rank's own), W^T's along W's columns, 32 rows of W
   each: where every rank's share of rows is a multiple of 32 (FSDP2's ceil(out / ranks)) each block
   lies in one shard, so each rank casts both for its rows alone, and both casts are gathered as
   rowwise's are, the e8m0 scales beside FSDP2's all-gather. Any other split is refused, naming the
   layer, on every rank.
+Uneven splits (out_features not a multiple of the ranks): FSDP2 gives each rank ceil(out / ranks)
+rows, the last ranks fewer or none, and pads them; the codes go padded with zero rows, and the
+gathered weight is the first out_features rows of what arrives.
 
 Checked by tests/python/test_fsdp.py (2, 3 and 4 ranks on gloo against one process with its
 gradients all-reduced by hand; the gathered codes against the whole weight's cast, 3 ranks
@@ -95,7 +95,7 @@ class Float8WeightShard(torch.Tensor):
     def fsdp_pre_all_gather(self, mesh, outer_size, outer_stride, module, mp_policy):
         """This rank's shard cast to FP8: (codes, and block's scales) to all-gather, and the
         metadata that every rank has already (the weight's rows; tensorwise's one scale_inv,
-        rowwise's scales). An uneven split (out_features not a multiple of the ranks: FSDP2 gives
+        rowwise's and mxfp8's gathered scales). An uneven split (out_features not a multiple of the ranks: FSDP2 gives
         each rank ceil(out / ranks) rows, the last ones fewer or none, and pads them) sends codes
         padded with zero rows to that many, as FSDP2 requires of every input then."""
         w, rows, world = self._tensor, outer_size[0], mesh.size()
