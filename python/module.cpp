@@ -394,7 +394,7 @@ void fused_call(const FusedLinear& f, const GemmOptions& o, uintptr_t x, int64_t
         Tensor::External e;
         e.data = p;
         e.dtype = d;
-        e.device = f.b.source().data.device();  // x and y live where the weight does
+        e.device = f.b.source().scale_inv.device();  // x and y live where the weight does (its codes may be released)
         e.shape = {m, cols};
         e.strides = {cols, 1};
         e.read_only = read_only;
@@ -567,9 +567,21 @@ NB_MODULE(_fp8kit, m) {
         .def_prop_ro("n", &PackedWeight::n)
         .def_prop_ro("k", &PackedWeight::k)
         .def_prop_ro("packed_bytes", &PackedWeight::packed_bytes, "memory the packed layout takes beyond the codes")
-        .def_prop_ro("source", &PackedWeight::source, "the QTensor it was packed from")
+        .def_prop_ro("source", &PackedWeight::source, "the QTensor it was packed from (data None once codes_released)")
+        .def_prop_ro("codes_released", &PackedWeight::codes_released)
+        .def("release_codes", &PackedWeight::release_codes,
+             "Lets the source's codes go: the packed layout becomes the weight's only copy (cpu backend).")
+        .def("codes_into",
+             [](const PackedWeight& w, const nb::ndarray<>& out) {
+                 const Tensor t = out_view(out, "out", dtype_of(w.format()), Shape{w.n(), w.k()});
+                 nb::gil_scoped_release nogil;
+                 w.codes_into(t);
+             },
+             "out"_a,
+             "Writes the codes [N, K] into out (host, contiguous, the weight's FP8 dtype): the source's, or "
+             "read back from the packed layout once released.")
         .def("__repr__", [](const PackedWeight& w) {
-            return "fp8kit.PackedWeight(" + std::string(to_string(w.source().format())) + ", [" + std::to_string(w.n()) +
+            return "fp8kit.PackedWeight(" + std::string(to_string(w.format())) + ", [" + std::to_string(w.n()) +
                    ", " + std::to_string(w.k()) + "], " + to_string(w.source().scaling) + ")";
         });
     nb::implicitly_convertible<QTensor, PackedWeight>();
@@ -653,7 +665,9 @@ NB_MODULE(_fp8kit, m) {
              },
              "x"_a, "m"_a, "k"_a, "dtype"_a, "out"_a,
              "y[m, n] = D for x[m, k] at address x, written at address out, both C-contiguous in out_dtypes[dtype] "
-             "(fp8kit.torch's eager path; the caller keeps both alive).");
+             "(fp8kit.torch's eager path; the caller keeps both alive).")
+        .def_prop_ro("weight", [](FusedLinear& f) -> PackedWeight& { return f.b; }, nb::rv_policy::reference_internal,
+                     "its PackedWeight (the FusedLinear's own: release_codes here releases them for its GEMMs)");
     // fp8kit.torch's siblings (layers a model calls in a row on one input): their GEMMs of one x in
     // one call, each into its own output, from the layers' own packed weights - no stacked copy of
     // them. Why one call: a decode step's small GEMM costs less than the way from Python to it,

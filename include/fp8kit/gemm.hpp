@@ -76,16 +76,31 @@ namespace detail { struct PackedAccess; }
 class PackedWeight {
 public:
     PackedWeight(const QTensor& b);  // NOLINT: implicit; [N, K], fp8kit::Error if not a GEMM operand
-    const QTensor& source() const noexcept { return source_; }
+    const QTensor& source() const noexcept { return source_; }  // data undefined once codes_released()
     int64_t n() const noexcept { return n_; }
     int64_t k() const noexcept { return k_; }
+    Format format() const noexcept { return format_; }
     Backend backend() const noexcept { return backend_; }
     size_t packed_bytes() const noexcept;  // memory the packed layout takes beyond the source
+
+    // Makes the packed layout the weight's only copy: the source's codes are let go (their memory
+    // is freed once nothing else holds it) and source().data is undefined from then on; the
+    // scales, shape and format stay, and every GEMM this packing serves is unchanged. Only where
+    // the layout holds every code (the cpu backend); fp8kit::Error on a backend that reads B as
+    // it is (ref, cuda). A GEMM that would need B repacked (another backend, narrower K groups
+    // of A) then fails, naming the release.
+    void release_codes();
+    bool codes_released() const noexcept { return released_; }
+    // B's codes into out ([N, K], contiguous, B's FP8 dtype, on the host): the source's, or once
+    // released read back from the packed layout - bit for bit the same.
+    void codes_into(const Tensor& out) const;
 
 private:
     friend struct detail::PackedAccess;  // the backend's layout, for src/core/gemm.cpp
     QTensor source_;
     int64_t n_ = 0, k_ = 0;
+    Format format_;
+    bool released_ = false;
     Backend backend_;
     std::shared_ptr<const void> packed_;
     size_t packed_bytes_ = 0;

@@ -18,7 +18,8 @@ constexpr Backend host_backends[] = {Backend::ref, Backend::cpu};
 
 #define FP8KIT_BACKEND_OPS(ns)                                                                      \
     detail::BackendOps {                                                                            \
-        &ns::amax, &ns::group_amax, &ns::quantize, &ns::dequantize, &ns::pack_weight, &ns::gemm,    \
+        &ns::amax, &ns::group_amax, &ns::quantize, &ns::dequantize, &ns::pack_weight,              \
+            &ns::unpack_weight, &ns::gemm,                                                          \
             &detail::host_delayed_init, &detail::host_delayed_record, &detail::host_delayed_update, \
             &ns::matmul, &ns::bias_grad, &ns::layernorm_forward, &ns::layernorm_backward,           \
             &ns::rmsnorm_forward, &ns::rmsnorm_backward, &ns::gelu_forward, &ns::gelu_backward,     \

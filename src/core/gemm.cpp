@@ -43,20 +43,12 @@ int64_t k_extent(const Scaling& s, int64_t k, const char* which) {
     return k;
 }
 
-// Checks an FP8 QTensor as a GEMM operand [rows, K] ("A" or "B") and describes it.
-GemmOperand operand(const QTensor& q, const char* which) {
-    // The messages are built only on error: a decode step calls this twice per GEMM.
-    const auto where = [which] { return std::string("fp8kit::gemm: ") + which + " "; };
-    const Tensor& d = q.data;
-    if (!d.defined()) throw Error(where() + "data is undefined");
-    if (d.dim() != 2) throw Error(where() + "must be 2-d, got shape " + shape_str(d.shape()));
-    if (!is_fp8(d.dtype()) || d.dtype() == DType::e8m0fnu) {
-        throw Error(where() + "data dtype is " + std::string(to_string(d.dtype())) + ", expected an FP8 data format");
-    }
-    if (d.strides()[1] != 1 || d.strides()[0] < d.shape()[1]) {
-        throw Error(where() + "data needs unit column stride and rows at least K apart");
-    }
-    const int64_t rows = d.shape()[0], k = d.shape()[1];
+std::string operand_where(const char* which) { return std::string("fp8kit::gemm: ") + which + " "; }
+
+// The GemmOperand of B's or A's codes [rows, k] at data, rows ld apart (null: a PackedWeight's
+// released codes, read from its packed layout), with q's scaling and scale_inv, checked.
+GemmOperand scaled_operand(const QTensor& q, const uint8_t* data, int64_t rows, int64_t k, int64_t ld, Format format,
+                           const char* which) {
     (void)k_extent(q.scaling, k, which);
     const bool mx = q.scaling.granularity == Granularity::mx32;
     const GroupShape scales = q.scaling.scale_shape(rows, k);
@@ -64,13 +56,29 @@ GemmOperand operand(const QTensor& q, const char* which) {
     const Tensor& si = q.scale_inv;
     if (!si.defined() || si.dim() != 2 || si.size(0) != scales.rows || si.size(1) != scales.cols ||
         si.dtype() != want_dtype || !si.is_contiguous()) {
-        throw Error(where() + "scale_inv must be a contiguous " + std::string(to_string(want_dtype)) +
+        throw Error(operand_where(which) + "scale_inv must be a contiguous " + std::string(to_string(want_dtype)) +
                     " tensor of shape " + shape_str(Shape{scales.rows, scales.cols}) + " for " + to_string(q.scaling) +
-                    " scaling of " + shape_str(d.shape()) + ", got " +
+                    " scaling of " + shape_str(Shape{rows, k}) + ", got " +
                     (si.defined() ? std::string(to_string(si.dtype())) + " " + shape_str(si.shape()) : std::string("none")));
     }
-    return {static_cast<const uint8_t*>(d.const_raw_data()), rows, k, d.strides()[0], q.format(),
-            q.scaling.group_shape(rows, k), q.scale_inv.const_raw_data(), mx, scales.cols};
+    return {data, rows, k, ld, format, q.scaling.group_shape(rows, k), si.const_raw_data(), mx, scales.cols};
+}
+
+// Checks an FP8 QTensor as a GEMM operand [rows, K] ("A" or "B") and describes it.
+GemmOperand operand(const QTensor& q, const char* which) {
+    // The messages are built only on error: a decode step calls this twice per GEMM.
+    const Tensor& d = q.data;
+    if (!d.defined()) throw Error(operand_where(which) + "data is undefined");
+    if (d.dim() != 2) throw Error(operand_where(which) + "must be 2-d, got shape " + shape_str(d.shape()));
+    if (!is_fp8(d.dtype()) || d.dtype() == DType::e8m0fnu) {
+        throw Error(operand_where(which) + "data dtype is " + std::string(to_string(d.dtype())) +
+                    ", expected an FP8 data format");
+    }
+    if (d.strides()[1] != 1 || d.strides()[0] < d.shape()[1]) {
+        throw Error(operand_where(which) + "data needs unit column stride and rows at least K apart");
+    }
+    return scaled_operand(q, static_cast<const uint8_t*>(d.const_raw_data()), d.shape()[0], d.shape()[1],
+                          d.strides()[0], q.format(), which);
 }
 
 void check_pair(Format a, Format b) {
@@ -116,6 +124,7 @@ PackedWeight::PackedWeight(const QTensor& b) : source_(b) {
     const GemmOperand op = operand(b, "B");
     n_ = op.rows;
     k_ = op.k;
+    format_ = op.format;
     // Packed for the widest K group B allows; a GEMM whose A needs narrower groups repacks.
     // K = 0: nothing to pack, and no scale to read (scale_inv has no columns).
     const int64_t kgroup = gemm_k_group(b.scaling, b.scaling, k_);
@@ -123,6 +132,41 @@ PackedWeight::PackedWeight(const QTensor& b) : source_(b) {
 }
 
 size_t PackedWeight::packed_bytes() const noexcept { return packed_bytes_; }
+
+void PackedWeight::release_codes() {
+    if (released_) return;
+    // Which backends' layouts hold the codes: those whose unpack_weight reads them back (an empty
+    // weight has none to hold).
+    if (packed_ == nullptr && n_ * k_ != 0) {
+        throw Error("fp8kit::PackedWeight::release_codes: the " + std::string(to_string(backend_)) +
+                    " backend reads B as it is, so its codes are the only copy already and stay");
+    }
+    source_.data = Tensor();
+    released_ = true;
+}
+
+void PackedWeight::codes_into(const Tensor& out) const {
+    const std::string where = "fp8kit::PackedWeight::codes_into: out ";
+    if (!out.defined() || out.shape() != Shape{n_, k_} || out.dtype() != dtype_of(format_) || !out.is_contiguous() ||
+        out.device() != Device::cpu) {
+        throw Error(where + "must be a contiguous host " + std::string(to_string(dtype_of(format_))) + " tensor of shape " +
+                    shape_str(Shape{n_, k_}) + ", got " +
+                    (out.defined() ? std::string(to_string(out.dtype())) + " " + shape_str(out.shape()) + " on " +
+                                         std::string(to_string(out.device()))
+                                   : std::string("none")));
+    }
+    if (n_ * k_ == 0) return;
+    auto* dst = static_cast<uint8_t*>(out.raw_data());
+    if (!released_) {
+        if (source_.data.device() != Device::cpu) throw Error(where + "is on the host but the codes are on " +
+                                                              std::string(to_string(source_.data.device())));
+        const Tensor& src = source_.data;
+        const auto* from = static_cast<const uint8_t*>(src.const_raw_data());
+        for (int64_t i = 0; i < n_; ++i) std::copy_n(from + i * src.strides()[0], k_, dst + i * k_);
+        return;
+    }
+    detail::backend_ops(backend_).unpack_weight(packed_.get(), dst, k_);
+}
 
 namespace {
 
@@ -152,7 +196,8 @@ void run_gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, co
                  {"C", opts.c ? &*opts.c : nullptr},
                  {"bias", opts.bias ? &*opts.bias : nullptr},
                  {"out", given}});
-    const GemmOperand ob = operand(qb, "B");
+    const GemmOperand ob = b.codes_released() ? scaled_operand(qb, nullptr, b.n(), b.k(), b.k(), b.format(), "B")
+                                              : operand(qb, "B");
 
     // A: FP8, or high precision with its options (fused cast).
     GemmOperand oa{};
@@ -178,7 +223,7 @@ void run_gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, co
         x = hp_matrix(*a.hp);
         // One scale (1) for all of A: one group of its whole extent (at least 1 x 1 when empty).
         const GroupShape whole{std::max<int64_t>(x.ref.rows, 1), std::max<int64_t>(x.ref.cols, 1)};
-        oa = {nullptr, x.ref.rows, x.ref.cols, x.ref.cols, qb.format(), whole, &unit_scale, false, 1};
+        oa = {nullptr, x.ref.rows, x.ref.cols, x.ref.cols, ob.format, whole, &unit_scale, false, 1};
     } else {
         const QuantizeOptions& o = a.quantize;
         detail::check_quantize_options(o, "fp8kit::gemm: A's quantize options: ");
@@ -284,6 +329,12 @@ void run_gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, co
     size_t bytes = 0;
     if (b.backend() == d.backend && gemm_k_group(qb.scaling, qb.scaling, k) == kgroup) {
         job.b_packed = detail::PackedAccess::packed(b);
+    } else if (b.codes_released()) {
+        throw Error("fp8kit::gemm: B's codes were released (PackedWeight::release_codes) when it was packed for the " +
+                    std::string(to_string(b.backend())) + " backend and K groups of " +
+                    std::to_string(gemm_k_group(qb.scaling, qb.scaling, k)) + "; this GEMM runs on the " +
+                    std::string(to_string(d.backend)) + " backend with K groups of " + std::to_string(kgroup) +
+                    ", which would need them repacked");
     } else {
         packed = d.ops.pack_weight(d.ctx, ob, kgroup, &bytes);
         job.b_packed = packed.get();

@@ -303,6 +303,9 @@ struct BackendOps {
     void (*dequantize)(const DequantizeJob& job);
     // B in the backend's layout for gemm (null when it reads the operand as is); *bytes = size.
     std::shared_ptr<const void> (*pack_weight)(const ExecContext& ctx, const GemmOperand& b, int64_t kgroup, size_t* bytes);
+    // B's codes [rows, k] written back from pack_weight's layout into out (rows ld apart); false
+    // where that layout does not hold them (a backend that reads B as it is).
+    bool (*unpack_weight)(const void* packed, uint8_t* out, int64_t ld);
     void (*gemm)(GemmJob& job);
     // Delayed scaling state: history zeroed and scale 1; history[0] = max(history[0], *amax)
     // (NaN sticks); DelayedUpdate.
@@ -380,6 +383,7 @@ inline constexpr uint32_t canonical_nan_bits = 0x7fc00000u;
     void dequantize(const detail::DequantizeJob& job);                                        \
     std::shared_ptr<const void> pack_weight(const ExecContext& ctx, const detail::GemmOperand& b, \
                                             int64_t kgroup, size_t* bytes);                   \
+    bool unpack_weight(const void* packed, uint8_t* out, int64_t ld);                         \
     void gemm(detail::GemmJob& job);                                                          \
     void matmul(const detail::MatmulJob& job);                                                \
     void bias_grad(const detail::BiasGradJob& job);                                           \

@@ -479,6 +479,26 @@ std::shared_ptr<const void> pack_weight(const ExecContext&, const GemmOperand& b
     return p;
 }
 
+// pack_weight's copy loop run backwards: row j = 16 s + c of B from strip s, each K pair of group g
+// from byte 32 (kp / 2) + 2 c of the strip's group (padding is skipped).
+bool unpack_weight(const void* packed, uint8_t* out, int64_t ld) {
+    const PackedB& pb = *static_cast<const PackedB*>(packed);
+    const KLayout& kl = pb.kl;
+    parallel_tasks(pb.strips, size_t(pb.n * kl.k), [&](int64_t s, int) {
+        const uint8_t* strip = pb.strip(s);
+        const int64_t cols = std::min(gemm_tile, pb.n - s * gemm_tile);
+        for (int64_t c = 0; c < cols; ++c) {
+            uint8_t* row = out + (s * gemm_tile + c) * ld;
+            for (int64_t g = 0; g < kl.groups; ++g) {
+                const uint8_t* src = strip + g * kl.group_padded * gemm_tile + 2 * c;
+                const int64_t len = kl.len(g), k0 = g * kl.group;
+                for (int64_t e = 0; e < len; ++e) row[k0 + e] = src[(e / 2) * 2 * gemm_tile + e % 2];
+            }
+        }
+    });
+    return true;
+}
+
 void gemm(GemmJob& job) {
     const PackedB& b = *static_cast<const PackedB*>(job.b_packed);
     const KLayout& kl = b.kl;

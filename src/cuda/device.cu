@@ -96,6 +96,7 @@ const detail::BackendOps table{
     &quantize,
     &dequantize,
     &pack_weight,
+    &unpack_weight,
     &gemm,
     &delayed_init,
     &delayed_record,

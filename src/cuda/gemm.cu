@@ -26,6 +26,8 @@ std::shared_ptr<const void> pack_weight(const ExecContext&, const GemmOperand&, 
     return nullptr;
 }
 
+bool unpack_weight(const void*, uint8_t*, int64_t) { return false; }  // nothing packed: B is read as it is
+
 void gemm(GemmJob& job) {
     const cudaStream_t s = stream_of(job.ctx);
     const bool tma = wgmma_tma();  // checked on every GPU, used on sm_90

@@ -18,6 +18,8 @@ std::shared_ptr<const void> pack_weight(const ExecContext&, const detail::GemmOp
     return nullptr;
 }
 
+bool unpack_weight(const void*, uint8_t*, int64_t) { return false; }  // nothing packed: B is read as it is
+
 namespace {
 
 // A's values [m, k]: its codes decoded; with the fused cast quantized whole first (the reference

@@ -29,6 +29,7 @@ namespace fp8kit {
 namespace {
 
 using test::bits;
+using test::expect_error;
 using test::for_each_backend;
 using test::for_each_isa;
 using test::on_backend;
@@ -882,6 +883,52 @@ TEST(GemmPackedWeight, ReuseEqualsAFreshPack) {
             EXPECT_TRUE(within(values(dmx), e.d, add(e.bound_cpu, e.bound_ref), n)) << "mx32 A on a packed " << to_string(sb) << " B";
         });
     }
+}
+
+// release_codes leaves the packed layout as the weight's only copy: the codes read back from it
+// are the source's byte for byte (shapes with a partial last strip, K not a multiple of 32, an odd
+// last K group), every GEMM the packing serves (FP8, fused-cast and weight-only A) is the same bit
+// for bit, and what would need a repack - or a backend whose layout is the source itself - is
+// refused by name.
+TEST(GemmPackedWeight, ReleasedCodesReadBackAndServeTheSameGemm) {
+    uint32_t seed = 900;
+    for (const auto& [n, k] : {std::pair<int64_t, int64_t>{70, 300}, {16, 33}, {5, 1}, {130, 257}}) {
+        for (const Scaling sb : {Scaling::tensor(), Scaling::row(), Scaling::block(128, 128), Scaling::mx32()}) {
+            SCOPED_TRACE(std::to_string(n) + " x " + std::to_string(k) + ", B " + to_string(sb));
+            const Scaling sa = sb.granularity == Granularity::block ? Scaling::block(1, 128) : sb;
+            const QTensor qb = quantize(as_tensor(gaussian(n, k, seed++), n, k, DType::f32), qopts(sb, Format::e4m3fn));
+            const QTensor qa = quantize(as_tensor(gaussian(20, k, seed++), 20, k, DType::f32), qopts(sa, Format::e4m3fn));
+            for_each_isa([&](Isa) {
+                PackedWeight w(qb);
+                const Tensor x = as_tensor(gaussian(4, k, seed), 4, k, DType::f32);
+                const Tensor before = gemm(qa, w), fused_before = gemm({x, qopts(sa, Format::e4m3fn)}, w);
+                const Tensor weight_only_before = gemm(x, w);
+                w.release_codes();
+                EXPECT_TRUE(w.codes_released());
+                EXPECT_FALSE(w.source().data.defined()) << "the source's codes are let go";
+                EXPECT_EQ(w.format(), Format::e4m3fn);
+                Tensor codes = Tensor::empty({n, k}, DType::e4m3fn);
+                w.codes_into(codes);
+                EXPECT_EQ(std::memcmp(codes.const_raw_data(), qb.data.const_raw_data(), size_t(n * k)), 0)
+                    << "the codes read back from the packed layout";
+                EXPECT_TRUE(identical(gemm(qa, w), before)) << "the GEMM after the release";
+                EXPECT_TRUE(identical(gemm({x, qopts(sa, Format::e4m3fn)}, w), fused_before)) << "the fused cast's";
+                EXPECT_TRUE(identical(gemm(x, w), weight_only_before)) << "the weight-only GEMM's";
+                if (k > 32 && (sb.granularity == Granularity::row || sb.granularity == Granularity::tensor)) {
+                    const QTensor qa_mx = quantize(as_tensor(gaussian(3, k, seed), 3, k, DType::f32),
+                                                   qopts(Scaling::mx32(), Format::e4m3fn));
+                    expect_error([&] { gemm(qa_mx, w); }, "release_codes");  // narrower K groups: a repack
+                }
+                expect_error([&] { w.codes_into(Tensor::empty({n, k + 1}, DType::e4m3fn)); }, "codes_into: out");
+            });
+        }
+    }
+    const QTensor qb = quantize(as_tensor(gaussian(8, 64, seed), 8, 64, DType::f32), qopts(Scaling::row(), Format::e4m3fn));
+    PackedWeight on_ref = on_backend(Backend::ref, [&] { return PackedWeight(qb); });
+    expect_error([&] { on_ref.release_codes(); }, "reads B as it is");
+    PackedWeight w(qb);
+    w.release_codes();
+    expect_error([&] { on_backend(Backend::ref, [&] { return gemm(qb, w); }); }, "release_codes");
 }
 
 // ---- determinism ----
