@@ -324,6 +324,54 @@ def test_bad_use_raises_fp8kit_error_naming_it(call, needle):
         call(mlp(7))
 
 
+# ---- the packed weight as the codes' only copy (Float8InferenceLinear.release_codes) ----
+
+@pytest.mark.parametrize("recipe", list(SCALINGS))
+def test_quantize_holds_each_weight_once_and_reads_its_codes_back(recipe, tmp_path):
+    # After quantize_ the buffer `weight` is a meta stand-in (no memory): the packed weight holds the
+    # codes alone. Oracle: the layers from_linear makes of the same Linears, which keep their codes.
+    # Whatever needs the codes as a tensor gets them bit for bit; the nearest wrong answers - codes
+    # kept beside the packing, codes read back in another order, a stand-in served to a consumer -
+    # fail the is_meta checks, the byte comparisons, or the outputs.
+    safetensors = pytest.importorskip("safetensors.torch")
+    model = mlp(21)
+    kept = torch.nn.Sequential(*(f8.Float8InferenceLinear.from_linear(m, recipe) if i != 1 else m
+                                 for i, m in enumerate(model)))
+    f8.quantize_(model, recipe)
+    x = torch.randn(3, 96)
+    released = lambda m: m[0]._buffers["weight"].is_meta and m[2]._buffers["weight"].is_meta  # noqa: E731
+    assert released(model)
+    with torch.no_grad():
+        want = kept(x)
+        assert torch.equal(model(x), want)
+        state = model.state_dict()
+        for i in (0, 2):
+            assert state[f"{i}.weight"].device.type == "cpu"
+            assert torch.equal(state[f"{i}.weight"].view(torch.uint8), kept[i]._buffers["weight"].view(torch.uint8))
+        safetensors.save_file(state, tmp_path / "m.safetensors")  # real memory, as transformers saves it
+        assert torch.equal(safetensors.load_file(tmp_path / "m.safetensors")["2.weight"].view(torch.uint8),
+                           kept[2]._buffers["weight"].view(torch.uint8))
+        for made in (copy.deepcopy(model), torch.load(io.BytesIO(_saved(model)), weights_only=False)):
+            assert released(made) and torch.equal(made(x), want)  # released again, from the codes copied
+        other = mlp(22)
+        f8.quantize_(other, recipe)
+        other.load_state_dict(state)
+        assert released(other) and torch.equal(other(x), want)  # the loaded codes, packed and released
+        model.to("cpu")
+        assert released(model) and torch.equal(model(x), want)
+        exported = torch.export.export(model, (x,))
+        assert torch.equal(exported.module()(x), want)
+        assert torch.equal(model[0].weight.view(torch.uint8), kept[0]._buffers["weight"].view(torch.uint8))
+        assert not model[0]._buffers["weight"].is_meta  # read through .weight: the buffer holds them again
+        assert torch.equal(model(x), want)
+
+
+def _saved(model):
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    return buffer.getvalue()
+
+
 # ---- siblings: Linear layers called in a row on one input run in one call (fp8kit.torch.siblings) ----
 
 class Attention(torch.nn.Module):

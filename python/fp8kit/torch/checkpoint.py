@@ -242,7 +242,7 @@ class Float8StaticInputLinear(_InferenceLinear):
         """The extension's FusedLinear with the static scale 1 / input_scale (computed in float64,
         rounded once to float32), made on first use and again after a buffer is written or
         replaced (kept as fp8kit.torch's _Cached: dropped by deepcopy and pickle)."""
-        w, s, b, i = self.weight, self.weight_scale_inv, self.bias, self.input_scale
+        w, s, b, i = self._buffers["weight"], self.weight_scale_inv, self.bias, self.input_scale
         tensors = (w, s, b, i)
         versions = (w._version, s._version, i._version, None if b is None else b._version)
         cached = self.__dict__.get("_fp8kit_static")
@@ -267,9 +267,10 @@ class Float8StaticInputLinear(_InferenceLinear):
         if torch.is_grad_enabled() and x.requires_grad:
             raise fp8kit.Error("fp8kit.torch.Float8StaticInputLinear is an inference layer: no backward. To train "
                                "in FP8 use fp8kit.torch.convert_to_float8_training on a high-precision model")
-        if x.device != self.weight.device:
+        device = self._buffers["weight"].device
+        if x.device != device:
             raise fp8kit.Error(f"fp8kit.torch.Float8StaticInputLinear: the input is on device '{x.device}', the weight "
-                               f"on device '{self.weight.device}' (move the model with .to(device))")
+                               f"on device '{device}' (move the model with .to(device))")
         return _ops._call_into(self._fused(), self.out_features, x.contiguous(), out[1])
 
     def extra_repr(self):

@@ -1,16 +1,18 @@
 """fp8kit.torch.inference: quantize_ - torchao's API - and Float8InferenceLinear, the FP8 Linear it
-puts in place of nn.Linear: the weight quantized and packed once, the activation cast to FP8 inside
-fp8kit's GEMM (ops.py), float32 sums; torchao's float8 config objects read as recipes.
+puts in place of nn.Linear: the weight quantized and packed once - on the host the packing its
+only copy - the activation cast to FP8 inside fp8kit's GEMM (ops.py), float32 sums; torchao's
+float8 config objects read as recipes.
 
 Checked by tests/python/test_torch.py (against float64, against torchao's Float8WeightOnlyConfig,
-torchao's configs, state_dict, layouts of x, bad use).
+torchao's configs, state_dict, the codes read back wherever torch walks the buffers, layouts of x,
+bad use) and test_fp8_checkpoints.py (RSS of fresh processes: each weight held once).
 """
 import torch
 from torch import nn
 
 import fp8kit
 
-from . import memory
+from . import memory, ops
 from .ops import _fused, _linear, _plain_eager
 from .siblings import _Siblings
 
@@ -61,9 +63,19 @@ def _scale_tensor(scale_inv, scaling):
 class Float8InferenceLinear(nn.Module):
     """An nn.Linear for inference with an FP8 weight [out, in] (buffer `weight`, torch.float8_*)
     and its scale_inv (buffer `weight_scale_inv`): y = x W^T + b with x cast to FP8 in the GEMM
-    (recipe weight_only: x not quantized)."""
+    (recipe weight_only: x not quantized).
+
+    On the host, quantize_ leaves the packed weight the GEMM reads as the only copy of the codes
+    (release_codes): the buffer is then a stand-in on the meta device (their shape and dtype, no
+    memory), and wherever torch needs the codes as a tensor they are read back from the packing,
+    bit for bit - named_buffers and state_dict, deepcopy and pickle, .to(), torch.export. Two
+    uses take them back into the buffer, the layer holding both copies from then on: reading
+    `layer.weight` (so that what is written into it reaches the GEMM) and a traced call
+    (torch.compile, autograd: the operator takes them as a tensor). load_state_dict writes them and
+    releases them again."""
 
     _siblings = None  # (_Siblings, this layer's index there): set by quantize_ / enable_layerwise_casting
+    _released = False  # whether the codes are to be held by the packed weight alone (release_codes)
 
     def __init__(self, in_features, out_features, bias=True, recipe="rowwise", format="e4m3fn"):
         super().__init__()
@@ -75,6 +87,9 @@ class Float8InferenceLinear(nn.Module):
         shape = fp8kit._fp8kit.scale_shape(self.weight_scaling, out_features, in_features)
         self.register_buffer("weight_scale_inv", _scale_tensor(torch.ones(shape), self.weight_scaling))
         self.register_parameter("bias", nn.Parameter(torch.zeros(out_features), requires_grad=False) if bias else None)
+        self._buffers = _Buffers(self._buffers)
+        self.register_load_state_dict_pre_hook(_codes_before_load)
+        self.register_load_state_dict_post_hook(_release_after_load)
 
     @classmethod
     def from_linear(cls, linear_module, recipe="rowwise", format="e4m3fn"):
@@ -96,12 +111,84 @@ class Float8InferenceLinear(nn.Module):
         if _plain_eager(x):
             return _linear(x, buffers["weight"], buffers["weight_scale_inv"], self._parameters["bias"],
                            self.input_scaling, self.weight_scaling, self._siblings)
+        self._restore_codes()  # the operator takes the codes as a tensor
         return torch.ops.fp8kit.linear(x, buffers["weight"], buffers["weight_scale_inv"], self._parameters["bias"],
                                        self.input_scaling, self.weight_scaling)
 
+    @property
+    def weight(self):
+        """The FP8 codes [out, in], the buffer: where the packed weight held them alone, read back
+        into it (so that what is written into it reaches the GEMM, as before release_codes); the
+        layer holds both copies from then on, until release_codes()."""
+        if "weight" not in self._buffers:  # not registered yet: register_buffer asks hasattr
+            raise AttributeError("weight")
+        self._restore_codes()
+        return self._buffers["weight"]
+
+    def release_codes(self):
+        """Makes the packed weight (packed now if it was not) the only copy of the codes, on the
+        host; elsewhere, or when already released, nothing."""
+        w, s, bias = self._buffers["weight"], self._buffers["weight_scale_inv"], self._parameters["bias"]
+        self._released = True
+        if w.is_cpu:
+            self._buffers["weight"] = ops.release_codes(w, s, self.weight_scaling, bias, self.input_scaling)
+        elif not w.is_meta:
+            _fused(w, s, self.weight_scaling, bias, self.input_scaling)  # packed now; on a GPU the GEMM reads the codes
+
+    def _restore_codes(self):
+        """The codes back in the buffer, where they were released (the packed weight is kept)."""
+        w = self._buffers["weight"]
+        if ops.is_stand_in(w):
+            self._buffers["weight"] = ops.restore_codes(w)
+
+    def _apply(self, fn, recurse=True):
+        # .to(), .cuda(), .float() ...: fn sees the codes; released again where they stay on the host.
+        self._restore_codes()
+        out = super()._apply(fn, recurse)
+        if self._released:
+            self.release_codes()
+        return out
+
+    def __getstate__(self):
+        # deepcopy and pickle: the codes, not the stand-in (whose packed weight is dropped); a copy
+        # made from them releases them again (__setstate__).
+        state = dict(self.__dict__)
+        state["_buffers"] = dict(state["_buffers"], weight=ops.codes_of(state["_buffers"]["weight"]))
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._buffers = _Buffers(self._buffers)
+        if self._released:
+            self.release_codes()
+
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"recipe={self.recipe}, format={str(self.weight.dtype).removeprefix('torch.float8_')}")
+                f"recipe={self.recipe}, format={str(self._buffers['weight'].dtype).removeprefix('torch.float8_')}")
+
+
+class _Buffers(dict):
+    """A Float8InferenceLinear's _buffers. torch walks a module's buffers through items() and
+    values() - named_buffers, state_dict, torch.export's lifting - and there a released weight's
+    stand-in is given as its codes, read back from the packed weight (ops.codes_of); the layer's
+    own lookups (indexing) get the stand-in itself."""
+
+    def items(self):
+        return [(k, ops.codes_of(v) if k == "weight" and v is not None else v) for k, v in dict.items(self)]
+
+    def values(self):
+        return [v for _, v in self.items()]
+
+
+# Float8InferenceLinear's hooks: load_state_dict writes into the codes, then releases them again.
+
+def _codes_before_load(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+    module._restore_codes()  # load_state_dict copies into the codes tensor (and keeps it where a key is missing)
+
+
+def _release_after_load(module, incompatible_keys):
+    if module._released:
+        module.release_codes()
 
 
 def _granularity_name(g):
@@ -188,7 +275,7 @@ def quantize_(model, config=None, filter_fn=None, *, fuse_siblings=True):
                                "float32, bfloat16 or float16 models (cast it first, e.g. model.float())")
         fp8 = Float8InferenceLinear.from_linear(m, recipe)
         model.set_submodule(fqn, fp8)
-        _fused(fp8.weight, fp8.weight_scale_inv, fp8.weight_scaling, fp8.bias, fp8.input_scaling)  # packed now
+        fp8.release_codes()  # packed now, and the packed weight is the codes' only copy
         # The high-precision weight, read for the last time: where it is a file's pages (a model
         # loaded from safetensors maps its file) they go back now - they would stay resident as
         # long as any other tensor of that file is mapped - unless another module still uses it.
@@ -208,7 +295,7 @@ def _group_siblings(model):
         groups = {}
         for child in parent.children():
             if type(child) is Float8InferenceLinear:
-                key = (child.in_features, child.recipe, child.weight.dtype, child.bias is None)
+                key = (child.in_features, child.recipe, child._buffers["weight"].dtype, child.bias is None)
                 groups.setdefault(key, []).append(child)
         for members in groups.values():
             if len(members) > 1:

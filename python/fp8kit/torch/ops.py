@@ -19,18 +19,20 @@ directly (_direct).
 
 Checked by tests/python/test_torch.py (the operator traced by torch.export and torch.compile and
 equal to the eager path, every layout of x, the address entry's own checks, the cache against
-stale weights, bad input) and test_training.py (the training layer's bad input; the training
-operators under torch.compile, fullgraph, against eager).
+stale weights, the packed weight as the codes' only copy, bad input) and test_training.py (the
+training layer's bad input; the training operators under torch.compile, fullgraph, against eager).
 """
 import functools
 import math
 import warnings
+import weakref
 from typing import List, Optional
 
 import numpy as np
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import _disable_current_modes
 
 import fp8kit
 
@@ -66,10 +68,67 @@ def _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling):
            None if bias is None else bias._version)
     cached = getattr(weight, "_fp8kit_fused", None)
     if cached is None or cached[0] != key or cached[2] is not bias or cached[3] is not weight_scale_inv:
-        fused = _fused_linear(fp8kit.qtensor(weight, weight_scale_inv, weight_scaling), input_scaling, bias)
+        if weight.is_meta and cached is None:
+            raise fp8kit.Error("fp8kit.torch.Float8InferenceLinear: the weight is on the meta device: the model's "
+                               "weights were never loaded (load_state_dict, or fp8kit.torch.from_pretrained)")
+        codes = codes_of(weight)  # a stand-in's (a scale or bias written since): read back from its packing
+        fused = _fused_linear(fp8kit.qtensor(codes, weight_scale_inv, weight_scaling), input_scaling, bias)
+        if codes is not weight:
+            fused.weight.release_codes()
         cached = _Cached((key, (fused, weight.shape[0]), bias, weight_scale_inv))
         weight._fp8kit_fused = cached
     return cached[1]
+
+
+# ---- the packed weight as the only copy of an inference layer's codes ----
+#
+# On the host the GEMM reads the packed layout alone, which holds every code; an inference layer
+# that also kept its codes tensor would hold each weight twice. release_codes swaps the codes for
+# a stand-in: a meta tensor of their shape and dtype, which holds no memory and carries the packed
+# FusedLinear (codes released) as the codes carried it. codes_of reads them back when something
+# needs them as a tensor (state_dict, a move to another device, a trace).
+
+def release_codes(weight, weight_scale_inv, weight_scaling, bias, input_scaling):
+    """The stand-in for a host weight's codes, its FusedLinear made (or the cached one) with the
+    codes released; the caller puts it in the weight's place, so the codes go."""
+    _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling)
+    weight._fp8kit_fused[1][0].weight.release_codes()
+    return _carry(weight, torch.empty(weight.shape, dtype=weight.dtype, device="meta"))
+
+
+def _carry(holder, to):
+    """Tensor `to`, given holder's cached FusedLinear, keyed by its own version counter."""
+    cached = holder._fp8kit_fused
+    to._fp8kit_fused = _Cached(((to._version,) + cached[0][1:],) + cached[1:])
+    return to
+
+
+def is_stand_in(weight):
+    """Whether weight is release_codes' stand-in (a meta tensor with a packed weight)."""
+    return weight.is_meta and getattr(weight, "_fp8kit_fused", None) is not None
+
+
+def codes_of(weight):
+    """weight's codes as a host tensor: weight itself, or for a stand-in a tensor read back from the
+    packed layout - bit for bit the codes it replaced; the same tensor again while anything holds
+    it (torch.export walks the buffers several times and matches them by identity)."""
+    if not is_stand_in(weight):
+        return weight
+    held = getattr(weight, "_fp8kit_codes", None)
+    codes = held() if held is not None else None
+    if codes is None:
+        # Real memory even where a trace's fake mode is on (torch.export walks buffers under it).
+        with _disable_current_modes():
+            codes = torch.empty(weight.shape, dtype=weight.dtype)
+            weight._fp8kit_fused[1][0].weight.codes_into(fp8kit._to_extension(codes))
+        weight._fp8kit_codes = weakref.ref(codes)
+    return codes
+
+
+def restore_codes(stand_in):
+    """The codes back as a tensor to take a stand-in's place, carrying its packed weight (so that
+    nothing is packed again)."""
+    return _carry(stand_in, codes_of(stand_in))
 
 
 # torch dtype -> (name, FusedLinear's index for it): float32, bfloat16, float16
@@ -124,9 +183,10 @@ def _linear(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling, si
     siblings: the layer's (_Siblings, index), which may serve its output from a GEMM of its run."""
     index = check_input(x, weight.shape[1], "Float8InferenceLinear")[1]
     # The extension reads x by address: C-contiguous rows where the weight is.
-    if x.device != weight.device:
+    if (x.device != weight.device or x.is_meta) and not (x.is_cpu and is_stand_in(weight)):
+        where = "cpu" if is_stand_in(weight) else weight.device  # a stand-in's codes are on the host
         raise fp8kit.Error(f"fp8kit.torch.Float8InferenceLinear: the input is on device '{x.device}', the weight on "
-                           f"device '{weight.device}' (move the model with .to(device))")
+                           f"device '{where}' (move the model with .to(device))")
     if x.is_cuda and input_scaling == "none":
         raise fp8kit.Error("fp8kit.torch.Float8InferenceLinear: the weight-only GEMM (recipe weight_only, layerwise "
                            "casting) runs on the CPU; on a CUDA device use rowwise, tensorwise or block")
