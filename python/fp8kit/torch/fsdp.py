@@ -207,6 +207,25 @@ class Float8GatheredWeight(torch.Tensor):
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
+    # torch.compile traces through the subclass by its inner tensors (graph inputs, read afresh on
+    # every call); without these it took the codes gathered at trace time as constants, and the
+    # compiled forward ran on the first step's weights ever after.
+    def __tensor_flatten__(self):
+        return ["_codes", "_scale_inv"] + (["_codes_t", "_scale_inv_t"] if self._transposed else []), self.dtype
+
+    @staticmethod
+    def __tensor_unflatten__(inner, dtype, outer_size, outer_stride):
+        transposed = (inner["_codes_t"], inner["_scale_inv_t"]) if "_codes_t" in inner else None
+        return Float8GatheredWeight(inner["_codes"], inner["_scale_inv"], transposed, dtype)
+
+    @property
+    def _codes_t(self):
+        return self._transposed[0]
+
+    @property
+    def _scale_inv_t(self):
+        return self._transposed[1]
+
     @classmethod
     def __torch_dispatch__(cls, func, types, args, kwargs=None):
         # FSDP2 and autograd only alias the parameter (detach; as_strided or view to its own
