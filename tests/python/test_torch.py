@@ -328,18 +328,18 @@ def test_bad_use_raises_fp8kit_error_naming_it(call, needle):
 
 @pytest.mark.parametrize("recipe", list(SCALINGS))
 def test_quantize_holds_each_weight_once_and_reads_its_codes_back(recipe, tmp_path):
-    # After quantize_ the buffer `weight` is a meta stand-in (no memory): the packed weight holds the
+    # After quantize_ the buffer `weight` is a stand-in over one byte: the packed weight holds the
     # codes alone. Oracle: the layers from_linear makes of the same Linears, which keep their codes.
     # Whatever needs the codes as a tensor gets them bit for bit; the nearest wrong answers - codes
-    # kept beside the packing, codes read back in another order, a stand-in served to a consumer -
-    # fail the is_meta checks, the byte comparisons, or the outputs.
+    # kept beside the packing, codes read back in another order, a stand-in served to a consumer
+    # (its codes all NaN) - fail the storage checks, the byte comparisons, or the outputs.
     safetensors = pytest.importorskip("safetensors.torch")
     model = mlp(21)
     kept = torch.nn.Sequential(*(f8.Float8InferenceLinear.from_linear(m, recipe) if i != 1 else m
                                  for i, m in enumerate(model)))
     f8.quantize_(model, recipe)
     x = torch.randn(3, 96)
-    released = lambda m: m[0]._buffers["weight"].is_meta and m[2]._buffers["weight"].is_meta  # noqa: E731
+    released = lambda m: all(m[i]._buffers["weight"].untyped_storage().nbytes() == 1 for i in (0, 2))  # noqa: E731
     assert released(model)
     with torch.no_grad():
         want = kept(x)
@@ -361,8 +361,10 @@ def test_quantize_holds_each_weight_once_and_reads_its_codes_back(recipe, tmp_pa
         assert released(model) and torch.equal(model(x), want)
         exported = torch.export.export(model, (x,))
         assert torch.equal(exported.module()(x), want)
+        assert torch.equal(torch.compile(model, backend="aot_eager", fullgraph=True)(x), want)
+        assert released(model)  # compiled calls take the packed weight from the stand-in
         assert torch.equal(model[0].weight.view(torch.uint8), kept[0]._buffers["weight"].view(torch.uint8))
-        assert not model[0]._buffers["weight"].is_meta  # read through .weight: the buffer holds them again
+        assert not released(model)  # read through .weight: the buffer holds them again
         assert torch.equal(model(x), want)
 
 

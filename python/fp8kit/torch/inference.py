@@ -66,13 +66,13 @@ class Float8InferenceLinear(nn.Module):
     (recipe weight_only: x not quantized).
 
     On the host, quantize_ leaves the packed weight the GEMM reads as the only copy of the codes
-    (release_codes): the buffer is then a stand-in on the meta device (their shape and dtype, no
-    memory), and wherever torch needs the codes as a tensor they are read back from the packing,
-    bit for bit - named_buffers and state_dict, deepcopy and pickle, .to(), torch.export. Two
-    uses take them back into the buffer, the layer holding both copies from then on: reading
-    `layer.weight` (so that what is written into it reaches the GEMM) and a traced call
-    (torch.compile, autograd: the operator takes them as a tensor). load_state_dict writes them and
-    releases them again."""
+    (release_codes): the buffer is then a stand-in (their shape and dtype over one NaN code, no
+    memory) that carries the packed weight into eager and torch.compile'd calls alike, and
+    wherever torch needs the codes as a tensor they are read back from the packing, bit for bit -
+    named_buffers and state_dict, deepcopy and pickle, .to(), torch.export. Reading
+    `layer.weight` takes them back into the buffer (so that what is written into it reaches the
+    GEMM), the layer holding both copies from then on, until release_codes(). load_state_dict
+    writes them and releases them again."""
 
     _siblings = None  # (_Siblings, this layer's index there): set by quantize_ / enable_layerwise_casting
     _released = False  # whether the codes are to be held by the packed weight alone (release_codes)
@@ -111,7 +111,6 @@ class Float8InferenceLinear(nn.Module):
         if _plain_eager(x):
             return _linear(x, buffers["weight"], buffers["weight_scale_inv"], self._parameters["bias"],
                            self.input_scaling, self.weight_scaling, self._siblings)
-        self._restore_codes()  # the operator takes the codes as a tensor
         return torch.ops.fp8kit.linear(x, buffers["weight"], buffers["weight_scale_inv"], self._parameters["bias"],
                                        self.input_scaling, self.weight_scaling)
 
@@ -130,9 +129,9 @@ class Float8InferenceLinear(nn.Module):
         host; elsewhere, or when already released, nothing."""
         w, s, bias = self._buffers["weight"], self._buffers["weight_scale_inv"], self._parameters["bias"]
         self._released = True
-        if w.is_cpu:
+        if w.is_cpu and not ops.is_stand_in(w):
             self._buffers["weight"] = ops.release_codes(w, s, self.weight_scaling, bias, self.input_scaling)
-        elif not w.is_meta:
+        elif not w.is_cpu and not w.is_meta:
             _fused(w, s, self.weight_scaling, bias, self.input_scaling)  # packed now; on a GPU the GEMM reads the codes
 
     def _restore_codes(self):

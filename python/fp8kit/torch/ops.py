@@ -68,9 +68,6 @@ def _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling):
            None if bias is None else bias._version)
     cached = getattr(weight, "_fp8kit_fused", None)
     if cached is None or cached[0] != key or cached[2] is not bias or cached[3] is not weight_scale_inv:
-        if weight.is_meta and cached is None:
-            raise fp8kit.Error("fp8kit.torch.Float8InferenceLinear: the weight is on the meta device: the model's "
-                               "weights were never loaded (load_state_dict, or fp8kit.torch.from_pretrained)")
         codes = codes_of(weight)  # a stand-in's (a scale or bias written since): read back from its packing
         fused = _fused_linear(fp8kit.qtensor(codes, weight_scale_inv, weight_scaling), input_scaling, bias)
         if codes is not weight:
@@ -84,16 +81,18 @@ def _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling):
 #
 # On the host the GEMM reads the packed layout alone, which holds every code; an inference layer
 # that also kept its codes tensor would hold each weight twice. release_codes swaps the codes for
-# a stand-in: a meta tensor of their shape and dtype, which holds no memory and carries the packed
-# FusedLinear (codes released) as the codes carried it. codes_of reads them back when something
-# needs them as a tensor (state_dict, a move to another device, a trace).
+# a stand-in: a host tensor of their shape and dtype over one NaN code (strides 0), which carries
+# the packed FusedLinear (codes released) as the codes carried it - to the eager call and to the
+# operator's calls in torch.compile's graphs alike. What reads it as codes reads NaN, never a
+# plausible weight. codes_of reads the codes back where they are needed as a tensor.
 
 def release_codes(weight, weight_scale_inv, weight_scaling, bias, input_scaling):
     """The stand-in for a host weight's codes, its FusedLinear made (or the cached one) with the
     codes released; the caller puts it in the weight's place, so the codes go."""
     _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling)
     weight._fp8kit_fused[1][0].weight.release_codes()
-    return _carry(weight, torch.empty(weight.shape, dtype=weight.dtype, device="meta"))
+    nan = torch.full((1,), float("nan")).to(weight.dtype)  # the format's NaN code
+    return _carry(weight, nan.expand(weight.shape))
 
 
 def _carry(holder, to):
@@ -104,8 +103,8 @@ def _carry(holder, to):
 
 
 def is_stand_in(weight):
-    """Whether weight is release_codes' stand-in (a meta tensor with a packed weight)."""
-    return weight.is_meta and getattr(weight, "_fp8kit_fused", None) is not None
+    """Whether weight is release_codes' stand-in (strides 0, with a packed weight)."""
+    return weight.stride() == (0, 0) and getattr(weight, "_fp8kit_fused", None) is not None
 
 
 def codes_of(weight):
@@ -183,10 +182,9 @@ def _linear(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling, si
     siblings: the layer's (_Siblings, index), which may serve its output from a GEMM of its run."""
     index = check_input(x, weight.shape[1], "Float8InferenceLinear")[1]
     # The extension reads x by address: C-contiguous rows where the weight is.
-    if (x.device != weight.device or x.is_meta) and not (x.is_cpu and is_stand_in(weight)):
-        where = "cpu" if is_stand_in(weight) else weight.device  # a stand-in's codes are on the host
+    if x.device != weight.device:
         raise fp8kit.Error(f"fp8kit.torch.Float8InferenceLinear: the input is on device '{x.device}', the weight on "
-                           f"device '{where}' (move the model with .to(device))")
+                           f"device '{weight.device}' (move the model with .to(device))")
     if x.is_cuda and input_scaling == "none":
         raise fp8kit.Error("fp8kit.torch.Float8InferenceLinear: the weight-only GEMM (recipe weight_only, layerwise "
                            "casting) runs on the CPU; on a CUDA device use rowwise, tensorwise or block")
