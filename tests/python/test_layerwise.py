@@ -76,6 +76,9 @@ def test_native_linear_is_the_float64_product_of_its_fp8_operands(scaled):
     with torch.no_grad():
         y = layer(h)
     assert y.dtype == torch.bfloat16
+    # The FP8 weight is held once: the packed copy the GEMM read (the buffer a stand-in over one
+    # byte); read through layer.weight below, the codes come back from it.
+    assert layer._buffers["weight"].untyped_storage().nbytes() == 1
     a64 = h.double().numpy()  # the activation as it is (bfloat16): not quantized, as Diffusers computes
     w8 = layer.weight.view(torch.uint8).numpy()
     b64 = fp8kit.decode(w8, "e4m3fn").astype(np.float64) * np.float64(layer.weight_scale_inv.item())

@@ -32,7 +32,8 @@ class LayerwiseCastingReport:
 
     The report holds the original weights until remove() (FP8 storage cannot be cast back without
     loss, which is why Diffusers' hook refuses to be removed): keep it only while the model may be
-    restored; the memory FP8 storage saves is freed once it is dropped."""
+    restored; the memory FP8 storage saves is freed once it is dropped. (A native Linear holds its
+    FP8 weight once, as the packed weight its GEMM reads: Float8InferenceLinear.release_codes.)"""
 
     def __init__(self):
         self.native, self.cast, self.skipped = [], [], []
@@ -87,6 +88,7 @@ def _native_linear(linear_module, storage_dtype, compute_dtype, scaled):
     m.weight, m.weight_scale_inv = _fp8_weight(linear_module.weight, storage_dtype, "tensor", scaled)
     if linear_module.bias is not None:
         m.bias = nn.Parameter(linear_module.bias.detach().to(compute_dtype), requires_grad=False)
+    m.release_codes()  # packed now, the packed weight the codes' only copy (on the host)
     return m
 
 
