@@ -419,7 +419,8 @@ def run_model(rows):
 # --section checkpoint: an FP8 checkpoint as users download it, each way of running it in a fresh
 # process. The model: a Llama from a config (hidden 1024, 8 layers, intermediate 2816, vocab 32000:
 # 169M parameters, lm_head and embeddings kept in bf16), bf16, quantized by llm-compressor's oneshot
-# FP8_DYNAMIC (channel weights, per-token activations); both written once under CKPT_DIR.
+# FP8_DYNAMIC (channel weights, per-token activations); both written once under CKPT_DIR. Beside
+# them the bf16 checkpoint loaded by transformers and quantize_d (rowwise, lm_head kept in bf16).
 CKPT_LLAMA = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
                   num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=1024,
                   tie_word_embeddings=False)
@@ -447,6 +448,8 @@ def checkpoint_child(kind, path, prompt, decode):
         model = fp8kit.torch.from_pretrained(path)
     else:  # transformers' own path: bf16, or for the FP8 checkpoint its CPU decompression to bf16
         model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+        if kind == "quantize_":  # the bf16 checkpoint quantized in memory, lm_head kept as the FP8 one keeps it
+            fp8kit.torch.quantize_(model, filter_fn=lambda m, fqn: fqn != "lm_head")
     model.eval()
     load_s = time.perf_counter() - t0
     loaded = _rss()
@@ -503,7 +506,8 @@ def run_checkpoint(rows, threads, quick):
         return
     bf16, fp8 = _make_checkpoints()
     prompt, decode = (128, 8) if quick else (512, 32)
-    for kind, path in (("transformers.bf16", bf16), ("transformers.fp8ckpt", fp8), ("fp8kit.fp8ckpt", fp8)):
+    for kind, path in (("transformers.bf16", bf16), ("transformers.fp8ckpt", fp8), ("fp8kit.fp8ckpt", fp8),
+                       ("quantize_.bf16ckpt", bf16)):
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
         r = subprocess.run([sys.executable, os.path.abspath(__file__), "--checkpoint-child", kind.split(".")[0], path,
                             str(prompt), str(decode), "--threads", str(threads)],
@@ -522,6 +526,7 @@ def run_checkpoint(rows, threads, quick):
             r["decode_vs_bf16"] = round(r["decode_tokens_per_s"] / b["decode_tokens_per_s"], 2)
             r["prefill_vs_bf16"] = round(r["prefill_tokens_per_s"] / b["prefill_tokens_per_s"], 2)
             r["rss_per_byte_vs_bf16"] = round(r["rss_per_ckpt_byte"] / b["rss_per_ckpt_byte"], 2)
+            r["rss_vs_bf16"] = round(r["rss_after_generate_mb"] / b["rss_after_generate_mb"], 2)
 
 
 def main():
@@ -573,10 +578,11 @@ def main():
               "torch_model": ("impl cache params_m prefill_s decode_tokens_per_s vs_f32 vs_bf16 sqnr_db",
                               "LlamaForCausalLM, decode tokens/s with each KV cache"),
               "torch_checkpoint": ("impl load_s ckpt_mb rss_loaded_mb rss_after_generate_mb anon_mb file_mb peak_mb "
-                                   "rss_per_ckpt_byte rss_per_byte_vs_bf16 prefill_tokens_per_s prefill_vs_bf16 "
+                                   "rss_per_ckpt_byte rss_per_byte_vs_bf16 rss_vs_bf16 prefill_tokens_per_s prefill_vs_bf16 "
                                    "decode_tokens_per_s decode_vs_bf16 note",
-                                   "an FP8 checkpoint (llm-compressor FP8_DYNAMIC of a 169M Llama), each in a fresh "
-                                   "process: RSS above the imports' (MB), tokens/s with a StaticCache")}
+                                   "an FP8 checkpoint (llm-compressor FP8_DYNAMIC of a 169M Llama) and the bf16 one "
+                                   "quantize_d, each in a fresh process: RSS above the imports' (MB), tokens/s with a "
+                                   "StaticCache")}
     for bench, (cols, title) in tables.items():
         table = [r for r in rows if r["bench"] == bench]
         if table:

@@ -22,8 +22,8 @@ C++ and torchao's Float8Linear: the same Parameters, with the three GEMMs of for
 (y, dX, dW) in FP8 through fp8kit under autograd (and DDP, FSDP2, torch.compile with fullgraph).
 With enable_fsdp_float8_all_gather=True (or torchao's Float8LinearConfig field) FSDP2 all-gathers
 the weights in FP8, cast by each rank from its shard bit for bit as the whole weight casts
-(tensorwise, rowwise, block); precompute_float8_dynamic_scale_for_fsdp(model) after the optimizer
-step finds every layer's tensorwise amax in one all-reduce, as torchao's.
+(tensorwise, rowwise, block, mxfp8; compiled or not); precompute_float8_dynamic_scale_for_fsdp(model)
+after the optimizer step finds every layer's tensorwise amax in one all-reduce, as torchao's.
 
 Layerwise casting: enable_layerwise_casting(model, storage_dtype, compute_dtype, ...) with Diffusers'
 signature and default skip patterns stores weights in FP8; Linear layers then compute on the FP8
@@ -36,7 +36,9 @@ on this machine and SQNR; writes the policy file the C++ side reads.
 The inference forward is a registered torch custom op, torch.ops.fp8kit.linear, with a fake (meta)
 implementation, so torch.compile and torch.export trace through it; the training layer's casts
 and GEMMs are torch.ops.fp8kit.recipe_quantize and torch.ops.fp8kit.gemm. state_dict holds the FP8
-weight (torch.float8_e4m3fn) and its scale_inv; loading one repacks on the next call.
+weight (torch.float8_e4m3fn) and its scale_inv; loading one repacks on the next call. On the host
+an inference layer holds its weight once: the packed copy its GEMM reads, from which state_dict
+(and every other walk over the buffers) reads the codes back.
 
 The modules, one feature each (the names above are the API; the modules' other names are not):
     ops.py                the custom ops (torch.library) and the one forward route they share
