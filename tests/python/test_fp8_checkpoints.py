@@ -448,6 +448,26 @@ def test_fp8kit_written_checkpoint(work, scheme, layout, tmp_path):
     assert check_logits(fp8kit_logits(model), base, out) == []
 
 
+@pytest.mark.parametrize("recipe", ["rowwise", "tensorwise", "block", "mxfp8"])
+def test_quantize_then_save_pretrained_runs_as_stored(work, recipe, tmp_path):
+    """A transformers model quantize_d in memory, saved by transformers' save_pretrained (which
+    writes the quantization_config quantize_ recorded: fp8kit's own layout), run by from_pretrained:
+    every tensor as the quantize_d model holds it, bit for bit, and the same logits. Without the
+    recorded config (planted) rowwise's and block's loads fail: a weight_scale_inv is read by its
+    name as transformers' 128x128 blocks, which an [out, 1] scale does not fit, and without a
+    weight_block_size a block grid is not told apart from a group one."""
+    _, bases, _ = work
+    model = transformers.AutoModelForCausalLM.from_pretrained(bases["llama"], dtype=torch.bfloat16).eval()
+    fp8kit.torch.quantize_(model, recipe, filter_fn=lambda m, fqn: fqn != "lm_head")
+    model.save_pretrained(tmp_path)
+    loaded = fp8kit.torch.from_pretrained(str(tmp_path))
+    held, got = model.state_dict(), loaded.state_dict()
+    assert held.keys() == got.keys()
+    for name, t in held.items():
+        assert t.dtype == got[name].dtype and torch.equal(t.view(torch.uint8), got[name].view(torch.uint8)), name
+    assert torch.equal(fp8kit_logits(loaded), fp8kit_logits(model))
+
+
 # ---- edges ----
 
 def test_empty_batch_and_backward():

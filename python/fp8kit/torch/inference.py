@@ -246,7 +246,9 @@ def quantize_(model, config=None, filter_fn=None, *, fuse_siblings=True):
     config, filter_fn). fuse_siblings: Float8InferenceLinear layers of one module that the model
     calls in a row on the same input (q, k and v; gate and up) run in one call at up to 16 rows,
     each from its own packed weight, with the same outputs bit for bit (_Siblings: no copy of a
-    weight)."""
+    weight). On a transformers model the quantization is recorded in model.config as fp8kit's own
+    checkpoint layout (quant_method fp8kit), so that save_pretrained writes a checkpoint
+    from_pretrained runs as stored (not for weight_only)."""
     recipe = config or "rowwise"
     if not isinstance(recipe, str):
         recipe = _recipe_of_torchao_config(recipe)
@@ -258,6 +260,7 @@ def quantize_(model, config=None, filter_fn=None, *, fuse_siblings=True):
     names = {}  # a Parameter's names: more than one is a tied weight, which stays in use
     for name, p in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(name)
+    recorded = [fqn for fqn, _ in chosen]
     chosen.reverse()
     while chosen:  # popped, so that no list keeps a replaced Linear alive until the end
         fqn, m = chosen.pop()
@@ -283,8 +286,31 @@ def quantize_(model, config=None, filter_fn=None, *, fuse_siblings=True):
         del m, w  # the replaced Linear goes now where nothing else holds it
         memory.trim_heap()
     memory.give_back()
+    _record_in_config(model, recipe, recorded)
     if fuse_siblings:
         _group_siblings(model)
+
+
+# The scheme fp8kit's checkpoint layout names for each recipe's weight scaling (docs/CHECKPOINTS.md).
+_SCHEMES = {"rowwise": "channel", "tensorwise": "tensor", "block": "block128", "mxfp8": "mx32"}
+
+
+def _record_in_config(model, recipe, fqns):
+    """On a transformers model (its `config`), the quantization as fp8kit's own checkpoint layout
+    says it (quant_method fp8kit: each layer's scheme, the Linear layers kept), so that
+    save_pretrained writes a checkpoint fp8kit.torch.from_pretrained runs as stored. Not for
+    weight_only, which that layout cannot tell from rowwise (its activations are not quantized)."""
+    config = getattr(model, "config", None)
+    if recipe not in _SCHEMES or not fqns or not callable(getattr(config, "to_dict", None)):
+        return
+    qc = getattr(config, "quantization_config", None)
+    qc = dict(qc) if isinstance(qc, dict) and qc.get("quant_method") == "fp8kit" else {
+        "quant_method": "fp8kit", "fmt": "e4m3fn", "schemes": {}}
+    qc["schemes"] = dict(qc["schemes"], **{fqn: _SCHEMES[recipe] for fqn in fqns})
+    if recipe == "block":
+        qc["weight_block_size"] = [128, 128]
+    qc["modules_to_not_convert"] = [fqn for fqn, m in model.named_modules() if type(m) is nn.Linear]
+    config.quantization_config = qc
 
 
 def _group_siblings(model):
