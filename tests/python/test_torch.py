@@ -368,6 +368,26 @@ def test_quantize_holds_each_weight_once_and_reads_its_codes_back(recipe, tmp_pa
         assert torch.equal(model(x), want)
 
 
+def test_a_dtype_cast_of_the_model_keeps_the_fp8_weights():
+    # model.to(torch.bfloat16) after quantize_ (a float32 model run on bfloat16 activations): torch
+    # casts every floating buffer, and FP8 codes are floating - cast, they would be read as values
+    # (the layer failed at its next call). The codes and their float32 scales keep their dtypes and
+    # bits; the bias takes the cast. Oracle: the from_linear layer with its bias cast by hand.
+    model = mlp(23)
+    kept = f8.Float8InferenceLinear.from_linear(model[0])
+    kept.bias = torch.nn.Parameter(kept.bias.detach().to(torch.bfloat16), requires_grad=False)
+    f8.quantize_(model)
+    model.to(torch.bfloat16)
+    layer = model[0]
+    assert layer.weight_scale_inv.dtype == torch.float32 and layer.bias.dtype == torch.bfloat16
+    assert torch.equal(layer.weight_scale_inv, kept.weight_scale_inv)
+    assert layer._buffers["weight"].untyped_storage().nbytes() == 1  # released again, on the host
+    x = torch.randn(5, 96).to(torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(layer(x), kept(x))
+    assert torch.equal(layer.weight.view(torch.uint8), kept.weight.view(torch.uint8))
+
+
 def _saved(model):
     buffer = io.BytesIO()
     torch.save(model, buffer)

@@ -141,9 +141,18 @@ class Float8InferenceLinear(nn.Module):
             self._buffers["weight"] = ops.restore_codes(w)
 
     def _apply(self, fn, recurse=True):
-        # .to(), .cuda(), .float() ...: fn sees the codes; released again where they stay on the host.
+        # .to(), .cuda(), .half(), .float() ...: the codes and their scales go where fn sends them
+        # but keep their dtypes - a module-wide dtype cast would turn codes into values and round
+        # the scales - while the bias takes fn whole. Released again where they stay on the host.
         self._restore_codes()
+        kept = {name: self._buffers[name] for name in ("weight", "weight_scale_inv")}
         out = super()._apply(fn, recurse)
+        for name, t in kept.items():
+            if self._buffers[name].dtype != t.dtype:
+                self._buffers[name] = t.to(self._buffers[name].device)
+        # Packed again: fn may have given the bias new data in place (param.data = ...), which
+        # leaves its version counter, and so the packed weight's key, as it was.
+        self._buffers["weight"]._fp8kit_fused = None
         if self._released:
             self.release_codes()
         return out
