@@ -146,13 +146,17 @@ class Float8InferenceLinear(nn.Module):
         # the scales - while the bias takes fn whole. Released again where they stay on the host.
         self._restore_codes()
         kept = {name: self._buffers[name] for name in ("weight", "weight_scale_inv")}
+        bias = self._parameters["bias"]
+        bias_data = None if bias is None else (bias.data_ptr(), bias.dtype)
         out = super()._apply(fn, recurse)
         for name, t in kept.items():
             if self._buffers[name].dtype != t.dtype:
                 self._buffers[name] = t.to(self._buffers[name].device)
-        # Packed again: fn may have given the bias new data in place (param.data = ...), which
-        # leaves its version counter, and so the packed weight's key, as it was.
-        self._buffers["weight"]._fp8kit_fused = None
+        bias = self._parameters["bias"]
+        if bias_data != (None if bias is None else (bias.data_ptr(), bias.dtype)):
+            # Packed again: fn gave the bias new data in place (param.data = ...), which leaves
+            # its version counter, and so the packed weight's key, as it was.
+            self._buffers["weight"]._fp8kit_fused = None
         if self._released:
             self.release_codes()
         return out
