@@ -45,7 +45,11 @@ of 4 rounds, with each of transformers' KV caches (DynamicCache, the default, an
 vs_f32 / vs_bf16 = its decode tokens/s over torch float32's / bfloat16's with the same cache, and
 sqnr_db of the prefill's last logits against the float32 model's (about 3 minutes on 2 Sapphire Rapids
 cores, 2026-11-26).
-Default: all three sections (about 8 minutes on 2 Zen 5 cores, 21 on 2 Zen 3 cores). Results: docs/PERF.md.
+--section checkpoint: an FP8 checkpoint as users download it (below, at CKPT_LLAMA).
+--section diffusion: Diffusers' Flux and SD3 transformers from configs at 256, 1024 and 4096 image
+tokens (--quick: 256, 1024): plain bf16, Diffusers' layerwise casting and fp8kit's, each in a fresh
+process (below, at DIFFUSION_MODELS).
+Default: every section. Results: docs/PERF.md.
 Not run by the tests (speed is never asserted in tests).
 
 Memory: fp8kit puts blocks of 2 MiB and more (its packed weights) on huge pages where the OS
@@ -529,7 +533,97 @@ def run_checkpoint(rows, threads, quick):
             r["rss_vs_bf16"] = round(r["rss_after_generate_mb"] / b["rss_after_generate_mb"], 2)
 
 
+# --section diffusion: Diffusers' transformers from configs (random weights; 36M-parameter Flux,
+# 2 double- and 4 single-stream blocks; a 4-block SD3), bf16, one forward at each image-token
+# count, each way in a fresh process: plain bf16, Diffusers' own layerwise casting (e4m3 storage,
+# upcast per forward), fp8kit.torch.enable_layerwise_casting (the Linear layers computing on the
+# FP8 weight, the activation as Diffusers computes it). Its default skip patterns for both.
+DIFFUSION_MODELS = {
+    "flux": ("FluxTransformer2DModel", dict(patch_size=1, in_channels=64, num_layers=2, num_single_layers=4,
+                                            attention_head_dim=64, num_attention_heads=8, joint_attention_dim=512,
+                                            pooled_projection_dim=256, guidance_embeds=False, axes_dims_rope=(8, 28, 28))),
+    "sd3": ("SD3Transformer2DModel", dict(sample_size=64, patch_size=2, in_channels=16, num_layers=4,
+                                          attention_head_dim=64, num_attention_heads=8, joint_attention_dim=512,
+                                          caption_projection_dim=512, pooled_projection_dim=256, out_channels=16)),
+}
+
+
+def diffusion_child(kind, name, tokens):
+    """One way of running a Diffusers transformer at `tokens` image tokens, in this (fresh) process:
+    the fastest of 5 forwards after one; RSS above the imports' (after gc and malloc_trim); the
+    output's norm (each row checks that it computed: FP8 storage moves it by about 1e-3)."""
+    import gc
+    import diffusers
+    from fp8kit.torch import memory
+
+    def rss():
+        gc.collect()
+        memory.trim_heap()
+        return _rss()["VmRSS"]
+    base = rss()
+    cls, cfg = DIFFUSION_MODELS[name]
+    torch.manual_seed(0)
+    model = getattr(diffusers, cls)(**cfg).to(torch.bfloat16).eval()
+    params = sum(p.numel() for p in model.parameters())  # before FP8 storage makes weights buffers
+    native = None
+    if kind == "fp8kit":
+        report = f8.enable_layerwise_casting(model, torch.float8_e4m3fn, torch.bfloat16)
+        native = len(report.native)
+        del report  # the originals it holds for remove() go
+    elif kind == "diffusers":
+        model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
+    g, txt = torch.Generator().manual_seed(1), 64
+    if name == "flux":
+        inp = dict(hidden_states=torch.randn(1, tokens, 64, generator=g), img_ids=torch.zeros(tokens, 3),
+                   txt_ids=torch.zeros(txt, 3))
+    else:  # SD3: a latent of side 2 sqrt(tokens) (2x2 patches)
+        side = 2 * int(math.isqrt(tokens))
+        inp = dict(hidden_states=torch.randn(1, 16, side, side, generator=g))
+    inp = {k: v.to(torch.bfloat16) if k == "hidden_states" else v for k, v in inp.items()}
+    inp.update(encoder_hidden_states=torch.randn(1, txt, 512, generator=g).to(torch.bfloat16),
+               pooled_projections=torch.randn(1, 256, generator=g).to(torch.bfloat16), timestep=torch.tensor([0.5]),
+               return_dict=False)
+    with torch.no_grad():
+        out = model(**inp)[0]
+        best = math.inf
+        for _ in range(5):
+            t0 = time.perf_counter()
+            model(**inp)
+            best = min(best, time.perf_counter() - t0)
+    print(json.dumps({"kind": kind, "model": name, "tokens": tokens, "native_linears": native,
+                      "params_m": round(params / 1e6, 1),
+                      "rss_mb": round(rss() - base), "forward_s": round(best, 4), "out_norm": round(float(out.float().norm()), 3)}))
+
+
+def run_diffusion(rows, threads, quick):
+    if peer("diffusers") is None:
+        return
+    for name in DIFFUSION_MODELS:
+        for tokens in (256, 1024) if quick else (256, 1024, 4096):
+            got = {}
+            for kind in ("bf16", "diffusers", "fp8kit"):
+                r = subprocess.run([sys.executable, os.path.abspath(__file__), "--diffusion-child", kind, name, str(tokens),
+                                    "--threads", str(threads)], capture_output=True, text=True,
+                                   env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
+                impl = f"{kind}.{name}"
+                if r.returncode != 0:
+                    rows.append({"bench": "torch_diffusion", "impl": impl, "tokens": tokens,
+                                 "note": r.stderr.strip().splitlines()[-1][:120]})
+                    continue
+                got[kind] = json.loads(r.stdout.strip().splitlines()[-1])
+                rows.append(dict(got[kind], bench="torch_diffusion", impl=impl, threads=threads))
+            if "bf16" in got:
+                for r in rows[-len(got):]:
+                    r["vs_bf16"] = round(got["bf16"]["forward_s"] / r["forward_s"], 2)
+                    r["rss_vs_bf16"] = round(r["rss_mb"] / got["bf16"]["rss_mb"], 2)
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--diffusion-child":
+        threads = int(sys.argv[6]) if len(sys.argv) > 6 else 2
+        torch.set_num_threads(threads)
+        fp8kit.set_num_threads(threads)
+        return diffusion_child(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     if len(sys.argv) > 1 and sys.argv[1] == "--checkpoint-child":
         kind, path, prompt, decode = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
         threads = int(sys.argv[7]) if len(sys.argv) > 7 else 2
@@ -542,10 +636,10 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--flush", choices=("team", "one-thread"), default="team",
                     help="who reads the 256 MiB before a memory-bound call (default: torch's threads)")
-    ap.add_argument("--section", choices=("linear", "train", "model", "checkpoint"), action="append",
-                    help="linear, train, model or checkpoint (repeatable; default: all four)")
+    ap.add_argument("--section", choices=("linear", "train", "model", "checkpoint", "diffusion"), action="append",
+                    help="linear, train, model, checkpoint or diffusion (repeatable; default: all five)")
     a = ap.parse_args()
-    sections = a.section or ["linear", "train", "model", "checkpoint"]
+    sections = a.section or ["linear", "train", "model", "checkpoint", "diffusion"]
     global FLUSH_BY
     FLUSH_BY = a.flush
     torch.set_num_threads(a.threads)
@@ -567,6 +661,8 @@ def main():
         run_model(rows)
     if "checkpoint" in sections:
         run_checkpoint(rows, a.threads, a.quick)
+    if "diffusion" in sections:
+        run_diffusion(rows, a.threads, a.quick)
     if a.json:
         for r in rows:
             print(json.dumps(r))
@@ -582,7 +678,10 @@ def main():
                                    "decode_tokens_per_s decode_vs_bf16 note",
                                    "an FP8 checkpoint (llm-compressor FP8_DYNAMIC of a 169M Llama) and the bf16 one "
                                    "quantize_d, each in a fresh process: RSS above the imports' (MB), tokens/s with a "
-                                   "StaticCache")}
+                                   "StaticCache"),
+              "torch_diffusion": ("impl tokens params_m native_linears rss_mb rss_vs_bf16 forward_s vs_bf16 out_norm note",
+                                  "Diffusers transformers from configs, bf16 / Diffusers' layerwise casting / fp8kit's, "
+                                  "each in a fresh process: one forward (s), RSS above the imports' (MB)")}
     for bench, (cols, title) in tables.items():
         table = [r for r in rows if r["bench"] == bench]
         if table:
