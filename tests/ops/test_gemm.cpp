@@ -892,7 +892,9 @@ TEST(GemmPackedWeight, ReuseEqualsAFreshPack) {
 // refused by name.
 TEST(GemmPackedWeight, ReleasedCodesReadBackAndServeTheSameGemm) {
     uint32_t seed = 900;
-    for (const auto& [n, k] : {std::pair<int64_t, int64_t>{70, 300}, {16, 33}, {5, 1}, {130, 257}}) {
+    const int64_t shapes[][2] = {{70, 300}, {16, 33}, {5, 1}, {130, 257}};
+    for (const auto& shape : shapes) {
+        const int64_t n = shape[0], k = shape[1];  // (not a structured binding: the lambdas below capture them)
         for (const Scaling sb : {Scaling::tensor(), Scaling::row(), Scaling::block(128, 128), Scaling::mx32()}) {
             SCOPED_TRACE(std::to_string(n) + " x " + std::to_string(k) + ", B " + to_string(sb));
             const Scaling sa = sb.granularity == Granularity::block ? Scaling::block(1, 128) : sb;
