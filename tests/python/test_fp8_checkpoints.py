@@ -448,18 +448,42 @@ def test_fp8kit_written_checkpoint(work, scheme, layout, tmp_path):
     assert check_logits(fp8kit_logits(model), base, out) == []
 
 
-@pytest.mark.parametrize("recipe", ["rowwise", "tensorwise", "block", "mxfp8"])
+@pytest.mark.parametrize("recipe", ["rowwise", "tensorwise", "block", "mxfp8", "weight_only", "mixed"])
 def test_quantize_then_save_pretrained_runs_as_stored(work, recipe, tmp_path):
     """A transformers model quantize_d in memory, saved by transformers' save_pretrained (which
     writes the quantization_config quantize_ recorded: fp8kit's own layout), run by from_pretrained:
     every tensor as the quantize_d model holds it, bit for bit, and the same logits. Without the
     recorded config (planted) rowwise's and block's loads fail: a weight_scale_inv is read by its
     name as transformers' 128x128 blocks, which an [out, 1] scale does not fit, and without a
-    weight_block_size a block grid is not told apart from a group one."""
+    weight_block_size a block grid is not told apart from a group one. weight_only has rowwise's
+    codes and scales, so only the recorded list of weight-only layers tells them apart: loaded as
+    rowwise (planted: the list dropped) its activations are quantized and the logits differ.
+    mixed: the MLPs quantize_d rowwise, then the attention weight_only by a second call, which
+    adds its layers to what the first recorded (the kept layers then are lm_head alone)."""
     _, bases, _ = work
     model = transformers.AutoModelForCausalLM.from_pretrained(bases["llama"], dtype=torch.bfloat16).eval()
-    fp8kit.torch.quantize_(model, recipe, filter_fn=lambda m, fqn: fqn != "lm_head")
+    if recipe == "mixed":
+        fp8kit.torch.quantize_(model, "rowwise", filter_fn=lambda m, fqn: ".mlp." in fqn)
+        fp8kit.torch.quantize_(model, "weight_only", filter_fn=lambda m, fqn: fqn != "lm_head")
+        qc = model.config.quantization_config
+        assert qc["modules_to_not_convert"] == ["lm_head"]
+        assert qc["weight_only"] and all(".self_attn." in n for n in qc["weight_only"])
+    else:
+        fp8kit.torch.quantize_(model, recipe, filter_fn=lambda m, fqn: fqn != "lm_head")
     model.save_pretrained(tmp_path)
+    if recipe == "weight_only":  # planted: the layers loaded as rowwise ones
+        config = json.loads((tmp_path / "config.json").read_text())
+        dropped = tmp_path / "dropped"
+        dropped.mkdir()
+        for f in tmp_path.glob("*.safetensors"):
+            os.link(f, dropped / f.name)
+        del config["quantization_config"]["weight_only"]
+        (dropped / "config.json").write_text(json.dumps(config))
+        assert not torch.equal(fp8kit_logits(fp8kit.torch.from_pretrained(str(dropped))), fp8kit_logits(model))
+        config["quantization_config"]["weight_only"] = "model.layers.0.self_attn.q_proj"  # a name, not a list
+        (dropped / "config.json").write_text(json.dumps(config))
+        with pytest.raises(fp8kit.Error, match="quantization_config weight_only is not a list of module names"):
+            fp8kit.torch.from_pretrained(str(dropped))
     loaded = fp8kit.torch.from_pretrained(str(tmp_path))
     held, got = model.state_dict(), loaded.state_dict()
     assert held.keys() == got.keys()

@@ -146,6 +146,12 @@ class _Config:
             self.ignore = list(self.qc.get("ignore") or [])
         else:
             self.ignore = list(self.qc.get("modules_to_not_convert") or [])
+        self.weight_only = set()
+        if self.method == "fp8kit":
+            names = self.qc.get("weight_only", [])
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise fp8kit.Error(f"{ckpt.path}: quantization_config weight_only is not a list of module names")
+            self.weight_only = set(names)
 
     def kept(self, module_name, module):
         """Whether the config keeps module in high precision."""
@@ -180,7 +186,10 @@ class _Config:
         if self.method == "fbgemm_fp8":  # per-token dynamic activations (fbgemm's quantize_fp8_per_row)
             return "row", False
         # fp8kit's own layout, or no config: the activation of the weight scheme's recipe
-        # (tensor: tensorwise, channel / group: rowwise, block: DeepSeek-V3's 1 x block cols, mx32).
+        # (tensor: tensorwise, channel / group: rowwise, block: DeepSeek-V3's 1 x block cols, mx32),
+        # none for the modules the layout lists as weight_only.
+        if module_name in self.weight_only:
+            return "none", False
         if scheme in ("tensor", "mx32"):
             return scheme, False
         block = _block_of(weight_scaling)

@@ -261,7 +261,7 @@ def quantize_(model, config=None, filter_fn=None, *, fuse_siblings=True):
     each from its own packed weight, with the same outputs bit for bit (_Siblings: no copy of a
     weight). On a transformers model the quantization is recorded in model.config as fp8kit's own
     checkpoint layout (quant_method fp8kit), so that save_pretrained writes a checkpoint
-    from_pretrained runs as stored (not for weight_only)."""
+    from_pretrained runs as stored."""
     recipe = config or "rowwise"
     if not isinstance(recipe, str):
         recipe = _recipe_of_torchao_config(recipe)
@@ -305,21 +305,24 @@ def quantize_(model, config=None, filter_fn=None, *, fuse_siblings=True):
 
 
 # The scheme fp8kit's checkpoint layout names for each recipe's weight scaling (docs/CHECKPOINTS.md).
-_SCHEMES = {"rowwise": "channel", "tensorwise": "tensor", "block": "block128", "mxfp8": "mx32"}
+_SCHEMES = {"rowwise": "channel", "tensorwise": "tensor", "block": "block128", "mxfp8": "mx32",
+            "weight_only": "channel"}
 
 
 def _record_in_config(model, recipe, fqns):
     """On a transformers model (its `config`), the quantization as fp8kit's own checkpoint layout
-    says it (quant_method fp8kit: each layer's scheme, the Linear layers kept), so that
-    save_pretrained writes a checkpoint fp8kit.torch.from_pretrained runs as stored. Not for
-    weight_only, which that layout cannot tell from rowwise (its activations are not quantized)."""
+    says it (quant_method fp8kit: each layer's scheme, the weight-only layers, the Linear layers
+    kept), so that save_pretrained writes a checkpoint fp8kit.torch.from_pretrained runs as
+    stored. A later call adds its layers to what an earlier one recorded."""
     config = getattr(model, "config", None)
-    if recipe not in _SCHEMES or not fqns or not callable(getattr(config, "to_dict", None)):
+    if not fqns or not callable(getattr(config, "to_dict", None)):
         return
     qc = getattr(config, "quantization_config", None)
     qc = dict(qc) if isinstance(qc, dict) and qc.get("quant_method") == "fp8kit" else {
         "quant_method": "fp8kit", "fmt": "e4m3fn", "schemes": {}}
     qc["schemes"] = dict(qc["schemes"], **{fqn: _SCHEMES[recipe] for fqn in fqns})
+    if recipe == "weight_only":  # channel weights like rowwise's; the activations stay as they come
+        qc["weight_only"] = sorted(set(qc.get("weight_only", ())) | set(fqns))
     if recipe == "block":
         qc["weight_block_size"] = [128, 128]
     qc["modules_to_not_convert"] = [fqn for fqn, m in model.named_modules() if type(m) is nn.Linear]
