@@ -351,6 +351,17 @@ def test_llm_compressor_checkpoint(work, model_name, scheme):
     if scheme == "FP8":
         static = [m for m in model.modules() if isinstance(m, fp8kit.torch.Float8StaticInputLinear)]
         assert static, "no layer runs with the stored static input_scale"
+        # The static scale reaches the GEMM through the layer's operator too (torch.compile,
+        # fullgraph: no break around the call), bit for bit the eager call, which differs from
+        # the same layer with each call's own amax (planted: the static scale not read).
+        layer = static[0]
+        x = torch.randn(3, layer.in_features, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+        with torch.no_grad():
+            eager = layer(x)
+            assert torch.equal(torch.compile(layer, fullgraph=True, backend="eager")(x), eager)
+            dynamic = fp8kit.torch.ops._linear(x, layer._buffers["weight"], layer.weight_scale_inv, layer.bias,
+                                               "tensor", layer.weight_scaling)
+        assert not torch.equal(dynamic, eager)
 
 
 def test_planted_scales_ignored(work):

@@ -45,7 +45,6 @@ from torch import nn
 
 import fp8kit
 
-from . import ops as _ops
 from .inference import Float8InferenceLinear as _InferenceLinear, _group_siblings
 from .memory import release_pages
 
@@ -232,7 +231,7 @@ class Float8StaticInputLinear(_InferenceLinear):
     """The inference layer with a static activation scale, as compressed-tensors' static FP8 schemes
     store it (`input_scale`, the dequantization multiplier of the activation): x is cast to FP8 as
     encode(float32(x * (1 / input_scale))), saturating, inside the GEMM; the scale is the stored one
-    (buffer `input_scale`, in its stored dtype)."""
+    (buffer `input_scale`, in its stored dtype), which the layer's one route (ops._linear) reads."""
 
     @classmethod
     def from_stored(cls, codes, scale_inv, weight_scaling, input_scale, bias):
@@ -246,41 +245,6 @@ class Float8StaticInputLinear(_InferenceLinear):
         if bias is not None:
             m.bias = nn.Parameter(bias, requires_grad=False)
         return m
-
-    def _fused(self):
-        """The extension's FusedLinear with the static scale 1 / input_scale (computed in float64,
-        rounded once to float32), made on first use and again after a buffer is written or
-        replaced (kept as fp8kit.torch's _Cached: dropped by deepcopy and pickle)."""
-        w, s, b, i = self._buffers["weight"], self.weight_scale_inv, self.bias, self.input_scale
-        tensors = (w, s, b, i)
-        versions = (w._version, s._version, i._version, None if b is None else b._version)
-        cached = self.__dict__.get("_fp8kit_static")
-        if cached is None or cached[1] != versions or any(x is not y for x, y in zip(cached[0], tensors)):
-            scale = (1.0 / i.detach().to(torch.float64)).to(torch.float32).reshape(1)
-            packed = fp8kit.PackedWeight(fp8kit.qtensor(w, s, self.weight_scaling))
-            fused = fp8kit._fp8kit.FusedLinear(packed, "e4m3fn", "tensor", "saturate",
-                                               None if b is None else fp8kit._to_extension(b.detach()),
-                                               fp8kit._to_extension(scale))
-            cached = self.__dict__["_fp8kit_static"] = _ops._Cached((tensors, versions, fused))
-        return cached[2]
-
-    def forward(self, x):
-        shape = x.shape
-        if not shape or shape[-1] != self.in_features:
-            raise fp8kit.Error(f"fp8kit.torch.Float8StaticInputLinear: the input has shape {list(shape)}, but "
-                               f"in_features {self.in_features}")
-        out = _ops._OUT_DTYPES.get(x.dtype)
-        if out is None:
-            raise fp8kit.Error(f"fp8kit.torch.Float8StaticInputLinear: the input is {x.dtype}; it takes float32, "
-                               "bfloat16 or float16")
-        if torch.is_grad_enabled() and x.requires_grad:
-            raise fp8kit.Error("fp8kit.torch.Float8StaticInputLinear is an inference layer: no backward. To train "
-                               "in FP8 use fp8kit.torch.convert_to_float8_training on a high-precision model")
-        device = self._buffers["weight"].device
-        if x.device != device:
-            raise fp8kit.Error(f"fp8kit.torch.Float8StaticInputLinear: the input is on device '{x.device}', the weight "
-                               f"on device '{device}' (move the model with .to(device))")
-        return _ops._call_into(self._fused(), self.out_features, x.contiguous(), out[1])
 
     def extra_repr(self):
         return super().extra_repr() + ", static input_scale"
@@ -334,15 +298,14 @@ class Float8Experts(nn.Module):
 # ---- memory: the packed weight as the one resident copy ----
 
 def _pack(layers):
-    """Packs each FP8 layer's weight for the GEMM now (what its first call would do) and then lets
-    the codes' pages go back to the file: the packed copy is then the only one in memory (one byte a
-    weight plus its scales), and the codes state_dict returns are the file's, read again on demand."""
+    """Packs each FP8 layer's weight for the GEMM now (what its first call would do) as the codes'
+    only copy (release_codes: state_dict reads them back from it), and lets the pages the packing
+    read go back to the file, which other tensors of it keep mapped: one byte a weight plus its
+    scales stays in memory."""
     for m in layers:
-        if isinstance(m, Float8StaticInputLinear):
-            m._fused()
-        else:
-            _ops._fused(m.weight, m.weight_scale_inv, m.weight_scaling, m._parameters["bias"], m.input_scaling)
-        release_pages(m.weight)
+        codes = m.weight
+        m.release_codes()
+        release_pages(codes)
 
 
 def _fp8_layers(model):

@@ -107,12 +107,13 @@ class Float8InferenceLinear(nn.Module):
         # operator's dispatch from Python costs several times a decode step's small GEMM; else through
         # the operator, which torch.compile and torch.export see. The tensors through the module's
         # dicts: Module.__getattr__ is a Python call a name.
+        # input_scale: a checkpoint's static activation scale (Float8StaticInputLinear), else None.
         buffers = self._buffers
         if _plain_eager(x):
             return _linear(x, buffers["weight"], buffers["weight_scale_inv"], self._parameters["bias"],
-                           self.input_scaling, self.weight_scaling, self._siblings)
+                           self.input_scaling, self.weight_scaling, buffers.get("input_scale"), self._siblings)
         return torch.ops.fp8kit.linear(x, buffers["weight"], buffers["weight_scale_inv"], self._parameters["bias"],
-                                       self.input_scaling, self.weight_scaling)
+                                       self.input_scaling, self.weight_scaling, buffers.get("input_scale"))
 
     @property
     def weight(self):
@@ -128,11 +129,12 @@ class Float8InferenceLinear(nn.Module):
         """Makes the packed weight (packed now if it was not) the only copy of the codes, on the
         host; elsewhere, or when already released, nothing."""
         w, s, bias = self._buffers["weight"], self._buffers["weight_scale_inv"], self._parameters["bias"]
+        static = self._buffers.get("input_scale")
         self._released = True
         if w.is_cpu and not ops.is_stand_in(w):
-            self._buffers["weight"] = ops.release_codes(w, s, self.weight_scaling, bias, self.input_scaling)
+            self._buffers["weight"] = ops.release_codes(w, s, self.weight_scaling, bias, self.input_scaling, static)
         elif not w.is_cpu and not w.is_meta:
-            _fused(w, s, self.weight_scaling, bias, self.input_scaling)  # packed now; on a GPU the GEMM reads the codes
+            _fused(w, s, self.weight_scaling, bias, self.input_scaling, static)  # packed now; on a GPU the GEMM reads the codes
 
     def _restore_codes(self):
         """The codes back in the buffer, where they were released (the packed weight is kept)."""
@@ -141,11 +143,13 @@ class Float8InferenceLinear(nn.Module):
             self._buffers["weight"] = ops.restore_codes(w)
 
     def _apply(self, fn, recurse=True):
-        # .to(), .cuda(), .half(), .float() ...: the codes and their scales go where fn sends them
-        # but keep their dtypes - a module-wide dtype cast would turn codes into values and round
-        # the scales - while the bias takes fn whole. Released again where they stay on the host.
+        # .to(), .cuda(), .half(), .float() ...: the codes and their scales (a static input_scale
+        # too) go where fn sends them but keep their dtypes - a module-wide dtype cast would turn
+        # codes into values and round the scales - while the bias takes fn whole. Released again
+        # where they stay on the host.
         self._restore_codes()
-        kept = {name: self._buffers[name] for name in ("weight", "weight_scale_inv")}
+        kept = {name: self._buffers[name] for name in ("weight", "weight_scale_inv", "input_scale")
+                if name in self._buffers}
         bias = self._parameters["bias"]
         bias_data = None if bias is None else (bias.data_ptr(), bias.dtype)
         out = super()._apply(fn, recurse)
