@@ -238,6 +238,9 @@ int64_t window_chunks(const KLayout& kl, const GemmKernels& kern) {
     return kl.groups == 1 ? std::min(kern.window_chunks, cpg) : std::max<int64_t>(1, kern.window_chunks / cpg) * cpg;
 }
 
+// Whether all of K is one window (run_tiles then keeps one block's sums, not the task's).
+bool one_window(const KLayout& kl, const GemmKernels& kern) { return kl.padded / gemm_chunk <= window_chunks(kl, kern); }
+
 // The epilogue of packed rows [p0, p0 + rows) over strips [s0, s1), their sums in acc (row p0's
 // first): scales (one group), alpha, C, bias, activation, the output type - written to D.
 void finish_rows(const Task& t, int64_t p0, int64_t rows, int64_t s0, int64_t s1, float* acc, int64_t ldacc) {
@@ -292,7 +295,7 @@ void run_tiles(const Task& t, int64_t r0, int64_t rows, int64_t s0, int64_t s1, 
     const int64_t eb = t.kern.widened_bytes;
     Scratch<std::byte> bexp(ns * b_strip * eb);
     const int64_t total_chunks = kl.padded / gemm_chunk;
-    const bool one_window = total_chunks <= wchunks;
+    const bool one_window = cpu::one_window(kl, t.kern);
 
     // The next window's codes are prefetched into L2 while this one computes, a share before each
     // block: otherwise each window's read from memory and its computation take turns, which at
@@ -358,8 +361,7 @@ void run_task(const Task& t, int64_t r0, int64_t r1, int64_t s0, int64_t s1) {
     }
     // run_tiles' sums: one block of rows where K is one window (run_tiles says why), else all rows.
     const int64_t block_rows = t.kern.block_tiles * gemm_tile;
-    const bool one_window = t.b.kl.padded / gemm_chunk <= window_chunks(t.b.kl, t.kern);
-    Scratch<float> acc((one_window ? std::min(rows, block_rows) : rows) * ldacc);
+    Scratch<float> acc((one_window(t.b.kl, t.kern) ? std::min(rows, block_rows) : rows) * ldacc);
     run_tiles(t, r0, m_rows, s0, s1, acc.get(), ldacc);
 }
 

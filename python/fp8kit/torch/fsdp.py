@@ -95,9 +95,10 @@ class Float8WeightShard(torch.Tensor):
     def fsdp_pre_all_gather(self, mesh, outer_size, outer_stride, module, mp_policy):
         """This rank's shard cast to FP8: (codes, and block's scales) to all-gather, and the
         metadata that every rank has already (the weight's rows; tensorwise's one scale_inv,
-        rowwise's and mxfp8's gathered scales). An uneven split (out_features not a multiple of the ranks: FSDP2 gives
-        each rank ceil(out / ranks) rows, the last ones fewer or none, and pads them) sends codes
-        padded with zero rows to that many, as FSDP2 requires of every input then."""
+        rowwise's and mxfp8's gathered scales). An uneven split (out_features not a multiple of
+        the ranks: FSDP2 gives each rank ceil(out / ranks) rows, the last ones fewer or none, and
+        pads them) sends codes padded with zero rows to that many, as FSDP2 requires of every
+        input then."""
         w, rows, world = self._tensor, outer_size[0], mesh.size()
         padded = -(-rows // world)  # FSDP2's shard rows (torch.chunk's): the gathered codes' first `rows` are W's
         if self._recipe == "tensorwise":
@@ -170,7 +171,7 @@ def _pad_rows(t, rows, value=0):
     """t [r, c] with rows - r more rows of value (zero codes: the value 0), contiguous."""
     if t.shape[0] == rows:
         return t.contiguous()
-    out = t.new_full((rows, t.shape[1]), value) if value else t.new_zeros((rows, t.shape[1]))
+    out = t.new_full((rows, t.shape[1]), value)
     out[:t.shape[0]] = t
     return out
 
