@@ -234,15 +234,22 @@ std::optional<StoredWeight> stored_weight(const TensorLookup& t, const std::stri
     const Tensor s = checked_scale(raw, where + ": its scale " + quote_printable(w.scale));
     const int64_t n = s.numel();
     const std::vector<int64_t> b = cfg.block.value_or(std::vector<int64_t>{128, 128});
+    // Whether the scale is the grid of g_rows x g_cols scales an expert's [out, in] takes, laid out
+    // as the matrix's ([experts * g_rows, g_cols]) or per expert ([experts, g_rows, g_cols]): its
+    // shape, not only its count - a grid transposed or flattened holds as many values, each for
+    // another block.
+    const auto grid = [&](int64_t g_rows, int64_t g_cols) {
+        return s.shape() == Shape{experts * g_rows, g_cols} || (experts > 1 && s.shape() == Shape{experts, g_rows, g_cols});
+    };
     // The scaling a scheme gives this weight when the scale's dtype and shape fit it.
     const auto fits = [&](Scheme scheme) -> std::optional<Scaling> {
         if ((s.dtype() == DType::e8m0fnu) != (scheme == Scheme::mx32)) return std::nullopt;
         switch (scheme) {
             case Scheme::mx32:
-                if (n == rows * ceil_div(cols, 32)) return Scaling::mx32();
+                if (grid(out, ceil_div(cols, 32))) return Scaling::mx32();
                 break;
             case Scheme::block128:
-                if ((experts == 1 || out % b[0] == 0) && n == experts * ceil_div(out, b[0]) * ceil_div(cols, b[1])) return Scaling::block(b[0], b[1]);
+                if ((experts == 1 || out % b[0] == 0) && grid(ceil_div(out, b[0]), ceil_div(cols, b[1]))) return Scaling::block(b[0], b[1]);
                 break;
             case Scheme::tensor:
                 if (n == 1) return Scaling::tensor();
@@ -252,7 +259,7 @@ std::optional<StoredWeight> stored_weight(const TensorLookup& t, const std::stri
                 if (n == rows && s.dim() >= 1 && s.size(0) == (experts > 1 ? experts : rows)) return Scaling::row();
                 break;
             case Scheme::group:  // compressed-tensors' group strategy: [out, in / group_size]
-                if (rows > 0 && n >= rows && n % rows == 0 && cols % (n / rows) == 0 &&
+                if (rows > 0 && n >= rows && n % rows == 0 && cols % (n / rows) == 0 && grid(out, n / rows) &&
                     (!cfg.group_size || *cfg.group_size == cols / (n / rows)))
                     return Scaling::block(1, cols / (n / rows));
                 break;

@@ -246,6 +246,14 @@ for title, kwargs, needle in [
     ("fp8kit config: a module's scheme contradicted", dict(config=json.dumps({"quant_method": "fp8kit", "schemes": {"layer": "channel"}})),
      "says scheme 'channel' for it, but its scale 'layer.weight_scale' is f32 [1], expected f32/bf16/f16 [4, 1]"),
     ("a scale no layout explains", dict(scale=(1, 1, 1), scale_shape=(3,)), "its scale 'layer.weight_scale' f32 [3] fits no layout"),
+    # As many scales as the layout's grid, in another shape: each would scale another block.
+    ("a block grid transposed", dict(scale=(1,) * 8, scale_shape=(4, 2), config=json.dumps(
+        {"quant_method": "fp8kit", "schemes": {"layer": "block128"}, "weight_block_size": [2, 2]})),
+     "says scheme 'block128' for it, but its scale 'layer.weight_scale' is f32 [4, 2], expected f32/bf16/f16 [2, 4] for blocks 2x2"),
+    ("a group scale flattened", dict(scale=(1,) * 8, scale_shape=(8,), config=json.dumps(
+        {"quant_method": "compressed-tensors", "config_groups": {"g": {"targets": ["Linear"], "weights": {
+            "strategy": "group", "group_size": 4}}}})),
+     "says scheme 'group' for it, but its scale 'layer.weight_scale' is f32 [8], expected f32/bf16/f16 [4, in / group_size]"),
     ("static input scale negative", dict(extra=[("layer.input_scale", "F32", [1], f32(-1))]),
      "its static input scale 'layer.input_scale' holds -1 at [0]"),
 ]:
