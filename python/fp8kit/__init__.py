@@ -34,6 +34,18 @@ from ._fp8kit import (Error, PackedWeight, QTensor, cuda_available, format_max, 
 
 __version__ = _fp8kit.__version__
 Error.__module__ = QTensor.__module__ = PackedWeight.__module__ = "fp8kit"  # as users name them
+
+
+def _printable_message(error):
+    """An fp8kit.Error's text with its control characters (C0 but tab and newline, DEL, C1) as
+    \\xNN: a tensor or module name, a config string or a path from a file, put in a message by
+    the Python side, never reaches a terminal raw (the C++ side's messages quote them already)."""
+    return "".join(c if c in "\t\n" or not (ord(c) < 0x20 or 0x7f <= ord(c) <= 0x9f) else f"\\x{ord(c):02x}"
+                   for c in ValueError.__str__(error))
+
+
+Error.__str__ = _printable_message
+
 __all__ = ["Error", "PackedWeight", "QTensor", "cuda_available", "decode", "dequantize", "encode", "format_max",
            "formats", "gemm", "num_threads", "qtensor", "quantize", "scaled_mm", "set_num_threads"]
 

@@ -142,14 +142,29 @@ ConfigScales config_scales(const TensorLookup& t) {
             }
         }
     }
-    if (q.contains("config_groups") && q["config_groups"].is_object()) {
+    if (q.contains("config_groups")) {
         // Several groups (mixed schemes): a module a group's targets name takes its strategy;
         // the others are told apart by their scales' shapes, unless every group has the same
         // strategy. The first block and group size named are the ones shapes are checked against.
+        // A group whose weights are not FP8 (num_bits, type) or whose strategy fp8kit does not
+        // know contradicts the FP8 tensors: refused, not read past.
+        if (!q["config_groups"].is_object()) throw Error(t.path() + ": quantization_config config_groups is not an object of name: group");
         bool mixed = false, first = true;
-        for (const auto& [_, g] : q["config_groups"].items()) {
-            if (!g.is_object() || !g.contains("weights") || !g["weights"].is_object()) continue;
+        for (const auto& [name, g] : q["config_groups"].items()) {
+            const std::string where = t.path() + ": quantization_config config_groups[" + quote_printable(name) + "]";
+            if (!g.is_object()) throw Error(where + " is not an object");
+            for (const char* part : {"weights", "input_activations"}) {
+                if (g.contains(part) && !g[part].is_object() && !g[part].is_null()) throw Error(where + "." + part + " is not an object");
+            }
+            if (!g.contains("weights") || g["weights"].is_null()) continue;
             const Json& w = g["weights"];
+            if ((w.contains("num_bits") && w["num_bits"] != 8) || (w.contains("type") && w["type"] != "float")) {
+                throw Error(where + ".weights are " + printable(w.dump()) + ": not FP8 (num_bits 8, type float), the layouts fp8kit reads");
+            }
+            if (w.contains("strategy") && !w["strategy"].is_null() &&
+                (!w["strategy"].is_string() || scheme_of_strategy(w["strategy"].get<std::string>()).empty())) {
+                throw Error(where + ".weights strategy " + printable(w["strategy"].dump()) + ", expected tensor, channel, group or block");
+            }
             const std::string st = scheme_of_strategy(w.contains("strategy") && w["strategy"].is_string() ? w["strategy"].get<std::string>() : "");
             if (first) c.strategy = st;
             mixed = mixed || st != c.strategy;

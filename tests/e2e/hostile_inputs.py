@@ -260,6 +260,19 @@ for title, kwargs, needle in [
     for cmd in (["inspect", "q.safetensors"], ["dequantize", "q.safetensors", "d.safetensors"], ["verify", "q.safetensors", "q.safetensors"]):
         case("%s: %s" % (cmd[0], title), lambda d, k=kwargs: fp8_model(os.path.join(d, "q.safetensors"), **k), cmd, 3,
              ["q.safetensors: FP8 tensor 'layer.weight' [4, 8]", needle])
+
+# A quantization_config that contradicts the FP8 tensors, or is malformed: refused, naming the file.
+for title, group, needle in [
+    ("a config group of 4-bit weights", {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "float", "strategy": "tensor"}},
+     ["quantization_config config_groups['g'].weights are", "not FP8 (num_bits 8, type float)"]),
+    ("a config group's unknown strategy", {"targets": ["Linear"], "weights": {"strategy": "banana\x1b[31m"}},
+     "config_groups['g'].weights strategy \"banana\\u001b[31m\", expected tensor, channel, group or block"),
+    ("a config group that is a number", 7, "quantization_config config_groups['g'] is not an object"),
+]:
+    config = json.dumps({"quant_method": "compressed-tensors", "config_groups": {"g": group}})
+    for cmd in (["inspect", "q.safetensors"], ["dequantize", "q.safetensors", "d.safetensors"]):
+        case("%s: %s" % (cmd[0], title), lambda d, c=config: fp8_model(os.path.join(d, "q.safetensors"), config=c), cmd, 3,
+             [needle] if isinstance(needle, str) else needle)
 case("a quantized module's scale missing", lambda d: safetensors(os.path.join(d, "q.safetensors"), [fp8_weight()],
                                                                  {"quantization_config": CT_TENSOR}),
      ["dequantize", "q.safetensors", "d.safetensors"], 3,

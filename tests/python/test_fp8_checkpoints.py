@@ -429,6 +429,55 @@ def test_contradicting_scale_names_file_and_tensor(work, tmp_path):
         fp8kit.torch.from_pretrained(str(bad))
 
 
+@pytest.mark.parametrize("edit,message", [
+    (lambda c: c.update(dtype="banana\x1b[2J"), r"config\.json: dtype 'banana\\x1b\[2J', expected float32"),
+    (lambda c: c.update(dtype="int8"), r"config\.json: dtype 'int8', expected float32, bfloat16 or float16"),
+    (lambda c: c["quantization_config"].update(ignore=["re:lm_head["]),
+     r"quantization_config ignore entry 're:lm_head\[' is not a regular expression"),
+    (lambda c: c["quantization_config"].update(ignore="lm_head"), r"quantization_config ignore is not a list"),
+    (lambda c: next(iter(c["quantization_config"]["config_groups"].values())).update(input_activations=["token"]),
+     r"quantization_config config_groups\['group_0'\]\.input_activations is not an object"),
+    (lambda c: next(iter(c["quantization_config"]["config_groups"].values()))["input_activations"].update(
+        strategy="group", group_size="abc"), r"input_activations strategy 'group'.*positive integer group_size"),
+    (lambda c: c.update(quantization_config=["fp8"]), r"quantization_config is not a JSON object"),
+    (lambda c: "[]", r"config\.json: not a JSON object"),
+    (lambda c: "{\"dtype\": \"\x1b[2J", r"config\.json: not valid JSON"),
+])
+def test_malformed_config_names_it(work, tmp_path, edit, message):
+    """A config.json whose dtype, ignore list or activation arguments are malformed is an
+    fp8kit.Error naming the field (no AttributeError, re.error or ValueError from deep inside), and
+    a control character from the file reaches the message escaped."""
+    _, path = _checkpoint(work, "llama", "FP8_DYNAMIC")
+    bad = tmp_path / "bad"
+    shutil.copytree(path, bad)
+    config = json.loads((bad / "config.json").read_text())
+    text = edit(config)  # the file's new text, or None: the edited config
+    (bad / "config.json").write_text(text or json.dumps(config))
+    with pytest.raises(fp8kit.Error, match=message) as e:
+        fp8kit.torch.from_pretrained(str(bad))
+    assert not any(ord(c) < 0x20 and c not in "\t\n" for c in str(e.value))
+
+
+def test_a_name_from_the_file_reaches_the_message_escaped(work, tmp_path):
+    """A tensor name holding terminal escapes (ESC, CSI as the C1 control U+009B) is shown escaped
+    in the error, never raw; the rest of the message as it was."""
+    from accelerate import init_empty_weights
+    base, path = _checkpoint(work, "llama", "FP8_DYNAMIC")
+    bad = tmp_path / "bad"
+    shutil.copytree(path, bad)
+    f = sorted(glob.glob(str(bad / "*.safetensors")))[0]
+    tensors = _stored(str(bad))
+    tensors["model.\x1b]0;pwned\x07\x9b2J"] = torch.zeros(1)
+    for g in glob.glob(str(bad / "*.safetensors")):
+        os.remove(g)
+    save_file(tensors, f, metadata={"format": "pt"})
+    with init_empty_weights():
+        model = transformers.LlamaForCausalLM(transformers.AutoConfig.from_pretrained(base))
+    with pytest.raises(fp8kit.Error) as e:
+        fp8kit.torch.load_fp8_checkpoint(model, str(bad))
+    assert "tensor 'model.\\x1b]0;pwned\\x07\\x9b2J': the model has no parameter or buffer" in str(e.value)
+
+
 def test_load_fp8_checkpoint_into_a_module(work):
     """load_fp8_checkpoint into a model built by the caller (here transformers' on the meta device)."""
     from accelerate import init_empty_weights

@@ -119,11 +119,11 @@ def _activation_of_args(args, weight_scaling, where):
         scaling = "row"
     elif strategy == "tensor":
         scaling = "tensor"
-    elif strategy == "group" and args.get("group_size"):
-        scaling = f"block(1x{int(args['group_size'])})"
+    elif strategy == "group" and type(args.get("group_size")) is int and args["group_size"] > 0:
+        scaling = f"block(1x{args['group_size']})"
     else:
-        raise fp8kit.Error(f"{where}: input_activations strategy '{strategy}' ({args}): fp8kit casts activations "
-                           "per token, per tensor or per 1 x group")
+        raise fp8kit.Error(f"{where}: input_activations strategy {strategy!r} ({args}): fp8kit casts activations "
+                           "per token, per tensor or per 1 x group (a positive integer group_size)")
     if static and scaling != "tensor":
         raise fp8kit.Error(f"{where}: static input_activations with strategy '{strategy}': fp8kit takes a static "
                            "activation scale per tensor only")
@@ -139,12 +139,20 @@ class _Config:
         self.ckpt = ckpt
         self.method = self.qc.get("quant_method")
         self.groups = []
-        if self.method == "compressed-tensors":
+        if self.method == "compressed-tensors":  # the groups' form checked by the library (checkpoint_weights)
             for g in (self.qc.get("config_groups") or {}).values():
                 self.groups.append((g.get("targets") or [], g.get("input_activations")))
-            self.ignore = list(self.qc.get("ignore") or [])
-        else:
-            self.ignore = list(self.qc.get("modules_to_not_convert") or [])
+        field = "ignore" if self.method == "compressed-tensors" else "modules_to_not_convert"
+        self.ignore = self.qc.get(field) or []
+        if not isinstance(self.ignore, list) or not all(isinstance(n, str) for n in self.ignore):
+            raise fp8kit.Error(f"{ckpt.path}: quantization_config {field} is not a list of module names")
+        for name in self.ignore:  # what kept() matches as a regular expression (compressed-tensors: "re:...")
+            if self.method != "compressed-tensors" or name.startswith("re:"):
+                try:
+                    re.compile(name[3:] if self.method == "compressed-tensors" else name)
+                except re.error as e:
+                    raise fp8kit.Error(f"{ckpt.path}: quantization_config {field} entry {name!r} is not a regular "
+                                       f"expression ({e})") from None
         self.weight_only = set()
         if self.method == "fp8kit":
             names = self.qc.get("weight_only", [])
@@ -377,14 +385,11 @@ def _is_fused_experts(m):
             and getattr(m, "down_proj").dim() == 3)
 
 
-def _load(model, path, dtype=None, strict=True):
-    """Loads the checkpoint at path into model (see load_fp8_checkpoint); returns (the _Checkpoint,
-    the names of the FP8 modules made)."""
-    ckpt = _Checkpoint(path)
+def _load(model, ckpt, dtype=None, strict=True):
+    """Loads the checkpoint (a _Checkpoint) into model (see load_fp8_checkpoint)."""
     cfg = _Config(ckpt.qconfig, ckpt)
     scale_names = ckpt.scale_names()
     used = set()
-    made = []
 
     def stored(name, cast=True):
         t = ckpt.tensor(name)
@@ -436,11 +441,9 @@ def _load(model, path, dtype=None, strict=True):
             new = _inference_linear(codes, scale_inv, scaling, input_scaling, bias)
         parent, child = _parent(model, mname)
         setattr(parent, child, new)
-        made.append(mname)
 
     for ename, parts in experts.items():
         _load_experts(model, ename, parts, ckpt, cfg, stored, scale_of)
-        made.append(ename)
 
     # Every other tensor: into the parameter or buffer of its name.
     params = dict(model.named_parameters(remove_duplicate=False))
@@ -469,7 +472,6 @@ def _load(model, path, dtype=None, strict=True):
             parent._buffers[child] = t
         else:
             parent._parameters[child] = nn.Parameter(t, requires_grad=False)
-    return ckpt, made
 
 
 def _load_experts(model, ename, parts, ckpt, cfg, stored, scale_of):
@@ -569,7 +571,7 @@ def load_fp8_checkpoint(model, path, *, torch_dtype=None, strict=True, fuse_sibl
     parameter left on the meta device, is an error. fuse_siblings: as quantize_'s. Each
     layer's weight is packed at load, and the pages of its codes handed back to the file
     (_pack). Returns model."""
-    _load(model, path, torch_dtype, strict)
+    _load(model, _Checkpoint(path), torch_dtype, strict)
     if fuse_siblings:
         _group_siblings(model)
     _pack(_fp8_layers(model))
@@ -596,13 +598,24 @@ def from_pretrained(path, *, model_class=None, torch_dtype=None, fuse_siblings=T
     if not os.path.isdir(path):
         raise fp8kit.Error(f"fp8kit.torch.from_pretrained: {path} is not a checkpoint directory (config.json and "
                            "*.safetensors); for a single file use load_fp8_checkpoint on a model you build")
+    ckpt = _Checkpoint(path)  # its tensors and quantization_config checked before transformers reads the config
+    # The dtype the checkpoint keeps its other tensors in: checked before transformers reads it
+    # (it takes any torch attribute's name).
+    named = torch_dtype or kwargs.get("dtype") or kwargs.get("torch_dtype")
+    config_file = os.path.join(path, "config.json")
+    if named is None:  # a JSON object: _Checkpoint read it
+        with open(config_file) as f:
+            fields = json.load(f)
+        named = fields.get("dtype") or fields.get("torch_dtype") or "float32"
+    dtype = getattr(torch, named, None) if isinstance(named, str) else named
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        where = "torch_dtype" if torch_dtype is not None else config_file + ": dtype"
+        raise fp8kit.Error(f"fp8kit.torch.from_pretrained: {where} {str(named).removeprefix('torch.')!r}, expected "
+                           "float32, bfloat16 or float16 (the dtype of the tensors the checkpoint keeps in high precision)")
     config = transformers.AutoConfig.from_pretrained(path, **kwargs)
     # The quantization is fp8kit's to run: transformers must not apply its own quantizer.
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    dtype = torch_dtype or getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype)
     with init_empty_weights():
         if model_class is None:
             model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
@@ -610,7 +623,7 @@ def from_pretrained(path, *, model_class=None, torch_dtype=None, fuse_siblings=T
             model = model_class.from_config(config, dtype=dtype)
         else:
             model = model_class._from_config(config, dtype=dtype)
-    _load(model, path, torch_dtype, strict=False)
+    _load(model, ckpt, torch_dtype, strict=False)
     if hasattr(model, "tie_weights"):
         model.tie_weights()
     left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
