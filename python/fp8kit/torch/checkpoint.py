@@ -569,8 +569,8 @@ def load_fp8_checkpoint(model, path, *, torch_dtype=None, strict=True, fuse_sibl
     scales as they are (see the module's docstring); every other tensor goes to the parameter or
     buffer of its name (in torch_dtype, if given). strict: a tensor the model has no place for, or a
     parameter left on the meta device, is an error. fuse_siblings: as quantize_'s. Each
-    layer's weight is packed at load, and the pages of its codes handed back to the file
-    (_pack). Returns model."""
+    layer's weight is packed at load as the codes' only copy, and the file pages the packing read
+    handed back (_pack). Returns model."""
     _load(model, _Checkpoint(path), torch_dtype, strict)
     if fuse_siblings:
         _group_siblings(model)
