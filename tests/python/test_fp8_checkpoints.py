@@ -458,6 +458,20 @@ def test_malformed_config_names_it(work, tmp_path, edit, message):
     assert not any(ord(c) < 0x20 and c not in "\t\n" for c in str(e.value))
 
 
+def test_a_fifo_beside_the_shards_is_not_opened(work, tmp_path):
+    """A named pipe called ".safetensors" in a checkpoint directory (no index): not a shard (the
+    library lists names with the extension), so it is never opened - opening it would block until
+    a writer came. Loaded in a subprocess under a timeout, so that the regression fails and does
+    not hang the suite."""
+    _, path = _checkpoint(work, "llama", "FP8_DYNAMIC")
+    ck = tmp_path / "ck"
+    shutil.copytree(path, ck)
+    os.mkfifo(ck / ".safetensors")
+    code = f"import fp8kit.torch; fp8kit.torch.from_pretrained({str(ck)!r}); print('loaded')"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "loaded" in r.stdout, r.stderr[-2000:]
+
+
 def test_a_name_from_the_file_reaches_the_message_escaped(work, tmp_path):
     """A tensor name holding terminal escapes (ESC, CSI as the C1 control U+009B) is shown escaped
     in the error, never raw; the rest of the message as it was."""

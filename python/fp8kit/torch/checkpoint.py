@@ -72,7 +72,9 @@ class _Checkpoint:
                 with open(index) as f:
                     files = sorted(set(json.load(f)["weight_map"].values()))
             else:
-                files = sorted(f for f in os.listdir(self.path) if f.endswith(".safetensors"))
+                # The library's list (its shards, checked as regular files): names with the extension,
+                # so not a dotfile named ".safetensors" (which, a FIFO, would block the open forever).
+                files = sorted(f for f in os.listdir(self.path) if os.path.splitext(f)[1] == ".safetensors")
             files = [os.path.join(self.path, f) for f in files]
         else:
             files = [self.path]
