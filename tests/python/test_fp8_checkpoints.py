@@ -33,6 +33,7 @@ Skipped only when transformers, compressed-tensors, llm-compressor, accelerate o
 import (scripts/setup.sh installs them); the fp8kit-written cases also when the `fp8kit` command is
 not built (FP8KIT_CLI, or a host preset's build/PRESET/fp8kit).
 """
+import contextlib
 import glob
 import json
 import math
@@ -440,6 +441,9 @@ def test_contradicting_scale_names_file_and_tensor(work, tmp_path):
     (lambda c: next(iter(c["quantization_config"]["config_groups"].values()))["input_activations"].update(
         strategy="group", group_size="abc"), r"input_activations strategy 'group'.*positive integer group_size"),
     (lambda c: c.update(quantization_config=["fp8"]), r"quantization_config is not a JSON object"),
+    (lambda c: c["quantization_config"].update(quant_method="gptq"),
+     r"quant_method 'gptq' is not an FP8 layout fp8kit reads"),
+    (lambda c: json.dumps(c)[:-1] + ', "deep": ' + "[" * 100000 + "]" * 100000 + "}", r"config\.json: nested too deep"),
     (lambda c: "[]", r"config\.json: not a JSON object"),
     (lambda c: "{\"dtype\": \"\x1b[2J", r"config\.json: not valid JSON"),
 ])
@@ -490,6 +494,44 @@ def test_a_name_from_the_file_reaches_the_message_escaped(work, tmp_path):
     with pytest.raises(fp8kit.Error) as e:
         fp8kit.torch.load_fp8_checkpoint(model, str(bad))
     assert "tensor 'model.\\x1b]0;pwned\\x07\\x9b2J': the model has no parameter or buffer" in str(e.value)
+
+
+def test_a_scale_beside_a_weight_that_is_not_fp8(work, tmp_path):
+    """A weight stored in bf16 with its scale beside it (codes widened by some tool): refused, naming
+    the scale and the weight's dtype - taken as values, its codes would compute a weight up to 448
+    times too large (planted before: the scale was skipped and the load succeeded)."""
+    _, path = _checkpoint(work, "llama", "FP8_DYNAMIC")
+    bad = tmp_path / "bad"
+    shutil.copytree(path, bad)
+    f = sorted(glob.glob(str(bad / "*.safetensors")))[0]
+    tensors = _stored(str(bad))
+    name = "model.layers.0.self_attn.q_proj.weight"
+    tensors[name] = tensors[name].to(torch.bfloat16)
+    for g in glob.glob(str(bad / "*.safetensors")):
+        os.remove(g)
+    save_file(tensors, f, metadata={"format": "pt"})
+    with pytest.raises(fp8kit.Error, match=r"tensor 'model\.layers\.0\.self_attn\.q_proj\.weight_scale': a scale beside "
+                                           r"'model\.layers\.0\.self_attn\.q_proj\.weight', which is stored as BF16"):
+        fp8kit.torch.from_pretrained(str(bad))
+
+
+def test_load_fp8_checkpoint_ties_the_embeddings(work, tmp_path):
+    """A checkpoint of a model with tied embeddings stores embed_tokens alone; load_fp8_checkpoint
+    into a model the caller built leaves lm_head the loaded embedding (tie_weights), on the meta
+    device and off it - not the random one it was made with, not a parameter left on meta."""
+    from accelerate import init_empty_weights
+    _, bases, _ = work
+    config = transformers.AutoConfig.from_pretrained(bases["llama"], tie_word_embeddings=True)
+    torch.manual_seed(1)
+    model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+    fp8kit.torch.quantize_(model, filter_fn=lambda m, fqn: fqn != "lm_head")
+    model.save_pretrained(tmp_path)
+    for meta in (False, True):
+        with init_empty_weights() if meta else contextlib.nullcontext():
+            fresh = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+        fp8kit.torch.load_fp8_checkpoint(fresh, str(tmp_path))
+        assert fresh.lm_head.weight is fresh.model.embed_tokens.weight
+        assert torch.equal(fresh.lm_head.weight, model.model.embed_tokens.weight)
 
 
 def test_load_fp8_checkpoint_into_a_module(work):

@@ -87,6 +87,10 @@ class _Checkpoint:
     def tensor(self, name):
         return self._open[self.file_of[name]].get_tensor(name)
 
+    def dtype(self, name):
+        """The stored dtype of a tensor, as safetensors names it (e.g. BF16), without reading it."""
+        return self._open[self.file_of[name]].get_slice(name).get_dtype()
+
     def where(self, name):
         return f"{self.file_of.get(name, self.path)}: tensor '{name}'"
 
@@ -140,6 +144,9 @@ class _Config:
         self.qc = qc or {}
         self.ckpt = ckpt
         self.method = self.qc.get("quant_method")
+        if self.method not in (None, "compressed-tensors", "fp8", "fbgemm_fp8", "fp8kit"):
+            raise fp8kit.Error(f"{ckpt.path}: quantization_config quant_method {self.method!r} is not an FP8 layout "
+                               "fp8kit reads (compressed-tensors, fp8, fbgemm_fp8, fp8kit)")
         self.groups = []
         if self.method == "compressed-tensors":  # the groups' form checked by the library (checkpoint_weights)
             for g in (self.qc.get("config_groups") or {}).values():
@@ -455,6 +462,11 @@ def _load(model, ckpt, dtype=None, strict=True):
             continue
         if name in scale_names:
             raise fp8kit.Error(f"{ckpt.where(name)}: a scale of an FP8 weight the model does not load")
+        scaled = name.removesuffix("_scale_inv") if name.endswith("_scale_inv") else name.removesuffix("_scale")
+        if scaled != name and scaled in ckpt.file_of:  # a weight's scale, the weight not FP8: codes as values?
+            raise fp8kit.Error(f"{ckpt.where(name)}: a scale beside '{scaled}', which is stored as "
+                               f"{ckpt.dtype(scaled)}, not FP8 (codes stored in a wider dtype would be taken as "
+                               "values)")
         target = params.get(name)
         is_buffer = target is None and name in buffers
         if target is None and not is_buffer:
@@ -574,6 +586,8 @@ def load_fp8_checkpoint(model, path, *, torch_dtype=None, strict=True, fuse_sibl
     layer's weight is packed at load as the codes' only copy, and the file pages the packing read
     handed back (_pack). Returns model."""
     _load(model, _Checkpoint(path), torch_dtype, strict)
+    if hasattr(model, "tie_weights"):  # a transformers model: tied parameters (lm_head) point at the loaded ones again
+        model.tie_weights()
     if fuse_siblings:
         _group_siblings(model)
     _pack(_fp8_layers(model))
@@ -606,8 +620,11 @@ def from_pretrained(path, *, model_class=None, torch_dtype=None, fuse_siblings=T
     named = torch_dtype or kwargs.get("dtype") or kwargs.get("torch_dtype")
     config_file = os.path.join(path, "config.json")
     if named is None:  # a JSON object: _Checkpoint read it
-        with open(config_file) as f:
-            fields = json.load(f)
+        try:
+            with open(config_file) as f:
+                fields = json.load(f)
+        except RecursionError:  # nested deeper than Python's parser goes (the library's took it)
+            raise fp8kit.Error(f"fp8kit.torch.from_pretrained: {config_file}: nested too deep to read") from None
         named = fields.get("dtype") or fields.get("torch_dtype") or "float32"
     dtype = getattr(torch, named, None) if isinstance(named, str) else named
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
