@@ -564,6 +564,17 @@ NB_MODULE(_fp8kit, m) {
     nb::class_<PackedWeight>(m, "PackedWeight",
                              "A weight B [N, K] (out, in) packed once for fp8kit's GEMM (fp8kit::PackedWeight).")
         .def(nb::init<const QTensor&>(), "q"_a, nb::call_guard<nb::gil_scoped_release>())
+        .def(
+            "__init__",
+            [](PackedWeight* self, const QTensor& q, const std::string& a_scaling) {
+                const Scaling a = parse_scaling(a_scaling);
+                nb::gil_scoped_release nogil;
+                new (self) PackedWeight(q, a);
+            },
+            "q"_a, "a_scaling"_a,
+            "Packed for GEMMs whose A is scaled as a_scaling (e.g. 'block(1x32)'): K in the groups both "
+            "scalings nest in, so such a GEMM needs no repacking (nor the codes, once released).")
+        .def_prop_ro("k_group", &PackedWeight::k_group, "the K group the layout is packed for")
         .def_prop_ro("n", &PackedWeight::n)
         .def_prop_ro("k", &PackedWeight::k)
         .def_prop_ro("packed_bytes", &PackedWeight::packed_bytes, "memory the packed layout takes beyond the codes")

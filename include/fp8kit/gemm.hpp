@@ -76,6 +76,11 @@ namespace detail { struct PackedAccess; }
 class PackedWeight {
 public:
     PackedWeight(const QTensor& b);  // NOLINT: implicit; [N, K], fp8kit::Error if not a GEMM operand
+    // Packed for the GEMMs whose A is scaled as a_scaling: K in the groups both scalings nest in
+    // (the narrower of A's and B's), so that such a GEMM reads this packing as it is - the only
+    // way to serve A groups narrower than B's once the codes are released.
+    PackedWeight(const QTensor& b, const Scaling& a_scaling);
+    int64_t k_group() const noexcept { return k_group_; }  // the K group the layout is packed for
     const QTensor& source() const noexcept { return source_; }  // data undefined once codes_released()
     int64_t n() const noexcept { return n_; }
     int64_t k() const noexcept { return k_; }
@@ -88,7 +93,7 @@ public:
     // scales, shape and format stay, and every GEMM this packing serves is unchanged. Only where
     // the layout holds every code (the cpu backend); fp8kit::Error on a backend that reads B as
     // it is (ref, cuda). A GEMM that would need B repacked (another backend, narrower K groups
-    // of A) then fails, naming the release.
+    // of A than it was packed for) then fails, naming the release.
     void release_codes();
     bool codes_released() const noexcept { return released_; }
     // B's codes into out ([N, K], contiguous, B's FP8 dtype, on the host): the source's, or once
@@ -98,7 +103,7 @@ public:
 private:
     friend struct detail::PackedAccess;  // the backend's layout, for src/core/gemm.cpp
     QTensor source_;
-    int64_t n_ = 0, k_ = 0;
+    int64_t n_ = 0, k_ = 0, k_group_ = 0;
     Format format_;
     bool released_ = false;
     Backend backend_;

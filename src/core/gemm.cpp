@@ -118,17 +118,19 @@ struct detail::PackedAccess {
     static const void* packed(const PackedWeight& w) noexcept { return w.packed_.get(); }
 };
 
-PackedWeight::PackedWeight(const QTensor& b) : source_(b) {
+// Packed for the widest K group B allows; a GEMM whose A needs narrower groups repacks.
+PackedWeight::PackedWeight(const QTensor& b) : PackedWeight(b, b.scaling) {}
+
+PackedWeight::PackedWeight(const QTensor& b, const Scaling& a_scaling) : source_(b) {
     const detail::Dispatch d = detail::dispatch("PackedWeight", {{"data", &b.data}, {"scale_inv", &b.scale_inv}});
     backend_ = d.backend;
     const GemmOperand op = operand(b, "B");
     n_ = op.rows;
     k_ = op.k;
     format_ = op.format;
-    // Packed for the widest K group B allows; a GEMM whose A needs narrower groups repacks.
+    k_group_ = gemm_k_group(a_scaling, b.scaling, k_);
     // K = 0: nothing to pack, and no scale to read (scale_inv has no columns).
-    const int64_t kgroup = gemm_k_group(b.scaling, b.scaling, k_);
-    if (k_ > 0) packed_ = d.ops.pack_weight(d.ctx, op, kgroup, &packed_bytes_);
+    if (k_ > 0) packed_ = d.ops.pack_weight(d.ctx, op, k_group_, &packed_bytes_);
 }
 
 size_t PackedWeight::packed_bytes() const noexcept { return packed_bytes_; }
@@ -327,12 +329,12 @@ void run_gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, co
     // A PackedWeight made for another backend, or for wider K groups than A allows, is repacked.
     std::shared_ptr<const void> packed;
     size_t bytes = 0;
-    if (b.backend() == d.backend && gemm_k_group(qb.scaling, qb.scaling, k) == kgroup) {
+    if (b.backend() == d.backend && b.k_group() == kgroup) {
         job.b_packed = detail::PackedAccess::packed(b);
     } else if (b.codes_released()) {
         throw Error("fp8kit::gemm: B's codes were released (PackedWeight::release_codes) when it was packed for the " +
                     std::string(to_string(b.backend())) + " backend and K groups of " +
-                    std::to_string(gemm_k_group(qb.scaling, qb.scaling, k)) + "; this GEMM runs on the " +
+                    std::to_string(b.k_group()) + "; this GEMM runs on the " +
                     std::string(to_string(d.backend)) + " backend with K groups of " + std::to_string(kgroup) +
                     ", which would need them repacked");
     } else {

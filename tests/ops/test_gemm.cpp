@@ -920,6 +920,16 @@ TEST(GemmPackedWeight, ReleasedCodesReadBackAndServeTheSameGemm) {
                     const QTensor qa_mx = quantize(as_tensor(gaussian(3, k, seed), 3, k, DType::f32),
                                                    qopts(Scaling::mx32(), Format::e4m3fn));
                     expect_error([&] { gemm(qa_mx, w); }, "release_codes");  // narrower K groups: a repack
+                    // Packed for A's narrower groups from the start: released, it serves that GEMM
+                    // bit for bit as the repacking one (the codes kept) does.
+                    PackedWeight narrow(qb, Scaling::mx32());
+                    EXPECT_EQ(narrow.k_group(), 32);
+                    const Tensor repacked = gemm(qa_mx, PackedWeight(qb));
+                    narrow.release_codes();
+                    EXPECT_TRUE(identical(gemm(qa_mx, narrow), repacked)) << "A in 1 x 32 groups, packed for them";
+                    Tensor back = Tensor::empty({n, k}, DType::e4m3fn);
+                    narrow.codes_into(back);
+                    EXPECT_EQ(std::memcmp(back.const_raw_data(), qb.data.const_raw_data(), size_t(n * k)), 0);
                 }
                 expect_error([&] { w.codes_into(Tensor::empty({n, k + 1}, DType::e4m3fn)); }, "codes_into: out");
             });

@@ -365,6 +365,27 @@ def test_llm_compressor_checkpoint(work, model_name, scheme):
         assert not torch.equal(dynamic, eager)
 
 
+def test_activation_groups_narrower_than_the_weights(work, tmp_path):
+    """Channel weights (K in one group) with activations cast per 1 x 32 group: each weight is packed
+    for the activations' 32-wide K groups from the start, so the layer runs with its codes released
+    (before: its first call needed a repack the release forbids, and failed). Logits within the
+    floor of the float64 emulation of that scheme."""
+    base, path = _checkpoint(work, "llama", "FP8_DYNAMIC")
+    grouped = tmp_path / "grouped"
+    shutil.copytree(path, grouped)
+    config = json.loads((grouped / "config.json").read_text())
+    for g in config["quantization_config"]["config_groups"].values():
+        g["input_activations"].update(strategy="group", group_size=32)
+    (grouped / "config.json").write_text(json.dumps(config))
+    model = fp8kit.torch.from_pretrained(str(grouped))
+    layers = [m for m in model.modules() if isinstance(m, fp8kit.torch.Float8InferenceLinear)]
+    assert layers and all(m.input_scaling == "block(1x32)" for m in layers)
+    logits = fp8kit_logits(model)
+    assert all(m._buffers["weight"]._fp8kit_fused[1][0].weight.k_group == 32 for m in layers)
+    assert all(fp8kit.torch.ops.is_stand_in(m._buffers["weight"]) for m in layers)
+    assert check_logits(logits, base, str(grouped)) == []
+
+
 def test_planted_scales_ignored(work):
     base, path = _checkpoint(work, "llama", "FP8_DYNAMIC")
     model = fp8kit.torch.from_pretrained(path)

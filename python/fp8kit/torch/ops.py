@@ -60,7 +60,10 @@ def _fused_linear(q, input_scaling, bias, input_scale=None):
     static = None
     if input_scale is not None:
         static = fp8kit._to_extension((1.0 / input_scale.detach().to(torch.float64)).to(torch.float32).reshape(1))
-    return fp8kit._fp8kit.FusedLinear(fp8kit.PackedWeight(q), "e4m3fn", input_scaling, "saturate",
+    # Packed for x's K groups where x is cast (an activation group narrower than the weight's):
+    # the GEMM then reads the packing as it is, also once its codes are released.
+    packed = fp8kit.PackedWeight(q) if input_scaling == "none" else fp8kit.PackedWeight(q, input_scaling)
+    return fp8kit._fp8kit.FusedLinear(packed, "e4m3fn", input_scaling, "saturate",
                                       None if bias is None else fp8kit._to_extension(bias), static)
 
 
