@@ -536,6 +536,30 @@ def test_a_scale_beside_a_weight_that_is_not_fp8(work, tmp_path):
         fp8kit.torch.from_pretrained(str(bad))
 
 
+def test_a_refused_checkpoint_leaves_the_model_as_it_was(work, tmp_path):
+    """A checkpoint whose last layer's weight has the wrong shape is refused by load_fp8_checkpoint
+    only after the layers before it were read: the model keeps every nn.Linear and every weight
+    it had (before: the layers read so far were already replaced, their weights gone)."""
+    base, path = _checkpoint(work, "llama", "FP8_DYNAMIC")
+    bad = tmp_path / "bad"
+    shutil.copytree(path, bad)
+    f = sorted(glob.glob(str(bad / "*.safetensors")))[0]
+    tensors = _stored(str(bad))
+    last = max(k for k in tensors if k.endswith("mlp.down_proj.weight"))
+    tensors[last] = tensors[last][:, : tensors[last].shape[1] // 2].contiguous()
+    tensors[last + "_scale"] = tensors[last + "_scale"].contiguous()
+    for g in glob.glob(str(bad / "*.safetensors")):
+        os.remove(g)
+    save_file(tensors, f, metadata={"format": "pt"})
+    model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(fp8kit.Error, match="has shape"):
+        fp8kit.torch.load_fp8_checkpoint(model, str(bad))
+    assert not any(isinstance(m, fp8kit.torch.Float8InferenceLinear) for m in model.modules())
+    after = model.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+
+
 def test_load_fp8_checkpoint_ties_the_embeddings(work, tmp_path):
     """A checkpoint of a model with tied embeddings stores embed_tokens alone; load_fp8_checkpoint
     into a model the caller built leaves lm_head the loaded embedding (tie_weights), on the meta

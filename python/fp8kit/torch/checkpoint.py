@@ -399,6 +399,7 @@ def _load(model, ckpt, dtype=None, strict=True):
     cfg = _Config(ckpt.qconfig, ckpt)
     scale_names = ckpt.scale_names()
     used = set()
+    staged = []  # (parent module, name, new module / Parameter / buffer), put in place once all is checked
 
     def stored(name, cast=True):
         t = ckpt.tensor(name)
@@ -448,11 +449,10 @@ def _load(model, ckpt, dtype=None, strict=True):
                                                       bias)
         else:
             new = _inference_linear(codes, scale_inv, scaling, input_scaling, bias)
-        parent, child = _parent(model, mname)
-        setattr(parent, child, new)
+        staged.append((*_parent(model, mname), new))
 
     for ename, parts in experts.items():
-        _load_experts(model, ename, parts, ckpt, cfg, stored, scale_of)
+        staged.append(_load_experts(model, ename, parts, ckpt, cfg, stored, scale_of))
 
     # Every other tensor: into the parameter or buffer of its name.
     params = dict(model.named_parameters(remove_duplicate=False))
@@ -481,15 +481,21 @@ def _load(model, ckpt, dtype=None, strict=True):
         if t.dtype.itemsize == 1 and t.is_floating_point():
             raise fp8kit.Error(f"{ckpt.where(name)} is {t.dtype} without a scale fp8kit's layouts explain; "
                                "dequantize it first (fp8kit dequantize)")
-        parent, child = _parent(model, name)
-        if is_buffer:
-            parent._buffers[child] = t
+        staged.append((*_parent(model, name), t if is_buffer else nn.Parameter(t, requires_grad=False)))
+
+    # Applied only now, every tensor checked: a checkpoint refused part way leaves the model as it was.
+    for parent, child, value in staged:
+        if isinstance(value, nn.Module):
+            setattr(parent, child, value)
+        elif isinstance(value, nn.Parameter):
+            parent._parameters[child] = value
         else:
-            parent._parameters[child] = nn.Parameter(t, requires_grad=False)
+            parent._buffers[child] = value
 
 
 def _load_experts(model, ename, parts, ckpt, cfg, stored, scale_of):
-    """Replaces the fused experts module ename by a Float8Experts over the checkpoint's FP8 experts."""
+    """The Float8Experts over the checkpoint's FP8 experts that replaces the fused experts module
+    ename: (its parent, its name, the Float8Experts), for _load to put in place."""
     original = model.get_submodule(ename)
     num = getattr(original, "num_experts", None) or original.down_proj.shape[0]
     has_gate = getattr(original, "has_gate", True)
@@ -572,8 +578,7 @@ def _load_experts(model, ename, parts, ckpt, cfg, stored, scale_of):
         extra = [parts[k] for k in per_expert if k[0] >= num or k[1] not in sum(order.values(), [])]
         if extra:
             raise fp8kit.Error(f"{ckpt.where(extra[0])}: no expert projection of the model loads it")
-    parent, child = _parent(model, ename)
-    setattr(parent, child, new)
+    return (*_parent(model, ename), new)
 
 
 def load_fp8_checkpoint(model, path, *, torch_dtype=None, strict=True, fuse_siblings=True):
