@@ -454,6 +454,7 @@ def test_contradicting_scale_names_file_and_tensor(work, tmp_path):
 @pytest.mark.parametrize("edit,message", [
     (lambda c: c.update(dtype="banana\x1b[2J"), r"config\.json: dtype 'banana\\x1b\[2J', expected float32"),
     (lambda c: c.update(dtype="int8"), r"config\.json: dtype 'int8', expected float32, bfloat16 or float16"),
+    (lambda c: c.update(dtype="auto"), r"config\.json: dtype 'auto', expected"),
     (lambda c: c["quantization_config"].update(ignore=["re:lm_head["]),
      r"quantization_config ignore entry 're:lm_head\[' is not a regular expression"),
     (lambda c: c["quantization_config"].update(ignore="lm_head"), r"quantization_config ignore is not a list"),
@@ -481,6 +482,16 @@ def test_malformed_config_names_it(work, tmp_path, edit, message):
     with pytest.raises(fp8kit.Error, match=message) as e:
         fp8kit.torch.from_pretrained(str(bad))
     assert not any(ord(c) < 0x20 and c not in "\t\n" for c in str(e.value))
+
+
+def test_torch_dtype_auto_and_explicit(work):
+    """torch_dtype="auto" (transformers' idiom) keeps the checkpoint's dtype; an explicit one casts
+    the tensors kept in high precision; float64 is refused naming the argument."""
+    _, path = _checkpoint(work, "llama", "FP8_DYNAMIC")
+    assert fp8kit.torch.from_pretrained(path, torch_dtype="auto").model.embed_tokens.weight.dtype == torch.bfloat16
+    assert fp8kit.torch.from_pretrained(path, torch_dtype=torch.float32).model.embed_tokens.weight.dtype == torch.float32
+    with pytest.raises(fp8kit.Error, match=r"from_pretrained: dtype 'float64', expected float32"):
+        fp8kit.torch.from_pretrained(path, torch_dtype=torch.float64)
 
 
 def test_a_fifo_beside_the_shards_is_not_opened(work, tmp_path):

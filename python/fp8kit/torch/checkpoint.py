@@ -622,7 +622,9 @@ def from_pretrained(path, *, model_class=None, torch_dtype=None, fuse_siblings=T
     ckpt = _Checkpoint(path)  # its tensors and quantization_config checked before transformers reads the config
     # The dtype the checkpoint keeps its other tensors in: checked before transformers reads it
     # (it takes any torch attribute's name).
-    named = torch_dtype or kwargs.get("dtype") or kwargs.get("torch_dtype")
+    # A dtype asked for ("auto": the checkpoint's, as transformers takes it), else config.json's.
+    asked = [d for d in (torch_dtype, kwargs.get("dtype"), kwargs.get("torch_dtype")) if d is not None and d != "auto"]
+    named = asked[0] if asked else None
     config_file = os.path.join(path, "config.json")
     if named is None:  # a JSON object: _Checkpoint read it
         try:
@@ -633,7 +635,7 @@ def from_pretrained(path, *, model_class=None, torch_dtype=None, fuse_siblings=T
         named = fields.get("dtype") or fields.get("torch_dtype") or "float32"
     dtype = getattr(torch, named, None) if isinstance(named, str) else named
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        where = "torch_dtype" if torch_dtype is not None else config_file + ": dtype"
+        where = "dtype" if asked else config_file + ": dtype"
         raise fp8kit.Error(f"fp8kit.torch.from_pretrained: {where} {str(named).removeprefix('torch.')!r}, expected "
                            "float32, bfloat16 or float16 (the dtype of the tensors the checkpoint keeps in high precision)")
     config = transformers.AutoConfig.from_pretrained(path, **kwargs)
@@ -647,7 +649,7 @@ def from_pretrained(path, *, model_class=None, torch_dtype=None, fuse_siblings=T
             model = model_class.from_config(config, dtype=dtype)
         else:
             model = model_class._from_config(config, dtype=dtype)
-    _load(model, ckpt, torch_dtype, strict=False)
+    _load(model, ckpt, dtype if asked else None, strict=False)
     if hasattr(model, "tie_weights"):
         model.tie_weights()
     left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
