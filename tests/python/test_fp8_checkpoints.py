@@ -436,17 +436,25 @@ def test_quantize_refuses_fp8_weights(work):
         fp8kit.torch.quantize_(model64)
 
 
+def _with_tensors(path, out, edit):
+    """A copy at out of the checkpoint directory path, its tensors (all of them, in one file)
+    as edit(tensors: {name: tensor}) leaves them; returns out."""
+    shutil.copytree(path, out)
+    files = sorted(glob.glob(str(out / "*.safetensors")))
+    tensors = _stored(str(out))
+    edit(tensors)
+    for f in files:
+        os.remove(f)
+    save_file(tensors, files[0], metadata={"format": "pt"})
+    return out
+
+
 def test_contradicting_scale_names_file_and_tensor(work, tmp_path):
     _, path = _checkpoint(work, "llama", "FP8_DYNAMIC")
-    bad = tmp_path / "bad"
-    shutil.copytree(path, bad)
-    f = sorted(glob.glob(str(bad / "*.safetensors")))[0]
-    tensors = _stored(str(bad))
-    name = "model.layers.0.mlp.up_proj.weight_scale"
-    tensors[name] = tensors[name].reshape(1, -1).contiguous()  # [out, 1] stored as [1, out]: transposed
-    for g in glob.glob(str(bad / "*.safetensors")):
-        os.remove(g)
-    save_file(tensors, f, metadata={"format": "pt"})
+    def edit(tensors):
+        name = "model.layers.0.mlp.up_proj.weight_scale"
+        tensors[name] = tensors[name].reshape(1, -1).contiguous()  # [out, 1] stored as [1, out]: transposed
+    bad = _with_tensors(path, tmp_path / "bad", edit)
     with pytest.raises(fp8kit.Error, match=r"model\.safetensors.*model\.layers\.0\.mlp\.up_proj\.weight"):
         fp8kit.torch.from_pretrained(str(bad))
 
@@ -513,14 +521,9 @@ def test_a_name_from_the_file_reaches_the_message_escaped(work, tmp_path):
     in the error, never raw; the rest of the message as it was."""
     from accelerate import init_empty_weights
     base, path = _checkpoint(work, "llama", "FP8_DYNAMIC")
-    bad = tmp_path / "bad"
-    shutil.copytree(path, bad)
-    f = sorted(glob.glob(str(bad / "*.safetensors")))[0]
-    tensors = _stored(str(bad))
-    tensors["model.\x1b]0;pwned\x07\x9b2J"] = torch.zeros(1)
-    for g in glob.glob(str(bad / "*.safetensors")):
-        os.remove(g)
-    save_file(tensors, f, metadata={"format": "pt"})
+    def edit(tensors):
+        tensors["model.\x1b]0;pwned\x07\x9b2J"] = torch.zeros(1)
+    bad = _with_tensors(path, tmp_path / "bad", edit)
     with init_empty_weights():
         model = transformers.LlamaForCausalLM(transformers.AutoConfig.from_pretrained(base))
     with pytest.raises(fp8kit.Error) as e:
@@ -533,15 +536,10 @@ def test_a_scale_beside_a_weight_that_is_not_fp8(work, tmp_path):
     the scale and the weight's dtype - taken as values, its codes would compute a weight up to 448
     times too large (planted before: the scale was skipped and the load succeeded)."""
     _, path = _checkpoint(work, "llama", "FP8_DYNAMIC")
-    bad = tmp_path / "bad"
-    shutil.copytree(path, bad)
-    f = sorted(glob.glob(str(bad / "*.safetensors")))[0]
-    tensors = _stored(str(bad))
-    name = "model.layers.0.self_attn.q_proj.weight"
-    tensors[name] = tensors[name].to(torch.bfloat16)
-    for g in glob.glob(str(bad / "*.safetensors")):
-        os.remove(g)
-    save_file(tensors, f, metadata={"format": "pt"})
+    def edit(tensors):
+        name = "model.layers.0.self_attn.q_proj.weight"
+        tensors[name] = tensors[name].to(torch.bfloat16)
+    bad = _with_tensors(path, tmp_path / "bad", edit)
     with pytest.raises(fp8kit.Error, match=r"tensor 'model\.layers\.0\.self_attn\.q_proj\.weight_scale': a scale beside "
                                            r"'model\.layers\.0\.self_attn\.q_proj\.weight', which is stored as BF16"):
         fp8kit.torch.from_pretrained(str(bad))
@@ -552,16 +550,10 @@ def test_a_refused_checkpoint_leaves_the_model_as_it_was(work, tmp_path):
     only after the layers before it were read: the model keeps every nn.Linear and every weight
     it had (before: the layers read so far were already replaced, their weights gone)."""
     base, path = _checkpoint(work, "llama", "FP8_DYNAMIC")
-    bad = tmp_path / "bad"
-    shutil.copytree(path, bad)
-    f = sorted(glob.glob(str(bad / "*.safetensors")))[0]
-    tensors = _stored(str(bad))
-    last = max(k for k in tensors if k.endswith("mlp.down_proj.weight"))
-    tensors[last] = tensors[last][:, : tensors[last].shape[1] // 2].contiguous()
-    tensors[last + "_scale"] = tensors[last + "_scale"].contiguous()
-    for g in glob.glob(str(bad / "*.safetensors")):
-        os.remove(g)
-    save_file(tensors, f, metadata={"format": "pt"})
+    def edit(tensors):
+        last = max(k for k in tensors if k.endswith("mlp.down_proj.weight"))
+        tensors[last] = tensors[last][:, : tensors[last].shape[1] // 2].contiguous()
+    bad = _with_tensors(path, tmp_path / "bad", edit)
     model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(fp8kit.Error, match="has shape"):
