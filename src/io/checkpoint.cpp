@@ -87,9 +87,11 @@ struct ConfigScales {
     std::optional<int64_t> group_size;
     std::string strategy;                              // every module's, or "" when not said (or mixed)
     std::map<std::string, std::string> module_strategy;  // a module's own, where the config names it
-    // The scheme the config says a weight's module is stored in, or "" when it does not say.
+    // The scheme the config says a weight's module is stored in, or "" when it does not say: the
+    // module of "m.weight", or a 3-D experts parameter ("m.experts.down_proj") by its own name.
     std::string strategy_of(const std::string& weight) const {
-        const auto it = module_strategy.find(module_name_of(weight));
+        auto it = module_strategy.find(module_name_of(weight));
+        if (it == module_strategy.end()) it = module_strategy.find(weight);
         return it != module_strategy.end() ? it->second : strategy;
     }
     static std::string module_name_of(const std::string& weight) {
@@ -132,13 +134,23 @@ ConfigScales config_scales(const TensorLookup& t) {
     if (method == "fp8" && c.block) c.strategy = to_string(Scheme::block128);  // FineGrainedFP8: blocks only
     if (method == "fp8kit" && q.contains("schemes")) {
         if (!q["schemes"].is_object()) throw Error(t.path() + ": quantization_config schemes is not an object of module: scheme");
+        // group (a weight read from compressed-tensors' group strategy): its size is the config's group_size.
+        if (q.contains("group_size")) {
+            if (!q["group_size"].is_number_integer() || q["group_size"].get<int64_t>() < 1)
+                throw Error(t.path() + ": quantization_config group_size " + printable(q["group_size"].dump()) + " is not a positive integer");
+            c.group_size = q["group_size"].get<int64_t>();
+        }
         for (const auto& [module, scheme] : q["schemes"].items()) {
             if (!scheme.is_string()) throw Error(t.path() + ": quantization_config schemes[" + quote_printable(module) + "] is not a scheme name");
+            if (scheme == "group" && c.group_size) {
+                c.module_strategy[module] = "group";
+                continue;
+            }
             try {
                 c.module_strategy[module] = to_string(parse_scheme(scheme.get<std::string>()));
             } catch (const Error&) {
                 throw Error(t.path() + ": quantization_config schemes[" + quote_printable(module) + "] is " + quote_printable(scheme.get<std::string>()) +
-                            ", expected tensor, channel, block128 or mx32");
+                            ", expected tensor, channel, block128, mx32, or group with a group_size");
             }
         }
     }

@@ -337,7 +337,8 @@ def check_logits(logits, base, path, floor_cache={}):
 
 # ---- the producers' checkpoints ----
 
-CASES = [("llama", "FP8_DYNAMIC"), ("llama", "FP8_BLOCK"), ("llama", "FP8"), ("moe", "FP8_DYNAMIC"), ("moe", "FP8")]
+CASES = [("llama", "FP8_DYNAMIC"), ("llama", "FP8_BLOCK"), ("llama", "FP8"), ("llama", "FP8_GROUP"),
+         ("moe", "FP8_DYNAMIC"), ("moe", "FP8")]
 
 
 @pytest.mark.parametrize("model_name,scheme", CASES)
@@ -365,6 +366,48 @@ def test_llm_compressor_checkpoint(work, model_name, scheme):
         assert not torch.equal(dynamic, eager)
 
 
+def _saved_and_loaded(model, path):
+    """model saved by transformers' save_pretrained at path, then loaded by from_pretrained."""
+    model.save_pretrained(path)
+    return fp8kit.torch.from_pretrained(str(path))
+
+
+def _same_tensors(a, b):
+    """Problems (empty: none): the state_dicts of models a and b, tensor for tensor, bit for bit."""
+    sa, sb = a.state_dict(), b.state_dict()
+    if sa.keys() != sb.keys():
+        return [f"names differ: {sorted(sa.keys() ^ sb.keys())[:4]}"]
+    return [k for k, t in sa.items() if t.dtype != sb[k].dtype or t.shape != sb[k].shape or
+            not torch.equal(_bits(t), _bits(sb[k]))]
+
+
+@pytest.mark.parametrize("model_name,scheme", CASES)
+def test_loaded_checkpoint_saved_and_loaded_again(work, model_name, scheme, tmp_path):
+    """from_pretrained, then transformers' save_pretrained, then from_pretrained: the loader records
+    each FP8 layer's weight scheme and activation scaling in model.config as fp8kit's own layout,
+    so the saved checkpoint runs as the loaded one ran - every tensor bit for bit (codes, scales,
+    static input scales, kept modules), the same logits - and saving over the source directory,
+    whose file the model maps, keeps it loadable. Planted: without the recorded config, a channel,
+    group or tensor scale saved as weight_scale_inv is read as transformers' 128x128 blocks, which
+    it does not fit: refused (FP8_BLOCK's blocks and 1 x 128 activations are that default)."""
+    _, path = _checkpoint(work, model_name, scheme)
+    model = fp8kit.torch.from_pretrained(path)
+    logits = fp8kit_logits(model)
+    loaded = _saved_and_loaded(model, tmp_path / "saved")
+    assert _same_tensors(model, loaded) == []
+    assert torch.equal(fp8kit_logits(loaded), logits)
+    over = tmp_path / "over"  # saved over its own source
+    shutil.copytree(path, over)
+    source = fp8kit.torch.from_pretrained(str(over))
+    assert torch.equal(fp8kit_logits(_saved_and_loaded(source, over)), logits)
+    if scheme != "FP8_BLOCK":
+        config = json.loads((tmp_path / "saved" / "config.json").read_text())
+        del config["quantization_config"]
+        (tmp_path / "saved" / "config.json").write_text(json.dumps(config))
+        with pytest.raises(fp8kit.Error, match="fits no layout"):
+            fp8kit.torch.from_pretrained(str(tmp_path / "saved"))
+
+
 def test_activation_groups_narrower_than_the_weights(work, tmp_path):
     """Channel weights (K in one group) with activations cast per 1 x 32 group: each weight is packed
     for the activations' 32-wide K groups from the start, so the layer runs with its codes released
@@ -384,6 +427,14 @@ def test_activation_groups_narrower_than_the_weights(work, tmp_path):
     assert all(m._buffers["weight"]._fp8kit_fused[1][0].weight.k_group == 32 for m in layers)
     assert all(fp8kit.torch.ops.is_stand_in(m._buffers["weight"]) for m in layers)
     assert check_logits(logits, base, str(grouped)) == []
+    # Saved and loaded again, the activations' groups are the recorded ones; planted: the record
+    # dropped, they are the channel scheme's per-token ones, and the logits differ.
+    saved = tmp_path / "saved"
+    assert torch.equal(fp8kit_logits(_saved_and_loaded(model, saved)), logits)
+    config = json.loads((saved / "config.json").read_text())
+    del config["quantization_config"]["activations"]
+    (saved / "config.json").write_text(json.dumps(config))
+    assert not torch.equal(fp8kit_logits(fp8kit.torch.from_pretrained(str(saved))), logits)
 
 
 def test_planted_scales_ignored(work):
@@ -457,6 +508,31 @@ def test_contradicting_scale_names_file_and_tensor(work, tmp_path):
     bad = _with_tensors(path, tmp_path / "bad", edit)
     with pytest.raises(fp8kit.Error, match=r"model\.safetensors.*model\.layers\.0\.mlp\.up_proj\.weight"):
         fp8kit.torch.from_pretrained(str(bad))
+
+
+def test_fp8kit_layout_names_3d_experts_and_groups(tmp_path):
+    """fp8kit's own layout as the loader records it: a 3-D experts tensor's scheme under the
+    parameter's own name (the name save_pretrained keeps where no conversion mapping splits the
+    experts), and group with the config's group_size. Each read by the library as the config says
+    it - planted: the scheme says channel where the scale is per expert, or group without a
+    group_size - refused."""
+    codes = torch.zeros(2, 4, 64).to(torch.float8_e4m3fn)
+    tensors = {"m.experts.down_proj": codes, "m.experts.down_proj_scale": torch.ones(2),
+               "m.proj.weight": torch.zeros(4, 64).to(torch.float8_e4m3fn), "m.proj.weight_scale_inv": torch.ones(4, 2)}
+
+    def read(qc):
+        f = str(tmp_path / "m.safetensors")
+        save_file(tensors, f, metadata={"format": "pt", "quantization_config": json.dumps(qc)})
+        return {name: (scheme, scaling) for name, _, scheme, _, scaling, _, _ in fp8kit._fp8kit.checkpoint_weights(f)[1]}
+
+    qc = {"quant_method": "fp8kit", "schemes": {"m.experts.down_proj": "tensor", "m.proj": "group"}, "group_size": 32}
+    assert read(qc) == {"m.experts.down_proj": ("tensor", "block(4x64)"), "m.proj.weight": ("group", "block(1x32)")}
+    with pytest.raises(fp8kit.Error, match=r"m\.experts\.down_proj.*says scheme 'channel'"):
+        read(dict(qc, schemes={"m.experts.down_proj": "channel", "m.proj": "group"}))
+    with pytest.raises(fp8kit.Error, match=r"schemes\['m\.proj'\] is 'group', expected .* group with a group_size"):
+        read({k: v for k, v in qc.items() if k != "group_size"})
+    with pytest.raises(fp8kit.Error, match=r"group_size 0 is not a positive integer"):
+        read(dict(qc, group_size=0))
 
 
 @pytest.mark.parametrize("edit,message", [
@@ -620,10 +696,10 @@ def test_quantize_then_save_pretrained_runs_as_stored(work, recipe, tmp_path):
     recorded config (planted) rowwise's and block's loads fail: a weight_scale_inv is read by its
     name as transformers' 128x128 blocks, which an [out, 1] scale does not fit, and without a
     weight_block_size a block grid is not told apart from a group one. weight_only has rowwise's
-    codes and scales, so only the recorded list of weight-only layers tells them apart: loaded as
-    rowwise (planted: the list dropped) its activations are quantized and the logits differ.
-    mixed: the MLPs quantize_d rowwise, then the attention weight_only by a second call, which
-    adds its layers to what the first recorded (the kept layers then are lm_head alone)."""
+    codes and scales, so only the recorded activation scalings ("none") tell them apart: loaded as
+    rowwise (planted: the record dropped) its activations are quantized and the logits differ.
+    mixed: the MLPs quantize_d rowwise, then the attention weight_only by a second call, whose
+    record holds both (the kept layers then are lm_head alone)."""
     _, bases, _ = work
     model = transformers.AutoModelForCausalLM.from_pretrained(bases["llama"], dtype=torch.bfloat16).eval()
     if recipe == "mixed":
@@ -631,7 +707,8 @@ def test_quantize_then_save_pretrained_runs_as_stored(work, recipe, tmp_path):
         fp8kit.torch.quantize_(model, "weight_only", filter_fn=lambda m, fqn: fqn != "lm_head")
         qc = model.config.quantization_config
         assert qc["modules_to_not_convert"] == ["lm_head"]
-        assert qc["weight_only"] and all(".self_attn." in n for n in qc["weight_only"])
+        assert {n for n, a in qc["activations"].items() if a == "none"} == \
+            {n for n in qc["schemes"] if ".self_attn." in n}
     else:
         fp8kit.torch.quantize_(model, recipe, filter_fn=lambda m, fqn: fqn != "lm_head")
     model.save_pretrained(tmp_path)
@@ -641,12 +718,16 @@ def test_quantize_then_save_pretrained_runs_as_stored(work, recipe, tmp_path):
         dropped.mkdir()
         for f in tmp_path.glob("*.safetensors"):
             os.link(f, dropped / f.name)
-        del config["quantization_config"]["weight_only"]
+        del config["quantization_config"]["activations"]
         (dropped / "config.json").write_text(json.dumps(config))
         assert not torch.equal(fp8kit_logits(fp8kit.torch.from_pretrained(str(dropped))), fp8kit_logits(model))
-        config["quantization_config"]["weight_only"] = "model.layers.0.self_attn.q_proj"  # a name, not a list
+        config["quantization_config"]["activations"] = ["model.layers.0.self_attn.q_proj"]  # not module: scaling
         (dropped / "config.json").write_text(json.dumps(config))
-        with pytest.raises(fp8kit.Error, match="quantization_config weight_only is not a list of module names"):
+        with pytest.raises(fp8kit.Error, match="quantization_config activations is not an object"):
+            fp8kit.torch.from_pretrained(str(dropped))
+        config["quantization_config"]["activations"] = {"model.layers.0.self_attn.q_proj": "token"}
+        (dropped / "config.json").write_text(json.dumps(config))
+        with pytest.raises(fp8kit.Error, match=r"activations\['model.layers.0.self_attn.q_proj'\] is 'token'"):
             fp8kit.torch.from_pretrained(str(dropped))
     loaded = fp8kit.torch.from_pretrained(str(tmp_path))
     held, got = model.state_dict(), loaded.state_dict()
@@ -674,8 +755,8 @@ def test_fused_3d_experts(work, tmp_path):
     """The same experts stored as 3-D tensors [experts, out, in] under transformers 5's parameter
     names (gate_up_proj = [gate; up] per expert, down_proj) with [experts, out, 1] channel scales:
     the model computes the same logits, bit for bit, as from the per-expert checkpoint (each output
-    column is the same sum over the same codes and scales, whichever GEMM it is part of), and
-    state_dict gives the 3-D tensors as stored."""
+    column is the same sum over the same codes and scales, whichever GEMM it is part of),
+    state_dict gives the 3-D tensors as stored, and save_pretrained writes what runs the same."""
     base, path = _checkpoint(work, "moe", "FP8_DYNAMIC")
     stored = _stored(path)
     fused = {k: v for k, v in stored.items() if ".experts." not in k}
@@ -699,6 +780,12 @@ def test_fused_3d_experts(work, tmp_path):
         assert torch.equal(_bits(sd[k]), _bits(fused[k])), k
     per_expert = fp8kit.torch.from_pretrained(path)
     assert torch.equal(fp8kit_logits(model3d), fp8kit_logits(per_expert))
+    # Saved: transformers writes the model type's per-expert form (its conversion mapping
+    # reversed), for which the loader recorded each expert's scheme; loaded again, it is the
+    # per-expert checkpoint's model, tensor for tensor, bit for bit.
+    again = _saved_and_loaded(model3d, tmp_path / "saved")
+    assert _same_tensors(per_expert, again) == []
+    assert torch.equal(fp8kit_logits(again), fp8kit_logits(model3d))
 
 
 def test_inspect_a_file_inside_a_checkpoint_directory(work, tmp_path):

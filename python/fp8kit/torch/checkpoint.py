@@ -31,6 +31,9 @@ What it does:
   type) or from 3-D FP8 tensors with per-expert scales; each expert computes in FP8.
 - Modules the config keeps in high precision (compressed-tensors `ignore`, `modules_to_not_convert`)
   stay as they are stored; one stored in FP8 nonetheless is an error naming file and tensor.
+- On a transformers model the loaded FP8 layers are recorded in model.config as fp8kit's own
+  layout (inference._record_in_config), so save_pretrained writes what from_pretrained runs as
+  the model ran.
 
 Checked by tests/python/test_fp8_checkpoints.py (llm-compressor's FP8_DYNAMIC, FP8_BLOCK and static
 FP8 on a Llama and a Qwen2-MoE; files `fp8kit quantize` writes; weights bit for bit against the
@@ -45,7 +48,7 @@ from torch import nn
 
 import fp8kit
 
-from .inference import Float8InferenceLinear as _InferenceLinear, _group_siblings
+from .inference import Float8InferenceLinear as _InferenceLinear, _group_siblings, _record_in_config
 from .memory import release_pages
 
 _E8M0 = getattr(torch, "float8_e8m0fnu", None)
@@ -162,17 +165,23 @@ class _Config:
                 except re.error as e:
                     raise fp8kit.Error(f"{ckpt.path}: quantization_config {field} entry {name!r} is not a regular "
                                        f"expression ({e})") from None
-        self.weight_only = set()
+        self.activations = {}  # fp8kit's layout: module -> the scaling its activation is cast with
         if self.method == "fp8kit":
-            names = self.qc.get("weight_only", [])
-            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-                raise fp8kit.Error(f"{ckpt.path}: quantization_config weight_only is not a list of module names")
-            self.weight_only = set(names)
+            acts = self.qc.get("activations", {})
+            if not isinstance(acts, dict):
+                raise fp8kit.Error(f"{ckpt.path}: quantization_config activations is not an object of module: scaling")
+            for name, scaling in acts.items():
+                if not isinstance(scaling, str) or not re.fullmatch(r"row|tensor|mx32|none|block\(1x[1-9]\d*\)", scaling):
+                    raise fp8kit.Error(f"{ckpt.path}: quantization_config activations[{name!r}] is {scaling!r}, "
+                                       "expected row, tensor, block(1xG), mx32 or none")
+            self.activations = acts
 
     def kept(self, module_name, module):
         """Whether the config keeps module in high precision."""
         if not self.ignore:
             return False
+        if self.method == "fp8kit":  # the layout's own list: module names as they are
+            return module_name in self.ignore
         if self.method == "compressed-tensors":
             from compressed_tensors.utils.match import is_match
             return is_match(module_name, module, self.ignore) if module is not None else any(
@@ -181,7 +190,8 @@ class _Config:
         return not should_convert_module(module_name, self.ignore)
 
     def activation(self, module_name, module, scheme, weight_scaling, where):
-        """(input scaling, static) for the FP8 weight of module_name."""
+        """(input scaling, static) for the FP8 weight of module_name; static None: as the file says
+        (a stored input_scale beside the weight makes it static)."""
         if self.method == "compressed-tensors":
             if len(self.groups) == 1 or len({json.dumps(a, sort_keys=True) for _, a in self.groups}) == 1:
                 args = self.groups[0][1] if self.groups else None
@@ -201,15 +211,17 @@ class _Config:
             return (f"block(1x{block[1]})" if block else "row"), False
         if self.method == "fbgemm_fp8":  # per-token dynamic activations (fbgemm's quantize_fp8_per_row)
             return "row", False
-        # fp8kit's own layout, or no config: the activation of the weight scheme's recipe
-        # (tensor: tensorwise, channel / group: rowwise, block: DeepSeek-V3's 1 x block cols, mx32),
-        # none for the modules the layout lists as weight_only.
-        if module_name in self.weight_only:
-            return "none", False
+        # fp8kit's own layout: the module's recorded activation scaling (static when per tensor and
+        # an input_scale is stored); where it records none, or without a config, the activation of
+        # the weight scheme's recipe (tensor: tensorwise, channel / group: rowwise, block:
+        # DeepSeek-V3's 1 x block cols, mx32).
+        recorded = self.activations.get(module_name)
+        if recorded is not None:
+            return recorded, (None if recorded == "tensor" else False)
         if scheme in ("tensor", "mx32"):
-            return scheme, False
+            return scheme, None
         block = _block_of(weight_scaling)
-        return (f"block(1x{block[1]})" if scheme == "block128" else "row"), False
+        return (f"block(1x{block[1]})" if scheme == "block128" else "row"), None
 
 
 # ---- the layers ----
@@ -325,6 +337,25 @@ def _pack(layers):
         release_pages(codes)
 
 
+def _fused_expert_layers(model):
+    """(name, layer) for the FP8 layers of model's Float8Experts that hold 3-D tensors (not
+    modules), named as save_pretrained writes them: per expert and projection where transformers'
+    conversion mapping for the model type splits them so ("experts.3.gate_proj"), else by the 3-D
+    parameter ("experts.down_proj", its experts alike)."""
+    out = []
+    for name, m in model.named_modules():
+        if not (isinstance(m, Float8Experts) and "down_proj" in m._buffers):
+            continue
+        first = "gate_up_proj" if m.has_gate else "up_proj"
+        sources = _expert_sources(model, name) or {}
+        for proj, layers in ((first, [g[0] for g in m.gate_up]), ("down_proj", m.down)):
+            if proj in sources:
+                out += [(f"{name}.{e}.{p}", layer) for e, layer in enumerate(layers) for p in sources[proj]]
+            else:
+                out.append((f"{name}.{proj}", layers[0]))
+    return out
+
+
 def _fp8_layers(model):
     out = [m for m in model.modules() if isinstance(m, _InferenceLinear)]
     for m in model.modules():
@@ -394,6 +425,21 @@ def _is_fused_experts(m):
             and getattr(m, "down_proj").dim() == 3)
 
 
+def _static(static, input_scale, input_scaling, ckpt, wname):
+    """Whether the FP8 weight wname runs with a static activation scale: what the config says
+    (static: True / False; None: as the file says) checked against the input_scale stored for it
+    (its name, or None)."""
+    if static is None:
+        static = input_scale is not None
+    if static and input_scale is None:
+        raise fp8kit.Error(f"{ckpt.where(wname)}: the config says static activations, the checkpoint has no "
+                           "input_scale for it")
+    if input_scale is not None and not (static and input_scaling == "tensor"):
+        raise fp8kit.Error(f"{ckpt.where(input_scale)}: a static input scale beside a weight whose config says "
+                           f"dynamic activations ({input_scaling})")
+    return static
+
+
 def _load(model, ckpt, dtype=None, strict=True):
     """Loads the checkpoint (a _Checkpoint) into model (see load_fp8_checkpoint)."""
     cfg = _Config(ckpt.qconfig, ckpt)
@@ -438,13 +484,7 @@ def _load(model, ckpt, dtype=None, strict=True):
         bias = stored(mname + ".bias") if module.bias is not None and mname + ".bias" in ckpt.file_of else None
         if module.bias is not None and bias is None:
             raise fp8kit.Error(f"{where}: the model's {mname} has a bias, the checkpoint has no '{mname}.bias'")
-        if static or input_scale:
-            if not input_scale:
-                raise fp8kit.Error(f"{where}: the config asks for a static activation scale, but there is no "
-                                   f"'{mname}.input_scale'")
-            if not static and cfg.method == "compressed-tensors":
-                raise fp8kit.Error(f"{ckpt.where(input_scale)}: a static input scale beside a weight whose config "
-                                   "group has dynamic activations")
+        if _static(static, input_scale, input_scaling, ckpt, wname):
             new = Float8StaticInputLinear.from_stored(codes, scale_inv, scaling, stored(input_scale, cast=False),
                                                       bias)
         else:
@@ -515,10 +555,7 @@ def _load_experts(model, ename, parts, ckpt, cfg, stored, scale_of):
     def layer(codes, scale, scheme, scaling, input_scale, wname):
         mname = wname[:-len(".weight")] if wname.endswith(".weight") else wname
         input_scaling, static = cfg.activation(mname, None, scheme, scaling, ckpt.where(wname))
-        if static != bool(input_scale):
-            raise fp8kit.Error(f"{ckpt.where(wname)}: the config says {'static' if static else 'dynamic'} "
-                               f"activations, the file has {'an' if input_scale else 'no'} input_scale for it")
-        if static:  # per-expert Linears of a static scheme: each expert's stored input_scale
+        if _static(static, input_scale, input_scaling, ckpt, wname):  # each expert's stored input_scale
             return Float8StaticInputLinear.from_stored(codes, scale, scaling, stored(input_scale, cast=False), None)
         return _inference_linear(codes, scale, scaling, input_scaling, None)
 
@@ -593,6 +630,7 @@ def load_fp8_checkpoint(model, path, *, torch_dtype=None, strict=True, fuse_sibl
     _load(model, _Checkpoint(path), torch_dtype, strict)
     if hasattr(model, "tie_weights"):  # a transformers model: tied parameters (lm_head) point at the loaded ones again
         model.tie_weights()
+    _record_in_config(model, _fused_expert_layers(model))  # what save_pretrained writes then
     if fuse_siblings:
         _group_siblings(model)
     _pack(_fp8_layers(model))
@@ -656,6 +694,7 @@ def from_pretrained(path, *, model_class=None, torch_dtype=None, fuse_siblings=T
     if left:
         raise fp8kit.Error(f"{path}: the checkpoint has no tensor for {', '.join(left[:8])}"
                            + (f" and {len(left) - 8} more" if len(left) > 8 else ""))
+    _record_in_config(model, _fused_expert_layers(model))  # what save_pretrained writes then
     if fuse_siblings:
         _group_siblings(model)
     _pack(_fp8_layers(model))

@@ -277,7 +277,6 @@ def quantize_(model, config=None, filter_fn=None, *, fuse_siblings=True):
     names = {}  # a Parameter's names: more than one is a tied weight, which stays in use
     for name, p in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(name)
-    recorded = [fqn for fqn, _ in chosen]
     chosen.reverse()
     while chosen:  # popped, so that no list keeps a replaced Linear alive until the end
         fqn, m = chosen.pop()
@@ -303,32 +302,48 @@ def quantize_(model, config=None, filter_fn=None, *, fuse_siblings=True):
         del m, w  # the replaced Linear goes now where nothing else holds it
         memory.trim_heap()
     memory.give_back()
-    _record_in_config(model, recipe, recorded)
+    _record_in_config(model)
     if fuse_siblings:
         _group_siblings(model)
 
 
-# The scheme fp8kit's checkpoint layout names for each recipe's weight scaling (docs/CHECKPOINTS.md).
-_SCHEMES = {"rowwise": "channel", "tensorwise": "tensor", "block": "block128", "mxfp8": "mx32",
-            "weight_only": "channel"}
+def _scheme_of(weight_scaling):
+    """fp8kit's checkpoint layout's scheme for a weight scaling (docs/CHECKPOINTS.md), and the
+    config field its size goes to: row -> channel, block(1xG) -> group (group_size G),
+    block(RxC) -> block128 (weight_block_size [R, C])."""
+    if weight_scaling in ("tensor", "mx32"):
+        return weight_scaling, None, None
+    if weight_scaling == "row":
+        return "channel", None, None
+    rows, cols = (int(v) for v in weight_scaling.removeprefix("block(").removesuffix(")").split("x"))
+    return ("group", "group_size", cols) if rows == 1 else ("block128", "weight_block_size", [rows, cols])
 
 
-def _record_in_config(model, recipe, fqns):
-    """On a transformers model (its `config`), the quantization as fp8kit's own checkpoint layout
-    says it (quant_method fp8kit: each layer's scheme, the weight-only layers, the Linear layers
-    kept), so that save_pretrained writes a checkpoint fp8kit.torch.from_pretrained runs as
-    stored. A later call adds its layers to what an earlier one recorded."""
+def _record_in_config(model, extra=()):
+    """On a transformers model (its `config`), every FP8 layer it holds as fp8kit's own checkpoint
+    layout says it (quant_method fp8kit: each layer's weight scheme and the scaling its activation
+    is cast with - "none": not quantized; a static input_scale goes with its weight - and the
+    Linear layers kept), so that save_pretrained writes a checkpoint from_pretrained runs as it
+    runs now. extra: (name, layer) for FP8 layers that are not modules of model (3-D experts:
+    named by their parameter). Nothing when the model holds no FP8 layer."""
     config = getattr(model, "config", None)
-    if not fqns or not callable(getattr(config, "to_dict", None)):
+    if not callable(getattr(config, "to_dict", None)):
         return
-    qc = getattr(config, "quantization_config", None)
-    qc = dict(qc) if isinstance(qc, dict) and qc.get("quant_method") == "fp8kit" else {
-        "quant_method": "fp8kit", "fmt": "e4m3fn", "schemes": {}}
-    qc["schemes"] = dict(qc["schemes"], **{fqn: _SCHEMES[recipe] for fqn in fqns})
-    if recipe == "weight_only":  # channel weights like rowwise's; the activations stay as they come
-        qc["weight_only"] = sorted(set(qc.get("weight_only", ())) | set(fqns))
-    if recipe == "block":
-        qc["weight_block_size"] = [128, 128]
+    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, Float8InferenceLinear)] + list(extra)
+    if not layers:
+        return
+    qc = {"quant_method": "fp8kit", "schemes": {}, "activations": {}}
+    formats = set()
+    for name, m in layers:
+        scheme, field, size = _scheme_of(m.weight_scaling)
+        if field and qc.setdefault(field, size) != size:
+            raise fp8kit.Error(f"fp8kit.torch: layer '{name}' has {field} {size}, another {qc[field]}; fp8kit's "
+                               f"checkpoint layout records one {field} for a model")
+        formats.add(str(m._buffers["weight"].dtype).removeprefix("torch.float8_").removesuffix("fn"))
+        qc["schemes"][name] = scheme
+        qc["activations"][name] = m.input_scaling
+    if len(formats) == 1:  # the codes' dtype is what the readers go by; fmt says it for people
+        qc["fmt"] = formats.pop()
     qc["modules_to_not_convert"] = [fqn for fqn, m in model.named_modules() if type(m) is nn.Linear]
     config.quantization_config = qc
 
