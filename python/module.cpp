@@ -558,6 +558,12 @@ NB_MODULE(_fp8kit, m) {
               return std::vector<int64_t>{g.rows, g.cols};
           },
           "scaling"_a, "rows"_a, "cols"_a, "The shape of scale_inv for a scaling of [rows, cols].");
+    m.def("gemm_k_group", [](const std::string& a_scaling, const std::string& b_scaling, int64_t k) {
+              return gemm_k_group(parse_scaling(a_scaling), parse_scaling(b_scaling), k);
+          },
+          "a_scaling"_a, "b_scaling"_a, "k"_a,
+          "The K group a GEMM of A and B (K wide) sums in (fp8kit::gemm_k_group); fp8kit.Error where their scale "
+          "groups along K do not nest.");
     m.def("qtensor", &qtensor_from, "data"_a, "scale_inv"_a, "scaling"_a = "tensor", "format"_a = "e4m3fn",
           "A QTensor over existing FP8 codes [rows, cols] and their scale_inv (viewed, not copied).");
 

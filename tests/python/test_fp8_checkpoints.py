@@ -437,6 +437,26 @@ def test_activation_groups_narrower_than_the_weights(work, tmp_path):
     assert not torch.equal(fp8kit_logits(fp8kit.torch.from_pretrained(str(saved))), logits)
 
 
+def test_activation_groups_that_do_not_nest_are_refused_at_load(work, tmp_path):
+    """1 x 96 activation groups over 1 x 128 weight groups: no K group holds whole groups of both
+    (the GEMM's rule), refused when the checkpoint loads, naming the file and tensor - not by the
+    GEMM at pack time, naming neither. 1 x 64 groups nest (each weight group holds two) and load."""
+    _, path = _checkpoint(work, "llama", "FP8_GROUP")
+    for size, ok in ((96, False), (64, True)):
+        grouped = tmp_path / f"g{size}"
+        shutil.copytree(path, grouped)
+        config = json.loads((grouped / "config.json").read_text())
+        for g in config["quantization_config"]["config_groups"].values():
+            g["input_activations"].update(strategy="group", group_size=size)
+        (grouped / "config.json").write_text(json.dumps(config))
+        if ok:
+            assert fp8kit_logits(fp8kit.torch.from_pretrained(str(grouped))).isfinite().all()
+            continue
+        with pytest.raises(fp8kit.Error, match=r"model\.safetensors: tensor 'model\.layers\.\d\.\S+\.weight': the config "
+                                               r"casts its activation as block\(1x96\).*do not nest along K"):
+            fp8kit.torch.from_pretrained(str(grouped))
+
+
 def test_planted_scales_ignored(work):
     base, path = _checkpoint(work, "llama", "FP8_DYNAMIC")
     model = fp8kit.torch.from_pretrained(path)

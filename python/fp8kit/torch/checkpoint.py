@@ -440,6 +440,18 @@ def _static(static, input_scale, input_scaling, ckpt, wname):
     return static
 
 
+def _check_k_groups(input_scaling, weight_scaling, cols, where):
+    """The activation's scale groups along K nest with the weight's (the GEMM's rule,
+    fp8kit::gemm_k_group), checked at load: else an fp8kit.Error naming the file and tensor, not
+    the GEMM's at the first call."""
+    if input_scaling != "none":
+        try:
+            fp8kit._fp8kit.gemm_k_group(input_scaling, weight_scaling, cols)
+        except fp8kit.Error as e:
+            raise fp8kit.Error(f"{where}: the config casts its activation as {input_scaling}, which the weight's "
+                               f"scale groups cannot take ({e})") from None
+
+
 def _load(model, ckpt, dtype=None, strict=True):
     """Loads the checkpoint (a _Checkpoint) into model (see load_fp8_checkpoint)."""
     cfg = _Config(ckpt.qconfig, ckpt)
@@ -481,6 +493,7 @@ def _load(model, ckpt, dtype=None, strict=True):
         codes = stored(wname, cast=False)
         scale_inv = scale_of(wname, codes, scheme, scale, scaling)
         input_scaling, static = cfg.activation(mname, module, scheme, scaling, where)
+        _check_k_groups(input_scaling, scaling, shape[1], where)
         bias = stored(mname + ".bias") if module.bias is not None and mname + ".bias" in ckpt.file_of else None
         if module.bias is not None and bias is None:
             raise fp8kit.Error(f"{where}: the model's {mname} has a bias, the checkpoint has no '{mname}.bias'")
@@ -555,6 +568,7 @@ def _load_experts(model, ename, parts, ckpt, cfg, stored, scale_of):
     def layer(codes, scale, scheme, scaling, input_scale, wname):
         mname = wname[:-len(".weight")] if wname.endswith(".weight") else wname
         input_scaling, static = cfg.activation(mname, None, scheme, scaling, ckpt.where(wname))
+        _check_k_groups(input_scaling, scaling, codes.shape[1], ckpt.where(wname))
         if _static(static, input_scale, input_scaling, ckpt, wname):  # each expert's stored input_scale
             return Float8StaticInputLinear.from_stored(codes, scale, scaling, stored(input_scale, cast=False), None)
         return _inference_linear(codes, scale, scaling, input_scaling, None)
