@@ -15,7 +15,8 @@ Oracles:
   the codes and scales FSDP2 all-gathers, W's and W^T's, must be those bits; each shard cast
   alone (its own amax) gives others - shown here to differ.
 - Bytes all-gathered per step, counted at torch.distributed.all_gather_single (FSDP2's
-  collective): tensorwise FP8 at most 0.53x bfloat16's; and the all-reduces of amaxes.
+  collective): tensorwise, rowwise and mxfp8 FP8 at most 0.53x bfloat16's; and the all-reduces of
+  amaxes.
 - torch.compile of the sharded model (FP8 all-gather, every recipe that has it): the reference's
   losses bit for bit, as eager.
 - torch.distributed.checkpoint: saved by the ranks, loaded into a fresh model (other weights),
@@ -118,6 +119,9 @@ def sharded(case):
     mp = MixedPrecisionPolicy(param_dtype=case.get("param_dtype"), reduce_dtype=torch.float32)
     reshard = case.get("reshard_after_forward", True)
     for block in model:
+        if case.get("checkpoint"):  # activation checkpointing: the block's forward recomputed in backward
+            from torch.distributed._composable import checkpoint
+            checkpoint(block)
         fully_shard(block, mp_policy=mp, reshard_after_forward=reshard)
     fully_shard(model, mp_policy=mp, reshard_after_forward=reshard)
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
@@ -189,7 +193,9 @@ def run_ranks(tmp_path, world, cases):
     return list(zip(*(torch.load(f"{out}.{r}") for r in range(world))))
 
 
-PARITY = [  # each with recipe, FP8 all-gather, precomputed scales, reshard_after_forward, skips, param_dtype, wide
+PARITY = [  # each with recipe, FP8 all-gather, precomputed scales, reshard_after_forward, skips, param_dtype, wide,
+    # activation checkpointing (rowwise, mxfp8: the recomputed forward needs W's cast after the
+    # backward's re-gather brought W^T's alone, and gathers it)
     dict(recipe="tensorwise", fp8_all_gather=True),
     dict(recipe="tensorwise", fp8_all_gather=True, precompute=True, reshard_after_forward=False),
     dict(recipe="tensorwise", fp8_all_gather=True, precompute=True, skip={"0.0", "1.2"}),
@@ -200,6 +206,8 @@ PARITY = [  # each with recipe, FP8 all-gather, precomputed scales, reshard_afte
     dict(recipe="rowwise", fp8_all_gather=True),
     dict(recipe="rowwise_with_gw_hp", fp8_all_gather=True, reshard_after_forward=False),
     dict(recipe="mxfp8", fp8_all_gather=True),
+    dict(recipe="rowwise", fp8_all_gather=True, checkpoint=True),
+    dict(recipe="mxfp8", fp8_all_gather=True, checkpoint=True),
 ]
 
 
@@ -381,13 +389,15 @@ def collectives(rank, world, case):
 
 
 def test_fp8_all_gather_moves_at_most_0_53x_the_bytes_of_bfloat16_and_precompute_all_reduces_once(tmp_path):
-    # tensorwise; rowwise's count is stated below.
     both = {"run": "collectives", "recipe": "tensorwise", "param_dtype": torch.bfloat16}
     results = run_ranks(tmp_path, 2, [dict(both, fp8_all_gather=True), dict(both, fp8_all_gather=True, precompute=True),
                                       dict(both, fp8_all_gather=False),
-                                      dict(both, fp8_all_gather=True, recipe="rowwise")])
+                                      dict(both, fp8_all_gather=True, recipe="rowwise"),
+                                      dict(both, fp8_all_gather=True, recipe="mxfp8"),
+                                      dict(both, fp8_all_gather=True, recipe="rowwise", reshard_after_forward=False)])
     assert not isinstance(results, str), results
-    ((fp8, fp8_reduces), _), ((fp8_pre, pre_reduces), _), ((bf16, bf16_reduces), _), ((rows, _), _) = results
+    ((fp8, fp8_reduces), _), ((fp8_pre, pre_reduces), _), ((bf16, bf16_reduces), _) = results[:3]
+    ((rows, rows_reduces), _), ((mx, _), _), ((rows_kept, _), _) = results[3:]
     # Weights: 1 byte per element instead of 2, biases bfloat16 in both (their 384 elements make
     # the ratio (32768 + 768) / (65536 + 768) = 0.506 here); the tensorwise scale is not gathered.
     assert bf16 > 0 and fp8 <= 0.53 * bf16 and fp8_pre == fp8
@@ -395,9 +405,16 @@ def test_fp8_all_gather_moves_at_most_0_53x_the_bytes_of_bfloat16_and_precompute
     # One amax all-reduce per layer and all-gather (4 layers, forward and backward), or the one
     # of precompute_float8_dynamic_scale_for_fsdp; none without FP8 all-gather.
     assert (fp8_reduces, pre_reduces, bf16_reduces) == (8, 1, 0)
-    # rowwise gathers W's cast and W^T's (2 bytes an element, and 4 for each row's scale of W's
-    # 384 rows): 1.02x bfloat16's bytes, half float32's.
-    assert rows == (32768 * 2 + 384 * 4 + 768) * 2
+    # rowwise and mxfp8 gather W's cast for the forward and W^T's for the backward's re-gather,
+    # each one byte an element; W's scales beside (rowwise: 4 bytes for each of the 384 rows;
+    # mxfp8: an e8m0 byte per 32 elements of W and of W^T): 0.517x and 0.521x bfloat16's bytes.
+    # Planted: both casts in every gather, 2 bytes an element, gave 1.02x.
+    assert rows == 32768 * 2 + 384 * 4 + 768 * 2 and rows <= 0.53 * bf16
+    assert mx == 32768 * 2 + 1024 * 2 + 768 * 2 and mx <= 0.53 * bf16
+    assert rows_reduces == 4  # W^T's column amaxes, one all-reduce per layer, in the backward only
+    # Without reshard_after_forward there is one gather a step, for forward and backward: W^T's
+    # cast goes with W's (1.02x bfloat16's one gather).
+    assert rows_kept == 32768 * 2 + 384 * 4 + 768
 
 
 def checkpointed(rank, world, case):

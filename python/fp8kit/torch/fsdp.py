@@ -21,22 +21,26 @@ Both scalings are the same on W and W^T (one scale; 128x128 blocks transposed), 
 W^T cast is the gathered codes transposed: one byte per element is gathered.
 - rowwise, rowwise_with_gw_hp: W's row scales are each row's own (a rank casts its rows alone),
   but W^T's rows are W's columns, which span every rank: their amaxes are all-reduced (max, one
-  vector) and each rank casts its rows with them too. Both casts are gathered - two bytes per
-  element, bfloat16's count, half float32's - with the whole weight's bits; W's row scales are
-  gathered beside FSDP2's all-gather (all_gather_into_tensor), as FSDP2 takes only inputs of the
-  shard's shape when the split is uneven.
+  vector) and each rank casts its rows with them too.
 - mxfp8: W's 1x32 blocks run along its rows (a rank's own), W^T's along W's columns, 32 rows of W
   each: where every rank's share of rows is a multiple of 32 (FSDP2's ceil(out / ranks)) each block
-  lies in one shard, so each rank casts both for its rows alone, and both casts are gathered as
-  rowwise's are, the e8m0 scales beside FSDP2's all-gather. Any other split is refused, naming the
-  layer, on every rank.
+  lies in one shard, so each rank casts both for its rows alone. Any other split is refused,
+  naming the layer, on every rank.
+For these two, W and W^T are two casts, each crossing once: FSDP2's forward all-gather carries W's
+codes, its re-gather for the backward (reshard_after_forward) W^T's (as W's rows), one byte per
+element each time, with the whole weight's bits; the scales go beside FSDP2's all-gather
+(all_gather_into_tensor: FSDP2 takes only inputs of the shard's shape when the split is uneven).
+Until a layer has seen that re-gather (its first step; reshard_after_forward=False, which has
+none) and in a compiled layer (whose backward reads only what its forward kept), the forward
+gathers W^T's cast too, beside FSDP2's. A forward recomputed under activation checkpointing, after
+the re-gather brought W^T's, gathers W's again.
 Uneven splits (out_features not a multiple of the ranks): FSDP2 gives each rank ceil(out / ranks)
 rows, the last ranks fewer or none, and pads them; the codes go padded with zero rows, and the
 gathered weight is the first out_features rows of what arrives.
 
 Checked by tests/python/test_fsdp.py (2, 3 and 4 ranks on gloo against one process with its
 gradients all-reduced by hand; the gathered codes against the whole weight's cast, 3 ranks
-splitting unevenly; bytes all-gathered).
+splitting unevenly; activation checkpointing; bytes all-gathered).
 """
 import torch
 import torch.utils._pytree as pytree
@@ -108,31 +112,21 @@ class Float8WeightShard(torch.Tensor):
                 torch.distributed.all_reduce(amax, torch.distributed.ReduceOp.MAX, group=mesh.get_group())
             codes, scale_inv = _cast_with_amax(w, amax)
             return (_pad_rows(codes, padded),), (rows, scale_inv)
-        mine = w.shape[0]
-        if self._recipe == "rowwise":
-            # W^T's row amaxes (W's columns') all-reduced, appended to the shard as one more row:
-            # each column's amax then is the whole weight's, and the shard's own rows cast as before.
-            cols = w.detach().abs().amax(0).float() if mine else w.new_zeros(w.shape[1], dtype=torch.float32)
-            torch.distributed.all_reduce(cols, torch.distributed.ReduceOp.MAX, group=mesh.get_group())
-            codes, scale_inv, codes_t, scale_inv_t = cast(torch.cat([w.detach(), cols[None].to(w.dtype)]), "rowwise",
-                                                          "weight", True)
-            # W's row scales, 4 bytes a row, gathered beside FSDP2's all-gather: FSDP2 takes only
-            # inputs of the shard's shape when the split is uneven.
-            scales = _gather_rows(scale_inv[:mine], padded, 1.0, mesh)[:rows]
-            return ((_pad_rows(codes[:mine], padded), _pad_rows(codes_t[:, :mine].t(), padded)),
-                    (rows, scales, scale_inv_t))
-        if self._recipe == "mxfp8":
-            if padded % 32 != 0:  # every rank's test, so that all of them refuse
-                raise fp8kit.Error(f"fp8kit.torch: layer '{self._layer}': FSDP2 gives each of {world} ranks up to "
-                                   f"{padded} of its weight's {rows} rows; mxfp8's FP8 all-gather needs whole 32-row "
-                                   "blocks of W^T per rank (ceil(out_features / ranks) a multiple of 32), or convert "
-                                   "with enable_fsdp_float8_all_gather=False")
-            codes, scale_inv, codes_t, scale_inv_t = cast(w.detach(), "mxfp8", "weight", True)
-            # W's e8m0 scales [rows, K / 32] and W^T's [K, rows / 32] (its blocks' rows as W's
-            # 32-row groups), gathered beside FSDP2's all-gather; 127 is e8m0's 1 (padding only).
-            scales = _gather_rows(scale_inv, padded, 127, mesh)[:rows]
-            scales_t = _gather_rows(scale_inv_t.t(), padded // 32, 127, mesh)[:-(-rows // 32)].t().contiguous()
-            return (_pad_rows(codes, padded), _pad_rows(codes_t.t(), padded)), (rows, scales, scales_t)
+        if self._recipe in ("rowwise", "mxfp8"):
+            # One cast crosses per all-gather: W's for the forward, W^T's (as W's rows) for the
+            # backward's re-gather (reshard_after_forward), each one byte an element. The forward's
+            # gathers W^T's too, beside FSDP2's, until the layer has seen a re-gather - and always
+            # for a compiled layer, whose backward reads only what its forward kept.
+            backward = torch._C._current_graph_task_id() != -1
+            if backward:
+                module._fp8kit_regathered = True
+            part = "t" if backward else "w"
+            codes, scale_inv = self._cast(part, mesh, rows)
+            other = None
+            if not backward and (not getattr(module, "_fp8kit_regathered", False)
+                                 or getattr(module, "_fp8kit_compiled", False)):
+                other = self._gather("t", mesh, rows)
+            return (codes,), (rows, part, scale_inv, other, (self, mesh))
         if rows % (128 * world) != 0:  # every rank's test, so that all of them refuse
             raise fp8kit.Error(f"fp8kit.torch: layer '{self._layer}': FSDP2 splits its weight's {rows} rows over "
                                f"{world} ranks; the block recipe's FP8 all-gather needs whole 128-row blocks per "
@@ -141,22 +135,66 @@ class Float8WeightShard(torch.Tensor):
         codes, scale_inv = cast(w.detach(), "block", "weight", False)
         return (codes, scale_inv), (rows,)
 
+    def _cast(self, part, mesh, rows):
+        """rowwise / mxfp8: this rank's rows of W's cast (part "w") or of W^T's (part "t": its codes
+        transposed, as W's rows), padded to FSDP2's shard rows, and the whole cast's scale_inv - W's
+        row scales or e8m0 blocks gathered from every rank (beside FSDP2's all-gather, which takes
+        only inputs of the shard's shape when the split is uneven), or W^T's, which every rank
+        computes alike."""
+        w, world = self._tensor.detach(), mesh.size()
+        padded, mine = -(-rows // world), self._tensor.shape[0]
+        if self._recipe == "rowwise":
+            if part == "w":
+                codes, scale_inv = cast(w, "rowwise", "weight", False) if mine else \
+                    (w.new_empty(w.shape, dtype=torch.float8_e4m3fn), w.new_empty((0, 1), dtype=torch.float32))
+                return _pad_rows(codes, padded), _gather_rows(scale_inv, padded, 1.0, mesh)[:rows]
+            # W^T's row amaxes (W's columns') all-reduced, appended to the shard as one more row:
+            # each column's amax then is the whole weight's, and the shard's own rows cast with it.
+            cols = w.abs().amax(0).float() if mine else w.new_zeros(w.shape[1], dtype=torch.float32)
+            torch.distributed.all_reduce(cols, torch.distributed.ReduceOp.MAX, group=mesh.get_group())
+            _, _, codes_t, scale_inv_t = cast(torch.cat([w, cols[None].to(w.dtype)]), "rowwise", "weight", True)
+            return _pad_rows(codes_t[:, :mine].t(), padded), scale_inv_t
+        if padded % 32 != 0:  # every rank's test, so that all of them refuse
+            raise fp8kit.Error(f"fp8kit.torch: layer '{self._layer}': FSDP2 gives each of {world} ranks up to "
+                               f"{padded} of its weight's {rows} rows; mxfp8's FP8 all-gather needs whole 32-row "
+                               "blocks of W^T per rank (ceil(out_features / ranks) a multiple of 32), or convert "
+                               "with enable_fsdp_float8_all_gather=False")
+        # W's e8m0 scales [rows, K / 32] and W^T's [K, rows / 32] (its blocks' rows as W's 32-row
+        # groups), gathered; 127 is e8m0's 1 (padding only).
+        if part == "w":
+            codes, scale_inv = cast(w, "mxfp8", "weight", False)
+            return _pad_rows(codes, padded), _gather_rows(scale_inv, padded, 127, mesh)[:rows]
+        _, _, codes_t, scale_inv_t = cast(w, "mxfp8", "weight", True)
+        scales_t = _gather_rows(scale_inv_t.t(), padded // 32, 127, mesh)[:-(-rows // 32)].t().contiguous()
+        return _pad_rows(codes_t.t(), padded), scales_t
+
+    def _gather(self, part, mesh, rows):
+        """rowwise / mxfp8: the whole of W's cast or W^T's (_cast), all-gathered beside FSDP2:
+        (codes [rows, K] - W^T's as W's rows -, scale_inv)."""
+        codes, scale_inv = self._cast(part, mesh, rows)
+        # as bytes: gloo all-gathers no float8 dtype
+        return _gather_rows(codes.view(torch.uint8), codes.shape[0], 0, mesh)[:rows].view(codes.dtype), scale_inv
+
     def fsdp_post_all_gather(self, outputs, metadata, param_dtype, *, out=None):
         """The gathered FP8 weight (Float8GatheredWeight), and the tensors FSDP2 frees after use."""
-        transposed = None
         rows = metadata[0]
+        w = w_t = source = None
         if self._recipe == "tensorwise":
-            (codes,), (_, scale_inv) = outputs, metadata
+            w = outputs[0][:rows], metadata[1]
         elif self._recipe in ("rowwise", "mxfp8"):
-            (codes, codes_t_rows), (_, scale_inv, scale_inv_t) = outputs, metadata
-            transposed = (codes_t_rows[:rows], scale_inv_t)
+            _, part, scale_inv, other, source = metadata
+            if part == "w":
+                w, w_t = (outputs[0][:rows], scale_inv), other
+            else:  # the backward's re-gather: W^T's cast alone
+                w_t = outputs[0][:rows], scale_inv
         else:
-            codes, scale_inv = outputs
-        codes = codes[:rows]  # the padding rows of an uneven split dropped: a view, the gathered memory
+            w = outputs[0][:rows], outputs[1]
+        # (codes: views of the gathered memory, the padding rows of an uneven split dropped)
         if out is not None:  # FSDP2 refilled the storage it gathers into: out takes the new views and metadata
-            out._codes, out._scale_inv, out._transposed = codes, scale_inv, transposed
+            out._w, out._w_t, out._source = w, w_t, source
             return None
-        return Float8GatheredWeight(codes, scale_inv, transposed, param_dtype), tuple(outputs)
+        separate = self._recipe in ("rowwise", "mxfp8")
+        return Float8GatheredWeight(rows, w, w_t, param_dtype, separate, source), tuple(outputs)
 
 
 def _gather_rows(t, rows, value, mesh):
@@ -193,18 +231,22 @@ def _cast_with_amax(w, amax):
 
 
 class Float8GatheredWeight(torch.Tensor):
-    """The whole weight as FSDP2's all-gather leaves it: FP8 codes [out, in] and their scale_inv,
-    as the recipe casts the weight, and W^T's cast where it is not theirs transposed (transposed:
-    W^T's codes as W's rows [out, in], and W^T's scale_inv); to autograd and FSDP2 a parameter of
-    dtype. The forward GEMM reads them as they are; weight_casts gives them to the layer."""
+    """The whole weight [rows, K] as FSDP2's all-gather leaves it: W's cast (_w: FP8 codes and
+    scale_inv, as the recipe casts the weight) and, for rowwise and mxfp8, W^T's (_w_t: its codes as
+    W's rows, and its scale_inv), either of which may be absent - the forward's gather may bring W's
+    alone, the backward's re-gather brings W^T's alone - and is then gathered when read (_source:
+    the rank's Float8WeightShard and mesh). separate: W^T has a cast of its own (rowwise, mxfp8),
+    not W's transposed. To autograd and FSDP2 a parameter of dtype. The GEMMs read the casts as
+    they are (weight_casts, transposed_cast)."""
 
     @staticmethod
-    def __new__(cls, codes, scale_inv, transposed, dtype):
-        return torch.Tensor._make_wrapper_subclass(cls, codes.size(), dtype=dtype, device=codes.device,
+    def __new__(cls, rows, w, w_t, dtype, separate, source=None):
+        codes = (w or w_t)[0]
+        return torch.Tensor._make_wrapper_subclass(cls, (rows, codes.shape[1]), dtype=dtype, device=codes.device,
                                                    requires_grad=False)
 
-    def __init__(self, codes, scale_inv, transposed, dtype):
-        self._codes, self._scale_inv, self._transposed = codes, scale_inv, transposed
+    def __init__(self, rows, w, w_t, dtype, separate, source=None):
+        self._w, self._w_t, self._separate, self._source = w, w_t, separate, source
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
@@ -212,20 +254,21 @@ class Float8GatheredWeight(torch.Tensor):
     # every call); without these it took the codes gathered at trace time as constants, and the
     # compiled forward ran on the first step's weights ever after.
     def __tensor_flatten__(self):
-        return ["_codes", "_scale_inv"] + (["_codes_t", "_scale_inv_t"] if self._transposed else []), self.dtype
+        names = (["_codes", "_scale_inv"] if self._w else []) + (["_codes_t", "_scale_inv_t"] if self._w_t else [])
+        return names, (self.dtype, self._separate)
+
+    def __getattr__(self, name):  # the inner tensors by the names __tensor_flatten__ gives them
+        parts = {"_codes": ("_w", 0), "_scale_inv": ("_w", 1), "_codes_t": ("_w_t", 0), "_scale_inv_t": ("_w_t", 1)}
+        if name not in parts:
+            raise AttributeError(name)
+        field, i = parts[name]
+        return self.__dict__[field][i]
 
     @staticmethod
-    def __tensor_unflatten__(inner, dtype, outer_size, outer_stride):
-        transposed = (inner["_codes_t"], inner["_scale_inv_t"]) if "_codes_t" in inner else None
-        return Float8GatheredWeight(inner["_codes"], inner["_scale_inv"], transposed, dtype)
-
-    @property
-    def _codes_t(self):
-        return self._transposed[0]
-
-    @property
-    def _scale_inv_t(self):
-        return self._transposed[1]
+    def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
+        w = (inner["_codes"], inner["_scale_inv"]) if "_codes" in inner else None
+        w_t = (inner["_codes_t"], inner["_scale_inv_t"]) if "_codes_t" in inner else None
+        return Float8GatheredWeight(outer_size[0], w, w_t, *meta)
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args, kwargs=None):
@@ -234,23 +277,50 @@ class Float8GatheredWeight(torch.Tensor):
         w = args[0]
         if func in (aten.detach.default, aten.alias.default) or (
                 func in (aten.as_strided.default, aten.view.default) and list(args[1]) == list(w.shape)):
-            return cls(w._codes, w._scale_inv, w._transposed, w.dtype)
+            return cls(w.shape[0], w._w, w._w_t, w.dtype, w._separate, w._source)
         raise fp8kit.Error(f"fp8kit.torch: {func} on an FP8-gathered Float8Linear weight: only the layer's GEMMs "
                            "read it")
 
     def __repr__(self):
         return f"Float8GatheredWeight(shape={list(self.shape)}, dtype={self.dtype})"
 
+    def _gathered(self, part):
+        """W's cast (part "w") or W^T's ("t") as gathered, or gathered now: FSDP2 brought the other
+        (the forward's recomputation under activation checkpointing, after the backward's
+        re-gather; a backward with no re-gather before it)."""
+        got = self._w if part == "w" else self._w_t
+        if got is None:
+            if self._source is None or torch.compiler.is_compiling():
+                raise fp8kit.Error("fp8kit.torch: a compiled Float8Linear under FSDP2 FP8 all-gather was given "
+                                   f"{'W' if part == 'w' else 'W^T'}'s cast by no all-gather; compile the model "
+                                   "before its first step")
+            shard, mesh = self._source
+            got = shard._gather(part, mesh, self.shape[0])
+            setattr(self, "_w" if part == "w" else "_w_t", got)
+        return got
+
+    def transposed_in_backward(self):
+        """Whether the backward reads W^T's cast here (transposed_cast) rather than the forward:
+        W^T's own cast (rowwise, mxfp8), which FSDP2's re-gather brings for the backward; not in
+        a compiled forward, which traces what it keeps."""
+        return self._separate and not torch.compiler.is_compiling()
+
     def weight_casts(self, transpose):
-        """[codes, scale_inv] (+ [codes_t, scale_inv_t]): what the recipe's weight cast gives.
-        Without a gathered W^T cast, W^T's is W's transposed: one scale (tensorwise), or 128x128
-        blocks whose amax is the same transposed."""
-        out = [self._codes, self._scale_inv]
-        if transpose and self._transposed is None:
-            out += [self._codes.t().contiguous(), self._scale_inv.t().contiguous()]
-        elif transpose:
-            out += [self._transposed[0].t().contiguous(), self._transposed[1]]
-        return out
+        """[codes, scale_inv] of W (+ [codes_t, scale_inv_t], transposed_cast(), when transpose)."""
+        return list(self._gathered("w")) + (self.transposed_cast() if transpose else [])
+
+    def transposed_cast(self):
+        """[codes_t, scale_inv_t]: W^T's cast - its own (rowwise, mxfp8), or W's transposed: one
+        scale (tensorwise), or 128x128 blocks whose amax is the same transposed."""
+        if not self._separate:
+            codes, scale_inv = self._w
+            return [codes.t().contiguous(), scale_inv.t().contiguous()]
+        codes_t, scale_inv_t = self._gathered("t")
+        if not torch.compiler.is_compiling():
+            # Read once: the GEMM reads the copy. A cast gathered beside FSDP2 is no memory of
+            # FSDP2's to free at reshard; held here it would outlive the step.
+            self._w_t = None
+        return [codes_t.t().contiguous(), scale_inv_t]
 
 
 def shard_weight(linear, layer):

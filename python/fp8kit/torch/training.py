@@ -70,12 +70,18 @@ class _Float8LinearFunction(torch.autograd.Function):
         need_dx, need_dw = grad_enabled and x.requires_grad, grad_enabled and weight.requires_grad
         keep_x8 = fp8_grad_weight and need_dw
         qx = casts(x, "input", keep_x8)
-        # Under FSDP2 with FP8 all-gather the weight arrives cast (fsdp.py): taken as it is.
-        qw = weight.weight_casts(need_dx) if type(weight) is Float8GatheredWeight else casts(weight, "weight", need_dx)
+        # Under FSDP2 with FP8 all-gather the weight arrives cast (fsdp.py): taken as it is. W^T's
+        # own cast (rowwise, mxfp8), which FSDP2's re-gather brings for the backward, backward
+        # reads there (ctx.gathered: the parameter, which the re-gather refills) - the same choice
+        # in a forward recomputed under activation checkpointing, which must save what it saved.
+        gathered = type(weight) is Float8GatheredWeight
+        ctx.gathered = weight if gathered and need_dx and weight.transposed_in_backward() else None
+        need_w_t = need_dx and ctx.gathered is None
+        qw = weight.weight_casts(need_w_t) if gathered else casts(weight, "weight", need_dx)
         y = mm(qx[0], qx[1], casts.scaling["input"], qw[0], qw[1], casts.scaling["weight"], bias, x.dtype)
         ctx.casts, ctx.weight_dtype, ctx.has_bias = casts, weight.dtype, bias is not None
         x_t = qx[2:] if keep_x8 else [None, None]
-        w_t = qw[2:] if need_dx else [None, None]
+        w_t = qw[2:] if need_w_t else [None, None]
         ctx.save_for_backward(*x_t, *w_t, x if need_dw and not fp8_grad_weight else None)
         return y
 
@@ -83,6 +89,8 @@ class _Float8LinearFunction(torch.autograd.Function):
     def backward(ctx, dy):
         dy = dy.contiguous()  # autograd may hand a broadcast (stride 0) gradient
         x_t, x_t_scale_inv, w_t, w_t_scale_inv, x = ctx.saved_tensors
+        if ctx.gathered is not None:
+            w_t, w_t_scale_inv = ctx.gathered.transposed_cast()
         need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
         casts, scaling = ctx.casts, ctx.casts.scaling
         fp8_dw = need_dw and x_t is not None
@@ -138,6 +146,10 @@ class Float8Linear(nn.Linear):
         fp8kit._check_device(x)
         if self._casts.delayed is not None:
             _delayed_runs_eagerly_only(torch.compiler.is_compiling())
+        if torch.compiler.is_compiling() and type(self.weight) is Float8GatheredWeight:
+            # Its backward reads only what the compiled forward kept: FSDP2's forward gathers bring
+            # W^T's cast too from now on (fsdp.py).
+            self._fp8kit_compiled = True
         rows = x.reshape(-1, self.in_features)
         y = _Float8LinearFunction.apply(rows, self.weight, self.bias, self._casts, self.fp8_grad_weight,
                                         torch.is_grad_enabled())
