@@ -27,7 +27,9 @@ bool stderr_is_terminal() noexcept;
 // that is not part of valid UTF-8 becomes \xHH. Every message or table line that shows what a file
 // holds passes it through here, so a name cannot move the cursor, recolour or retitle a terminal.
 std::string printable(std::string_view text);
-// printable(text) in single quotes: how a message names a tensor, file or key read from a file.
+// printable(text) in single quotes: how a message names a tensor, file or key read from a file;
+// beyond quote_printable_max bytes, its start, "..." and the length of text in bytes.
+inline constexpr size_t quote_printable_max = 200;
 std::string quote_printable(std::string_view text);
 
 }  // namespace fp8kit

@@ -82,10 +82,17 @@ std::string printable(std::string_view text) {
 }
 
 std::string quote_printable(std::string_view text) {
-    std::string out(1, '\'');
-    out += printable(text);
-    out += '\'';
-    return out;
+    // A name from a hostile file can be megabytes long: a message names it by its first
+    // quote_printable_max bytes of escaped text (cut at a character's start) and its length.
+    std::string p = printable(text);
+    std::string tail;
+    if (p.size() > quote_printable_max) {
+        size_t cut = quote_printable_max;
+        while (cut > 0 && (static_cast<unsigned char>(p[cut]) & 0xC0) == 0x80) --cut;  // not inside a UTF-8 sequence
+        p.resize(cut);
+        tail = "... (" + std::to_string(text.size()) + " bytes)";
+    }
+    return "'" + p + "'" + tail;
 }
 
 }  // namespace fp8kit

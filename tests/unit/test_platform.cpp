@@ -173,6 +173,12 @@ TEST(Files, PrintableEscapesWhatATerminalActsOn) {
     EXPECT_EQ(printable("\xed\xa0\x80"), "\\xed\\xa0\\x80");  // a surrogate
     EXPECT_EQ(printable("\xe2\x82"), "\\xe2\\x82");        // cut short
     EXPECT_EQ(quote_printable("a\x1b"), "'a\\x1b'");
+    // A long name: its first 200 bytes of escaped text, cut where no character is (the 2-byte
+    // letter at bytes 199-200 goes whole), and its length; 200 bytes pass whole.
+    EXPECT_EQ(quote_printable(std::string(200, 'n')), "'" + std::string(200, 'n') + "'");
+    EXPECT_EQ(quote_printable(std::string(10000, 'n')), "'" + std::string(200, 'n') + "'... (10000 bytes)");
+    const std::string letters = std::string(199, 'n') + "\xc3\xa9" + std::string(100, 'n');
+    EXPECT_EQ(quote_printable(letters), "'" + std::string(199, 'n') + "'... (301 bytes)");
 }
 
 TEST(Platform, PhysicalMemoryIsKnownHere) {
