@@ -9,14 +9,14 @@ Oracles:
   of 10 steps must be equal bit for bit - tensorwise, rowwise, rowwise_with_gw_hp, block and mxfp8, FP8
   all-gather on and off, scales precomputed or not, reshard_after_forward True and False, a
   module_filter_fn that leaves Linears in float32, a bfloat16 MixedPrecisionPolicy (the reference
-  computing on a bfloat16 copy). With 4 ranks, and with 3 (FSDP2 splitting the rows unevenly and
+  computing on a bfloat16 copy), activation checkpointing. With 4 ranks, and with 3 (FSDP2 splitting the rows unevenly and
   padding the short shards), the gradient sums' order differs: within 1e-5 relative. A rank casting with its own amax (not all-reduced) fails both (checked by planting it).
 - The cast of the whole weight (fp8kit._recipe_quantize, as the layer without FSDP2 casts it):
   the codes and scales FSDP2 all-gathers, W's and W^T's, must be those bits; each shard cast
   alone (its own amax) gives others - shown here to differ.
 - Bytes all-gathered per step, counted at torch.distributed.all_gather_single (FSDP2's
-  collective): tensorwise, rowwise and mxfp8 FP8 at most 0.53x bfloat16's; and the all-reduces of
-  amaxes.
+  collective, and all_gather_into_tensor, beside it): FP8 at most 0.53x bfloat16's for every
+  recipe with reshard_after_forward; and the all-reduces of amaxes.
 - torch.compile of the sharded model (FP8 all-gather, every recipe that has it): the reference's
   losses bit for bit, as eager.
 - torch.distributed.checkpoint: saved by the ranks, loaded into a fresh model (other weights),
@@ -208,6 +208,9 @@ PARITY = [  # each with recipe, FP8 all-gather, precomputed scales, reshard_afte
     dict(recipe="mxfp8", fp8_all_gather=True),
     dict(recipe="rowwise", fp8_all_gather=True, checkpoint=True),
     dict(recipe="mxfp8", fp8_all_gather=True, checkpoint=True),
+    dict(recipe="block", wide=True),
+    dict(recipe="mxfp8"),
+    dict(recipe="rowwise_with_gw_hp"),
 ]
 
 
@@ -378,7 +381,7 @@ def collectives(rank, world, case):
         return plain[2](*args, **kwargs)
 
     model, opt = sharded(case)
-    steps = [tuple(zip(*s)) for s in batches(world)]
+    steps = [tuple(zip(*s)) for s in batches(world, case.get("wide", False))]
     train_steps(model, opt, steps[:1], rank, case)
     dist.all_gather_single, dist.all_gather_into_tensor, dist.all_reduce = counting(plain[0]), counting(plain[1]), reduce
     try:
@@ -394,10 +397,12 @@ def test_fp8_all_gather_moves_at_most_0_53x_the_bytes_of_bfloat16_and_precompute
                                       dict(both, fp8_all_gather=False),
                                       dict(both, fp8_all_gather=True, recipe="rowwise"),
                                       dict(both, fp8_all_gather=True, recipe="mxfp8"),
-                                      dict(both, fp8_all_gather=True, recipe="rowwise", reshard_after_forward=False)])
+                                      dict(both, fp8_all_gather=True, recipe="rowwise", reshard_after_forward=False),
+                                      dict(both, fp8_all_gather=True, recipe="block", wide=True),
+                                      dict(both, fp8_all_gather=False, wide=True)])
     assert not isinstance(results, str), results
     ((fp8, fp8_reduces), _), ((fp8_pre, pre_reduces), _), ((bf16, bf16_reduces), _) = results[:3]
-    ((rows, rows_reduces), _), ((mx, _), _), ((rows_kept, _), _) = results[3:]
+    ((rows, rows_reduces), _), ((mx, _), _), ((rows_kept, _), _), ((block, _), _), ((bf16_wide, _), _) = results[3:]
     # Weights: 1 byte per element instead of 2, biases bfloat16 in both (their 384 elements make
     # the ratio (32768 + 768) / (65536 + 768) = 0.506 here); the tensorwise scale is not gathered.
     assert bf16 > 0 and fp8 <= 0.53 * bf16 and fp8_pre == fp8
@@ -415,6 +420,10 @@ def test_fp8_all_gather_moves_at_most_0_53x_the_bytes_of_bfloat16_and_precompute
     # Without reshard_after_forward there is one gather a step, for forward and backward: W^T's
     # cast goes with W's (1.02x bfloat16's one gather).
     assert rows_kept == 32768 * 2 + 384 * 4 + 768
+    # block (the 256-wide model: 2 ranks hold whole 128-row blocks): the codes, and a float32
+    # scale per 128x128 block (4 a weight) - 0.502x bfloat16's bytes.
+    assert bf16_wide == (4 * 65536 * 2 + 1024 * 2) * 2
+    assert block == (4 * 65536 + 4 * 4 * 4 + 1024 * 2) * 2 and block <= 0.53 * bf16_wide
 
 
 def checkpointed(rank, world, case):
