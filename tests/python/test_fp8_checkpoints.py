@@ -408,6 +408,37 @@ def test_loaded_checkpoint_saved_and_loaded_again(work, model_name, scheme, tmp_
             fp8kit.torch.from_pretrained(str(tmp_path / "saved"))
 
 
+@pytest.mark.parametrize("edit,message", [
+    (lambda q: q.update(fmt="e5m2"), r"tensor 'model\.\S+\.weight' is F8_E4M3, but quantization_config fmt says 'e5m2'"),
+    (lambda q: q.update(fmt="bogus"), r"quantization_config fmt 'bogus', expected e4m3 or e5m2"),
+    (lambda q: q["activations"].update({"model.layers.9.mlp.up_proj": "row"}),
+     r"quantization_config activations names 'model\.layers\.9\.mlp\.up_proj', for which the checkpoint stores"),
+    (lambda q: q["activations"].update(lm_head="row"), r"activations names 'lm_head', for which"),
+    (lambda q: q["schemes"].update({"model.norm": "channel", "model.layers.5.mlp.up_proj": "channel"}),
+     r"schemes names 'model\.layers\.5\.mlp\.up_proj' and 1 more, for which"),
+    ("lm_head.input_scale", r"tensor 'lm_head\.input_scale': the model has no parameter or buffer of this name"),
+])
+def test_what_fp8kits_layout_says_holds_for_the_files(work, tmp_path, edit, message):
+    """A checkpoint from_pretrained ran and save_pretrained wrote, its config or tensors edited to
+    contradict each other: a format the codes are not in, a layout entry for a module that stores
+    no FP8 weight (missing; kept in high precision), a tensor the model has no place for (a static
+    input scale beside the kept lm_head, which no layer would read) - each refused, naming it, where
+    they loaded silently before."""
+    _, path = _checkpoint(work, "llama", "FP8_DYNAMIC")
+    saved = tmp_path / "saved"
+    fp8kit.torch.from_pretrained(path).save_pretrained(saved)
+    if isinstance(edit, str):
+        bad = _with_tensors(saved, tmp_path / "bad", lambda t: t.update({edit: torch.ones(1)}))
+    else:
+        bad = tmp_path / "bad"
+        shutil.copytree(saved, bad)
+        config = json.loads((bad / "config.json").read_text())
+        edit(config["quantization_config"])
+        (bad / "config.json").write_text(json.dumps(config))
+    with pytest.raises(fp8kit.Error, match=message):
+        fp8kit.torch.from_pretrained(str(bad))
+
+
 def test_activation_groups_narrower_than_the_weights(work, tmp_path):
     """Channel weights (K in one group) with activations cast per 1 x 32 group: each weight is packed
     for the activations' 32-wide K groups from the start, so the layer runs with its codes released

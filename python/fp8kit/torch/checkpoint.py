@@ -175,6 +175,24 @@ class _Config:
                     raise fp8kit.Error(f"{ckpt.path}: quantization_config activations[{name!r}] is {scaling!r}, "
                                        "expected row, tensor, block(1xG), mx32 or none")
             self.activations = acts
+            # What the layout says of modules holds for the FP8 weights the files store: a module
+            # it names that stores none (missing, or kept in high precision) is a contradiction,
+            # and so is a format the codes are not in.
+            stored = {n.removesuffix(".weight") for n in ckpt.fp8}
+            for field in ("schemes", "activations"):
+                unknown = sorted(set(self.qc.get(field) or {}) - stored)
+                if unknown:
+                    raise fp8kit.Error(f"{ckpt.path}: quantization_config {field} names {unknown[0]!r}"
+                                       + (f" and {len(unknown) - 1} more" if len(unknown) > 1 else "")
+                                       + ", for which the checkpoint stores no FP8 weight")
+            fmt = self.qc.get("fmt")
+            want = {"e4m3": "F8_E4M3", "e4m3fn": "F8_E4M3", "e5m2": "F8_E5M2"}.get(fmt) if isinstance(fmt, str) else None
+            if fmt is not None and want is None:
+                raise fp8kit.Error(f"{ckpt.path}: quantization_config fmt {fmt!r}, expected e4m3 or e5m2")
+            for name in ckpt.fp8 if fmt is not None else ():
+                if ckpt.dtype(name) != want:
+                    raise fp8kit.Error(f"{ckpt.where(name)} is {ckpt.dtype(name)}, but quantization_config fmt says "
+                                       f"{fmt!r}")
 
     def kept(self, module_name, module):
         """Whether the config keeps module in high precision."""
@@ -452,8 +470,10 @@ def _check_k_groups(input_scaling, weight_scaling, cols, where):
                                f"scale groups cannot take ({e})") from None
 
 
-def _load(model, ckpt, dtype=None, strict=True):
-    """Loads the checkpoint (a _Checkpoint) into model (see load_fp8_checkpoint)."""
+def _load(model, ckpt, dtype=None, strict=True, ignore=()):
+    """Loads the checkpoint (a _Checkpoint) into model (see load_fp8_checkpoint); ignore: regular
+    expressions of tensor names a strict load may leave unused (transformers' own list for a
+    model class, _keys_to_ignore_on_load_unexpected)."""
     cfg = _Config(ckpt.qconfig, ckpt)
     scale_names = ckpt.scale_names()
     used = set()
@@ -523,7 +543,7 @@ def _load(model, ckpt, dtype=None, strict=True):
         target = params.get(name)
         is_buffer = target is None and name in buffers
         if target is None and not is_buffer:
-            if strict:
+            if strict and not any(re.search(p, name) for p in ignore):
                 raise fp8kit.Error(f"{ckpt.where(name)}: the model has no parameter or buffer of this name")
             continue
         t = stored(name)
@@ -701,7 +721,10 @@ def from_pretrained(path, *, model_class=None, torch_dtype=None, fuse_siblings=T
             model = model_class.from_config(config, dtype=dtype)
         else:
             model = model_class._from_config(config, dtype=dtype)
-    _load(model, ckpt, dtype if asked else None, strict=False)
+    # A tensor the model has no place for is an error, as load_fp8_checkpoint's (a static input
+    # scale beside a kept module would go unread), but for those the class tells transformers to
+    # pass over.
+    _load(model, ckpt, dtype if asked else None, ignore=getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ())
     if hasattr(model, "tie_weights"):
         model.tie_weights()
     left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
