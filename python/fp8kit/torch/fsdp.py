@@ -31,9 +31,9 @@ codes, its re-gather for the backward (reshard_after_forward) W^T's (as W's rows
 element each time, with the whole weight's bits; the scales go beside FSDP2's all-gather
 (all_gather_into_tensor: FSDP2 takes only inputs of the shard's shape when the split is uneven).
 Until a layer has seen that re-gather (its first step; reshard_after_forward=False, which has
-none) and in a compiled layer (whose backward reads only what its forward kept), the forward
-gathers W^T's cast too, beside FSDP2's. A forward recomputed under activation checkpointing, after
-the re-gather brought W^T's, gathers W's again.
+none) and in a compiled layer (whose backward reads only what its forward kept: compile the
+model before its first step), the forward gathers W^T's cast too, beside FSDP2's. A forward
+recomputed under activation checkpointing, after the re-gather brought W^T's, gathers W's again.
 Uneven splits (out_features not a multiple of the ranks): FSDP2 gives each rank ceil(out / ranks)
 rows, the last ranks fewer or none, and pads them; the codes go padded with zero rows, and the
 gathered weight is the first out_features rows of what arrives.
