@@ -34,6 +34,7 @@ import (scripts/setup.sh installs them); the fp8kit-written cases also when the 
 not built (FP8KIT_CLI, or a host preset's build/PRESET/fp8kit).
 """
 import contextlib
+import copy
 import glob
 import json
 import math
@@ -175,7 +176,7 @@ def check_weights(model, path):
                 problems.append(f"{k}: FP8 codes differ from the file's")
                 continue
             s = stored[_scale_of(stored, k)].float()
-            ms = sd.get(k + "_scale_inv")
+            ms = sd.get(_scale_of(sd, k))  # weight_scale where the model saves in compressed-tensors' layout
             if ms is None or ms.numel() != s.numel() or not torch.equal(ms.float().reshape(-1), s.reshape(-1)):
                 problems.append(f"{k}: scale differs from the stored one")
             owner = modules.get(k.rpartition(".")[0])
@@ -384,12 +385,13 @@ def _same_tensors(a, b):
 @pytest.mark.parametrize("model_name,scheme", CASES)
 def test_loaded_checkpoint_saved_and_loaded_again(work, model_name, scheme, tmp_path):
     """from_pretrained, then transformers' save_pretrained, then from_pretrained: the loader records
-    each FP8 layer's weight scheme and activation scaling in model.config as fp8kit's own layout,
-    so the saved checkpoint runs as the loaded one ran - every tensor bit for bit (codes, scales,
-    static input scales, kept modules), the same logits - and saving over the source directory,
-    whose file the model maps, keeps it loadable. Planted: without the recorded config, a channel,
-    group or tensor scale saved as weight_scale_inv is read as transformers' 128x128 blocks, which
-    it does not fit: refused (FP8_BLOCK's blocks and 1 x 128 activations are that default)."""
+    each FP8 layer's weight scheme and activation scheme in model.config (compressed-tensors'
+    layout, as the producer's), so the saved checkpoint runs as the loaded one ran - every tensor
+    bit for bit (codes, scales, static input scales, kept modules), the same logits - and saving
+    over the source directory, whose file the model maps, keeps it loadable. The independent
+    reader: transformers (compressed-tensors' decompression) runs the saved directory to the same
+    logits, bit for bit, as the producer's; a scale saved on the wrong rows, or under a name it
+    does not read, would move them."""
     _, path = _checkpoint(work, model_name, scheme)
     model = fp8kit.torch.from_pretrained(path)
     logits = fp8kit_logits(model)
@@ -400,12 +402,10 @@ def test_loaded_checkpoint_saved_and_loaded_again(work, model_name, scheme, tmp_
     shutil.copytree(path, over)
     source = fp8kit.torch.from_pretrained(str(over))
     assert torch.equal(fp8kit_logits(_saved_and_loaded(source, over)), logits)
-    if scheme != "FP8_BLOCK":
-        config = json.loads((tmp_path / "saved" / "config.json").read_text())
-        del config["quantization_config"]
-        (tmp_path / "saved" / "config.json").write_text(json.dumps(config))
-        with pytest.raises(fp8kit.Error, match="fits no layout"):
-            fp8kit.torch.from_pretrained(str(tmp_path / "saved"))
+    ids = IDS[:1, :16]
+    with torch.no_grad():
+        theirs = [transformers.AutoModelForCausalLM.from_pretrained(p).eval()(ids).logits for p in (path, tmp_path / "saved")]
+    assert torch.equal(*theirs)
 
 
 @pytest.mark.parametrize("edit,message", [
@@ -419,14 +419,16 @@ def test_loaded_checkpoint_saved_and_loaded_again(work, model_name, scheme, tmp_
     ("lm_head.input_scale", r"tensor 'lm_head\.input_scale': the model has no parameter or buffer of this name"),
 ])
 def test_what_fp8kits_layout_says_holds_for_the_files(work, tmp_path, edit, message):
-    """A checkpoint from_pretrained ran and save_pretrained wrote, its config or tensors edited to
-    contradict each other: a format the codes are not in, a layout entry for a module that stores
-    no FP8 weight (missing; kept in high precision), a tensor the model has no place for (a static
-    input scale beside the kept lm_head, which no layer would read) - each refused, naming it, where
-    they loaded silently before."""
-    _, path = _checkpoint(work, "llama", "FP8_DYNAMIC")
+    """A checkpoint in fp8kit's own layout (quantize_ with mxfp8, which compressed-tensors' cannot
+    say, and save_pretrained), its config or tensors edited to contradict each other: a format the
+    codes are not in, a layout entry for a module that stores no FP8 weight (missing; kept in high
+    precision), a tensor the model has no place for (a static input scale beside the kept lm_head,
+    which no layer would read) - each refused, naming it, where they loaded silently before."""
+    _, bases, _ = work
+    model = transformers.AutoModelForCausalLM.from_pretrained(bases["llama"], dtype=torch.bfloat16)
+    fp8kit.torch.quantize_(model, "mxfp8", filter_fn=lambda m, fqn: fqn != "lm_head")
     saved = tmp_path / "saved"
-    fp8kit.torch.from_pretrained(path).save_pretrained(saved)
+    model.save_pretrained(saved)
     if isinstance(edit, str):
         bad = _with_tensors(saved, tmp_path / "bad", lambda t: t.update({edit: torch.ones(1)}))
     else:
@@ -458,12 +460,14 @@ def test_activation_groups_narrower_than_the_weights(work, tmp_path):
     assert all(m._buffers["weight"]._fp8kit_fused[1][0].weight.k_group == 32 for m in layers)
     assert all(fp8kit.torch.ops.is_stand_in(m._buffers["weight"]) for m in layers)
     assert check_logits(logits, base, str(grouped)) == []
-    # Saved and loaded again, the activations' groups are the recorded ones; planted: the record
-    # dropped, they are the channel scheme's per-token ones, and the logits differ.
+    # Saved and loaded again, the activations' groups are the recorded ones; planted: recorded per
+    # token, as the channel scheme's default, the logits differ.
     saved = tmp_path / "saved"
     assert torch.equal(fp8kit_logits(_saved_and_loaded(model, saved)), logits)
     config = json.loads((saved / "config.json").read_text())
-    del config["quantization_config"]["activations"]
+    for g in config["quantization_config"]["config_groups"].values():
+        assert g["input_activations"]["group_size"] == 32
+        g["input_activations"].update(strategy="token", group_size=None)
     (saved / "config.json").write_text(json.dumps(config))
     assert not torch.equal(fp8kit_logits(fp8kit.torch.from_pretrained(str(saved))), logits)
 
@@ -742,13 +746,14 @@ def test_fp8kit_written_checkpoint(work, scheme, layout, tmp_path):
 @pytest.mark.parametrize("recipe", ["rowwise", "tensorwise", "block", "mxfp8", "weight_only", "mixed"])
 def test_quantize_then_save_pretrained_runs_as_stored(work, recipe, tmp_path):
     """A transformers model quantize_d in memory, saved by transformers' save_pretrained (which
-    writes the quantization_config quantize_ recorded: fp8kit's own layout), run by from_pretrained:
-    every tensor as the quantize_d model holds it, bit for bit, and the same logits. Without the
-    recorded config (planted) rowwise's and block's loads fail: a weight_scale_inv is read by its
-    name as transformers' 128x128 blocks, which an [out, 1] scale does not fit, and without a
-    weight_block_size a block grid is not told apart from a group one. weight_only has rowwise's
-    codes and scales, so only the recorded activation scalings ("none") tell them apart: loaded as
-    rowwise (planted: the record dropped) its activations are quantized and the logits differ.
+    writes the quantization_config quantize_ recorded), run by from_pretrained: every tensor as the
+    quantize_d model holds it, bit for bit, and the same logits. Every recipe but mxfp8 is recorded
+    in compressed-tensors' layout, which transformers reads too: its layers hold the same codes,
+    bit for bit, and each scale within bf16's rounding of it (2^-8 relative: transformers keeps
+    them in the model's dtype), where a scale on the wrong rows or blocks is off by up to 16x
+    (_scale_rows). mxfp8 has fp8kit's own layout, whose malformed activation records are refused.
+    weight_only has rowwise's codes and scales, so only the recorded activations (none) tell them
+    apart: loaded as rowwise (planted: per-token activations recorded) the logits differ.
     mixed: the MLPs quantize_d rowwise, then the attention weight_only by a second call, whose
     record holds both (the kept layers then are lm_head alone)."""
     _, bases, _ = work
@@ -757,29 +762,46 @@ def test_quantize_then_save_pretrained_runs_as_stored(work, recipe, tmp_path):
         fp8kit.torch.quantize_(model, "rowwise", filter_fn=lambda m, fqn: ".mlp." in fqn)
         fp8kit.torch.quantize_(model, "weight_only", filter_fn=lambda m, fqn: fqn != "lm_head")
         qc = model.config.quantization_config
-        assert qc["modules_to_not_convert"] == ["lm_head"]
-        assert {n for n, a in qc["activations"].items() if a == "none"} == \
-            {n for n in qc["schemes"] if ".self_attn." in n}
+        assert qc["ignore"] == ["lm_head"]
+        groups = {g["input_activations"] and g["input_activations"]["strategy"]: set(g["targets"])
+                  for g in qc["config_groups"].values()}
+        assert groups.keys() == {None, "token"} and all(".self_attn." in n for n in groups[None]) and \
+            all(".mlp." in n for n in groups["token"])
     else:
         fp8kit.torch.quantize_(model, recipe, filter_fn=lambda m, fqn: fqn != "lm_head")
     model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    edited = tmp_path / "edited"
+    edited.mkdir()
+    for f in tmp_path.glob("*.safetensors"):
+        os.link(f, edited / f.name)
+
+    def load_edited(edit):
+        qc = copy.deepcopy(config)
+        edit(qc["quantization_config"])
+        (edited / "config.json").write_text(json.dumps(qc))
+        return fp8kit.torch.from_pretrained(str(edited))
+
     if recipe == "weight_only":  # planted: the layers loaded as rowwise ones
-        config = json.loads((tmp_path / "config.json").read_text())
-        dropped = tmp_path / "dropped"
-        dropped.mkdir()
-        for f in tmp_path.glob("*.safetensors"):
-            os.link(f, dropped / f.name)
-        del config["quantization_config"]["activations"]
-        (dropped / "config.json").write_text(json.dumps(config))
-        assert not torch.equal(fp8kit_logits(fp8kit.torch.from_pretrained(str(dropped))), fp8kit_logits(model))
-        config["quantization_config"]["activations"] = ["model.layers.0.self_attn.q_proj"]  # not module: scaling
-        (dropped / "config.json").write_text(json.dumps(config))
+        def per_token(qc):
+            for g in qc["config_groups"].values():
+                g["input_activations"] = {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}
+        assert not torch.equal(fp8kit_logits(load_edited(per_token)), fp8kit_logits(model))
+    if recipe == "mxfp8":
+        assert config["quantization_config"]["quant_method"] == "fp8kit"
         with pytest.raises(fp8kit.Error, match="quantization_config activations is not an object"):
-            fp8kit.torch.from_pretrained(str(dropped))
-        config["quantization_config"]["activations"] = {"model.layers.0.self_attn.q_proj": "token"}
-        (dropped / "config.json").write_text(json.dumps(config))
+            load_edited(lambda qc: qc.update(activations=["model.layers.0.self_attn.q_proj"]))
         with pytest.raises(fp8kit.Error, match=r"activations\['model.layers.0.self_attn.q_proj'\] is 'token'"):
-            fp8kit.torch.from_pretrained(str(dropped))
+            load_edited(lambda qc: qc["activations"].update({"model.layers.0.self_attn.q_proj": "token"}))
+    else:
+        assert config["quantization_config"]["quant_method"] == "compressed-tensors"
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path)).state_dict()
+        for name, m in model.named_modules():
+            if isinstance(m, fp8kit.torch.Float8InferenceLinear):
+                assert torch.equal(_bits(theirs[name + ".weight"]), _bits(m.weight)), name
+                scale = theirs[name + ".weight_scale"].to(torch.float64).reshape(m.weight_scale_inv.shape)
+                mine = m.weight_scale_inv.to(torch.float64)
+                assert ((scale - mine).abs() <= 2 ** -8 * mine).all(), name
     loaded = fp8kit.torch.from_pretrained(str(tmp_path))
     held, got = model.state_dict(), loaded.state_dict()
     assert held.keys() == got.keys()

@@ -31,9 +31,10 @@ What it does:
   type) or from 3-D FP8 tensors with per-expert scales; each expert computes in FP8.
 - Modules the config keeps in high precision (compressed-tensors `ignore`, `modules_to_not_convert`)
   stay as they are stored; one stored in FP8 nonetheless is an error naming file and tensor.
-- On a transformers model the loaded FP8 layers are recorded in model.config as fp8kit's own
-  layout (inference._record_in_config), so save_pretrained writes what from_pretrained runs as
-  the model ran.
+- On a transformers model the loaded FP8 layers are recorded in model.config
+  (inference._record_in_config: compressed-tensors' layout where it can say them, which
+  transformers and vLLM read too, else fp8kit's own), so save_pretrained writes what
+  from_pretrained runs as the model ran.
 
 Checked by tests/python/test_fp8_checkpoints.py (llm-compressor's FP8_DYNAMIC, FP8_BLOCK and static
 FP8 on a Llama and a Qwen2-MoE; files `fp8kit quantize` writes; weights bit for bit against the

@@ -7,6 +7,8 @@ Checked by tests/python/test_torch.py (against float64, against torchao's Float8
 torchao's configs, state_dict, the codes read back wherever torch walks the buffers, layouts of x,
 bad use) and test_fp8_checkpoints.py (RSS of fresh processes: each weight held once).
 """
+import json
+
 import torch
 from torch import nn
 
@@ -76,6 +78,7 @@ class Float8InferenceLinear(nn.Module):
 
     _siblings = None  # (_Siblings, this layer's index there): set by quantize_ / enable_layerwise_casting
     _released = False  # whether the codes are to be held by the packed weight alone (release_codes)
+    _stored_as = None  # "compressed-tensors": state_dict names the scale as that layout does (_record_in_config)
 
     def __init__(self, in_features, out_features, bias=True, recipe="rowwise", format="e4m3fn"):
         super().__init__()
@@ -90,6 +93,7 @@ class Float8InferenceLinear(nn.Module):
         self._buffers = _Buffers(self._buffers)
         self.register_load_state_dict_pre_hook(_codes_before_load)
         self.register_load_state_dict_post_hook(_release_after_load)
+        self._register_state_dict_hook(_stored_names)
 
     @classmethod
     def from_linear(cls, linear_module, recipe="rowwise", format="e4m3fn"):
@@ -200,6 +204,17 @@ class _Buffers(dict):
 
 def _codes_before_load(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
     module._restore_codes()  # load_state_dict copies into the codes tensor (and keeps it where a key is missing)
+    scale = state_dict.pop(prefix + "weight_scale", None)  # compressed-tensors' name (_stored_names)
+    if scale is not None:
+        state_dict[prefix + "weight_scale_inv"] = scale.reshape(module._buffers["weight_scale_inv"].shape)
+
+
+def _stored_names(module, state_dict, prefix, local_metadata):
+    """state_dict of a layer recorded in compressed-tensors' layout: the scale named as that layout
+    names it, weight_scale (a tensor scale as its [1]); the same tensor."""
+    if module._stored_as == "compressed-tensors":
+        scale = state_dict.pop(prefix + "weight_scale_inv")
+        state_dict[prefix + "weight_scale"] = scale.reshape(1) if module.weight_scaling == "tensor" else scale
 
 
 def _release_after_load(module, incompatible_keys):
@@ -263,9 +278,9 @@ def quantize_(model, config=None, filter_fn=None, *, fuse_siblings=True):
     config, filter_fn). fuse_siblings: Float8InferenceLinear layers of one module that the model
     calls in a row on the same input (q, k and v; gate and up) run in one call at up to 16 rows,
     each from its own packed weight, with the same outputs bit for bit (_Siblings: no copy of a
-    weight). On a transformers model the quantization is recorded in model.config as fp8kit's own
-    checkpoint layout (quant_method fp8kit), so that save_pretrained writes a checkpoint
-    from_pretrained runs as stored."""
+    weight). On a transformers model the quantization is recorded in model.config
+    (_record_in_config: compressed-tensors' layout, or for mxfp8 fp8kit's own), so that
+    save_pretrained writes a checkpoint from_pretrained runs as stored."""
     recipe = config or "rowwise"
     if not isinstance(recipe, str):
         recipe = _recipe_of_torchao_config(recipe)
@@ -319,18 +334,59 @@ def _scheme_of(weight_scaling):
     return ("group", "group_size", cols) if rows == 1 else ("block128", "weight_block_size", [rows, cols])
 
 
+def _compressed_tensors_args(m):
+    """(weights, input_activations) of compressed-tensors' float-quantized config for the FP8 layer
+    m - input None where its activation is not quantized - or None where that layout cannot say it
+    (e5m2 codes, mx32)."""
+    if m._buffers["weight"].dtype != torch.float8_e4m3fn or "mx32" in (m.weight_scaling, m.input_scaling):
+        return None
+    scheme, field, size = _scheme_of(m.weight_scaling)
+    base = {"num_bits": 8, "type": "float", "symmetric": True, "group_size": None, "block_structure": None}
+    weights = dict(base, strategy="block" if scheme == "block128" else scheme, dynamic=False)
+    if field == "group_size":
+        weights["group_size"] = size
+    elif field:
+        weights["block_structure"] = size
+    if m.input_scaling == "none":
+        return weights, None
+    static = "input_scale" in m._buffers
+    if m.input_scaling == "row":
+        return weights, dict(base, strategy="token", dynamic=True)
+    if m.input_scaling == "tensor":
+        return weights, dict(base, strategy="tensor", dynamic=not static)
+    return weights, dict(base, strategy="group", group_size=_scheme_of(m.input_scaling)[2], dynamic=True)
+
+
 def _record_in_config(model, extra=()):
-    """On a transformers model (its `config`), every FP8 layer it holds as fp8kit's own checkpoint
-    layout says it (quant_method fp8kit: each layer's weight scheme and the scaling its activation
-    is cast with - "none": not quantized; a static input_scale goes with its weight - and the
-    Linear layers kept), so that save_pretrained writes a checkpoint from_pretrained runs as it
-    runs now. extra: (name, layer) for FP8 layers that are not modules of model (3-D experts:
-    named by their parameter). Nothing when the model holds no FP8 layer."""
+    """On a transformers model (its `config`), every FP8 layer it holds as a checkpoint layout
+    says it, so that save_pretrained writes a checkpoint from_pretrained runs as the model runs
+    now: compressed-tensors' float-quantized layout where it can say every layer (as
+    llm-compressor writes it - transformers and vLLM run it too - with the layers' state_dict
+    naming each scale weight_scale), else fp8kit's own (quant_method fp8kit: each layer's weight
+    scheme and the scaling its activation is cast with, "none": not quantized). A static
+    input_scale goes with its weight; the Linear layers left are kept (ignore /
+    modules_to_not_convert). extra: (name, layer) for FP8 layers that are not modules of model
+    (3-D experts: named as their tensors are saved). Nothing when the model holds no FP8 layer."""
     config = getattr(model, "config", None)
     if not callable(getattr(config, "to_dict", None)):
         return
     layers = [(n, m) for n, m in model.named_modules() if isinstance(m, Float8InferenceLinear)] + list(extra)
     if not layers:
+        return
+    kept = [fqn for fqn, m in model.named_modules() if type(m) is nn.Linear]
+    args = [_compressed_tensors_args(m) for _, m in layers]
+    for _, m in layers:
+        m._stored_as = "compressed-tensors" if None not in args else None
+    if None not in args:
+        groups = {}
+        for (name, _), a in zip(layers, args):
+            groups.setdefault(json.dumps(a, sort_keys=True), (a, []))[1].append(name)
+        config.quantization_config = {
+            "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+            "config_groups": {f"group_{i}": {"targets": names, "weights": a[0], "input_activations": a[1],
+                                             "output_activations": None, "format": "float-quantized"}
+                              for i, (a, names) in enumerate(groups.values())},
+            "ignore": kept, "kv_cache_scheme": None, "sparsity_config": {}}
         return
     qc = {"quant_method": "fp8kit", "schemes": {}, "activations": {}}
     formats = set()
@@ -344,7 +400,7 @@ def _record_in_config(model, extra=()):
         qc["activations"][name] = m.input_scaling
     if len(formats) == 1:  # the codes' dtype is what the readers go by; fmt says it for people
         qc["fmt"] = formats.pop()
-    qc["modules_to_not_convert"] = [fqn for fqn, m in model.named_modules() if type(m) is nn.Linear]
+    qc["modules_to_not_convert"] = kept
     config.quantization_config = qc
 
 
