@@ -33,7 +33,7 @@ What it does:
   stay as they are stored; one stored in FP8 nonetheless is an error naming file and tensor.
 - On a transformers model the loaded FP8 layers are recorded in model.config
   (inference._record_in_config: compressed-tensors' layout where it can say them, which
-  transformers and vLLM read too, else fp8kit's own), so save_pretrained writes what
+  transformers reads too, else fp8kit's own), so save_pretrained writes what
   from_pretrained runs as the model ran.
 
 Checked by tests/python/test_fp8_checkpoints.py (llm-compressor's FP8_DYNAMIC, FP8_BLOCK and static

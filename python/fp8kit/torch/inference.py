@@ -361,7 +361,7 @@ def _record_in_config(model, extra=()):
     """On a transformers model (its `config`), every FP8 layer it holds as a checkpoint layout
     says it, so that save_pretrained writes a checkpoint from_pretrained runs as the model runs
     now: compressed-tensors' float-quantized layout where it can say every layer (as
-    llm-compressor writes it - transformers and vLLM run it too - with the layers' state_dict
+    llm-compressor writes it - transformers runs it too - with the layers' state_dict
     naming each scale weight_scale), else fp8kit's own (quant_method fp8kit: each layer's weight
     scheme and the scaling its activation is cast with, "none": not quantized). A static
     input_scale goes with its weight; the Linear layers left are kept (ignore /
