@@ -49,7 +49,7 @@ from torch import nn
 
 import fp8kit
 
-from .inference import Float8InferenceLinear as _InferenceLinear, _group_siblings, _record_in_config
+from .inference import Float8InferenceLinear as _InferenceLinear, _block_of, _group_siblings, _record_in_config
 from .memory import release_pages
 
 _E8M0 = getattr(torch, "float8_e8m0fnu", None)
@@ -109,11 +109,6 @@ class _Checkpoint:
 
 
 # ---- what the config says about activations and kept modules ----
-
-def _block_of(scaling):
-    m = re.fullmatch(r"block\((\d+)x(\d+)\)", scaling)
-    return (int(m[1]), int(m[2])) if m else None
-
 
 def _activation_of_args(args, weight_scaling, where):
     """compressed-tensors' input_activations (a dict, or None: weight-only) as fp8kit's input scaling
@@ -663,18 +658,24 @@ def load_fp8_checkpoint(model, path, *, torch_dtype=None, strict=True, fuse_sibl
     layer's weight is packed at load as the codes' only copy, and the file pages the packing read
     handed back (_pack). Returns model."""
     _load(model, _Checkpoint(path), torch_dtype, strict)
-    if hasattr(model, "tie_weights"):  # a transformers model: tied parameters (lm_head) point at the loaded ones again
+    _finish(model, os.fspath(path), fuse_siblings, strict)
+    return model
+
+
+def _finish(model, path, fuse_siblings, strict):
+    """After _load, what both loaders do: tied parameters (a transformers lm_head) pointed at the
+    loaded ones again; strict: a parameter or buffer left on the meta device an error; the FP8
+    layers recorded for save_pretrained, grouped into siblings, and packed (_pack)."""
+    if hasattr(model, "tie_weights"):
         model.tie_weights()
-    _record_in_config(model, _fused_expert_layers(model))  # what save_pretrained writes then
+    left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+    if strict and left:
+        raise fp8kit.Error(f"{path}: the checkpoint has no tensor for {', '.join(left[:8])}"
+                           + (f" and {len(left) - 8} more" if len(left) > 8 else ""))
+    _record_in_config(model, _fused_expert_layers(model))
     if fuse_siblings:
         _group_siblings(model)
     _pack(_fp8_layers(model))
-    if strict:
-        left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
-        if left:
-            raise fp8kit.Error(f"{os.fspath(path)}: the checkpoint has no tensor for {', '.join(left[:8])}"
-                               + (f" and {len(left) - 8} more" if len(left) > 8 else ""))
-    return model
 
 
 def from_pretrained(path, *, model_class=None, torch_dtype=None, fuse_siblings=True, **kwargs):
@@ -726,16 +727,7 @@ def from_pretrained(path, *, model_class=None, torch_dtype=None, fuse_siblings=T
     # scale beside a kept module would go unread), but for those the class tells transformers to
     # pass over.
     _load(model, ckpt, dtype if asked else None, ignore=getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ())
-    if hasattr(model, "tie_weights"):
-        model.tie_weights()
-    left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
-    if left:
-        raise fp8kit.Error(f"{path}: the checkpoint has no tensor for {', '.join(left[:8])}"
-                           + (f" and {len(left) - 8} more" if len(left) > 8 else ""))
-    _record_in_config(model, _fused_expert_layers(model))  # what save_pretrained writes then
-    if fuse_siblings:
-        _group_siblings(model)
-    _pack(_fp8_layers(model))
+    _finish(model, path, fuse_siblings, strict=True)
     try:
         model.generation_config = transformers.GenerationConfig.from_pretrained(path)
     except OSError:

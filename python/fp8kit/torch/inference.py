@@ -8,6 +8,7 @@ torchao's configs, state_dict, the codes read back wherever torch walks the buff
 bad use) and test_fp8_checkpoints.py (RSS of fresh processes: each weight held once).
 """
 import json
+import re
 
 import torch
 from torch import nn
@@ -322,6 +323,12 @@ def quantize_(model, config=None, filter_fn=None, *, fuse_siblings=True):
         _group_siblings(model)
 
 
+def _block_of(scaling):
+    """(rows, cols) of a block(RxC) scaling name, else None."""
+    m = re.fullmatch(r"block\((\d+)x(\d+)\)", scaling)
+    return (int(m[1]), int(m[2])) if m else None
+
+
 def _scheme_of(weight_scaling):
     """fp8kit's checkpoint layout's scheme for a weight scaling (docs/CHECKPOINTS.md), and the
     config field its size goes to: row -> channel, block(1xG) -> group (group_size G),
@@ -330,7 +337,7 @@ def _scheme_of(weight_scaling):
         return weight_scaling, None, None
     if weight_scaling == "row":
         return "channel", None, None
-    rows, cols = (int(v) for v in weight_scaling.removeprefix("block(").removesuffix(")").split("x"))
+    rows, cols = _block_of(weight_scaling)
     return ("group", "group_size", cols) if rows == 1 else ("block128", "weight_block_size", [rows, cols])
 
 
@@ -354,7 +361,7 @@ def _compressed_tensors_args(m):
         return weights, dict(base, strategy="token", dynamic=True)
     if m.input_scaling == "tensor":
         return weights, dict(base, strategy="tensor", dynamic=not static)
-    return weights, dict(base, strategy="group", group_size=_scheme_of(m.input_scaling)[2], dynamic=True)
+    return weights, dict(base, strategy="group", group_size=_block_of(m.input_scaling)[1], dynamic=True)
 
 
 def _record_in_config(model, extra=()):
