@@ -85,7 +85,7 @@ void block_portable(int rows, int nj, const uint16_t* a, int64_t lda, const void
     }
 }
 
-constexpr GemmKernels portable_kernels{&expand_portable, &widen_bf16<&expand_portable>, 2, 8, 32, 2,
+constexpr GemmKernels portable_kernels{&expand_portable, &widen_bf16<&expand_portable>, 2, 8, 32, 2, 0,
                                        &block_then_promote<&block_portable>, &no_tile_state, &no_tile_state, nullptr, 0,
                                        &matmul_f32_portable, &scale_store_loop, "portable"};
 
@@ -516,20 +516,23 @@ void gemm(GemmJob& job) {
     std::fill(sa.get(), sa.get() + mp * kl.groups, 0.0f);
     pack_a(job, kl, kern, terms, apk.get(), lda, sa.get());
 
-    // Tasks: panels of strips x row ranges; rows split only when panels alone leave threads idle,
-    // and never on the small-M kernel, which may pick its way of summing by the rows it is given
+    // Tasks: row ranges x panels of strips, row-major, so that a thread's tasks (scheduled
+    // statically, in order) keep to the fewest rows. Rows are split into one band per thread where
+    // B is small (GemmKernels::row_band_max_b says why), else only when panels alone leave threads
+    // idle; never on the small-M kernel, which may pick its way of summing by the rows it is given
     // (AMX: one row apart), so that D does not depend on the split.
     const int64_t panel_strips = kern.panel_strips, panels = (b.strips + panel_strips - 1) / panel_strips;
     const int64_t block_rows = kern.block_tiles * gemm_tile, row_blocks = (mp + block_rows - 1) / block_rows;
-    const int threads = num_threads();
+    const size_t work = size_t(job.m * terms) * size_t(job.n) * size_t(std::max<int64_t>(job.k, 1));
+    const int threads = threads_for(work);
     const bool small = kern.small != nullptr && job.m * terms <= kern.small_m_max;
-    const int64_t row_splits = small ? 1
-                                     : std::min<int64_t>(row_blocks, panels >= 2 * threads ? 1 : (2 * threads + panels - 1) / panels);
+    const int64_t row_splits = small                                         ? 1
+                               : int64_t(b.code_bytes()) <= kern.row_band_max_b ? std::min<int64_t>(row_blocks, threads)
+                                                                             : std::min<int64_t>(row_blocks, panels >= 2 * threads ? 1 : (2 * threads + panels - 1) / panels);
     const int64_t rows_per_split = (row_blocks + row_splits - 1) / row_splits * block_rows;
     const Task task{job, b, kern, apk.get(), lda, sa.get(), expand_table(b.format), terms, job.m * terms, small};
-    const size_t work = size_t(job.m * terms) * size_t(job.n) * size_t(std::max<int64_t>(job.k, 1));
     parallel_tasks(panels * row_splits, work, [&](int64_t t, int) {
-        const int64_t p = t / row_splits, r = t % row_splits;
+        const int64_t r = t / panels, p = t % panels;
         const int64_t r0 = r * rows_per_split, r1 = std::min(mp, r0 + rows_per_split);
         if (r0 >= r1) return;
         run_task(task, r0, r1, p * panel_strips, std::min(b.strips, (p + 1) * panel_strips));

@@ -167,6 +167,13 @@ struct GemmKernels {
     // 0.91-0.93x (alternating in one process, Zen 5); and 3 row tiles, 48 rows = 8 x 6 rows of its
     // micro kernel (32 rows took two 6-row and four slower 5-row calls).
     int64_t panel_strips, window_chunks, block_tiles;
+    // The most bytes of B's codes for which gemm() gives each thread a band of rows (every panel)
+    // rather than panels (every row); 0: panels. In a band a thread reads only the rows of packed A
+    // it packed itself and writes whole rows of D, where over panels each thread reads every row,
+    // half of them from another core's cache; but each band widens and reads all of B, which
+    // pays only while B is small beside a core's L2. AMX: 1 MiB (a Sapphire Rapids core's L2 is
+    // 2 MiB); the other sets 0 (not measured there).
+    int64_t row_band_max_b;
     // C block of `rows` rows (1 .. block_tiles x 16, block_tiles <= max_block_tiles) and nj in {1, 2}
     // 16-column tiles: the sums over `chunks` K chunks of A rows (a + r * lda, chunk q at + 32 q)
     // times B strip tiles of the widened window (strip t at b + t * b_strip elements, chunk q at + 512
