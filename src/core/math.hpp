@@ -52,6 +52,13 @@ inline uint16_t weight_only_hi(float x) {
     const auto nearest = uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
     return mag > 0x7f800000u ? nan : mag < 0x0c800000u ? zero : nearest;  // 0x0c800000: 2^-102
 }
+// weight_only_hi of a bf16 x, on its bits b: x itself (its nearest bf16), a NaN quiet, below 2^-102
+// (0x0c80) a zero of its sign. On 16-bit lanes, so that the packing loop of a bf16 A vectorizes
+// 8-32 elements a vector (through float32, 4: the loop took 43% of a 4160 x 2560 x 512 GEMM).
+inline uint16_t weight_only_hi_bf16(uint16_t b) {
+    const auto mag = uint16_t(b & 0x7fffu);
+    return mag > 0x7f80u ? uint16_t(b | 0x40u) : mag < 0x0c80u ? uint16_t(b & 0x8000u) : b;
+}
 inline uint16_t weight_only_lo(float x, uint16_t hi) {
     const float rest = x - std::bit_cast<float>(uint32_t(hi) << 16);
     return (hi & 0x7f80u) == 0x7f80u ? uint16_t(0) : weight_only_hi(rest);

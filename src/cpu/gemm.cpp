@@ -12,6 +12,7 @@
 // blocks, accumulating in a float32 buffer of its own.
 // With one K group (tensor, row scaling) the tiles sum all of K; with narrower groups each
 // group's partial sums are promoted into the accumulator as partial * (sa * sb).
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstddef>
@@ -129,10 +130,33 @@ void pack_row_weight_only(const detail::MatrixRef& x, int64_t i, const KLayout& 
         });
     };
     switch (x.dtype) {
-        case DType::bf16: return pack(static_cast<const bf16*>(x.data) + i * x.ld);
+        case DType::bf16: {  // one term, hi = x on its bits
+            const auto* row = static_cast<const uint16_t*>(x.data) + i * x.ld;
+            return pack_groups(kl, out, [&](int64_t k0, int64_t len, uint16_t* dst) {
+                for (int64_t e = 0; e < len; ++e) dst[e] = detail::weight_only_hi_bf16(row[k0 + e]);
+            });
+        }
         case DType::f16: return pack(static_cast<const f16*>(x.data) + i * x.ld);
         default: return pack(static_cast<const float*>(x.data) + i * x.ld);
     }
+}
+
+// Whether every element of a weight-only bf16 A is its own packed value (weight_only_hi_bf16: no
+// NaN to quiet, nothing to flush), so that the kernels may read A where it is.
+bool bf16_rows_pack_as_they_are(const detail::MatrixRef& x, int64_t m, int64_t k) {
+    std::atomic<bool> as_they_are{true};
+    parallel_tasks(m, size_t(m * k), [&](int64_t i, int) {
+        const auto* row = static_cast<const uint16_t*>(x.data) + i * x.ld;
+        // weight_only_hi_bf16 changes b where its magnitude is a NaN's or nonzero below 2^-102;
+        // on int16 lanes (a magnitude is <= 0x7fff), an OR over the row: the loop vectorizes.
+        int16_t changed = 0;
+        for (int64_t e = 0; e < k; ++e) {
+            const auto mag = int16_t(row[e] & 0x7fff);
+            changed |= int16_t((mag > int16_t(0x7f80)) | ((mag > 0) & (mag < int16_t(0x0c80))));
+        }
+        if (changed != 0) as_they_are.store(false, std::memory_order_relaxed);
+    });
+    return as_they_are.load();
 }
 
 // Scales of A's rows [r0, r1) per (packed row, K group): sa[(i * terms + t) * groups + g], the
@@ -222,13 +246,20 @@ struct Task {
     const GemmKernels& kern;
     const uint16_t* apk;
     int64_t lda;
+    // Packed rows from tail_row on are read from tail (row tail_row first, the same lda): the last,
+    // partial block of rows of an A read in place (gemm() says when), padded there to whole tiles.
+    const uint16_t* tail;
+    int64_t tail_row;
     const float* sa;
     const ExpandTable& table;
     int64_t terms;     // packed rows per row of A (a_terms)
     int64_t packed_m;  // job.m * terms
+    const float* bias;  // job.bias as float32 (a bf16 / f16 one converted once: exact), or null
     // On the small-M kernel: chosen by all of packed A, not a task's rows, so that which kernel
     // runs (and so how D rounds) does not depend on how the work was split between threads.
     bool small;
+
+    const uint16_t* a_row(int64_t r) const { return r >= tail_row ? tail + (r - tail_row) * lda : apk + r * lda; }
 };
 
 // The chunks of K in one window of run_tiles: whole K groups, up to the kernel's window_chunks
@@ -248,9 +279,9 @@ void finish_rows(const Task& t, int64_t p0, int64_t rows, int64_t s0, int64_t s1
     const int64_t j0 = s0 * gemm_tile, cols = std::min(job.n, s1 * gemm_tile) - j0;
     const float* sb = t.b.scales.data() + j0;
     if (t.terms == 1 && t.b.kl.groups == 1 && job.c.data == nullptr && job.activation == Activation::none &&
-        (job.bias == nullptr || job.bias_dtype == DType::f32) && (job.out_dtype == DType::f32 || job.out_dtype == DType::bf16)) {
+        (job.out_dtype == DType::f32 || job.out_dtype == DType::bf16)) {
         const bool bf16_out = job.out_dtype == DType::bf16;
-        const float* bias = job.bias == nullptr ? nullptr : static_cast<const float*>(job.bias) + j0;
+        const float* bias = t.bias == nullptr ? nullptr : t.bias + j0;
         auto* out = static_cast<std::byte*>(job.out) + (p0 * job.n + j0) * (bf16_out ? 2 : 4);
         for (int64_t i = 0; i < rows; ++i, out += job.n * (bf16_out ? 2 : 4)) {
             t.kern.scale_store(acc + i * ldacc, job.alpha, t.sa[p0 + i], sb, bias, out, bf16_out, cols);
@@ -324,7 +355,7 @@ void run_tiles(const Task& t, int64_t r0, int64_t rows, int64_t s0, int64_t s1, 
         };
         for (int64_t i = 0; i < rows; i += block_rows) {
             const int block_m = int(std::min(block_rows, rows - i));
-            const uint16_t* a = t.apk + (r0 + i) * t.lda + w0 * gemm_chunk;
+            const uint16_t* a = t.a_row(r0 + i) + w0 * gemm_chunk;
             // One K group at a time across the strips, so that consecutive blocks read the same
             // rows of A (the AVX2 kernel widens them once for all strips).
             const int64_t step = one_group ? wc : cpg;
@@ -508,13 +539,31 @@ void gemm(GemmJob& job) {
     const int64_t terms = a_terms(job), mp = round_up(job.m * terms, gemm_tile);
     // Row stride of packed A: a multiple of 64 bytes, but not of 512, so that the 16 rows of a
     // tile do not all fall into the same L1 set.
-    const int64_t lda = kl.padded % 256 == 0 ? kl.padded + gemm_chunk : kl.padded;
-    Scratch<uint16_t> apk(mp * lda);
+    // A weight-only bf16 A is read where it is, not packed, where it is already in the packed
+    // layout (one K group of whole chunks, rows every x.ld) with no element to change
+    // (bf16_rows_pack_as_they_are), and the tiles take it (not the small-M kernels): packing it
+    // wrote and read it once more (a 4160 x 2560 A: a quarter of the GEMM). The kernels read whole
+    // tiles, so the last block of rows, where it is partial, is packed into tail.
+    const int64_t block_rows = kern.block_tiles * gemm_tile;
+    const bool small = kern.small != nullptr && job.m * terms <= kern.small_m_max;
+    const bool in_place = !small && job.a_hp.data != nullptr && job.a_hp.dtype == DType::bf16 && kl.groups == 1 && kl.padded == job.k &&
+                          bf16_rows_pack_as_they_are(job.a_hp, job.m, job.k);
+    const int64_t lda = in_place ? job.a_hp.ld : kl.padded % 256 == 0 ? kl.padded + gemm_chunk : kl.padded;
+    const int64_t tail_row = in_place ? job.m / block_rows * block_rows : mp;
+    Scratch<uint16_t> apk(in_place ? (mp > tail_row ? block_rows * lda : 0) : mp * lda);
     // Scales for every packed row: the AMX and AVX-512 tiles promote whole 16-row tiles, padding
     // rows included (their codes are zero, so are their scales).
     Scratch<float> sa(mp * kl.groups);
     std::fill(sa.get(), sa.get() + mp * kl.groups, 0.0f);
-    pack_a(job, kl, kern, terms, apk.get(), lda, sa.get());
+    if (in_place) {
+        const auto* x = static_cast<const uint16_t*>(job.a_hp.data);
+        std::memset(apk.get(), 0, size_t(mp > tail_row ? block_rows * lda : 0) * sizeof(uint16_t));
+        for (int64_t i = tail_row; i < job.m; ++i) std::memcpy(apk.get() + (i - tail_row) * lda, x + i * lda, size_t(job.k) * 2);
+        a_scales(job.a, kl, 0, job.m, 1, sa.get());
+    } else {
+        pack_a(job, kl, kern, terms, apk.get(), lda, sa.get());
+    }
+    const uint16_t* a_rows = in_place ? static_cast<const uint16_t*>(job.a_hp.data) : apk.get();
 
     // Tasks: row ranges x panels of strips, row-major, so that a thread's tasks (scheduled
     // statically, in order) keep to the fewest rows. Rows are split into one band per thread where
@@ -522,15 +571,24 @@ void gemm(GemmJob& job) {
     // idle; never on the small-M kernel, which may pick its way of summing by the rows it is given
     // (AMX: one row apart), so that D does not depend on the split.
     const int64_t panel_strips = kern.panel_strips, panels = (b.strips + panel_strips - 1) / panel_strips;
-    const int64_t block_rows = kern.block_tiles * gemm_tile, row_blocks = (mp + block_rows - 1) / block_rows;
+    const int64_t row_blocks = (mp + block_rows - 1) / block_rows;
     const size_t work = size_t(job.m * terms) * size_t(job.n) * size_t(std::max<int64_t>(job.k, 1));
     const int threads = threads_for(work);
-    const bool small = kern.small != nullptr && job.m * terms <= kern.small_m_max;
     const int64_t row_splits = small                                         ? 1
                                : int64_t(b.code_bytes()) <= kern.row_band_max_b ? std::min<int64_t>(row_blocks, threads)
                                                                              : std::min<int64_t>(row_blocks, panels >= 2 * threads ? 1 : (2 * threads + panels - 1) / panels);
     const int64_t rows_per_split = (row_blocks + row_splits - 1) / row_splits * block_rows;
-    const Task task{job, b, kern, apk.get(), lda, sa.get(), expand_table(b.format), terms, job.m * terms, small};
+    // The bias as float32 for finish_rows' scale_store (the generic epilogue converts each element
+    // as it adds it: the same sum, element by element, and 20-30% of a bf16 Linear at M = 4096).
+    const bool convert_bias = job.bias != nullptr && job.bias_dtype != DType::f32;
+    Scratch<float> bias32(convert_bias ? job.n : 0);
+    if (convert_bias) {
+        std::fill(bias32.get(), bias32.get() + job.n, 0.0f);
+        detail::add_scaled_row(bias32.get(), job.bias, job.bias_dtype, 0, 1.0f, job.n);
+    }
+    const float* bias = convert_bias ? bias32.get() : static_cast<const float*>(job.bias);
+    const Task task{job,  b,     kern, a_rows, lda, apk.get(), tail_row, sa.get(), expand_table(b.format), terms,
+                    job.m * terms, bias, small};
     parallel_tasks(panels * row_splits, work, [&](int64_t t, int) {
         const int64_t r = t / panels, p = t % panels;
         const int64_t r0 = r * rows_per_split, r1 = std::min(mp, r0 + rows_per_split);

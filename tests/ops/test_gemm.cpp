@@ -634,7 +634,9 @@ TEST(GemmWeightOnly, WithinTheFloat64Bound) {
 // x holding FP8 values exactly: gemm(x, B) is the FP8 GEMM of x's codes with scale 1, bit for bit
 // (bf16 x: the same bf16 operands reach the same kernels), on every backend and ISA, for one K
 // group and for 128-wide ones, at M on the small-M kernels and on the tiles. A packing that
-// misplaced an element, padding or a group would change D. float32 x too at M = 40, whose lo terms
+// misplaced an element, padding or a group would change D. M = 200 and 192 with K whole chunks
+// (256, 64): a bf16 x with one K group is read in place there (the cpu backend's gemm), 200 with
+// its last 8 rows packed apart: a misplaced tail or row stride would change D. float32 x too at M = 40, whose lo terms
 // are all zero and add +0 to each sum; not at small M, where its doubled packed rows may take
 // another kernel, which orders its float32 sums otherwise (M = 5: 10 rows, past the AVX2 small-M
 // kernel's 8; M = 1: 2 rows, not the single row's four interleaved sums).
@@ -643,7 +645,7 @@ TEST(GemmWeightOnly, OfFp8ValuesEqualsTheFp8GemmBitForBit) {
     unit.scale = Tensor::full({1}, 1.0f);
     uint32_t seed = 900;
     for (const Scaling& bs : {Scaling::row(), Scaling::block(128, 128)}) {
-        for (const Mnk s : {Mnk{1, 40, 1100}, Mnk{3, 33, 257}, Mnk{40, 130, 300}}) {
+        for (const Mnk s : {Mnk{1, 40, 1100}, Mnk{3, 33, 257}, Mnk{40, 130, 300}, Mnk{200, 70, 256}, Mnk{192, 40, 64}}) {
             SCOPED_TRACE(std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k) + " B " + to_string(bs));
             std::vector<float> v = gaussian(s.m, s.k, seed++);
             for (float& e : v) e *= 40.0f;  // codes across e4m3's range, some saturated at 448
@@ -702,6 +704,59 @@ TEST(GemmWeightOnly, SplitsIntoBf16TermsAndFlushesBelowTwoToTheMinus102) {
             }
         });
     }
+}
+
+// The same flush where the tiles would read a bf16 x in place (M = 200 rows on the tiles, K = 64:
+// whole chunks, one K group): x [200, 64] zero but for column 0, which cycles through the bf16
+// values of the test above, B [2, 64] 1 and -2 at k = 0, else 0; D[i, j] = weight_only64(x[i, 0])
+// * b_j exactly. Read in place, -1.5 x 2^-103 would stay (its product is no float32 subnormal, so
+// the tiles keep it) and a signalling NaN would not be made quiet: x holds both, so it is packed.
+// Then with only the values that pack as they are (in place), and with the tiny value alone among
+// them, at the last row (the packed tail) and at the first.
+TEST(GemmWeightOnly, FlushesBelowTwoToTheMinus102WhereTheTilesReadXInPlace) {
+    const int64_t m = 200, k = 64;
+    const std::vector<float> special = {-1.5f * 0x1p-103f, 0x1p-102f, -3.0f * 0x1p-102f, 65536.0f, 1.0f + 0x1p-7f, -INFINITY};
+    std::vector<float> bv(size_t(2 * k), 0.0f);
+    bv[0] = 1.0f;
+    bv[size_t(k)] = -2.0f;
+    QuantizeOptions unit = qopts(Scaling::tensor(), Format::e4m3fn);
+    unit.scale = Tensor::full({1}, 1.0f);
+    const QTensor qb = quantize(Tensor::from(bv, {2, k}), unit);
+    const auto check = [&](const std::vector<uint16_t>& column, const char* what) {
+        SCOPED_TRACE(what);
+        std::vector<bf16> xv(size_t(m * k), bf16(0.0f));
+        for (int64_t i = 0; i < m; ++i) xv[size_t(i * k)] = bf16::from_bits(column[size_t(i) % column.size()]);
+        const Tensor x = Tensor::from(xv, {m, k});
+        for_each_backend([&] {
+            const Tensor d = gemm(x, qb);
+            for (int64_t i = 0; i < m; ++i) {
+                const double ai = double(x.get({i, 0}));
+                for (int64_t j = 0; j < 2; ++j) {
+                    const double want = weight_only64(ai) * (j == 0 ? 1.0 : -2.0);
+                    const double got = double(d.get({i, j}));
+                    if (std::isnan(want)) {
+                        EXPECT_TRUE(std::isnan(got)) << "D[" << i << ", " << j << "] = " << got;
+                    } else {
+                        ASSERT_EQ(got, want) << "D[" << i << ", " << j << "] for a = " << ai;
+                    }
+                }
+            }
+        });
+    };
+    std::vector<uint16_t> plain;
+    for (const float v : special) {
+        if (std::fabs(v) >= 0x1p-102f) plain.push_back(bf16(v).bits);
+    }
+    std::vector<uint16_t> all = plain;
+    all.push_back(bf16(-1.5f * 0x1p-103f).bits);
+    all.push_back(0x7f81);  // a signalling NaN
+    check(all, "tiny values and a signalling NaN");
+    check(plain, "only values that pack as they are");
+    std::vector<uint16_t> last(size_t(m), bf16(1.0f).bits), first = last;
+    last.back() = bf16(-1.5f * 0x1p-103f).bits;
+    first.front() = last.back();
+    check(last, "one tiny value, in the last row");
+    check(first, "one tiny value, in the first row");
 }
 
 // An Inf in B: x . B is Inf of x's sign where x is not zero, also where x's lo term is zero (lo
