@@ -664,6 +664,26 @@ TEST(GemmWeightOnly, OfFp8ValuesEqualsTheFp8GemmBitForBit) {
     }
 }
 
+// gemm(x, B) where B's rows are 1 and -2 at k = 0 and 0 elsewhere (scale 1): on every backend and
+// ISA, D[i, j] = weight_only64(x[i, 0]) * (1, -2)[j] exactly (a NaN where that is NaN).
+void expect_column_zero_times_one_and_minus_two(const Tensor& x, const QTensor& qb) {
+    for_each_backend([&] {
+        const Tensor d = gemm(x, qb);
+        for (int64_t i = 0; i < x.shape()[0]; ++i) {
+            const double ai = double(x.get({i, 0}));
+            for (int64_t j = 0; j < 2; ++j) {
+                const double want = weight_only64(ai) * (j == 0 ? 1.0 : -2.0);
+                const double got = double(d.get({i, j}));
+                if (std::isnan(want)) {
+                    EXPECT_TRUE(std::isnan(got)) << "D[" << i << ", " << j << "] = " << got;
+                } else {
+                    EXPECT_EQ(got, want) << "D[" << i << ", " << j << "] for a = " << ai;
+                }
+            }
+        }
+    });
+}
+
 // The split into bf16 terms and their flush, element by element: D[i, j] = a_i * b_j with one K
 // element and B's values 1 and -2 (scale 1), so D is weight_only64(a_i) * b_j exactly (hi b and
 // lo b are exact, and so is their sum here) on every backend and ISA: float32 x - ties to even both
@@ -688,21 +708,7 @@ TEST(GemmWeightOnly, SplitsIntoBf16TermsAndFlushesBelowTwoToTheMinus102) {
     for (const Tensor& x : {Tensor::from(a, {int64_t(a.size()), 1}), Tensor::from(in_bf16, {int64_t(in_bf16.size()), 1}),
                             Tensor::from(in_f16, {int64_t(in_f16.size()), 1})}) {
         SCOPED_TRACE(std::string(to_string(x.dtype())) + " x");
-        for_each_backend([&] {
-            const Tensor d = gemm(x, qb);
-            for (int64_t i = 0; i < x.shape()[0]; ++i) {
-                const double ai = double(x.get({i, 0}));
-                for (int64_t j = 0; j < 2; ++j) {
-                    const double want = weight_only64(ai) * (j == 0 ? 1.0 : -2.0);
-                    const double got = double(d.get({i, j}));
-                    if (std::isnan(want)) {
-                        EXPECT_TRUE(std::isnan(got)) << "D[" << i << ", " << j << "] = " << got;
-                    } else {
-                        EXPECT_EQ(got, want) << "D[" << i << ", " << j << "] for a = " << ai;
-                    }
-                }
-            }
-        });
+        expect_column_zero_times_one_and_minus_two(x, qb);
     }
 }
 
@@ -727,21 +733,7 @@ TEST(GemmWeightOnly, FlushesBelowTwoToTheMinus102WhereTheTilesReadXInPlace) {
         std::vector<bf16> xv(size_t(m * k), bf16(0.0f));
         for (int64_t i = 0; i < m; ++i) xv[size_t(i * k)] = bf16::from_bits(column[size_t(i) % column.size()]);
         const Tensor x = Tensor::from(xv, {m, k});
-        for_each_backend([&] {
-            const Tensor d = gemm(x, qb);
-            for (int64_t i = 0; i < m; ++i) {
-                const double ai = double(x.get({i, 0}));
-                for (int64_t j = 0; j < 2; ++j) {
-                    const double want = weight_only64(ai) * (j == 0 ? 1.0 : -2.0);
-                    const double got = double(d.get({i, j}));
-                    if (std::isnan(want)) {
-                        EXPECT_TRUE(std::isnan(got)) << "D[" << i << ", " << j << "] = " << got;
-                    } else {
-                        ASSERT_EQ(got, want) << "D[" << i << ", " << j << "] for a = " << ai;
-                    }
-                }
-            }
-        });
+        expect_column_zero_times_one_and_minus_two(x, qb);
     };
     std::vector<uint16_t> plain;
     for (const float v : special) {
