@@ -537,8 +537,6 @@ void gemm(GemmJob& job) {
     const KLayout& kl = b.kl;
     const GemmKernels& kern = gemm_kernels();
     const int64_t terms = a_terms(job), mp = round_up(job.m * terms, gemm_tile);
-    // Row stride of packed A: a multiple of 64 bytes, but not of 512, so that the 16 rows of a
-    // tile do not all fall into the same L1 set.
     // A weight-only bf16 A is read where it is, not packed, where it is already in the packed
     // layout (one K group of whole chunks, rows every x.ld) with no element to change
     // (bf16_rows_pack_as_they_are), and the tiles take it (not the small-M kernels): packing it
@@ -546,8 +544,10 @@ void gemm(GemmJob& job) {
     // tiles, so the last block of rows, where it is partial, is packed into tail.
     const int64_t block_rows = kern.block_tiles * gemm_tile;
     const bool small = kern.small != nullptr && job.m * terms <= kern.small_m_max;
-    const bool in_place = !small && job.a_hp.data != nullptr && job.a_hp.dtype == DType::bf16 && kl.groups == 1 && kl.padded == job.k &&
-                          bf16_rows_pack_as_they_are(job.a_hp, job.m, job.k);
+    const bool in_place = !small && job.a_hp.data != nullptr && job.a_hp.dtype == DType::bf16 && kl.groups == 1 &&
+                          kl.padded == job.k && bf16_rows_pack_as_they_are(job.a_hp, job.m, job.k);
+    // Row stride of packed A: a multiple of 64 bytes, but not of 512, so that the 16 rows of a
+    // tile do not all fall into the same L1 set.
     const int64_t lda = in_place ? job.a_hp.ld : kl.padded % 256 == 0 ? kl.padded + gemm_chunk : kl.padded;
     const int64_t tail_row = in_place ? job.m / block_rows * block_rows : mp;
     Scratch<uint16_t> apk(in_place ? (mp > tail_row ? block_rows * lda : 0) : mp * lda);
@@ -574,9 +574,10 @@ void gemm(GemmJob& job) {
     const int64_t row_blocks = (mp + block_rows - 1) / block_rows;
     const size_t work = size_t(job.m * terms) * size_t(job.n) * size_t(std::max<int64_t>(job.k, 1));
     const int threads = threads_for(work);
-    const int64_t row_splits = small                                         ? 1
-                               : int64_t(b.code_bytes()) <= kern.row_band_max_b ? std::min<int64_t>(row_blocks, threads)
-                                                                             : std::min<int64_t>(row_blocks, panels >= 2 * threads ? 1 : (2 * threads + panels - 1) / panels);
+    const bool bands = int64_t(b.code_bytes()) <= kern.row_band_max_b;
+    const int64_t row_splits = small   ? 1
+                               : bands ? std::min<int64_t>(row_blocks, threads)
+                                       : std::min<int64_t>(row_blocks, panels >= 2 * threads ? 1 : (2 * threads + panels - 1) / panels);
     const int64_t rows_per_split = (row_blocks + row_splits - 1) / row_splits * block_rows;
     // The bias as float32 for finish_rows' scale_store (the generic epilogue converts each element
     // as it adds it: the same sum, element by element, and 20-30% of a bf16 Linear at M = 4096).
@@ -587,8 +588,8 @@ void gemm(GemmJob& job) {
         detail::add_scaled_row(bias32.get(), job.bias, job.bias_dtype, 0, 1.0f, job.n);
     }
     const float* bias = convert_bias ? bias32.get() : static_cast<const float*>(job.bias);
-    const Task task{job,  b,     kern, a_rows, lda, apk.get(), tail_row, sa.get(), expand_table(b.format), terms,
-                    job.m * terms, bias, small};
+    const Task task{job, b, kern, a_rows, lda, apk.get(), tail_row, sa.get(), expand_table(b.format),
+                    terms, job.m * terms, bias, small};
     parallel_tasks(panels * row_splits, work, [&](int64_t t, int) {
         const int64_t r = t / panels, p = t % panels;
         const int64_t r0 = r * rows_per_split, r1 = std::min(mp, r0 + rows_per_split);
