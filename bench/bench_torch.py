@@ -421,13 +421,15 @@ def run_model(rows):
 
 
 # --section checkpoint: an FP8 checkpoint as users download it, each way of running it in a fresh
-# process. The model: a Llama from a config (hidden 1024, 8 layers, intermediate 2816, vocab 32000:
-# 169M parameters, lm_head and embeddings kept in bf16), bf16, quantized by llm-compressor's oneshot
+# process, the four ways in turn over CHECKPOINT_ROUNDS rounds. The model: a Llama from a config
+# (hidden 1024, 8 layers, intermediate 2816, vocab 32000: 169M parameters, lm_head and embeddings
+# kept in bf16), bf16, quantized by llm-compressor's oneshot
 # FP8_DYNAMIC (channel weights, per-token activations); both written once under CKPT_DIR. Beside
 # them the bf16 checkpoint loaded by transformers and quantize_d (rowwise, lm_head kept in bf16).
 CKPT_LLAMA = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
                   num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=1024,
                   tie_word_embeddings=False)
+CHECKPOINT_ROUNDS = 3
 CKPT_DIR = os.environ.get("FP8KIT_BENCH_CKPT", os.path.join(os.path.expanduser("~"), ".cache", "fp8kit-bench-ckpt"))
 
 
@@ -510,17 +512,36 @@ def run_checkpoint(rows, threads, quick):
         return
     bf16, fp8 = _make_checkpoints()
     prompt, decode = (128, 8) if quick else (512, 32)
-    for kind, path in (("transformers.bf16", bf16), ("transformers.fp8ckpt", fp8), ("fp8kit.fp8ckpt", fp8),
-                       ("quantize_.bf16ckpt", bf16)):
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--checkpoint-child", kind.split(".")[0], path,
-                            str(prompt), str(decode), "--threads", str(threads)],
-                           capture_output=True, text=True, env=env)
-        if r.returncode != 0:
-            rows.append({"bench": "torch_checkpoint", "impl": kind, "note": r.stderr.strip().splitlines()[-1][:120]})
+    # The four ways take turns, CHECKPOINT_ROUNDS times (once with --quick), each in a fresh
+    # process: on a shared VM one pass put the same build's decode ratio anywhere from 1.25x to
+    # 1.55x bf16, as the neighbours' load moved between the processes. Each way's row is its
+    # median-RSS run, with the best prefill and decode of its runs (and their range in the note).
+    ways = (("transformers.bf16", bf16), ("transformers.fp8ckpt", fp8), ("fp8kit.fp8ckpt", fp8), ("quantize_.bf16ckpt", bf16))
+    runs = {kind: [] for kind, _ in ways}
+    failed = {}
+    for _ in range(1 if quick else CHECKPOINT_ROUNDS):
+        for kind, path in ways:
+            if kind in failed:
+                continue
+            env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+            r = subprocess.run([sys.executable, os.path.abspath(__file__), "--checkpoint-child", kind.split(".")[0], path,
+                                str(prompt), str(decode), "--threads", str(threads)],
+                               capture_output=True, text=True, env=env)
+            if r.returncode != 0:
+                failed[kind] = r.stderr.strip().splitlines()[-1][:120]
+                continue
+            runs[kind].append(json.loads(r.stdout.strip().splitlines()[-1]))
+    for kind, _ in ways:
+        if kind in failed:
+            rows.append({"bench": "torch_checkpoint", "impl": kind, "note": failed[kind]})
             continue
-        row = json.loads(r.stdout.strip().splitlines()[-1])
-        row.update({"bench": "torch_checkpoint", "impl": kind, "prompt": prompt, "threads": threads})
+        done = sorted(runs[kind], key=lambda x: x["rss_after_generate_mb"])
+        row = dict(done[len(done) // 2])
+        for key in ("prefill_tokens_per_s", "decode_tokens_per_s"):
+            row[key] = max(x[key] for x in done)
+        decodes = [x["decode_tokens_per_s"] for x in done]
+        row.update({"bench": "torch_checkpoint", "impl": kind, "prompt": prompt, "threads": threads, "runs": len(done),
+                    "note": f"decode {min(decodes)}-{max(decodes)} over {len(done)} runs" if len(done) > 1 else ""})
         row["rss_per_ckpt_byte"] = round(row["rss_after_generate_mb"] / row["ckpt_mb"], 2)
         rows.append(row)
     by = {r["impl"]: r for r in rows if r.get("bench") == "torch_checkpoint" and "decode_tokens_per_s" in r}
