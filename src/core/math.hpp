@@ -53,11 +53,13 @@ inline uint16_t weight_only_hi(float x) {
     return mag > 0x7f800000u ? nan : mag < 0x0c800000u ? zero : nearest;  // 0x0c800000: 2^-102
 }
 // weight_only_hi of a bf16 x, on its bits b: x itself (its nearest bf16), a NaN quiet, below 2^-102
-// (0x0c80) a zero of its sign. On 16-bit lanes, so that the packing loop of a bf16 A vectorizes
-// 8-32 elements a vector (through float32, 4: the loop took 43% of a 4160 x 2560 x 512 GEMM).
+// a zero of its sign - by the magnitude's bits, above bf16_inf_bits a NaN, below bf16_flush_bits
+// flushed. On 16-bit lanes, so that the packing loop of a bf16 A vectorizes 8-32 elements a vector
+// (through float32, 4: the loop took 43% of a 4160 x 2560 x 512 GEMM).
+inline constexpr uint16_t bf16_inf_bits = 0x7f80, bf16_flush_bits = 0x0c80;  // 0x0c80: 2^-102
 inline uint16_t weight_only_hi_bf16(uint16_t b) {
     const auto mag = uint16_t(b & 0x7fffu);
-    return mag > 0x7f80u ? uint16_t(b | 0x40u) : mag < 0x0c80u ? uint16_t(b & 0x8000u) : b;
+    return mag > bf16_inf_bits ? uint16_t(b | 0x40u) : mag < bf16_flush_bits ? uint16_t(b & 0x8000u) : b;
 }
 inline uint16_t weight_only_lo(float x, uint16_t hi) {
     const float rest = x - std::bit_cast<float>(uint32_t(hi) << 16);

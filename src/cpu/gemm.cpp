@@ -152,7 +152,7 @@ bool bf16_rows_pack_as_they_are(const detail::MatrixRef& x, int64_t m, int64_t k
         int16_t changed = 0;
         for (int64_t e = 0; e < k; ++e) {
             const auto mag = int16_t(row[e] & 0x7fff);
-            changed |= int16_t((mag > int16_t(0x7f80)) | ((mag > 0) & (mag < int16_t(0x0c80))));
+            changed |= int16_t((mag > int16_t(detail::bf16_inf_bits)) | ((mag > 0) & (mag < int16_t(detail::bf16_flush_bits))));
         }
         if (changed != 0) as_they_are.store(false, std::memory_order_relaxed);
     });
@@ -550,14 +550,15 @@ void gemm(GemmJob& job) {
     // tile do not all fall into the same L1 set.
     const int64_t lda = in_place ? job.a_hp.ld : kl.padded % 256 == 0 ? kl.padded + gemm_chunk : kl.padded;
     const int64_t tail_row = in_place ? job.m / block_rows * block_rows : mp;
-    Scratch<uint16_t> apk(in_place ? (mp > tail_row ? block_rows * lda : 0) : mp * lda);
+    const int64_t tail_elems = mp > tail_row ? block_rows * lda : 0;  // in place: the tail's
+    Scratch<uint16_t> apk(in_place ? tail_elems : mp * lda);
     // Scales for every packed row: the AMX and AVX-512 tiles promote whole 16-row tiles, padding
     // rows included (their codes are zero, so are their scales).
     Scratch<float> sa(mp * kl.groups);
     std::fill(sa.get(), sa.get() + mp * kl.groups, 0.0f);
     if (in_place) {
         const auto* x = static_cast<const uint16_t*>(job.a_hp.data);
-        std::memset(apk.get(), 0, size_t(mp > tail_row ? block_rows * lda : 0) * sizeof(uint16_t));
+        std::memset(apk.get(), 0, size_t(tail_elems) * sizeof(uint16_t));
         for (int64_t i = tail_row; i < job.m; ++i) std::memcpy(apk.get() + (i - tail_row) * lda, x + i * lda, size_t(job.k) * 2);
         a_scales(job.a, kl, 0, job.m, 1, sa.get());
     } else {

@@ -382,9 +382,10 @@ def _record_in_config(model, extra=()):
         return
     kept = [fqn for fqn, m in model.named_modules() if type(m) is nn.Linear]
     args = [_compressed_tensors_args(m) for _, m in layers]
+    compressed = None not in args
     for _, m in layers:
-        m._stored_as = "compressed-tensors" if None not in args else None
-    if None not in args:
+        m._stored_as = "compressed-tensors" if compressed else None
+    if compressed:
         groups = {}
         for (name, _), a in zip(layers, args):
             groups.setdefault(json.dumps(a, sort_keys=True), (a, []))[1].append(name)
