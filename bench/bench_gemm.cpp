@@ -15,6 +15,7 @@
 //   fp8kit.e4m3        A quantized beforehand (tensorwise e4m3fn), W a PackedWeight (tensorwise)
 //   fp8kit.e4m3.rowwise, fp8kit.e4m3.block    the rowwise and block recipes (A 1x128, W 128x128
 //                      scale blocks), all but --quick's (4096, 4096)
+//   fp8kit.e4m3.block_pow2  the block recipe with power-of-two scales (TransformerEngine's default)
 //   fp8kit.fused.f32, fp8kit.fused.bf16       A given in f32 or bf16 and quantized inside gemm()
 //                      (tensorwise): what a Linear layer's forward pays
 //   fp8kit.e4m3.pack   fp8kit.e4m3 with the weight packed inside every call, as OpenBLAS packs
@@ -211,6 +212,9 @@ public:
         if (wc.recipes) {
             packed.push_back({"fp8kit.e4m3.rowwise", Recipe::rowwise(), quantize(w, Recipe::rowwise().options(Role::weight))});
             packed.push_back({"fp8kit.e4m3.block", Recipe::block(), quantize(w, Recipe::block().options(Role::weight))});
+            Recipe pow2 = Recipe::block();
+            pow2.power_of_two = true;  // TransformerEngine's block scaling default: the cpu GEMM folds its scales
+            packed.push_back({"fp8kit.e4m3.block_pow2", pow2, quantize(w, pow2.options(Role::weight))});
         }
         for (int64_t m : wc.ms) {
             Problem p{m, wc.n, wc.k, normal_tensor(m, wc.k, DType::f32, a_seed),

@@ -135,7 +135,9 @@ struct GemmOperand {
 //   act(alpha * sum over K groups g of (sum_{k in g} a_ik b_jk) * sa(i, g) * sb(j, g)
 //       + beta * c[i, j] + bias[j])
 // K groups are kgroup wide (the last one may be cut); kgroup divides both operands' scale groups
-// along K, so each operand has one scale per (row, K group).
+// along K, so each operand has one scale per (row, K group). A backend may sum the same exact
+// products in another order where that is exact (the cpu's folding of power-of-two scales,
+// docs/NUMERICS.md "Accumulation").
 // Fused cast: a.data is null and `fuse` quantizes A ([m, k], its codes never stored whole): the
 // backend fills fuse->scale_inv (A's scales, the layout of a.scale_inv) and *fuse->amax, exactly
 // as quantize(fuse) would. a then describes A's scales only.

@@ -105,29 +105,81 @@ void block_dispatch(int rows, int nj, const uint16_t* a, int64_t lda, const void
     block_amx<1, 1>(a, lda, b, b_strip, chunks, c, ldc, accumulate);
 }
 
+// ---- folding (gemm.cpp, "Folding"): fold_loop on 32 bf16 lanes ----
+
+// w + add where a lane is nonzero and finite: magnitude - 1 below 0x7f7f (0 wraps to 0xffff).
+inline __m512i fold_lanes(__m512i w, __m512i add) {
+    const __m512i mag = _mm512_and_si512(w, _mm512_set1_epi16(0x7fff));
+    const __mmask32 finite_nonzero = _mm512_cmplt_epu16_mask(_mm512_sub_epi16(mag, _mm512_set1_epi16(1)),
+                                                             _mm512_set1_epi16(0x7f7f));
+    return _mm512_mask_add_epi16(w, finite_nonzero, w, add);
+}
+
+// b_fold_add in vectors, from the strip's 16 column scales in the group (folding powers of two, or 0
+// past n: addend 0): each dword lane c is column c's exponent in a bf16's exponent field, twice.
+inline __m512i fold_add_lanes(const float* sb) {
+    const __m512i bits = _mm512_loadu_si512(sb);
+    const __m512i e = _mm512_slli_epi32(_mm512_sub_epi32(_mm512_srli_epi32(bits, 23), _mm512_set1_epi32(127)), 7);
+    const __m512i lo = _mm512_and_si512(e, _mm512_set1_epi32(0xffff));
+    return _mm512_maskz_or_epi32(_mm512_test_epi32_mask(bits, bits), lo, _mm512_slli_epi32(lo, 16));
+}
+
+// A line of B's codes (64) known to be all nonzero finite normals (PackedB::chunk_specials) takes a
+// plain add: a folded line's lanes are not tested.
+inline void fold_line(__m512i& w0, __m512i& w1, __m512i add, bool special) {
+    w0 = special ? fold_lanes(w0, add) : _mm512_add_epi16(w0, add);
+    w1 = special ? fold_lanes(w1, add) : _mm512_add_epi16(w1, add);
+}
+
+void fold_amx(uint16_t* x, int64_t n, const int16_t* add, const uint8_t* specials) {
+    const __m512i a = _mm512_loadu_si512(add);
+    if (specials == nullptr) {
+        for (int64_t i = 0; i < n; i += 2 * gemm_tile) _mm512_storeu_si512(x + i, fold_lanes(_mm512_loadu_si512(x + i), a));
+        return;
+    }
+    for (int64_t line = 0; line < n / 64; ++line) {
+        __m512i w0 = _mm512_loadu_si512(x + 64 * line), w1 = _mm512_loadu_si512(x + 64 * line + 32);
+        fold_line(w0, w1, a, (specials[line / 8] >> (line % 8)) & 1);
+        _mm512_storeu_si512(x + 64 * line, w0);
+        _mm512_storeu_si512(x + 64 * line + 32, w1);
+    }
+}
+
 // ---- small M on the tiles: B widened in L1 chunk by chunk, straight into the tile unit ----
 // Up to 32 packed rows of A (one or two A tiles) against two strips of B. run_tiles widens a window
 // of B (64 chunks of 8 strips) into L2 and tile-loads it back for each block of rows, which made
 // M = 16 read its codes at half the rate of M = 1; here each 512-code chunk of the two strips is
 // widened into a 2 KiB buffer in L1 and tile-loaded at once. The sums are the tiles': TDPBF16PS over the
 // chunks in K order into zeroed C tiles, each K group's sums promoted by promote_loop (one group:
-// the raw sums, scaled in the epilogue), so D is bit for bit what run_tiles gives.
+// the raw sums, scaled in the epilogue), so D is bit for bit what run_tiles gives; folded, every
+// chunk's widened codes are folded as run_tiles folds its window and K is summed as one group.
 template <int MI, int NJ>
 void stream_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, int rows, const float* sa,
-                   const Widen& widen, float* acc, int64_t ldacc) {
+                   const Widen& widen, bool fold, float* acc, int64_t ldacc) {
     const KLayout& kl = b.kl;
     const int64_t cpg = kl.chunks_per_group(), sa_bytes = lda * 2;
     const uint16_t* a1 = a + gemm_tile * lda;
     const uint8_t* codes[NJ];
+    const uint8_t* specials[NJ];  // the strips' chunk_specials
     bool nan[NJ];
     for (int j = 0; j < NJ; ++j) {
         codes[j] = b.strip(s + j);
+        specials[j] = &b.specials(s + j, 0);
         nan[j] = widen.neg_zero_is_nan && b.strip_has_nan[size_t(s + j)] != 0;
     }
     alignas(64) uint16_t wide[2][NJ][gemm_chunk_codes];  // by chunk parity: widening the next while the tiles load this
     alignas(64) float part[2 * gemm_tile][2 * gemm_tile];
+    const bool summed = kl.groups == 1 || fold;  // one sum over K: into acc, unpromoted
     for (int64_t g = 0; g < kl.groups; ++g) {
-        zero_c<MI, NJ>();
+        __m512i add[NJ], arith_add[NJ];
+        for (int j = 0; fold && j < NJ; ++j) {
+            add[j] = fold_add_lanes(b.scales.data() + g * b.strips * gemm_tile + (s + j) * gemm_tile);
+            arith_add[j] = widen.arith_fold_add(add[j]);
+            // Group-major scales: the next groups' are strips * 64 bytes apart, past what the
+            // hardware prefetchers follow, and each group waited for its line.
+            _mm_prefetch(reinterpret_cast<const char*>(b.scales.data() + ((g + 2) % kl.groups) * b.strips * gemm_tile + (s + j) * gemm_tile), _MM_HINT_T0);
+        }
+        if (g == 0 || !summed) zero_c<MI, NJ>();
         for (int64_t q = g * cpg; q < (g + 1) * cpg; ++q) {
             // 8 chunks (4 KiB a strip) ahead into L1, as the small-M kernel does.
             for (int j = 0; j < NJ; ++j) {
@@ -137,19 +189,30 @@ void stream_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, 
             }
             uint16_t (*w)[gemm_chunk_codes] = wide[q & 1];
             for (int j = 0; j < NJ; ++j) {
+                const unsigned special = fold ? specials[j][q] : 0u;
                 for (int line = 0; line < gemm_chunk_codes / 64; ++line) {
                     __m512i w0, w1;
-                    widen(codes[j] + q * gemm_chunk_codes + 64 * line, w0, w1, nan[j]);
+                    const uint8_t* c = codes[j] + q * gemm_chunk_codes + 64 * line;
+                    if (!fold) {
+                        widen(c, w0, w1, nan[j]);
+                    } else if ((special >> line) & 1u) {  // a zero, subnormal, Inf or NaN code: tables
+                        widen(c, w0, w1, nan[j]);
+                        w0 = fold_lanes(w0, add[j]);
+                        w1 = fold_lanes(w1, add[j]);
+                    } else {
+                        widen.arith_fold(c, arith_add[j], w0, w1);
+                    }
                     _mm512_store_si512(w[j] + 64 * line, w0);
                     _mm512_store_si512(w[j] + 64 * line + 32, w1);
                 }
             }
             step_c<MI, NJ>(a + q * gemm_chunk, a1 + q * gemm_chunk, sa_bytes, w[0], w[NJ - 1]);
         }
-        // One group: the raw sums into acc. Groups: this one's sums, promoted as run_tiles does.
-        float* c = kl.groups == 1 ? acc : &part[0][0];
-        store_c<MI, NJ>(c, kl.groups == 1 ? ldacc : 2 * gemm_tile);
-        if (kl.groups > 1) {
+        // One group (or folded): the raw sums into acc after the last. Groups: this one's sums,
+        // promoted as run_tiles does.
+        if (summed && g + 1 < kl.groups) continue;
+        store_c<MI, NJ>(summed ? acc : &part[0][0], summed ? ldacc : 2 * gemm_tile);
+        if (!summed) {
             promote_loop(&part[0][0], rows, NJ * gemm_tile, sa + g, kl.groups,
                          b.scales.data() + g * b.strips * gemm_tile + s * gemm_tile, acc, ldacc, g == 0);
         }
@@ -170,8 +233,8 @@ constexpr int64_t amx_small_m_max = 128;
 
 template <bool Bf16Rows>
 void small_amx(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,
-               const float* sa, const ExpandTable& t, float* acc, int64_t ldacc) {
-    if (Bf16Rows && rows <= 1) return small_bf16<amx_one_row>(rows, a, lda, b, s0, s1, sa, t, acc, ldacc);
+               const float* sa, const ExpandTable& t, bool fold, float* acc, int64_t ldacc) {
+    if (Bf16Rows && rows <= 1) return small_bf16<amx_one_row>(rows, a, lda, b, s0, s1, sa, t, false, acc, ldacc);
     const Widen widen(t);
     amx_begin();
     for (int64_t s = s0; s < s1; s += 2) {
@@ -181,11 +244,11 @@ void small_amx(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, i
             float* c = acc + r0 * ldacc + (s - s0) * gemm_tile;
             const int r = int(std::min<int64_t>(2 * gemm_tile, rows - r0));
             if (s + 1 < s1) {
-                r > gemm_tile ? stream_strips<2, 2>(ar, lda, b, s, r, sar, widen, c, ldacc)
-                              : stream_strips<1, 2>(ar, lda, b, s, r, sar, widen, c, ldacc);
+                r > gemm_tile ? stream_strips<2, 2>(ar, lda, b, s, r, sar, widen, fold, c, ldacc)
+                              : stream_strips<1, 2>(ar, lda, b, s, r, sar, widen, fold, c, ldacc);
             } else {
-                r > gemm_tile ? stream_strips<2, 1>(ar, lda, b, s, r, sar, widen, c, ldacc)
-                              : stream_strips<1, 1>(ar, lda, b, s, r, sar, widen, c, ldacc);
+                r > gemm_tile ? stream_strips<2, 1>(ar, lda, b, s, r, sar, widen, fold, c, ldacc)
+                              : stream_strips<1, 1>(ar, lda, b, s, r, sar, widen, fold, c, ldacc);
             }
         }
     }
@@ -218,12 +281,13 @@ bool amx_usable() {
 constexpr int64_t amx_row_band_max_b = int64_t(1) << 20;
 constexpr GemmKernels amx_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 64, 2, amx_row_band_max_b, &block_then_promote<&block_dispatch>,
                                   &amx_begin, &amx_end, &small_amx<false>, amx_small_m_max, &matmul_f32_avx2,
-                                  &scale_store_loop, "amx"};
+                                  &scale_store_loop, &fold_amx, 1, "amx"};
 // With AVX512-BF16: M = 1 on src/cpu/gemm_avx512.cpp's small kernel, two strips at once
-// (small_strips_for); 2 <= M <= 128 streams through the tiles (small_amx).
+// (small_strips_for), which does not fold (so folding starts at M = 2); 2 <= M <= 128 streams through
+// the tiles (small_amx).
 constexpr GemmKernels amx_bf16_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 64, 2, amx_row_band_max_b,
                                        &block_then_promote<&block_dispatch>, &amx_begin, &amx_end, &small_amx<true>,
-                                       amx_small_m_max, &matmul_f32_avx2, &scale_store_loop, "amx"};
+                                       amx_small_m_max, &matmul_f32_avx2, &scale_store_loop, &fold_amx, 2, "amx"};
 
 }  // namespace
 

@@ -391,7 +391,8 @@ void small_format(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b
 }
 
 void small_avx2(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,
-                const float* sa, const ExpandTable& t, float* acc, int64_t ldacc) {
+                const float* sa, const ExpandTable& t, bool /*fold: never asked (no GemmKernels::fold here)*/, float* acc,
+                int64_t ldacc) {
     switch (b.format) {
         case Format::e4m3fn: return small_format<Format::e4m3fn>(rows, a, lda, b, s0, s1, sa, t, acc, ldacc);
         case Format::e5m2: return small_format<Format::e5m2>(rows, a, lda, b, s0, s1, sa, t, acc, ldacc);
@@ -432,7 +433,7 @@ void expand_avx2(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t
 // GFLOP/s, 8: 73-75, 9: 75-90, 10: 96-97, 16: 115-117). 8 is at that crossover; it was 4, which
 // left M = 5-8 on tiles that then computed 16 rows whatever M was (29-50 GFLOP/s).
 constexpr GemmKernels avx2_kernels{&expand_avx2, &widen_b_avx2, 4, 16, 4, 3, 0, &block_then_promote<&block_avx2>, &begin_avx2,
-                                    &no_tile_state, &small_avx2, 8, &matmul_f32_avx2, &scale_store_loop, "avx2"};
+                                    &no_tile_state, &small_avx2, 8, &matmul_f32_avx2, &scale_store_loop, nullptr, 0, "avx2"};
 static_assert(avx2_kernels.block_tiles <= max_block_tiles, "block_then_promote's part holds max_block_tiles row tiles");
 
 }  // namespace

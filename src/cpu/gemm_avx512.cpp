@@ -247,7 +247,8 @@ bool scale_rows(const uint16_t* a, int64_t rows, int64_t lda, int64_t k, int uni
 
 template <OneRowStream P>
 void small_bf16(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,
-                const float* sa, const ExpandTable& t, float* acc, int64_t ldacc) {
+                const float* sa, const ExpandTable& t, bool /*fold: never asked (no GemmKernels::fold here)*/, float* acc,
+                int64_t ldacc) {
     // With the arithmetic widening, A times 2^arith_unit_log2 and the tables' values (for lines
     // of other codes) divided by it, so that every product is the same.
     bool arith = false;
@@ -275,9 +276,9 @@ void small_bf16(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, 
     }
 }
 template void small_bf16<avx512_one_row>(int64_t, const uint16_t*, int64_t, const PackedB&, int64_t, int64_t,
-                                         const float*, const ExpandTable&, float*, int64_t);
+                                         const float*, const ExpandTable&, bool, float*, int64_t);
 template void small_bf16<amx_one_row>(int64_t, const uint16_t*, int64_t, const PackedB&, int64_t, int64_t,
-                                      const float*, const ExpandTable&, float*, int64_t);
+                                      const float*, const ExpandTable&, bool, float*, int64_t);
 
 namespace {
 
@@ -403,7 +404,7 @@ bool vbmi_and_bf16() {
 // The layer ops' float32 matmul stays AVX2's (VDPBF16PS would round its float32 inputs to bf16).
 constexpr GemmKernels avx512_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 32, 2, 0, &block_avx512,
                                      &no_tile_state, &no_tile_state, &small_bf16<avx512_one_row>,
-                                     avx512_small_m_max, &matmul_f32_avx2, &scale_store_loop,
+                                     avx512_small_m_max, &matmul_f32_avx2, &scale_store_loop, nullptr, 0,
                                      "avx512-bf16"};
 
 }  // namespace

@@ -82,7 +82,10 @@ struct PackedB {
     // subnormal, Inf or NaN (padding is +0). Such lines take the byte-table widening, the others
     // the arithmetic one (src/cpu/widen_vbmi.hpp), which cannot place those codes.
     std::vector<uint8_t> chunk_specials;
-    uint8_t specials(int64_t s, int64_t chunk) const { return chunk_specials[size_t(s * (kl.padded / gemm_chunk) + chunk)]; }
+    // Whether every scale of B's columns is a power of two that folds (fold_log2): its K groups may
+    // then be summed as one (gemm.cpp, "Folding").
+    bool scales_fold;
+    const uint8_t& specials(int64_t s, int64_t chunk) const { return chunk_specials[size_t(s * (kl.padded / gemm_chunk) + chunk)]; }
     const uint8_t* strip(int64_t s) const { return reinterpret_cast<const uint8_t*>(codes.get()) + s * kl.padded * gemm_tile; }
     size_t code_bytes() const { return size_t(strips * kl.padded * gemm_tile); }
 };
@@ -189,10 +192,11 @@ struct GemmKernels {
     // strips [s0, s1) of b over all of K, FP8 codes widened as they are read (in registers, or
     // chunk by chunk into L1 for the AMX tiles; B streamed once, no widened window). Leaves in
     // acc[r * ldacc + col] what the block/promote loop would: the raw sum with one K group, else
-    // the groups' partial sums times sa * sb. gemm() never splits rows between tasks here, so a
-    // kernel may choose how it sums by `rows` (AMX: a single row on VDPBF16PS).
+    // the groups' partial sums times sa * sb, or with `fold` (only where fold_min_m <= rows) the
+    // one sum of the folded operands. gemm() never splits rows between tasks here, so a kernel may
+    // choose how it sums by `rows` (AMX: a single row on VDPBF16PS).
     void (*small)(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,
-                  const float* sa, const ExpandTable& t, float* acc, int64_t ldacc);
+                  const float* sa, const ExpandTable& t, bool fold, float* acc, int64_t ldacc);
     // The largest M the small kernel takes (chosen by all of packed A's rows - two a row for a
     // weight-only f32 / f16 A - never by a task's rows, so which kernel rounds D does not depend
     // on the thread split).
@@ -209,6 +213,14 @@ struct GemmKernels {
     // GEMM on the AMX tiles). v may be overwritten.
     void (*scale_store)(float* v, float alpha, float sa, const float* sb, const float* bias, void* out, bool bf16_out,
                         int64_t cols);
+    // Power-of-two scales folded into the operands (gemm.cpp's fold; null where the set does not):
+    // x[i] (bf16 bits, n a multiple of 32) gets add[i % 32] added where it is nonzero and finite -
+    // fold_loop, in the set's vectors. specials: null, or x's chunks' PackedB::chunk_specials
+    // (n a multiple of 512), whose clear bits say a 64-element line is all nonzero finite values
+    // (the lanes need no test). Folding runs where packed A has at least fold_min_m rows: every
+    // kernel the set runs there sums a folded K as one group.
+    void (*fold)(uint16_t* x, int64_t n, const int16_t* add, const uint8_t* specials);
+    int64_t fold_min_m;
     const char* name;  // what gemm_kernels_name() reports: amx, avx512-bf16, avx2, portable
 };
 
@@ -238,6 +250,46 @@ inline void promote_loop(const float* part, int64_t rows, int64_t cols, const fl
         } else {
             for (int64_t c = 0; c < cols; ++c) out[c] = std::fma(p[c], s * sb[c], out[c]);
         }
+    }
+}
+
+// A K group's scales folded into its operands (gemm.cpp, "Folding"): a scale 2^e times an FP8 value
+// in bf16 is that bf16 with e added to its exponent field - exact while the result stays a bf16
+// normal. Every nonzero FP8 value of every format lies in [2^-17, 2^16) (e5m2fnuz's smallest
+// subnormal to e5m2's largest finite); with |e| <= fold_max_log2 a folded value lies in [2^-49,
+// 2^48], its products with another in [2^-98, 2^96] (float32 normals: the tiles flush nothing), and
+// K <= 2^30 of them sum below 2^127.
+inline constexpr int fold_max_log2 = 32;
+
+// Whether a scale folds, and its exponent e (s = 2^e): positive, no mantissa bits, |e| <= fold_max_log2
+// (0, NaN, Inf and negative scales do not).
+inline bool fold_log2(float s, int& e) {
+    uint32_t bits;
+    std::memcpy(&bits, &s, sizeof bits);
+    e = int(bits >> 23) - 127;
+    return (bits & 0x807fffffu) == 0 && e >= -fold_max_log2 && e <= fold_max_log2;
+}
+
+// GemmKernels::fold as a loop the kernel TU vectorizes: x[i] += add[i % 32] where x[i] is a nonzero
+// finite bf16 (zeros, Inf and NaN are what they were; FP8 values are never bf16 subnormals). It
+// tests every lane, so it needs no specials.
+inline void fold_loop(uint16_t* x, int64_t n, const int16_t* add, const uint8_t*) {
+    for (int64_t i = 0; i < n; i += 2 * gemm_tile) {
+        for (int l = 0; l < 2 * gemm_tile; ++l) {
+            const uint16_t v = x[i + l], mag = uint16_t(v & 0x7fffu);
+            x[i + l] = mag != 0 && mag < 0x7f80u ? uint16_t(v + add[l]) : v;
+        }
+    }
+}
+
+// The fold addends of B's strip s in K group g, for its widened tiles (lane 2 c + e of a 32-lane row
+// holds column 16 s + c): each column's scale exponent in bf16's exponent field; 0 past n.
+inline void b_fold_add(const PackedB& b, int64_t s, int64_t g, int16_t* add) {
+    for (int64_t c = 0; c < gemm_tile; ++c) {
+        const int64_t j = s * gemm_tile + c;
+        int e = 0;
+        if (j >= b.n || !fold_log2(b.scales[size_t(g * b.strips * gemm_tile + j)], e)) e = 0;
+        add[2 * c] = add[2 * c + 1] = int16_t(e * 128);
     }
 }
 
@@ -305,7 +357,7 @@ inline constexpr OneRowStream avx512_one_row{1, 16, 0, false};  // the avx512-bf
 inline constexpr OneRowStream amx_one_row{2, 4, 32, true};      // AMX CPUs (Sapphire Rapids)
 template <OneRowStream P>
 void small_bf16(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,
-                const float* sa, const ExpandTable& t, float* acc, int64_t ldacc);
+                const float* sa, const ExpandTable& t, bool fold, float* acc, int64_t ldacc);
 
 // On the avx512 path: AMX where it is usable, else AVX512-BF16 where the CPU has it (and VBMI);
 // AVX2 on the avx2 path and on the avx512 path of CPUs with neither; else the portable kernels. The one ISA dispatch of the cpu backend's GEMM engine: the FP8 GEMM

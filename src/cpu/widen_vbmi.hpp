@@ -94,11 +94,28 @@ struct Widen {
         w1 = _mm512_ternarylogic_epi32(pair1, arith_mask, arith_bias, 0xEA);
     }
 
+    // The arithmetic widening with a fold (gemm.cpp, "Folding"): B times 2^e, e per column as
+    // fold_add gives it (e << 7 in each lane, b_fold_add's). The exponent bits are added, not ORed:
+    // bias + (e + unit_log2) << 7, the unit's 2^-unit_log2 undone, so A is not scaled; a folding e
+    // keeps the sum inside bf16's exponent field (gemm_kernels.hpp, fold_max_log2). arith_fold_add
+    // makes that addend once per strip and group.
+    __m512i arith_fold_add(__m512i fold_add) const {
+        return _mm512_add_epi16(fold_add, _mm512_add_epi16(arith_bias, _mm512_set1_epi16(short(arith_unit << 7))));
+    }
+    void arith_fold(const uint8_t* codes, __m512i add, __m512i& w0, __m512i& w1) const {
+        const __m512i x = _mm512_permutexvar_epi8(arith_perm, _mm512_loadu_si512(codes));
+        const int right = e4m3 ? 4 : 3;
+        w0 = _mm512_add_epi16(_mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(x, 8), right), arith_mask), add);
+        w1 = _mm512_add_epi16(_mm512_and_si512(_mm512_srai_epi16(x, right), arith_mask), add);
+    }
+
 private:
     bool e4m3 = true;
+    int arith_unit = 0;
     __m512i arith_perm, arith_mask, arith_bias;
     void init_arith(Format f) {
         e4m3 = f == Format::e4m3fn || f == Format::e4m3fnuz;
+        arith_unit = arith_unit_log2(f);
         // sign, then e4m3's 4 exponent + 3 mantissa bits (e5m2's 5 + 2) in bits 10-4 (11-5)
         arith_mask = _mm512_set1_epi16(short(e4m3 ? 0x87f0 : 0x8fe0));
         arith_bias = _mm512_set1_epi16(short(e4m3 ? 112 << 7 : 128 << 7));

@@ -136,6 +136,9 @@ int64_t k_extent(const Scaling& s, int64_t k) {
 struct Product64 {
     int64_t m = 0, n = 0, k = 0;
     int64_t kgroup = 1, groups = 1;  // K group width and count (the bound's accumulation lengths)
+    // Every scale of both operands a power of two in [2^-32, 2^32]: the cpu backend may fold the
+    // groups' scales into the operands and sum all of K at once (src/cpu/gemm.cpp, "Folding").
+    bool folds = false;
     std::vector<double> dot, abs;
     // For Hopper's wgmma sums (check_gemm_cuda): per element, the sum over the k32 steps of each
     // 128-wide K block (counted from k = 0; the sum restarts at each block) of the largest
@@ -176,8 +179,22 @@ Product64 product64(const std::vector<double>& a, int64_t m, int64_t a_kextent, 
     return p;
 }
 
+// Whether every scale of q is a power of two 2^e with |e| <= 32.
+bool scales_fold(const QTensor& q) {
+    for (int64_t i = 0; i < q.data.size(0); ++i) {
+        for (int64_t k = 0; k < q.data.size(1); ++k) {
+            int e = 0;
+            const double f = std::frexp(scale_of(q, i, k), &e);  // s = f 2^e, f in [0.5, 1)
+            if (f != 0.5 || e - 1 < -32 || e - 1 > 32) return false;
+        }
+    }
+    return true;
+}
+
 Product64 product64(const QTensor& qa, const QTensor& qb) {
-    return product64(dequantize64(qa), qa.data.size(0), k_extent(qa.scaling, qa.data.size(1)), qb);
+    Product64 p = product64(dequantize64(qa), qa.data.size(0), k_extent(qa.scaling, qa.data.size(1)), qb);
+    p.folds = p.groups > 1 && scales_fold(qa) && scales_fold(qb);
+    return p;
 }
 
 double gelu64(double x) {
@@ -239,7 +256,10 @@ Call make_call(const Epilogue& e, int64_t m, int64_t n, DType out, uint32_t seed
 // The float64 D and, per element, the error each backend may make.
 //  - cpu: the float32 sums within a K group (kgroup - 1 roundings), each group's promotion
 //    partial * (sa * sb) (2 roundings), the sum over the groups (groups - 1), alpha (1): to first
-//    order (kgroup + groups + 2) u |alpha| sum|a b|; the bound is c * (kgroup + groups + 4) *
+//    order (kgroup + groups + 2) u |alpha| sum|a b|. Where the scales fold (p.folds, and
+//    cpu_folds: not for the cuda backend, which is held to the groups' bound) the sum may instead be
+//    one float32 sum over K (K - 1 roundings), so the length is the larger of kgroup + groups and
+//    K. The bound is c * (that length + 4) *
 //    eps_f32 * |alpha| sum|a b| with c = 1 and eps_f32 = 2u, i.e. twice that, covering
 //    second-order terms and the AMX pair adds. With per-block scales (groups > 1) the group
 //    promotions are what the "groups + 2" term pays for. The epilogue (beta * C, + C, + bias)
@@ -252,8 +272,9 @@ struct Expect {
     std::vector<double> d, bound_cpu, bound_ref;
 };
 
-Expect expect(const Product64& p, const Call& call, DType out) {
+Expect expect(const Product64& p, const Call& call, DType out, bool cpu_folds = true) {
     Expect e;
+    const int64_t length = std::max(p.kgroup + p.groups, cpu_folds && p.folds ? p.k : 0);
     const GemmOptions& o = call.opts;
     const double alpha = o.alpha, beta = o.beta;
     for (int64_t i = 0; i < p.m; ++i) {
@@ -263,7 +284,7 @@ Expect expect(const Product64& p, const Call& call, DType out) {
             const double bias = call.bias.empty() ? 0.0 : call.bias[size_t(j)];
             const double pre = alpha * p.dot[at] + c + bias;
             const double mag = std::fabs(alpha) * p.abs[at] + std::fabs(c) + std::fabs(bias);
-            const double pre_err = double(p.kgroup + p.groups + 4) * eps_f32 * std::fabs(alpha) * p.abs[at] + 2 * eps_f32 * mag;
+            const double pre_err = double(length + 4) * eps_f32 * std::fabs(alpha) * p.abs[at] + 2 * eps_f32 * mag;
             double d = pre, err = pre_err;
             if (o.activation == Activation::gelu) {
                 d = gelu64(pre);
@@ -412,7 +433,7 @@ bool runs_on_wgmma(const QTensor& qa, const QTensor& qb, const GemmOptions& o) {
 // the steps (Product64::tc_steps; the K block's sum restarts at zero, as the kernel promotes it).
 void check_gemm_cuda(const QTensor& qa, const QTensor& qb, const Product64& p, const Call& call) {
     const DType out = call.opts.out_dtype;
-    const Expect e = expect(p, call, out);
+    const Expect e = expect(p, call, out, false);
     const Tensor got = gemm(qa.to(Device::cuda), qb.to(Device::cuda),
                             options_on(call.opts, Device::cuda));
     ASSERT_EQ(got.device(), Device::cuda);
@@ -480,6 +501,7 @@ std::vector<GranCase> gran_cases() {
             {"row", Scaling::row(), Scaling::row(), false},
             {"row_pow2", Scaling::row(), Scaling::row(), true},
             {"block", Scaling::block(1, 128), Scaling::block(128, 128), false},
+            {"block_pow2", Scaling::block(1, 128), Scaling::block(128, 128), true},
             {"mx32", Scaling::mx32(), Scaling::mx32(), false},
             {"tensor_x_block", Scaling::tensor(), Scaling::block(128, 128), false}};
 }
@@ -520,6 +542,34 @@ TEST_P(GemmGrid, BackendsWithinTheFloat64Bound) {
 TEST(GemmOps, WideBlockGroupsWithinTheFloat64Bound) {
     run_grid({"block_512", Scaling::block(1, 512), Scaling::block(512, 512), false},
              {Mnk{64, 48, 512}, Mnk{37, 140, 1100}, Mnk{130, 257, 129}}, check_gemm);
+}
+
+// Power-of-two scales past the fold's range (2^+-32): A rows of magnitude 2^-120 and 2^100 get
+// scale_inv of about 2^-128 and 2^92, so the cpu backend packs A again unfolded and promotes each
+// group (src/cpu/gemm.cpp, "Folding"); folded anyway, row 0's small codes would fall below bf16's
+// normals and its products below float32's, which the tiles flush to zero (D off by far more than
+// the bound there). The rest of A, and B, fold: M on the tiles, on the small-M kernel, and the fused cast
+// (A's scales known only as it is quantized). Every D within the float64 bound.
+TEST(GemmOps, PowerOfTwoScalesPastTheFoldRangeArePromoted) {
+    const int64_t n = 40, k = 300;
+    const QuantizeOptions o = qopts(Scaling::block(1, 128), Format::e4m3fn, true);
+    const QTensor qb = quantize(as_tensor(gaussian(n, k, 7), n, k, DType::f32), qopts(Scaling::block(128, 128), Format::e4m3fn, true));
+    ASSERT_TRUE(scales_fold(qb));
+    for (const int64_t m : {9, 130}) {
+        SCOPED_TRACE("M = " + std::to_string(m));
+        std::vector<float> x = gaussian(m, k, 8);
+        for (int64_t e = 0; e < k; ++e) {
+            x[size_t(e)] = std::ldexp(x[size_t(e)], -120);
+            x[size_t(k + e)] = std::ldexp(x[size_t(k + e)], 100);
+        }
+        const Tensor xt = as_tensor(x, m, k, DType::f32);
+        const QTensor qa = quantize(xt, o);
+        const Product64 p = product64(qa, qb);
+        ASSERT_FALSE(p.folds) << "the test needs A scales past the fold's range";
+        const Call call = make_call(epilogues[0], m, n, DType::f32, 9);
+        check_gemm(qa, qb, p, call);
+        check_gemm(GemmA{xt, o}, qb, p, call);
+    }
 }
 
 // The cuda backend on the grid, and on shapes that take its tensor-core kernels through several
