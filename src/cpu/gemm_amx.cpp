@@ -170,14 +170,20 @@ void stream_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, 
     alignas(64) uint16_t wide[2][NJ][gemm_chunk_codes];  // by chunk parity: widening the next while the tiles load this
     alignas(64) float part[2 * gemm_tile][2 * gemm_tile];
     const bool summed = kl.groups == 1 || fold;  // one sum over K: into acc, unpromoted
+    // Folded, every group's scales of the strips are read before its first chunk is widened; they
+    // are group-major, strips * 64 bytes apart, past what the hardware prefetchers follow, and
+    // with B streamed from memory each group waited for its line (M = 8 at half the promoting
+    // kernel's rate): all of them are asked for at once.
+    for (int64_t g = 0; fold && g < kl.groups; ++g) {
+        for (int j = 0; j < NJ; ++j) {
+            _mm_prefetch(reinterpret_cast<const char*>(b.scales.data() + g * b.strips * gemm_tile + (s + j) * gemm_tile), _MM_HINT_T0);
+        }
+    }
     for (int64_t g = 0; g < kl.groups; ++g) {
         __m512i add[NJ], arith_add[NJ];
         for (int j = 0; fold && j < NJ; ++j) {
             add[j] = fold_add_lanes(b.scales.data() + g * b.strips * gemm_tile + (s + j) * gemm_tile);
             arith_add[j] = widen.arith_fold_add(add[j]);
-            // Group-major scales: the next groups' are strips * 64 bytes apart, past what the
-            // hardware prefetchers follow, and each group waited for its line.
-            _mm_prefetch(reinterpret_cast<const char*>(b.scales.data() + ((g + 2) % kl.groups) * b.strips * gemm_tile + (s + j) * gemm_tile), _MM_HINT_T0);
         }
         if (g == 0 || !summed) zero_c<MI, NJ>();
         for (int64_t q = g * cpg; q < (g + 1) * cpg; ++q) {
