@@ -130,7 +130,7 @@ PackedWeight::PackedWeight(const QTensor& b, const Scaling& a_scaling) : source_
     format_ = op.format;
     k_group_ = gemm_k_group(a_scaling, b.scaling, k_);
     // K = 0: nothing to pack, and no scale to read (scale_inv has no columns).
-    if (k_ > 0) packed_ = d.ops.pack_weight(d.ctx, op, k_group_, &packed_bytes_);
+    if (k_ > 0) packed_ = d.ops.pack_weight(d.ctx, op, k_group_, true, &packed_bytes_);
 }
 
 size_t PackedWeight::packed_bytes() const noexcept { return packed_bytes_; }
@@ -338,7 +338,7 @@ void run_gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, co
                     std::string(to_string(d.backend)) + " backend with K groups of " + std::to_string(kgroup) +
                     ", which would need them repacked");
     } else {
-        packed = d.ops.pack_weight(d.ctx, ob, kgroup, &bytes);
+        packed = d.ops.pack_weight(d.ctx, ob, kgroup, false, &bytes);
         job.b_packed = packed.get();
     }
 

@@ -304,7 +304,11 @@ struct BackendOps {
     void (*quantize)(QuantizeJob& job);
     void (*dequantize)(const DequantizeJob& job);
     // B in the backend's layout for gemm (null when it reads the operand as is); *bytes = size.
-    std::shared_ptr<const void> (*pack_weight)(const ExecContext& ctx, const GemmOperand& b, int64_t kgroup, size_t* bytes);
+    // lasting: for a PackedWeight, held for its life (sized to the byte); else for one GEMM call,
+    // in memory that may come from, and go back to, the host block cache (a per-step repack of a
+    // training weight then finds its pages instead of faulting fresh ones).
+    std::shared_ptr<const void> (*pack_weight)(const ExecContext& ctx, const GemmOperand& b, int64_t kgroup, bool lasting,
+                                               size_t* bytes);
     // B's codes [rows, k] written back from pack_weight's layout into out (rows ld apart); false
     // where that layout does not hold them (a backend that reads B as it is).
     bool (*unpack_weight)(const void* packed, uint8_t* out, int64_t ld);
@@ -384,7 +388,7 @@ inline constexpr uint32_t canonical_nan_bits = 0x7fc00000u;
     void quantize(detail::QuantizeJob& job);                                                  \
     void dequantize(const detail::DequantizeJob& job);                                        \
     std::shared_ptr<const void> pack_weight(const ExecContext& ctx, const detail::GemmOperand& b, \
-                                            int64_t kgroup, size_t* bytes);                   \
+                                            int64_t kgroup, bool lasting, size_t* bytes);     \
     bool unpack_weight(const void* packed, uint8_t* out, int64_t ld);                         \
     void gemm(detail::GemmJob& job);                                                          \
     void matmul(const detail::MatmulJob& job);                                                \

@@ -96,7 +96,7 @@ void block_portable(int rows, int nj, const uint16_t* a, int64_t lda, const void
 
 constexpr GemmKernels portable_kernels{&expand_portable, &widen_bf16<&expand_portable>, 2, 8, 32, 2, 0,
                                        &block_then_promote<&block_portable>, &no_tile_state, &no_tile_state, nullptr, 0,
-                                       &matmul_f32_portable, &scale_store_loop, &fold_loop, 1, "portable"};
+                                       &matmul_f32_portable, &scale_store_loop, &fold_loop, 1, &pack_group_loop, "portable"};
 
 // ---- packing A ----
 
@@ -495,12 +495,14 @@ std::string_view fp8kit::gemm_kernels_name() { return cpu::gemm_kernels().name; 
 
 namespace fp8kit::cpu {
 
-std::shared_ptr<const void> pack_weight(const ExecContext&, const GemmOperand& b, int64_t kgroup, size_t* bytes) {
+std::shared_ptr<const void> pack_weight(const ExecContext&, const GemmOperand& b, int64_t kgroup, bool lasting,
+                                        size_t* bytes) {
     auto p = std::make_shared<PackedB>(PackedB{b.rows, (b.rows + gemm_tile - 1) / gemm_tile, KLayout(b.k, kgroup),
                                                b.format, {}, {}, {}, {}, false});
     PackedB& pb = *p;
     const KLayout& kl = pb.kl;
-    pb.codes = detail::host_allocate_lasting(pb.code_bytes());  // uninitialised: written below
+    // Uninitialised: written below.
+    pb.codes = lasting ? detail::host_allocate_lasting(pb.code_bytes()) : detail::host_allocate(pb.code_bytes());
     pb.scales.assign(size_t(kl.groups * pb.strips * gemm_tile), 0.0f);
     pb.strip_has_nan.assign(size_t(pb.strips), 0);
     const int64_t chunks = kl.padded / gemm_chunk;
@@ -522,12 +524,11 @@ std::shared_ptr<const void> pack_weight(const ExecContext&, const GemmOperand& b
             }
         });
     };
+    const GemmKernels& kern = gemm_kernels();
     parallel_tasks(pb.strips, size_t(b.rows * b.k), [&](int64_t s, int) {
         // One strip: B's rows 16 s ... 16 s + 15 (fewer in the last). The packed K position of group
         // g's element e is kp = g * group_padded + e (group_padded even), and its byte for column c
-        // is 32 (kp / 2) + 2 c + kp % 2: each K pair of the strip's rows is one 32-byte row of the
-        // strip, written in order from a 2-byte read of each row (an odd group length leaves the
-        // last pair's high byte as padding, 0).
+        // is 32 (kp / 2) + 2 c + kp % 2 (GemmKernels::pack_group).
         uint8_t* out = reinterpret_cast<uint8_t*>(pb.codes.get()) + s * kl.padded * gemm_tile;
         const int64_t cols = std::min(gemm_tile, b.rows - s * gemm_tile);
         const uint8_t* rows[gemm_tile];
@@ -546,13 +547,7 @@ std::shared_ptr<const void> pack_weight(const ExecContext&, const GemmOperand& b
             // Padding codes are 0x00 (+0): a group with padding (K past its length, or a last strip
             // of fewer than 16 rows) is zeroed first; the others are written in full below.
             if (len < kl.group_padded || cols < gemm_tile) std::memset(dst, 0, size_t(kl.group_padded * gemm_tile));
-            int64_t e = 0;
-            for (; e + 1 < len; e += 2, dst += 2 * gemm_tile) {
-                for (int64_t c = 0; c < cols; ++c) std::memcpy(dst + 2 * c, rows[c] + k0 + e, 2);
-            }
-            if (e < len) {
-                for (int64_t c = 0; c < cols; ++c) dst[2 * c] = rows[c][k0 + e];
-            }
+            kern.pack_group(rows[0] + k0, b.ld, cols, len, dst);
         }
         pb.strip_has_nan[size_t(s)] = nan ? 1 : 0;
         mark_specials(pb.strip(s), pb.chunk_specials.data() + s * chunks);

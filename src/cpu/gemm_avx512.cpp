@@ -275,6 +275,29 @@ void small_bf16(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, 
         }
     }
 }
+
+// GemmKernels::pack_group for whole strips: one gather takes the next 4 elements (two K pairs) of
+// each of the 16 rows as a dword, and a word permute puts the first pair of every row before the
+// second - two 32-byte rows of dst in one store, where the loop made 32 two-byte copies. A partial
+// strip, and the last pair or element, go through pack_group_loop.
+void pack_group_avx512(const uint8_t* row0, int64_t ld, int64_t cols, int64_t len, uint8_t* dst) {
+    if (cols < gemm_tile || ld > INT32_MAX / gemm_tile) return pack_group_loop(row0, ld, cols, len, dst);
+    alignas(64) static constexpr std::array<uint16_t, 32> pairs_apart = [] {
+        std::array<uint16_t, 32> order{};
+        for (int c = 0; c < 16; ++c) order[size_t(c)] = uint16_t(2 * c), order[size_t(16 + c)] = uint16_t(2 * c + 1);
+        return order;
+    }();
+    const __m512i order = _mm512_load_si512(pairs_apart.data());
+    const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(int(ld)));
+    int64_t e = 0;
+    for (; e + 3 < len; e += 4, dst += 4 * gemm_tile) {
+        const __m512i four = _mm512_i32gather_epi32(rows, row0 + e, 1);
+        _mm512_storeu_si512(dst, _mm512_permutexvar_epi16(order, four));
+    }
+    pack_group_loop(row0 + e, ld, cols, len - e, dst);
+}
+
 template void small_bf16<avx512_one_row>(int64_t, const uint16_t*, int64_t, const PackedB&, int64_t, int64_t,
                                          const float*, const ExpandTable&, bool, float*, int64_t);
 template void small_bf16<amx_one_row>(int64_t, const uint16_t*, int64_t, const PackedB&, int64_t, int64_t,
@@ -405,7 +428,7 @@ bool vbmi_and_bf16() {
 constexpr GemmKernels avx512_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 32, 2, 0, &block_avx512,
                                      &no_tile_state, &no_tile_state, &small_bf16<avx512_one_row>,
                                      avx512_small_m_max, &matmul_f32_avx2, &scale_store_loop, nullptr, 0,
-                                     "avx512-bf16"};
+                                     &pack_group_avx512, "avx512-bf16"};
 
 }  // namespace
 

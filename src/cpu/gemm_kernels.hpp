@@ -69,7 +69,8 @@ struct PackedB {
     int64_t n, strips;
     KLayout kl;
     Format format;
-    // [strips][kl.padded / 32][512]; from detail::host_allocate_lasting (a large weight on huge pages),
+    // [strips][kl.padded / 32][512]; from detail::host_allocate_lasting for a PackedWeight (a large weight
+    // on huge pages, sized to the byte), from host_allocate for a pack inside one GEMM call;
     // uninitialised until pack_weight writes every byte (padding included), in parallel: zeroing
     // 16 MiB on one thread took a fifth of a 4096 x 4096 pack.
     std::shared_ptr<std::byte> codes;
@@ -221,6 +222,11 @@ struct GemmKernels {
     // kernel the set runs there sums a folded K as one group.
     void (*fold)(uint16_t* x, int64_t n, const int16_t* add, const uint8_t* specials);
     int64_t fold_min_m;
+    // pack_weight's copy of one K group of a strip into PackedB's pair order: B's rows row0 + c * ld
+    // (c < cols <= 16), elements [0, len) of each, into dst (the group's group_padded x 16 bytes,
+    // zeroed by the caller where len or cols leave padding): byte 32 (e / 2) + 2 c + e % 2 of dst is
+    // row c's element e - pack_group_loop, or AVX-512 gathers of 16 rows' element pairs.
+    void (*pack_group)(const uint8_t* row0, int64_t ld, int64_t cols, int64_t len, uint8_t* dst);
     const char* name;  // what gemm_kernels_name() reports: amx, avx512-bf16, avx2, portable
 };
 
@@ -293,6 +299,19 @@ inline void b_fold_add(const PackedB& b, int64_t s, int64_t g, int16_t* add) {
     }
 }
 
+// GemmKernels::pack_group as loops: each K pair of the strip's rows is one 32-byte row of dst,
+// written in order from a 2-byte read of each row (an odd length leaves the last pair's high byte
+// as the caller's padding, 0).
+inline void pack_group_loop(const uint8_t* row0, int64_t ld, int64_t cols, int64_t len, uint8_t* dst) {
+    int64_t e = 0;
+    for (; e + 1 < len; e += 2, dst += 2 * gemm_tile) {
+        for (int64_t c = 0; c < cols; ++c) std::memcpy(dst + 2 * c, row0 + c * ld + e, 2);
+    }
+    if (e < len) {
+        for (int64_t c = 0; c < cols; ++c) dst[2 * c] = row0[c * ld + e];
+    }
+}
+
 // GemmKernels::block for a kernel set whose Block does not promote: a K group's sums into a 32 x 32
 // part, then promote_loop.
 template <void (*Block)(int, int, const uint16_t*, int64_t, const void*, int64_t, int64_t, float*, int64_t, bool)>
@@ -345,6 +364,7 @@ inline void scale_store_loop(float* v, float alpha, float sa, const float* sb, c
 // with AVX-512 flags, called only where avx512_gemm_kernels() is not null (AVX512-VBMI and -BF16).
 // small_bf16<P>: a single row streams B as P says (src/cpu/gemm_avx512.cpp measures both).
 void expand_vbmi(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t* out);
+void pack_group_avx512(const uint8_t* row0, int64_t ld, int64_t cols, int64_t len, uint8_t* dst);
 // How the small-M kernel streams B for a single row (M = 1): strips at once, and how many chunks
 // ahead in its thread's stream it prefetches each strip's lines into L1 and into L2 (0: none).
 // arith: whether normal codes widen by shifts (widen_vbmi.hpp) instead of byte tables.

@@ -102,7 +102,7 @@ void group_amax(const ExecContext& ctx, const detail::MatrixRef& x, GroupShape g
 void quantize(detail::QuantizeJob& job);
 void dequantize(const detail::DequantizeJob& job);
 std::shared_ptr<const void> pack_weight(const ExecContext& ctx, const detail::GemmOperand& b, int64_t kgroup,
-                                        size_t* bytes);
+                                        bool lasting, size_t* bytes);
 bool unpack_weight(const void* packed, uint8_t* out, int64_t ld);
 void gemm(detail::GemmJob& job);
 void matmul(const detail::MatmulJob& job);

@@ -21,7 +21,7 @@
 
 namespace fp8kit::cuda {
 
-std::shared_ptr<const void> pack_weight(const ExecContext&, const GemmOperand&, int64_t, size_t* bytes) {
+std::shared_ptr<const void> pack_weight(const ExecContext&, const GemmOperand&, int64_t, bool, size_t* bytes) {
     *bytes = 0;  // the kernels read B as it is ([n, k], K contiguous)
     return nullptr;
 }

@@ -13,7 +13,7 @@
 
 namespace fp8kit::ref {
 
-std::shared_ptr<const void> pack_weight(const ExecContext&, const detail::GemmOperand&, int64_t, size_t* bytes) {
+std::shared_ptr<const void> pack_weight(const ExecContext&, const detail::GemmOperand&, int64_t, bool, size_t* bytes) {
     *bytes = 0;  // reads B as it is
     return nullptr;
 }
