@@ -96,7 +96,8 @@ void block_portable(int rows, int nj, const uint16_t* a, int64_t lda, const void
 
 constexpr GemmKernels portable_kernels{&expand_portable, &widen_bf16<&expand_portable>, 2, 8, 32, 2, 0,
                                        &block_then_promote<&block_portable>, &no_tile_state, &no_tile_state, nullptr, 0,
-                                       &matmul_f32_portable, &scale_store_loop, &fold_loop, 1, &pack_group_loop, "portable"};
+                                       &matmul_f32_portable, &scale_store_loop, &fold_loop,
+                                       &widen_then_fold<&expand_portable>, 1, &pack_group_loop, "portable"};
 
 // ---- packing A ----
 
@@ -190,7 +191,7 @@ bool fold_a_rows(const KLayout& kl, const GemmKernels& kern, int64_t r0, int64_t
             if (!fold_log2(s, e)) return false;
             int16_t add[2 * gemm_tile];
             std::fill(std::begin(add), std::end(add), int16_t(e * 128));
-            kern.fold(apk + i * lda + g * kl.group_padded, kl.group_padded, add, nullptr);
+            kern.fold(apk + i * lda + g * kl.group_padded, kl.group_padded, add);
             s = 1.0f;
         }
     }
@@ -377,16 +378,20 @@ void run_tiles(const Task& t, int64_t r0, int64_t rows, int64_t s0, int64_t s1, 
     for (int64_t w0 = 0; w0 < total_chunks; w0 += wchunks) {
         const int64_t wc = std::min(wchunks, total_chunks - w0);
         for (int64_t s = 0; s < ns; ++s) {
+            const uint8_t* codes = t.b.strip(s0 + s) + w0 * gemm_chunk_codes;
+            const bool nan = t.b.strip_has_nan[size_t(s0 + s)] != 0;
             auto* w = bexp.get() + s * b_strip * eb;
-            t.kern.widen_b(t.b.strip(s0 + s) + w0 * gemm_chunk_codes, wc * gemm_chunk_codes, t.table,
-                           t.b.strip_has_nan[size_t(s0 + s)] != 0, w);
+            if (!t.fold) {
+                t.kern.widen_b(codes, wc * gemm_chunk_codes, t.table, nan, w);
+                continue;
+            }
             // Folded: each K group's chunks of the window times the strip's scales in that group.
-            for (int64_t q = 0; t.fold && q < wc;) {
+            for (int64_t q = 0; q < wc;) {
                 const int64_t g = (w0 + q) / cpg, q1 = std::min(wc, (g + 1) * cpg - w0);
                 int16_t add[2 * gemm_tile];
                 b_fold_add(t.b, s0 + s, g, add);
-                t.kern.fold(reinterpret_cast<uint16_t*>(w) + q * gemm_chunk_codes, (q1 - q) * gemm_chunk_codes, add,
-                            &t.b.chunk_specials[size_t((s0 + s) * (kl.padded / gemm_chunk) + w0 + q)]);
+                t.kern.widen_fold(codes + q * gemm_chunk_codes, (q1 - q) * gemm_chunk_codes, t.table, nan, add,
+                                  &t.b.specials(s0 + s, w0 + q), reinterpret_cast<uint16_t*>(w) + q * gemm_chunk_codes);
                 q = q1;
             }
         }

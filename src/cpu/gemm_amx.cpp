@@ -124,24 +124,31 @@ inline __m512i fold_add_lanes(const float* sb) {
     return _mm512_maskz_or_epi32(_mm512_test_epi32_mask(bits, bits), lo, _mm512_slli_epi32(lo, 16));
 }
 
-// A line of B's codes (64) known to be all nonzero finite normals (PackedB::chunk_specials) takes a
-// plain add: a folded line's lanes are not tested.
-inline void fold_line(__m512i& w0, __m512i& w1, __m512i add, bool special) {
-    w0 = special ? fold_lanes(w0, add) : _mm512_add_epi16(w0, add);
-    w1 = special ? fold_lanes(w1, add) : _mm512_add_epi16(w1, add);
+void fold_amx(uint16_t* x, int64_t n, const int16_t* add) {
+    const __m512i a = _mm512_loadu_si512(add);
+    for (int64_t i = 0; i < n; i += 2 * gemm_tile) _mm512_storeu_si512(x + i, fold_lanes(_mm512_loadu_si512(x + i), a));
 }
 
-void fold_amx(uint16_t* x, int64_t n, const int16_t* add, const uint8_t* specials) {
-    const __m512i a = _mm512_loadu_si512(add);
-    if (specials == nullptr) {
-        for (int64_t i = 0; i < n; i += 2 * gemm_tile) _mm512_storeu_si512(x + i, fold_lanes(_mm512_loadu_si512(x + i), a));
-        return;
-    }
+// One 64-code line of B widened and folded: by shifts with the fold in the exponent add where the
+// line is all normals (PackedB::chunk_specials' bit clear), else by the tables and fold_lanes.
+inline void widen_fold_line(const Widen& widen, const uint8_t* codes, bool special, bool nan, __m512i add,
+                            __m512i arith_add, __m512i& w0, __m512i& w1) {
+    if (!special) return widen.arith_fold(codes, arith_add, w0, w1);
+    widen(codes, w0, w1, nan);
+    w0 = fold_lanes(w0, add);
+    w1 = fold_lanes(w1, add);
+}
+
+void widen_fold_amx(const uint8_t* codes, int64_t n, const ExpandTable& t, bool nan, const int16_t* add,
+                    const uint8_t* specials, uint16_t* out) {
+    const Widen widen(t);
+    const __m512i a = _mm512_loadu_si512(add), arith = widen.arith_fold_add(a);
     for (int64_t line = 0; line < n / 64; ++line) {
-        __m512i w0 = _mm512_loadu_si512(x + 64 * line), w1 = _mm512_loadu_si512(x + 64 * line + 32);
-        fold_line(w0, w1, a, (specials[line / 8] >> (line % 8)) & 1);
-        _mm512_storeu_si512(x + 64 * line, w0);
-        _mm512_storeu_si512(x + 64 * line + 32, w1);
+        __m512i w0, w1;
+        widen_fold_line(widen, codes + 64 * line, (specials[line / 8] >> (line % 8)) & 1, nan && widen.neg_zero_is_nan,
+                        a, arith, w0, w1);
+        _mm512_storeu_si512(out + 64 * line, w0);
+        _mm512_storeu_si512(out + 64 * line + 32, w1);
     }
 }
 
@@ -199,14 +206,10 @@ void stream_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, 
                 for (int line = 0; line < gemm_chunk_codes / 64; ++line) {
                     __m512i w0, w1;
                     const uint8_t* c = codes[j] + q * gemm_chunk_codes + 64 * line;
-                    if (!fold) {
-                        widen(c, w0, w1, nan[j]);
-                    } else if ((special >> line) & 1u) {  // a zero, subnormal, Inf or NaN code: tables
-                        widen(c, w0, w1, nan[j]);
-                        w0 = fold_lanes(w0, add[j]);
-                        w1 = fold_lanes(w1, add[j]);
+                    if (fold) {
+                        widen_fold_line(widen, c, (special >> line) & 1u, nan[j], add[j], arith_add[j], w0, w1);
                     } else {
-                        widen.arith_fold(c, arith_add[j], w0, w1);
+                        widen(c, w0, w1, nan[j]);
                     }
                     _mm512_store_si512(w[j] + 64 * line, w0);
                     _mm512_store_si512(w[j] + 64 * line + 32, w1);
@@ -287,13 +290,13 @@ bool amx_usable() {
 constexpr int64_t amx_row_band_max_b = int64_t(1) << 20;
 constexpr GemmKernels amx_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 64, 2, amx_row_band_max_b, &block_then_promote<&block_dispatch>,
                                   &amx_begin, &amx_end, &small_amx<false>, amx_small_m_max, &matmul_f32_avx2,
-                                  &scale_store_loop, &fold_amx, 1, &pack_group_avx512, "amx"};
+                                  &scale_store_loop, &fold_amx, &widen_fold_amx, 1, &pack_group_avx512, "amx"};
 // With AVX512-BF16: M = 1 on src/cpu/gemm_avx512.cpp's small kernel, two strips at once
 // (small_strips_for), which does not fold (so folding starts at M = 2); 2 <= M <= 128 streams through
 // the tiles (small_amx).
 constexpr GemmKernels amx_bf16_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 64, 2, amx_row_band_max_b,
                                        &block_then_promote<&block_dispatch>, &amx_begin, &amx_end, &small_amx<true>,
-                                       amx_small_m_max, &matmul_f32_avx2, &scale_store_loop, &fold_amx, 2,
+                                       amx_small_m_max, &matmul_f32_avx2, &scale_store_loop, &fold_amx, &widen_fold_amx, 2,
                                        &pack_group_avx512, "amx"};
 
 }  // namespace

@@ -433,7 +433,7 @@ void expand_avx2(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t
 // GFLOP/s, 8: 73-75, 9: 75-90, 10: 96-97, 16: 115-117). 8 is at that crossover; it was 4, which
 // left M = 5-8 on tiles that then computed 16 rows whatever M was (29-50 GFLOP/s).
 constexpr GemmKernels avx2_kernels{&expand_avx2, &widen_b_avx2, 4, 16, 4, 3, 0, &block_then_promote<&block_avx2>, &begin_avx2,
-                                    &no_tile_state, &small_avx2, 8, &matmul_f32_avx2, &scale_store_loop, nullptr, 0, &pack_group_loop, "avx2"};
+                                    &no_tile_state, &small_avx2, 8, &matmul_f32_avx2, &scale_store_loop, nullptr, nullptr, 0, &pack_group_loop, "avx2"};
 static_assert(avx2_kernels.block_tiles <= max_block_tiles, "block_then_promote's part holds max_block_tiles row tiles");
 
 }  // namespace

@@ -214,13 +214,17 @@ struct GemmKernels {
     // GEMM on the AMX tiles). v may be overwritten.
     void (*scale_store)(float* v, float alpha, float sa, const float* sb, const float* bias, void* out, bool bf16_out,
                         int64_t cols);
-    // Power-of-two scales folded into the operands (gemm.cpp's fold; null where the set does not):
-    // x[i] (bf16 bits, n a multiple of 32) gets add[i % 32] added where it is nonzero and finite -
-    // fold_loop, in the set's vectors. specials: null, or x's chunks' PackedB::chunk_specials
-    // (n a multiple of 512), whose clear bits say a 64-element line is all nonzero finite values
-    // (the lanes need no test). Folding runs where packed A has at least fold_min_m rows: every
-    // kernel the set runs there sums a folded K as one group.
-    void (*fold)(uint16_t* x, int64_t n, const int16_t* add, const uint8_t* specials);
+    // Power-of-two scales folded into the operands (gemm.cpp, "Folding"; null where the set does
+    // not fold). fold: x[i] (bf16 bits, n a multiple of 32) gets add[i % 32] added where it is
+    // nonzero and finite - fold_loop, in the set's vectors (A's packed rows). widen_fold: widen_b
+    // of n codes (whole tiles) into bf16 tiles, folded as fold would; specials: the codes' chunks'
+    // PackedB::chunk_specials, whose clear bits say a 64-code line is all nonzero finite normals
+    // (which the AMX set widens by shifts, its exponent add taking the fold for free). Folding runs
+    // where packed A has at least fold_min_m rows: every kernel the set runs there sums a folded K
+    // as one group.
+    void (*fold)(uint16_t* x, int64_t n, const int16_t* add);
+    void (*widen_fold)(const uint8_t* codes, int64_t n, const ExpandTable& t, bool nan, const int16_t* add,
+                       const uint8_t* specials, uint16_t* out);
     int64_t fold_min_m;
     // pack_weight's copy of one K group of a strip into PackedB's pair order: B's rows row0 + c * ld
     // (c < cols <= 16), elements [0, len) of each, into dst (the group's group_padded x 16 bytes,
@@ -277,15 +281,22 @@ inline bool fold_log2(float s, int& e) {
 }
 
 // GemmKernels::fold as a loop the kernel TU vectorizes: x[i] += add[i % 32] where x[i] is a nonzero
-// finite bf16 (zeros, Inf and NaN are what they were; FP8 values are never bf16 subnormals). It
-// tests every lane, so it needs no specials.
-inline void fold_loop(uint16_t* x, int64_t n, const int16_t* add, const uint8_t*) {
+// finite bf16 (zeros, Inf and NaN are what they were; FP8 values are never bf16 subnormals).
+inline void fold_loop(uint16_t* x, int64_t n, const int16_t* add) {
     for (int64_t i = 0; i < n; i += 2 * gemm_tile) {
         for (int l = 0; l < 2 * gemm_tile; ++l) {
             const uint16_t v = x[i + l], mag = uint16_t(v & 0x7fffu);
             x[i + l] = mag != 0 && mag < 0x7f80u ? uint16_t(v + add[l]) : v;
         }
     }
+}
+
+// GemmKernels::widen_fold as the set's expand then fold_loop (which tests every lane: no specials).
+template <void (*Expand)(const uint8_t*, int64_t, const ExpandTable&, uint16_t*)>
+void widen_then_fold(const uint8_t* codes, int64_t n, const ExpandTable& t, bool, const int16_t* add, const uint8_t*,
+                     uint16_t* out) {
+    Expand(codes, n, t, out);
+    fold_loop(out, n, add);
 }
 
 // The fold addends of B's strip s in K group g, for its widened tiles (lane 2 c + e of a 32-lane row
