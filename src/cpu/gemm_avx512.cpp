@@ -298,6 +298,40 @@ void pack_group_avx512(const uint8_t* row0, int64_t ld, int64_t cols, int64_t le
     pack_group_loop(row0 + e, ld, cols, len - e, dst);
 }
 
+// GemmKernels::scale_store on AVX512-BF16: the same float32 products as scale_store_loop (each
+// multiply and the bias add rounded on its own), and a bf16 D by VCVTNE2PS2BF16 - round to
+// nearest even and NaN made quiet, as fp8kit::bf16 - where no value is a float32 subnormal, which
+// the instruction flushes to zero: 32 values with one are rounded by bf16_round_bits.
+void scale_store_avx512(float* v, float alpha, float sa, const float* sb, const float* bias, void* out, bool bf16_out,
+                        int64_t cols) {
+    if (!bf16_out) return scale_store_loop(v, alpha, sa, sb, bias, out, false, cols);
+    auto* o = static_cast<uint16_t*>(out);
+    const __m512 va = _mm512_set1_ps(alpha), vs = _mm512_set1_ps(sa);
+    const auto d = [&](int64_t j) {
+        const __m512 x = _mm512_mul_ps(va, _mm512_mul_ps(_mm512_loadu_ps(v + j), _mm512_mul_ps(vs, _mm512_loadu_ps(sb + j))));
+        return bias != nullptr ? _mm512_add_ps(x, _mm512_loadu_ps(bias + j)) : x;
+    };
+    const auto subnormal = [](__m512 x) {  // exponent bits 0, mantissa bits not
+        const __m512i b = _mm512_castps_si512(x);
+        return _mm512_mask_test_epi32_mask(_mm512_testn_epi32_mask(b, _mm512_set1_epi32(0x7f800000)), b,
+                                           _mm512_set1_epi32(0x007fffff));
+    };
+    int64_t j = 0;
+    for (; j + 32 <= cols; j += 32) {
+        const __m512 d0 = d(j), d1 = d(j + 16);
+        if ((subnormal(d0) | subnormal(d1)) != 0) {
+            alignas(64) float x[32];
+            _mm512_store_ps(x, d0);
+            _mm512_store_ps(x + 16, d1);
+            for (int e = 0; e < 32; ++e) o[j + e] = bf16_round_bits(x[e]);
+            continue;
+        }
+        const __m512bh h = _mm512_cvtne2ps_pbh(d1, d0);  // d0 in the low half
+        std::memcpy(o + j, &h, sizeof h);
+    }
+    scale_store_loop(v + j, alpha, sa, sb + j, bias == nullptr ? nullptr : bias + j, o + j, true, cols - j);
+}
+
 template void small_bf16<avx512_one_row>(int64_t, const uint16_t*, int64_t, const PackedB&, int64_t, int64_t,
                                          const float*, const ExpandTable&, bool, float*, int64_t);
 template void small_bf16<amx_one_row>(int64_t, const uint16_t*, int64_t, const PackedB&, int64_t, int64_t,
@@ -427,7 +461,7 @@ bool vbmi_and_bf16() {
 // The layer ops' float32 matmul stays AVX2's (VDPBF16PS would round its float32 inputs to bf16).
 constexpr GemmKernels avx512_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 32, 2, 0, &block_avx512,
                                      &no_tile_state, &no_tile_state, &small_bf16<avx512_one_row>,
-                                     avx512_small_m_max, &matmul_f32_avx2, &scale_store_loop, nullptr, nullptr, 0,
+                                     avx512_small_m_max, &matmul_f32_avx2, &scale_store_avx512, nullptr, nullptr, 0,
                                      &pack_group_avx512, "avx512-bf16"};
 
 }  // namespace

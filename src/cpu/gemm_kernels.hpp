@@ -349,6 +349,13 @@ inline void no_tile_state() {}
 // written out on the bits (so that no inline function is compiled with this TU's ISA; checked
 // against it by test_gemm). With a bias the products are stored first and the bias added in a
 // loop of its own: in one loop a TU built with FMA would fuse product and bias into one rounding.
+// float32 -> bf16 bits as fp8kit::bf16 rounds: to nearest even, NaN kept quiet.
+inline uint16_t bf16_round_bits(float x) {
+    uint32_t b;
+    std::memcpy(&b, &x, sizeof b);
+    return (b & 0x7fffffffu) > 0x7f800000u ? uint16_t((b >> 16) | 0x40u) : uint16_t((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+
 inline void scale_store_loop(float* v, float alpha, float sa, const float* sb, const float* bias, void* out,
                              bool bf16_out, int64_t cols) {
     if (bias != nullptr) {
@@ -361,12 +368,7 @@ inline void scale_store_loop(float* v, float alpha, float sa, const float* sb, c
         return;
     }
     uint16_t* o = static_cast<uint16_t*>(out);
-    for (int64_t j = 0; j < cols; ++j) {
-        const float x = d(j);
-        uint32_t b;
-        std::memcpy(&b, &x, sizeof b);
-        o[j] = (b & 0x7fffffffu) > 0x7f800000u ? uint16_t((b >> 16) | 0x40u) : uint16_t((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
-    }
+    for (int64_t j = 0; j < cols; ++j) o[j] = bf16_round_bits(d(j));
 }
 
 }  // namespace
@@ -376,6 +378,8 @@ inline void scale_store_loop(float* v, float alpha, float sa, const float* sb, c
 // small_bf16<P>: a single row streams B as P says (src/cpu/gemm_avx512.cpp measures both).
 void expand_vbmi(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t* out);
 void pack_group_avx512(const uint8_t* row0, int64_t ld, int64_t cols, int64_t len, uint8_t* dst);
+void scale_store_avx512(float* v, float alpha, float sa, const float* sb, const float* bias, void* out, bool bf16_out,
+                        int64_t cols);
 // How the small-M kernel streams B for a single row (M = 1): strips at once, and how many chunks
 // ahead in its thread's stream it prefetches each strip's lines into L1 and into L2 (0: none).
 // arith: whether normal codes widen by shifts (widen_vbmi.hpp) instead of byte tables.

@@ -1109,6 +1109,15 @@ TEST(GemmOps, Bf16DIsTheFloat32DRoundedOnce) {
                     for (const double v : values(f)) want.push_back(bf16(float(v)));
                     EXPECT_TRUE(identical(h, Tensor::from(want, {s.m, s.n})));
                     EXPECT_TRUE(std::isnan(h.get({0, 0})));
+                    // alpha 2^-140: most of D float32 subnormals, whose bf16 rounding is kept (not
+                    // flushed to zero, as AVX512-BF16's conversion alone would).
+                    GemmOptions tiny;
+                    tiny.alpha = 0x1p-140f;
+                    const Tensor ft = gemm(qa, qb, tiny);
+                    tiny.out_dtype = DType::bf16;
+                    want.clear();
+                    for (const double v : values(ft)) want.push_back(bf16(float(v)));
+                    EXPECT_TRUE(identical(gemm(qa, qb, tiny), Tensor::from(want, {s.m, s.n}))) << "subnormal D";
                     std::vector<float> bv = gaussian(1, s.n, seed);
                     for (float& x : bv) x = float(bf16(x));  // the same values in both dtypes
                     const Tensor bias16 = as_tensor(bv, 1, s.n, DType::bf16).reshape({s.n});
