@@ -178,9 +178,8 @@ void stream_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, 
     alignas(64) float part[2 * gemm_tile][2 * gemm_tile];
     const bool summed = kl.groups == 1 || fold;  // one sum over K: into acc, unpromoted
     // Folded, every group's scales of the strips are read before its first chunk is widened; they
-    // are group-major, strips * 64 bytes apart, past what the hardware prefetchers follow, and
-    // with B streamed from memory each group waited for its line (M = 8 at half the promoting
-    // kernel's rate): all of them are asked for at once.
+    // are group-major, strips * 64 bytes apart, past what the hardware prefetchers follow, so with B
+    // streamed from memory each group would wait for its line: all of them are asked for at once.
     for (int64_t g = 0; fold && g < kl.groups; ++g) {
         for (int j = 0; j < NJ; ++j) {
             _mm_prefetch(reinterpret_cast<const char*>(b.scales.data() + g * b.strips * gemm_tile + (s + j) * gemm_tile), _MM_HINT_T0);
@@ -292,9 +291,8 @@ constexpr GemmKernels amx_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8,
                                   &amx_begin, &amx_end, &small_amx<false>, amx_small_m_max, &matmul_f32_avx2,
                                   &scale_store_loop, &fold_amx, &widen_fold_amx, 1, &pack_group_avx512, "amx"};
 // With AVX512-BF16: its bf16 conversion in the epilogue (scale_store_avx512), and M = 1 on
-// src/cpu/gemm_avx512.cpp's small kernel, two strips at once
-// (small_strips_for), which does not fold (so folding starts at M = 2); 2 <= M <= 128 streams through
-// the tiles (small_amx).
+// src/cpu/gemm_avx512.cpp's small kernel, two strips at once (small_strips_for), which does not
+// fold (so folding starts at M = 2); 2 <= M <= 128 streams through the tiles (small_amx).
 constexpr GemmKernels amx_bf16_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 64, 2, amx_row_band_max_b,
                                        &block_then_promote<&block_dispatch>, &amx_begin, &amx_end, &small_amx<true>,
                                        amx_small_m_max, &matmul_f32_avx2, &scale_store_avx512, &fold_amx, &widen_fold_amx, 2,
