@@ -36,7 +36,7 @@ Shapes: M in {1, 16, 128, 2048} x (N, K) in {(4096, 4096), (11008, 4096), (4096,
 --section train: one training step (forward, backward, AdamW) of x -> Linear(d, d) -> GELU ->
 Linear(d, d) -> MSE on 512 tokens, d in {1024, 2048, 4096} (--quick: 1024): torch float32, torch's
 bfloat16 autocast (vs_bf16: its step time over each row's), torchao convert_to_float8_training on the CPU, fp8kit.torch.convert_to_float8_training, per
-recipe, their steps in turn round after round (the fastest of each); tokens/s, and sqnr_db of the
+recipe (tensorwise, rowwise, rowwise_with_gw_hp, block, mxfp8), their steps in turn round after round (the fastest of each); tokens/s, and sqnr_db of the
 first step's weight gradient against torch float32's.
 --section model: transformers' LlamaForCausalLM from a config (551M parameters: hidden 1536,
 16 layers, random weights, nothing downloaded): prefill of 128 tokens (the faster of two) and decode tokens/s
@@ -309,7 +309,7 @@ def train_step_impls(d):
         if ao is not None:
             impls["torchao." + recipe] = lambda r=recipe: ao.convert_to_float8_training(
                 copy.deepcopy(base), config=ao.Float8LinearConfig.from_recipe_name(r))
-    for recipe in ("tensorwise", "rowwise", "rowwise_with_gw_hp"):
+    for recipe in ("tensorwise", "rowwise", "rowwise_with_gw_hp", "block", "mxfp8"):
         impls["fp8kit." + recipe] = lambda r=recipe: f8.convert_to_float8_training(copy.deepcopy(base), config=r)
     return impls
 
