@@ -46,11 +46,13 @@ size_t host_cached_bytes();
 // of 1 KiB or more makes glibc consolidate its fast bins each time (from Python, 6% of the call on
 // a 16 x 16 layer). 16 blocks: a block-scaled fused-cast GEMM takes 9-10 on its calling thread
 // (packed A and its scales, the cast's codes, amaxes and group scales, A's scales, each task's
-// sums), and with 8 one of them was a fresh allocation every call. At most 4 MiB a thread. A block
+// sums), and with 8 one of them was a fresh allocation every call. Up to 1 MiB a block: the AMX
+// tiles' widened window of B is 512 KiB to 1 MiB, and glibc handed one back to the OS after every
+// call, each call faulting its pages in again. At most 16 MiB a thread. A block
 // of host_cache_min bytes or more is a large block of the cache above instead: packed A of a 2048 x
 // 11008 GEMM is 45 MiB, which glibc maps afresh on every call in 4 KiB pages, and whose page faults
 // and TLB misses cost that 2048 x 4096 x 11008 GEMM 3-8% (Zen 5, 2 threads).
-inline constexpr size_t scratch_keep = size_t(256) << 10;
+inline constexpr size_t scratch_keep = size_t(1) << 20;
 inline constexpr size_t scratch_kept = 16;
 void* scratch_acquire(size_t bytes);
 void scratch_release(void* p, size_t bytes) noexcept;

@@ -637,11 +637,13 @@ void gemm(GemmJob& job) {
     // B is small (GemmKernels::row_band_max_b says why), else only when panels alone leave threads
     // idle; never on the small-M kernel, which may pick its way of summing by the rows it is given
     // (AMX: one row apart), so that D does not depend on the split.
-    const int64_t panel_strips = kern.panel_strips, panels = (b.strips + panel_strips - 1) / panel_strips;
     const int64_t row_blocks = (mp + block_rows - 1) / block_rows;
     const size_t work = size_t(job.m * terms) * size_t(job.n) * size_t(std::max<int64_t>(job.k, 1));
     const int threads = threads_for(work);
     const bool bands = int64_t(b.code_bytes()) <= kern.row_band_max_b;
+    const int64_t all_strips_window = b.strips * window_chunks(kl, kern, fold) * gemm_chunk_codes * kern.widened_bytes;
+    const int64_t panel_strips = bands && !small && all_strips_window <= kern.row_band_max_b ? b.strips : kern.panel_strips;
+    const int64_t panels = (b.strips + panel_strips - 1) / panel_strips;
     const int64_t row_splits = small   ? 1
                                : bands ? std::min<int64_t>(row_blocks, threads)
                                        : std::min<int64_t>(row_blocks, panels >= 2 * threads ? 1 : (2 * threads + panels - 1) / panels);

@@ -176,7 +176,10 @@ struct GemmKernels {
     // it packed itself and writes whole rows of D, where over panels each thread reads every row,
     // half of them from another core's cache; but each band widens and reads all of B, which
     // pays only while B is small beside a core's L2. AMX: 1 MiB (a Sapphire Rapids core's L2 is
-    // 2 MiB); the other sets 0 (not measured there).
+    // 2 MiB); the other sets 0 (not measured there). Where the window of all of B's strips
+    // (widened_bytes a code) fits in as many bytes too, a band takes them as one panel: the
+    // window is widened once and each block of the band's A rows is read once for all strips,
+    // where over panels of 8 strips the band's rows went through L2 once a panel.
     int64_t row_band_max_b;
     // C block of `rows` rows (1 .. block_tiles x 16, block_tiles <= max_block_tiles) and nj in {1, 2}
     // 16-column tiles: the sums over `chunks` K chunks of A rows (a + r * lda, chunk q at + 32 q)
