@@ -557,15 +557,11 @@ std::shared_ptr<const void> pack_weight(const ExecContext&, const GemmOperand& b
         pb.strip_has_nan[size_t(s)] = nan ? 1 : 0;
         mark_specials(pb.strip(s), pb.chunk_specials.data() + s * chunks);
     });
-    pb.scales_fold = true;
-    for (int64_t g = 0; g < kl.groups && pb.scales_fold; ++g) {
-        for (int64_t j = 0; j < b.rows; ++j) {
-            int e = 0;
-            if (!fold_log2(pb.scales[size_t(g * pb.strips * gemm_tile + j)], e)) {
-                pb.scales_fold = false;
-                break;
-            }
-        }
+    pb.scales_fold = true;  // over B's columns (padding columns' scales are 0)
+    for (int64_t g = 0; g < kl.groups; ++g) {
+        const float* s = pb.scales.data() + g * pb.strips * gemm_tile;
+        int e = 0;
+        pb.scales_fold = pb.scales_fold && std::all_of(s, s + b.rows, [&](float x) { return fold_log2(x, e); });
     }
     *bytes = pb.code_bytes() + pb.scales.size() * sizeof(float) + pb.strip_has_nan.size() + pb.chunk_specials.size();
     return p;
@@ -634,8 +630,8 @@ void gemm(GemmJob& job) {
 
     // Tasks: row ranges x panels of strips, row-major, so that a thread's tasks (scheduled
     // statically, in order) keep to the fewest rows. Rows are split into one band per thread where
-    // B is small (GemmKernels::row_band_max_b says why), else only when panels alone leave threads
-    // idle; never on the small-M kernel, which may pick its way of summing by the rows it is given
+    // B is small (GemmKernels::row_band_max_b says why; a band takes all strips as one panel where
+    // their window fits as well), else only when panels alone leave threads idle; never on the small-M kernel, which may pick its way of summing by the rows it is given
     // (AMX: one row apart), so that D does not depend on the split.
     const int64_t row_blocks = (mp + block_rows - 1) / block_rows;
     const size_t work = size_t(job.m * terms) * size_t(job.n) * size_t(std::max<int64_t>(job.k, 1));

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -277,8 +278,7 @@ inline constexpr int fold_max_log2 = 32;
 // Whether a scale folds, and its exponent e (s = 2^e): positive, no mantissa bits, |e| <= fold_max_log2
 // (0, NaN, Inf and negative scales do not).
 inline bool fold_log2(float s, int& e) {
-    uint32_t bits;
-    std::memcpy(&bits, &s, sizeof bits);
+    const auto bits = std::bit_cast<uint32_t>(s);
     e = int(bits >> 23) - 127;
     return (bits & 0x807fffffu) == 0 && e >= -fold_max_log2 && e <= fold_max_log2;
 }
@@ -354,8 +354,7 @@ inline void no_tile_state() {}
 // loop of its own: in one loop a TU built with FMA would fuse product and bias into one rounding.
 // float32 -> bf16 bits as fp8kit::bf16 rounds: to nearest even, NaN kept quiet.
 inline uint16_t bf16_round_bits(float x) {
-    uint32_t b;
-    std::memcpy(&b, &x, sizeof b);
+    const auto b = std::bit_cast<uint32_t>(x);
     return (b & 0x7fffffffu) > 0x7f800000u ? uint16_t((b >> 16) | 0x40u) : uint16_t((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
 }
 
