@@ -162,6 +162,34 @@ def test_filter_shapes_and_errors():
         f8.convert_to_float8_training(model, config="fastest")
 
 
+def test_auto_filter_leaves_small_layers_in_high_precision_and_says_why(caplog):
+    def model():  # on the meta device: only the shapes matter
+        with torch.device("meta"):
+            return torch.nn.ModuleDict({"big": torch.nn.Linear(4096, 4096), "wide": torch.nn.Linear(2048, 8192),
+                                        "odd": torch.nn.Linear(4096, 4104 + 4), "lm_head": torch.nn.Linear(4096, 4096),
+                                        "small": torch.nn.Linear(1024, 1024)})
+
+    keep = f8.auto_filter(filter_fqns=["lm_head"])
+    with caplog.at_level("INFO", logger="fp8kit.torch.training"):
+        m = f8.convert_to_float8_training(model(), module_filter_fn=keep)
+    fp8 = {name for name, layer in m.items() if isinstance(layer, f8.Float8Linear)}
+    # Only "big" has both features >= 4096; "wide" (2048 in) stays although its out_features pass
+    # (a threshold on the larger feature would convert it).
+    assert fp8 == {"big"}
+    assert set(keep.skipped) == {"wide", "odd", "lm_head", "small"}
+    assert "in_features 2048" in keep.skipped["wide"] and "min_features 4096" in keep.skipped["wide"]
+    assert "4108" in keep.skipped["odd"] and "multiples of 16" in keep.skipped["odd"]
+    assert "'lm_head'" in keep.skipped["lm_head"]
+    assert sum("small stays in torch.float32" in r.getMessage() for r in caplog.records) == 1
+    # A lower threshold converts what it admits.
+    m = f8.convert_to_float8_training(model(), module_filter_fn=f8.auto_filter(min_features=1024))
+    assert {name for name, layer in m.items() if isinstance(layer, f8.Float8Linear)} == {"big", "wide", "lm_head", "small"}
+    for bad, field in ((dict(filter_fqns="lm_head"), "filter_fqns"), (dict(min_features=8), "min_features"),
+                       (dict(min_features=4096.0), "min_features")):
+        with pytest.raises(fp8kit.Error, match=field):
+            f8.auto_filter(**bad)
+
+
 def test_the_former_name_of_the_training_layer_is_a_deprecated_alias():
     # Float8TrainingLinear, the training layer's name before it took C++'s and torchao's
     # (Float8Linear), still names that class for one release - not the inference layer, which held

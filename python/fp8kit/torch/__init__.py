@@ -24,6 +24,8 @@ With enable_fsdp_float8_all_gather=True (or torchao's Float8LinearConfig field) 
 the weights in FP8, cast by each rank from its shard bit for bit as the whole weight casts
 (tensorwise, rowwise, block, mxfp8; compiled or not); precompute_float8_dynamic_scale_for_fsdp(model)
 after the optimizer step finds every layer's tensorwise amax in one all-reduce, as torchao's.
+module_filter_fn=auto_filter() leaves the layers too small for FP8 to pay in high precision and
+says why (torchao's _auto_filter_for_recipe, on fp8kit's measurements).
 
 Layerwise casting: enable_layerwise_casting(model, storage_dtype, compute_dtype, ...) with Diffusers'
 signature and default skip patterns stores weights in FP8; Linear layers then compute on the FP8
@@ -61,11 +63,11 @@ from .inference import RECIPES, Float8InferenceLinear, quantize_
 from .layerwise_casting import (CASTABLE_LAYERS, DEFAULT_SKIP_MODULES_PATTERN, Float8Embedding,
                                 LayerwiseCastingReport, enable_layerwise_casting)
 from .ops import linear
-from .training import TRAINING_RECIPES, Float8Linear, convert_to_float8_training
+from .training import TRAINING_RECIPES, Float8Linear, auto_filter, convert_to_float8_training
 
 __all__ = ["CASTABLE_LAYERS", "DEFAULT_SKIP_MODULES_PATTERN", "RECIPES", "TRAINING_RECIPES", "Float8Embedding",
            "Float8Experts", "Float8InferenceLinear", "Float8Linear", "Float8StaticInputLinear", "LayerwiseCastingReport",
-           "advise", "convert_to_float8_training", "enable_layerwise_casting", "from_pretrained", "linear",
+           "advise", "auto_filter", "convert_to_float8_training", "enable_layerwise_casting", "from_pretrained", "linear",
            "load_fp8_checkpoint", "precompute_float8_dynamic_scale_for_fsdp", "quantize_"]
 
 
