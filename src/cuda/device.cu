@@ -5,7 +5,11 @@
 // (fp8kit::cuda::ops and memory, declared in core/ops.hpp).
 // Checked by tests/unit/test_backend.cpp and the cuda tests of tests/ops (skipped, saying why,
 // without a GPU).
+#include <algorithm>
+#include <cstdint>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "cuda/common.cuh"
 #include "fp8kit/error.hpp"
@@ -125,8 +129,31 @@ bool available() noexcept { return probe().ok; }
 
 const std::string& unavailable_reason() noexcept { return probe().reason; }
 
+namespace {
+
+// The device's stream-ordered pool keeps what is freed into it, as torch's caching allocator
+// keeps its blocks: with the pool's default release threshold (0) every synchronisation hands its
+// memory back to the driver, and the next scratch allocation maps fresh pages. Set once per device.
+void keep_freed_memory() {
+    static std::mutex mutex;
+    static std::vector<bool> done;
+    int device = 0;
+    FP8KIT_CUDA_CHECK(cudaGetDevice(&device));
+    std::lock_guard<std::mutex> lock(mutex);
+    if (size_t(device) < done.size() && done[size_t(device)]) return;
+    cudaMemPool_t pool = nullptr;
+    FP8KIT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+    uint64_t all = UINT64_MAX;
+    FP8KIT_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &all));
+    done.resize(std::max(done.size(), size_t(device) + 1));
+    done[size_t(device)] = true;
+}
+
+}  // namespace
+
 std::shared_ptr<std::byte> allocate(size_t bytes) {
     if (!available()) throw Error("fp8kit: cannot allocate on device cuda: " + unavailable_reason());
+    keep_freed_memory();
     const cudaStream_t s = current_stream();
     void* p = nullptr;
     const cudaError_t e = cudaMallocAsync(&p, bytes, s);
