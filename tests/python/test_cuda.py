@@ -7,7 +7,8 @@ plus the tensor cores' narrower sums (derived in cublaslt_bound), each with a ne
 that fails it; and the contract with torch:
 outputs from torch's caching allocator (torch.cuda.memory_allocated sees them), work ordered on
 torch's current stream (a side stream whose input is written after a long kernel), no host
-synchronisation inside a call (the call returns while that kernel still runs).
+synchronisation inside a call or a training layer's forward and backward (they return while that
+kernel still runs).
 
 Run by scripts/cuda_device_check.sh on a GPU machine, and by scripts/test.sh everywhere (skipped).
 """
@@ -223,3 +224,36 @@ def test_training_layer_on_the_device_matches_the_float64_gemms(recipe):
         wrong = d64.clone()
         wrong[row] *= 2
         assert torch.any((wrong - d64).abs() > tol)
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "block"])
+def test_training_step_returns_while_the_gpu_still_works(recipe, accumulate):
+    # A Float8Linear's forward and backward only enqueue their casts and GEMMs on torch's current
+    # stream: with ~0.2 s of work queued ahead of them, they return before it ends. A step that
+    # synchronises anywhere (a scale read back, a host copy, a synchronising free) waits for it -
+    # and on a GPU, whose steps take milliseconds, would run host and device one after the other.
+    # Both ways a training loop meets the gradients: set to None (zero_grad's default), or
+    # accumulated into (gradient accumulation over micro-batches). The timed step follows one of
+    # its own kind: the first step of a kind in a process may wait once - seen on an H200 for
+    # torch's own bf16 nn.Linear at its first gradient accumulation (0.2 s, the queued sleep) and
+    # never after; CUDA loads kernels lazily by default (CUDA_MODULE_LOADING=LAZY).
+    torch.manual_seed(2)
+    layer = fp8_torch.convert_to_float8_training(torch.nn.Linear(1024, 1024), config=recipe).cuda().bfloat16()
+    x = randn(512, 1024, seed=11).cuda().requires_grad_()
+
+    def step():
+        if not accumulate:
+            x.grad = layer.weight.grad = layer.bias.grad = None
+        layer(x).sum().backward()
+
+    step()  # sets up cuBLASLt, autograd's device thread and the gradients
+    step()  # the same kind of step as the timed one: every kernel it launches is loaded
+    torch.cuda.synchronize()
+    torch.cuda._sleep(400_000_000)
+    start = time.perf_counter()
+    step()
+    took = time.perf_counter() - start
+    still_running = not torch.cuda.current_stream().query()
+    torch.cuda.synchronize()
+    assert still_running and took < 0.1, f"forward + backward took {took:.3f} s"
