@@ -45,7 +45,8 @@ of 4 rounds, with each of transformers' KV caches (DynamicCache, the default, an
 vs_f32 / vs_bf16 = its decode tokens/s over torch float32's / bfloat16's with the same cache, and
 sqnr_db of the prefill's last logits against the float32 model's (about 3 minutes on 2 Sapphire Rapids
 cores, 2026-11-26).
---section checkpoint: an FP8 checkpoint as users download it (below, at CKPT_LLAMA).
+--section checkpoint: an FP8 checkpoint as users download it (below, at CKPT_LLAMA); a decode
+step's time split into the Linear layers', lm_head's and the rest's.
 --section diffusion: Diffusers' Flux and SD3 transformers from configs at 256, 1024 and 4096 image
 tokens (--quick: 256, 1024): plain bf16, Diffusers' layerwise casting and fp8kit's, each in a fresh
 process (below, at DIFFUSION_MODELS).
@@ -471,15 +472,24 @@ def checkpoint_child(kind, path, prompt, decode):
             model(ids)
             if i >= 2:
                 pre = min(pre, time.perf_counter() - t0)
-        # decode: the median step of `decode` greedy steps after the prompt, with a StaticCache
+        # decode: the median step of `decode` greedy steps after the prompt, with a StaticCache;
+        # beside it the time a step spends in the Linear layers' forwards (each one's call timed;
+        # lm_head apart) - the part whose weight bytes FP8 halves - and in the rest (attention,
+        # norms, the model's own Python), which FP8 leaves as it is.
         cache = transformers.StaticCache(config=model.config, max_cache_len=prompt + decode + 1)
         out = model(ids, past_key_values=cache, use_cache=True)
         tok, steps = out.logits[:, -1:].argmax(-1), []
+        inside = {"linear": 0.0, "lm_head": 0.0}
+        for fqn, m in model.named_modules():
+            if isinstance(m, (torch.nn.Linear, f8.Float8InferenceLinear)):
+                m.forward = _timed(m.forward, inside, "lm_head" if fqn == "lm_head" else "linear")
         for _ in range(decode):
             t0 = time.perf_counter()
             out = model(tok, past_key_values=out.past_key_values, use_cache=True)
             tok = out.logits[:, -1:].argmax(-1)
             steps.append(time.perf_counter() - t0)
+        for m in model.modules():
+            m.__dict__.pop("forward", None)  # the class's forward again
         del cache, out
         model.generate(ids[:, :16], max_new_tokens=8, do_sample=False, pad_token_id=0)  # the RSS "after generate"
     after = _rss()
@@ -489,7 +499,20 @@ def checkpoint_child(kind, path, prompt, decode):
                       "rss_after_generate_mb": round(after["VmRSS"] - base_rss["VmRSS"]),
                       "anon_mb": round(after["RssAnon"] - base_rss["RssAnon"]), "file_mb": round(after["RssFile"] - base_rss["RssFile"]),
                       "peak_mb": round(after["VmHWM"] - base_rss["VmRSS"]),
-                      "prefill_tokens_per_s": round(prompt / pre, 1), "decode_tokens_per_s": round(1 / statistics.median(steps), 2)}))
+                      "prefill_tokens_per_s": round(prompt / pre, 1), "decode_tokens_per_s": round(1 / statistics.median(steps), 2),
+                      "decode_linear_ms": round(inside["linear"] / decode * 1e3, 2),
+                      "decode_lm_head_ms": round(inside["lm_head"] / decode * 1e3, 2),
+                      "decode_rest_ms": round((sum(steps) - inside["linear"] - inside["lm_head"]) / decode * 1e3, 2)}))
+
+
+def _timed(forward, into, key):
+    """forward, adding the seconds of each call to into[key]."""
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        y = forward(*args, **kwargs)
+        into[key] += time.perf_counter() - t0
+        return y
+    return timed
 
 
 def _make_checkpoints():
@@ -696,7 +719,7 @@ def main():
                               "LlamaForCausalLM, decode tokens/s with each KV cache"),
               "torch_checkpoint": ("impl load_s ckpt_mb rss_loaded_mb rss_after_generate_mb anon_mb file_mb peak_mb "
                                    "rss_per_ckpt_byte rss_per_byte_vs_bf16 rss_vs_bf16 prefill_tokens_per_s prefill_vs_bf16 "
-                                   "decode_tokens_per_s decode_vs_bf16 note",
+                                   "decode_tokens_per_s decode_vs_bf16 decode_linear_ms decode_lm_head_ms decode_rest_ms note",
                                    "an FP8 checkpoint (llm-compressor FP8_DYNAMIC of a 169M Llama) and the bf16 one "
                                    "quantize_d, each in a fresh process: RSS above the imports' (MB), tokens/s with a "
                                    "StaticCache"),
