@@ -16,8 +16,8 @@ Each time is the median of 5 runs of repeated calls between CUDA events, after a
 result is checked: an inference output within 0.1 relative RMS of the bf16 layer's (FP8 rounding
 gives about 0.03), the FP8 losses within 1 % of bf16's after 50 steps; a failed check exits 1.
 Usage: python3 bench/bench_torch_cuda.py [--quick] [--json PATH] [--sections host,inference,train];
-scripts/cuda_device_check.sh
-runs it on the GPU machine (with the fp8kit package built there or carried).
+scripts/cuda_device_check.sh runs it on the GPU machine (with the fp8kit package built there or
+carried).
 """
 import json
 import sys

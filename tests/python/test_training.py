@@ -166,7 +166,7 @@ def test_auto_filter_leaves_small_layers_in_high_precision_and_says_why(caplog):
     def model():  # on the meta device: only the shapes matter
         with torch.device("meta"):
             return torch.nn.ModuleDict({"big": torch.nn.Linear(4096, 4096), "wide": torch.nn.Linear(2048, 8192),
-                                        "odd": torch.nn.Linear(4096, 4104 + 4), "lm_head": torch.nn.Linear(4096, 4096),
+                                        "odd": torch.nn.Linear(4096, 4108), "lm_head": torch.nn.Linear(4096, 4096),
                                         "small": torch.nn.Linear(1024, 1024)})
 
     keep = f8.auto_filter(filter_fqns=["lm_head"])

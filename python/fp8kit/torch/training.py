@@ -209,8 +209,8 @@ def auto_filter(filter_fqns=(), min_features=4096):
     filter_fqns (an output head, say), whose in or out features are not multiples of 16 (the FP8
     GEMM's operand rule), or whose in or out features are below min_features. The default 4096
     comes from the eager training step of 4 Linear layers over 8192 tokens on an H200
-    (docs/PERF.md): 0.31x torch's bf16 step at width 2048, where fp8kit's host work per layer
-    (casts, GEMM calls, autograd) outlasts the GPU's, 1.1x at 4096 and 1.3-1.5x at 8192-16384.
+    (docs/PERF.md): 0.31-0.48x torch's bf16 step at width 2048, where fp8kit's host work per layer
+    (casts, GEMM calls, autograd) outlasts the GPU's, 1.09-1.23x at 4096, 1.33-1.53x at 8192-16384.
     The filter's `skipped` maps each refused layer's name to the reason, also logged at INFO."""
     if isinstance(filter_fqns, str) or not all(isinstance(f, str) for f in filter_fqns):
         raise fp8kit.Error(f"fp8kit.torch.auto_filter: filter_fqns is {filter_fqns!r}, expected a list of names")
@@ -228,8 +228,8 @@ def auto_filter(filter_fqns=(), min_features=4096):
         elif n % 16 or k % 16:
             why = f"in_features {k} / out_features {n} are not multiples of 16 (the FP8 GEMM's operand rule)"
         elif min(n, k) < min_features:
-            why = (f"in_features {k} / out_features {n}: below min_features {min_features}, where an FP8 "
-                   "training step does not beat bf16 (auto_filter's docstring)")
+            why = (f"in_features {k} / out_features {n}: below min_features {min_features}, where an eager FP8 "
+                   "training step measured slower than bf16 (docs/PERF.md)")
         else:
             return True
         keep_fp8.skipped[fqn] = why
