@@ -157,13 +157,13 @@ def train(widths, tokens, steps, results):
             t, loss = runs[name]
             ok = abs(loss - loss_bf16) <= 0.01 * abs(loss_bf16)
             failures += not ok
-            peer = {"vs_torchao_tensorwise_compiled": runs["torchao tensorwise compiled"][0] / t} \
-                if "torchao tensorwise compiled" in runs and not name.startswith("torchao") else {}
+            twin = f"torchao {name.split()[0]} compiled"  # torchao's run of the same recipe
+            peer = {"vs_torchao_compiled": runs[twin][0] / t} if twin in runs and twin != name else {}
             results.append({"bench": "linear_train_step", "recipe": name, "tokens": tokens, "width": w, "layers": 4,
                             "steps": steps, "bf16_s": t_bf16, "fp8kit_s": t, "vs_bf16": t_bf16 / t, "loss": loss,
                             "loss_bf16": loss_bf16, "ok": ok, **peer})
             print(f"train step {name:27s} W={w:5d}: bf16 {t_bf16 * 1e3:8.2f} ms  this {t * 1e3:8.2f} ms  "
-                  f"{t_bf16 / t:5.2f}x" + (f"  ({peer['vs_torchao_tensorwise_compiled']:4.2f}x torchao compiled)"
+                  f"{t_bf16 / t:5.2f}x" + (f"  ({peer['vs_torchao_compiled']:4.2f}x torchao compiled)"
                                            if peer else "") +
                   f"  loss {loss:.5f} vs {loss_bf16:.5f}{'' if ok else '  FAILED'}")
     return failures
