@@ -631,8 +631,9 @@ void gemm(GemmJob& job) {
     // Tasks: row ranges x panels of strips, row-major, so that a thread's tasks (scheduled
     // statically, in order) keep to the fewest rows. Rows are split into one band per thread where
     // B is small (GemmKernels::row_band_max_b says why; a band takes all strips as one panel where
-    // their window fits as well), else only when panels alone leave threads idle; never on the small-M kernel, which may pick its way of summing by the rows it is given
-    // (AMX: one row apart), so that D does not depend on the split.
+    // their window fits as well), else only when panels alone leave threads idle; never on the
+    // small-M kernel, which may pick its way of summing by the rows it is given (AMX: one row
+    // apart), so that D does not depend on the split.
     const int64_t row_blocks = (mp + block_rows - 1) / block_rows;
     const size_t work = size_t(job.m * terms) * size_t(job.n) * size_t(std::max<int64_t>(job.k, 1));
     const int threads = threads_for(work);

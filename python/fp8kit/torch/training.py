@@ -163,6 +163,12 @@ class Float8Linear(nn.Linear):
         return super().extra_repr() + f", config={self.config}"
 
 
+def _fp8_operands(linear):
+    """Whether a Linear's in and out features are multiples of 16, the FP8 GEMM's operand rule (as
+    torchao's)."""
+    return linear.in_features % 16 == 0 and linear.out_features % 16 == 0
+
+
 def convert_to_float8_training(module, *, module_filter_fn=None, config=None, enable_fsdp_float8_all_gather=False):
     """torchao's convert_to_float8_training on fp8kit's kernels: every nn.Linear of module that
     module_filter_fn(mod, fqn) accepts (all when None) and whose in and out features are multiples
@@ -187,7 +193,7 @@ def convert_to_float8_training(module, *, module_filter_fn=None, config=None, en
 
     def eligible(m, fqn):  # the filter sees every nn.Linear (auto_filter reports each one it refuses)
         return (type(m) is nn.Linear and (module_filter_fn is None or module_filter_fn(m, fqn))
-                and m.in_features % 16 == 0 and m.out_features % 16 == 0)
+                and _fp8_operands(m))
 
     def convert(m, fqn):
         layer = Float8Linear.from_linear(m, config)
@@ -225,7 +231,7 @@ def auto_filter(filter_fqns=(), min_features=4096):
         match = next((f for f in fqns if f in fqn), None)
         if match is not None:
             why = f"its name contains '{match}' (filter_fqns)"
-        elif n % 16 or k % 16:
+        elif not _fp8_operands(mod):
             why = f"in_features {k} / out_features {n} are not multiples of 16 (the FP8 GEMM's operand rule)"
         elif min(n, k) < min_features:
             why = (f"in_features {k} / out_features {n}: below min_features {min_features}, where an eager FP8 "
