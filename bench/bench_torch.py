@@ -422,11 +422,13 @@ def run_model(rows):
 
 
 # --section checkpoint: an FP8 checkpoint as users download it, each way of running it in a fresh
-# process, the four ways in turn over CHECKPOINT_ROUNDS rounds. The model: a Llama from a config
+# process, the five ways in turn over CHECKPOINT_ROUNDS rounds. The model: a Llama from a config
 # (hidden 1024, 8 layers, intermediate 2816, vocab 32000: 169M parameters, lm_head and embeddings
 # kept in bf16), bf16, quantized by llm-compressor's oneshot
 # FP8_DYNAMIC (channel weights, per-token activations); both written once under CKPT_DIR. Beside
-# them the bf16 checkpoint loaded by transformers and quantize_d (rowwise, lm_head kept in bf16).
+# them the bf16 checkpoint loaded by transformers and quantize_d (rowwise, lm_head kept in bf16;
+# transformers' sdpa attention, as quantize_ leaves it), and the bf16 checkpoint with fp8kit's
+# attention alone (what from_pretrained's default attention gives without FP8 weights).
 CKPT_LLAMA = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
                   num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=1024,
                   tie_word_embeddings=False)
@@ -453,6 +455,9 @@ def checkpoint_child(kind, path, prompt, decode):
     t0 = time.perf_counter()
     if kind == "fp8kit":
         model = fp8kit.torch.from_pretrained(path)
+    elif kind == "attention":  # the bf16 checkpoint with fp8kit's attention only: what the attention alone gives
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16,
+                                                                  attn_implementation=fp8kit.torch.register_attention())
     else:  # transformers' own path: bf16, or for the FP8 checkpoint its CPU decompression to bf16
         model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
         if kind == "quantize_":  # the bf16 checkpoint quantized in memory, lm_head kept as the FP8 one keeps it
@@ -539,7 +544,8 @@ def run_checkpoint(rows, threads, quick):
     # process: on a shared VM one pass put the same build's decode ratio anywhere from 1.25x to
     # 1.55x bf16, as the neighbours' load moved between the processes. Each way's row is its
     # median-RSS run, with the best prefill and decode of its runs (and their range in the note).
-    ways = (("transformers.bf16", bf16), ("transformers.fp8ckpt", fp8), ("fp8kit.fp8ckpt", fp8), ("quantize_.bf16ckpt", bf16))
+    ways = (("transformers.bf16", bf16), ("transformers.fp8ckpt", fp8), ("fp8kit.fp8ckpt", fp8), ("quantize_.bf16ckpt", bf16),
+            ("attention.bf16ckpt", bf16))
     runs = {kind: [] for kind, _ in ways}
     failed = {}
     for _ in range(1 if quick else CHECKPOINT_ROUNDS):

@@ -19,12 +19,14 @@
 // Errors: fp8kit::Error arrives as fp8kit.Error, a ValueError, with the C++ message.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/array.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -709,6 +711,40 @@ NB_MODULE(_fp8kit, m) {
           "layers"_a, "x"_a, "m"_a, "k"_a, "dtype"_a, "outs"_a,
           "FusedLinear.call_into of each layer on the same x[m, k], layer i's D written at address outs[i] (C-contiguous "
           "[m, n_i] in out_dtypes[dtype]); every layer's shape and the dtype checked before the first GEMM.");
+    // fp8kit.torch's attention function (fp8kit/torch/attention.py): attention_decode on the
+    // addresses of torch's tensors, as call_into takes x (a DLPack capsule a tensor would cost more
+    // than a layer's decode-step attention). The caller guarantees what an array would have told:
+    // all on the host, C-contiguous, of `dtype`, q [b, hq, s, d], k and v [b, hkv, l, d], mask 0
+    // (none) or bool [mask_b, s, l], out [b, s, hq, d], alive for the call, none empty. Checked
+    // here: the shapes' relations (attention_decode), null and misaligned addresses.
+    m.def("attention_decode",
+          [](uintptr_t out, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t mask, const std::string& dtype,
+             std::array<int64_t, 4> q_shape, int64_t hkv, int64_t l, int64_t mask_b, double scale) {
+              const DType dt = parse_dtype(dtype);
+              const int64_t b = q_shape[0], hq = q_shape[1], s = q_shape[2], d = q_shape[3];
+              const auto external = [](uintptr_t p, DType t, Shape shape, bool read_only, const char* name) {
+                  Tensor::External e;
+                  e.data = reinterpret_cast<void*>(p);
+                  e.dtype = t;
+                  e.strides.assign(shape.size(), 1);
+                  for (size_t i = shape.size() - 1; i > 0; --i) e.strides[i - 1] = e.strides[i] * shape[i];
+                  e.shape = std::move(shape);
+                  e.read_only = read_only;
+                  e.name = name;
+                  return Tensor::from_external(nullptr, std::move(e));
+              };
+              const Tensor o = external(out, dt, {b, s, hq, d}, false, "out");
+              const Tensor qt = external(q, dt, {b, hq, s, d}, true, "q");
+              const Tensor kt = external(k, dt, {b, hkv, l, d}, true, "k");
+              const Tensor vt = external(v, dt, {b, hkv, l, d}, true, "v");
+              const Tensor mt = mask ? external(mask, DType::boolean, {mask_b, s, l}, true, "mask") : Tensor();
+              nb::gil_scoped_release nogil;
+              attention_decode(o, qt, kt, vt, mt, scale);
+          },
+          "out"_a, "q"_a, "k"_a, "v"_a, "mask"_a, "dtype"_a, "q_shape"_a, "hkv"_a, "l"_a, "mask_b"_a, "scale"_a,
+          "attention_decode at raw host addresses, all C-contiguous: out [b, s, hq, d] = softmax(scale q k^T, masked) v for "
+          "q [b, hq, s, d] (q_shape), k and v [b, hkv, l, d], mask 0 or bool [mask_b, s, l] (fp8kit.torch's attention; the "
+          "caller keeps all alive).");
     // (name, fp8, recipe, reason) per layer
     using PolicyEntry = std::tuple<std::string, bool, std::optional<std::string>, std::string>;
     m.def("write_policy", [](const std::string& path, const std::vector<PolicyEntry>& layers) {

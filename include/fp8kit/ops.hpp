@@ -91,6 +91,19 @@ void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, 
 // dqkv[B, T, 3C] = d/dqkv (overwritten).
 void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att, int64_t heads);
 
+// ---- attention of a few new positions over a key/value cache (a decode step) ----
+
+// out[B, S, Hq, D]: for query head h and row s, the softmax over the attended keys j of
+// scale * q[b, h, s] . k[b, h / G, j], times v[b, h / G, j], G = Hq / Hkv (grouped-query attention:
+// G query heads read one key/value head, which is read once for all of them). q [B, Hq, S, D]; k, v
+// [B, Hkv, L, D]; all bf16, f16 or f32, one dtype; mask undefined (every key attended) or bool
+// [B or 1, S, L] (true: attended). A row with no attended key is 0, as torch's
+// scaled_dot_product_attention gives it. What transformers asks of an attention function at a
+// decode step with a KV cache (fp8kit.torch's "fp8kit" attention): the output in the layout its
+// o_proj reads. Scores, softmax and sums in float32 (ref: float64), out rounded once; D <= 512.
+void attention_decode(const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                      double scale);
+
 // ---- softmax cross-entropy (torch.nn.functional.cross_entropy, per row) ----
 
 // probs[N, V] = softmax(logits[N, V]); losses[N] = -log softmax(logits)[n, targets[n]], from the

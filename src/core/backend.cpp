@@ -23,7 +23,8 @@ constexpr Backend host_backends[] = {Backend::ref, Backend::cpu};
             &detail::host_delayed_init, &detail::host_delayed_record, &detail::host_delayed_update, \
             &ns::matmul, &ns::bias_grad, &ns::layernorm_forward, &ns::layernorm_backward,           \
             &ns::rmsnorm_forward, &ns::rmsnorm_backward, &ns::gelu_forward, &ns::gelu_backward,     \
-            &ns::attention_forward, &ns::attention_backward, &ns::crossentropy_forward,             \
+            &ns::attention_forward, &ns::attention_backward, &ns::attention_decode,                 \
+            &ns::crossentropy_forward,                                                              \
             &ns::crossentropy_backward, &ns::embedding_forward, &ns::embedding_backward,            \
             &ns::adamw_update, &ns::residual_forward                                                \
     }

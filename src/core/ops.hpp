@@ -242,6 +242,18 @@ struct AttentionJob {
     ExecContext ctx = {};  // last, so the positional initializers of src/core need not name it
 };
 
+// attention_decode: q [b, hq, s, d], k and v [b, hkv, l, d], mask null or [mask_b, s, l] bytes (1:
+// attended), out [b, s, hq, d]; all contiguous, of dtype (bf16, f16 or f32); hq a multiple of hkv.
+struct AttentionDecodeJob {
+    DType dtype;
+    int64_t b, hq, hkv, s, l, d, mask_b;
+    double scale;
+    const void *q, *k, *v;
+    const uint8_t* mask;
+    void* out;
+    ExecContext ctx = {};  // last, so the positional initializers of src/core need not name it
+};
+
 struct CrossEntropyJob {
     DType dtype;
     int64_t rows, v;
@@ -296,6 +308,18 @@ void with_float_type(DType dtype, Fn&& fn) {
     }
 }
 
+// fn(T{}) with T the storage type of a bf16, f16 or f32 dtype (attention_decode's).
+template <class Fn>
+void with_storage_type(DType dtype, Fn&& fn) {
+    if (dtype == DType::bf16) {
+        fn(bf16{});
+    } else if (dtype == DType::f16) {
+        fn(f16{});
+    } else {
+        fn(float{});
+    }
+}
+
 struct BackendOps {
     // max |x| into *out (one float of device memory).
     void (*amax)(const ExecContext& ctx, const MatrixRef& x, float* out);
@@ -329,6 +353,7 @@ struct BackendOps {
     void (*gelu_backward)(const GeluJob& job);
     void (*attention_forward)(const AttentionJob& job);
     void (*attention_backward)(const AttentionJob& job);
+    void (*attention_decode)(const AttentionDecodeJob& job);
     void (*crossentropy_forward)(const CrossEntropyJob& job);
     void (*crossentropy_backward)(const CrossEntropyJob& job);
     void (*embedding_forward)(const EmbeddingJob& job);
@@ -401,6 +426,7 @@ inline constexpr uint32_t canonical_nan_bits = 0x7fc00000u;
     void gelu_backward(const detail::GeluJob& job);                                           \
     void attention_forward(const detail::AttentionJob& job);                                  \
     void attention_backward(const detail::AttentionJob& job);                                 \
+    void attention_decode(const detail::AttentionDecodeJob& job);                             \
     void crossentropy_forward(const detail::CrossEntropyJob& job);                            \
     void crossentropy_backward(const detail::CrossEntropyJob& job);                           \
     void embedding_forward(const detail::EmbeddingJob& job);                                  \

@@ -2,14 +2,19 @@
 // softmax and the weighted sum, and the backward. Scores and softmax sums in double; the
 // probabilities and outputs rounded to the tensor's precision; the backward adds float terms
 // into dq, dk, dv in a fixed order. Each (batch, head) is one thread's, so results do not depend
-// on the thread count. Checked against the reference backend by tests/ops/test_attention.cpp.
+// on the thread count. And the attention of new positions over a key/value cache
+// (attention_decode): src/cpu/attention_kernel.hpp, built here for any CPU and in
+// src/cpu/attention_avx2.cpp for AVX2 + FMA, chosen by the active ISA. Checked against the
+// reference backend by tests/ops/test_attention.cpp.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "core/ops.hpp"
+#include "cpu/attention_kernel.hpp"
 #include "cpu/layer_parallel.hpp"
+#include "fp8kit/runtime.hpp"
 
 namespace fp8kit::cpu {
 
@@ -100,6 +105,13 @@ void attention_bwd(const detail::AttentionJob& j) {
 }
 
 }  // namespace
+
+void attention_decode(const detail::AttentionDecodeJob& j) {
+#if defined(FP8KIT_X86_KERNELS)
+    if (active_isa() != Isa::portable) return attention_decode_avx2(j);
+#endif
+    detail::with_storage_type(j.dtype, [&]<class T>(T) { attention_decode_rows<T, PortableOps>(j); });
+}
 
 void attention_forward(const detail::AttentionJob& j) {
     detail::with_float_type(j.dtype, [&]<class T>(T) { attention_fwd<T>(j); });

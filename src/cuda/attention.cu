@@ -4,7 +4,9 @@
 // terms rounded as the cpu backend rounds them, in the same order (t ascending). One warp per
 // (batch, head, time step); the softmax statistics are recomputed rather than stored (no limit on
 // T). So the cpu bounds of docs/NUMERICS.md hold. Checked against the reference backend by
-// tests/ops/test_attention.cpp (CudaMatchesRefWithinTheBound).
+// tests/ops/test_attention.cpp (CudaMatchesRefWithinTheBound). And the attention of new positions
+// over a key/value cache (attention_decode): one block per query row, float32, the softmax online
+// over blocks of 128 keys (CudaDecodeMatchesRefWithinTheBound).
 //   qkv [B, T, 3C] (q, k, v side by side, head h at h * hs), att [B, NH, T, T], out [B, T, C]
 #include <cmath>
 
@@ -160,7 +162,82 @@ unsigned warp_blocks(const Heads& g) {
     return unsigned((warps + warps_per_block - 1) / warps_per_block);
 }
 
+// attention_decode: block (b, h, s) - one query row; thread x scores key t0 + x of each block of
+// decode_threads keys, then the threads share the value rows' d columns (up to 4 each: d <= 512).
+constexpr int decode_threads = 128;
+
+// The block's max (NaN kept: a NaN score reaches out) or sum of one value a thread; red [4].
+template <bool Max>
+__device__ float block_reduce(float x, float* red) {
+    for (int o = 16; o > 0; o /= 2) {
+        const float y = __shfl_xor_sync(0xffffffffu, x, o);
+        x = Max ? (x != x || y < x ? x : y) : x + y;
+    }
+    __syncthreads();  // red's previous reads are done
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = x;
+    __syncthreads();
+    float r = red[0];
+    for (int w = 1; w < decode_threads / 32; ++w) r = Max ? (r != r || red[w] < r ? r : red[w]) : r + red[w];
+    return r;
+}
+
+template <class T>
+__global__ void attention_decode_kernel(detail::AttentionDecodeJob j) {
+    __shared__ float qf[512], p[decode_threads], red[decode_threads / 32];
+    const int64_t row = blockIdx.x, s = row % j.s, h = row / j.s % j.hq, b = row / (j.s * j.hq);
+    const int64_t d = j.d, l = j.l;
+    const T* q = static_cast<const T*>(j.q) + ((b * j.hq + h) * j.s + s) * d;
+    const int64_t kv = (b * j.hkv + h / (j.hq / j.hkv)) * l * d;
+    const T* k = static_cast<const T*>(j.k) + kv;  // [l, d]
+    const T* v = static_cast<const T*>(j.v) + kv;  // [l, d]
+    const uint8_t* m = j.mask ? j.mask + ((j.mask_b == 1 ? 0 : b) * j.s + s) * l : nullptr;  // [l]
+    for (int64_t i = threadIdx.x; i < d; i += decode_threads) qf[i] = float(q[i]) * float(j.scale);
+    __syncthreads();
+    float mx = -INFINITY, sum = 0.0f, acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t t0 = 0; t0 < l; t0 += decode_threads) {
+        const int64_t t = t0 + threadIdx.x;
+        const bool mine = t < l && (m == nullptr || m[t] != 0);
+        float sc = -INFINITY;
+        if (mine) {
+            sc = 0.0f;
+            for (int64_t i = 0; i < d; ++i) sc += qf[i] * float(k[t * d + i]);
+        }
+        const float bm = block_reduce<true>(sc, red);
+        if (bm == -INFINITY) continue;  // no key of this block attended (the same in every thread)
+        const float mn = bm != bm ? bm : fmaxf(mx, bm), corr = expf(mx - mn);
+        const float e = mine ? expf(sc - mn) : 0.0f;
+        sum = sum * corr + block_reduce<false>(e, red);
+        p[threadIdx.x] = e;
+        __syncthreads();
+        const int64_t tn = l - t0 < decode_threads ? l - t0 : decode_threads;
+        for (int c = 0; c < 4; ++c) {
+            const int64_t i = threadIdx.x + int64_t(c) * decode_threads;
+            if (i >= d) break;
+            float a = acc[c] * corr;
+            for (int64_t u = 0; u < tn; ++u)
+                if (m == nullptr || m[t0 + u] != 0) a += p[u] * float(v[(t0 + u) * d + i]);  // a masked value is not read
+            acc[c] = a;
+        }
+        mx = mn;
+        __syncthreads();  // p is read before the next block writes it
+    }
+    T* o = static_cast<T*>(j.out) + ((b * j.s + s) * j.hq + h) * d;
+    for (int c = 0; c < 4; ++c) {
+        const int64_t i = threadIdx.x + int64_t(c) * decode_threads;
+        if (i < d) o[i] = T(sum == 0.0f ? 0.0f : acc[c] / sum);
+    }
+}
+
 }  // namespace
+
+void attention_decode(const detail::AttentionDecodeJob& j) {
+    const int64_t rows = j.b * j.hq * j.s;
+    if (rows > 0x7fffffff) throw Error("fp8kit::attention_decode: " + std::to_string(rows) + " query rows, the cuda backend takes at most 2^31 - 1");
+    detail::with_storage_type(j.dtype, [&]<class T>(T) {
+        attention_decode_kernel<T><<<unsigned(rows), decode_threads, 0, stream_of(j.ctx)>>>(j);
+    });
+    check_launch("attention_decode_kernel");
+}
 
 void attention_forward(const detail::AttentionJob& j) {
     const Heads g = heads_of(j);

@@ -115,6 +115,7 @@ void rmsnorm_forward(const detail::NormJob& job);
 void rmsnorm_backward(const detail::NormBackwardJob& job);
 void attention_forward(const detail::AttentionJob& job);
 void attention_backward(const detail::AttentionJob& job);
+void attention_decode(const detail::AttentionDecodeJob& job);
 void crossentropy_forward(const detail::CrossEntropyJob& job);
 void crossentropy_backward(const detail::CrossEntropyJob& job);
 void embedding_forward(const detail::EmbeddingJob& job);

@@ -115,6 +115,7 @@ const detail::BackendOps table{
     &gelu_backward,
     &attention_forward,
     &attention_backward,
+    &attention_decode,
     &crossentropy_forward,
     &crossentropy_backward,
     &embedding_forward,

@@ -1,7 +1,9 @@
 // src/ref/attention.cpp: the reference causal self-attention - plain loops in float64, each
 // output rounded once: the forward's out from the unrounded probabilities, the backward's dq, dk,
-// dv each one float64 sum. The ground truth of tests/ops/test_attention.cpp; the backward is
-// checked by finite differences in tests/ops/test_backward.cpp.
+// dv each one float64 sum - and the reference attention over a key/value cache (attention_decode:
+// float64, out rounded to float32 and then to the dtype). The ground truth of
+// tests/ops/test_attention.cpp; the backward is checked by finite differences in
+// tests/ops/test_backward.cpp.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -94,7 +96,48 @@ void attention_bwd(const detail::AttentionJob& j) {
     }
 }
 
+// Per query row: scores s_j = scale q . k_j over the attended keys, out = sum_j e^(s_j - max) v_j /
+// sum_j e^(s_j - max); 0 where no key is attended.
+template <class T>
+void attention_dec(const detail::AttentionDecodeJob& j) {
+    const T* q = static_cast<const T*>(j.q);
+    const T* k = static_cast<const T*>(j.k);
+    const T* v = static_cast<const T*>(j.v);
+    T* out = static_cast<T*>(j.out);
+    const int64_t g = j.hq / j.hkv, d = j.d, l = j.l;
+    std::vector<double> p(static_cast<size_t>(l)), acc(static_cast<size_t>(d));
+    for (int64_t b = 0; b < j.b; ++b)
+        for (int64_t h = 0; h < j.hq; ++h)
+            for (int64_t s = 0; s < j.s; ++s) {
+                const T* qr = q + ((b * j.hq + h) * j.s + s) * d;                      // [d]
+                const T* kh = k + (b * j.hkv + h / g) * l * d;                         // [l, d]
+                const T* vh = v + (b * j.hkv + h / g) * l * d;                         // [l, d]
+                const uint8_t* m = j.mask ? j.mask + ((j.mask_b == 1 ? 0 : b) * j.s + s) * l : nullptr;  // [l]
+                double maxv = -std::numeric_limits<double>::infinity(), sum = 0.0;
+                for (int64_t t = 0; t < l; ++t) {
+                    if (m && !m[t]) continue;
+                    double dot = 0.0;
+                    for (int64_t i = 0; i < d; ++i) dot += double(float(qr[i])) * double(float(kh[t * d + i]));
+                    p[size_t(t)] = dot * j.scale;
+                    maxv = std::max(maxv, p[size_t(t)]);  // a NaN score reaches out through its e^(s - max)
+                }
+                std::fill(acc.begin(), acc.end(), 0.0);
+                for (int64_t t = 0; t < l; ++t) {
+                    if (m && !m[t]) continue;
+                    const double e = std::exp(p[size_t(t)] - maxv);
+                    sum += e;
+                    for (int64_t i = 0; i < d; ++i) acc[size_t(i)] += e * double(float(vh[t * d + i]));
+                }
+                T* o = out + ((b * j.s + s) * j.hq + h) * d;
+                for (int64_t i = 0; i < d; ++i) o[i] = T(sum == 0.0 ? 0.0f : float(acc[size_t(i)] / sum));
+            }
+}
+
 }  // namespace
+
+void attention_decode(const detail::AttentionDecodeJob& j) {
+    detail::with_storage_type(j.dtype, [&]<class T>(T) { attention_dec<T>(j); });
+}
 
 void attention_forward(const detail::AttentionJob& j) {
     detail::with_float_type(j.dtype, [&]<class T>(T) { attention_fwd<T>(j); });

@@ -34,22 +34,32 @@ inline Tensor moved(const Tensor& t, Backend b) { return b == Backend::cuda && t
 // An op's result on the host (itself when it is there).
 inline Tensor host(const Tensor& t) { return t.defined() ? t.to(Device::cpu) : t; }
 
-// N(0, scale^2) values, f32 or f64.
+// N(0, scale^2) values, f32, f64, bf16 or f16 (the 16-bit ones through float32).
 inline Tensor randn(const Shape& shape, uint32_t seed, double scale = 1.0, DType dtype = DType::f32) {
     Tensor t = Tensor::empty(shape, dtype);
     std::mt19937 rng(seed);
     std::normal_distribution<double> d(0.0, scale);
     for (int64_t i = 0; i < t.numel(); ++i) {
         if (dtype == DType::f64) t.data<double>()[i] = d(rng);
+        else if (dtype == DType::bf16) t.data<bf16>()[i] = bf16(float(d(rng)));
+        else if (dtype == DType::f16) t.data<f16>()[i] = f16(float(d(rng)));
         else t.data<float>()[i] = float(d(rng));
     }
     return t;
 }
 
+// Every element as a double (f32, f64, bf16, f16).
 inline std::vector<double> values(const Tensor& t) {
     std::vector<double> v(size_t(t.numel()));
     const Tensor c = t.contiguous();
-    for (int64_t i = 0; i < t.numel(); ++i) v[size_t(i)] = t.dtype() == DType::f64 ? c.data<double>()[i] : double(c.data<float>()[i]);
+    for (int64_t i = 0; i < t.numel(); ++i) {
+        switch (t.dtype()) {
+            case DType::f64: v[size_t(i)] = c.data<const double>()[i]; break;
+            case DType::bf16: v[size_t(i)] = double(float(c.data<const bf16>()[i])); break;
+            case DType::f16: v[size_t(i)] = double(float(c.data<const f16>()[i])); break;
+            default: v[size_t(i)] = double(c.data<const float>()[i]);
+        }
+    }
     return v;
 }
 

@@ -50,13 +50,15 @@ The modules, one feature each (the names above are the API; the modules' other n
     layerwise_casting.py  enable_layerwise_casting, Float8Embedding
     advice.py             advise
     checkpoint.py         from_pretrained, load_fp8_checkpoint: FP8 checkpoints run as stored
+    attention.py          register_attention: transformers' "fp8kit" attention (decode over the KV cache)
     fsdp.py               FSDP2's FP8 all-gather of the training layers' weights, precompute_float8_...
 Checked by tests/python/test_torch.py, test_training.py, test_fsdp.py, test_layerwise.py,
-test_advise.py, test_fp8_checkpoints.py and, on a GPU, test_cuda.py.
+test_advise.py, test_fp8_checkpoints.py, test_attention.py and, on a GPU, test_cuda.py.
 """
 import warnings
 
 from .advice import advise
+from .attention import register_attention
 from .checkpoint import Float8Experts, Float8StaticInputLinear, from_pretrained, load_fp8_checkpoint
 from .fsdp import precompute_float8_dynamic_scale_for_fsdp
 from .inference import RECIPES, Float8InferenceLinear, quantize_
@@ -68,7 +70,7 @@ from .training import TRAINING_RECIPES, Float8Linear, auto_filter, convert_to_fl
 __all__ = ["CASTABLE_LAYERS", "DEFAULT_SKIP_MODULES_PATTERN", "RECIPES", "TRAINING_RECIPES", "Float8Embedding",
            "Float8Experts", "Float8InferenceLinear", "Float8Linear", "Float8StaticInputLinear", "LayerwiseCastingReport",
            "advise", "auto_filter", "convert_to_float8_training", "enable_layerwise_casting", "from_pretrained", "linear",
-           "load_fp8_checkpoint", "precompute_float8_dynamic_scale_for_fsdp", "quantize_"]
+           "load_fp8_checkpoint", "precompute_float8_dynamic_scale_for_fsdp", "quantize_", "register_attention"]
 
 
 def __getattr__(name):

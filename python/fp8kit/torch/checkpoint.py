@@ -49,6 +49,7 @@ from torch import nn
 
 import fp8kit
 
+from . import attention
 from .inference import Float8InferenceLinear as _InferenceLinear, _block_of, _group_siblings, _record_in_config
 from .memory import release_pages
 
@@ -678,15 +679,16 @@ def _finish(model, path, fuse_siblings, strict):
     _pack(_fp8_layers(model))
 
 
-def from_pretrained(path, *, model_class=None, torch_dtype=None, fuse_siblings=True, **kwargs):
+def from_pretrained(path, *, model_class=None, torch_dtype=None, fuse_siblings=True, attn_implementation="fp8kit", **kwargs):
     """A transformers model of an FP8 checkpoint directory, its FP8 Linear layers (and experts) on
     fp8kit's kernels with the stored codes and scales (see the module's docstring). The class is
     the one AutoModelForCausalLM picks for the config (model_class= to choose another:
     AutoModelForSeq2SeqLM's, a model class). Built on the meta device (accelerate's
     init_empty_weights), so no weight is ever made in high precision; non-FP8 tensors keep the
-    checkpoint's dtype, or torch_dtype. fuse_siblings as quantize_'s. kwargs go to
-    AutoConfig.from_pretrained (config overrides). Returns the model in
-    eval mode."""
+    checkpoint's dtype, or torch_dtype. fuse_siblings as quantize_'s. attn_implementation as
+    transformers takes it; "fp8kit" (attention.py): decode steps' attention over the KV cache on
+    fp8kit's kernel, the rest as "sdpa". kwargs go to AutoConfig.from_pretrained (config
+    overrides). Returns the model in eval mode."""
     import transformers
     from accelerate import init_empty_weights
     path = os.fspath(path)
@@ -716,13 +718,15 @@ def from_pretrained(path, *, model_class=None, torch_dtype=None, fuse_siblings=T
     # The quantization is fp8kit's to run: transformers must not apply its own quantizer.
     if hasattr(config, "quantization_config"):
         del config.quantization_config
+    if attn_implementation == attention.NAME:
+        attention.register_attention()
     with init_empty_weights():
         if model_class is None:
-            model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+            model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
         elif hasattr(model_class, "from_config") and model_class.__name__.startswith("Auto"):
-            model = model_class.from_config(config, dtype=dtype)
+            model = model_class.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
         else:
-            model = model_class._from_config(config, dtype=dtype)
+            model = model_class._from_config(config, dtype=dtype, attn_implementation=attn_implementation)
     # A tensor the model has no place for is an error, as load_fp8_checkpoint's (a static input
     # scale beside a kept module would go unread), but for those the class tells transformers to
     # pass over.
