@@ -45,8 +45,9 @@ of 4 rounds, with each of transformers' KV caches (DynamicCache, the default, an
 vs_f32 / vs_bf16 = its decode tokens/s over torch float32's / bfloat16's with the same cache, and
 sqnr_db of the prefill's last logits against the float32 model's (about 3 minutes on 2 Sapphire Rapids
 cores, 2026-11-26).
---section checkpoint: an FP8 checkpoint as users download it (below, at CKPT_LLAMA); a decode
-step's time split into the Linear layers', lm_head's and the rest's.
+--section checkpoint: an FP8 checkpoint as users download it (below, at CKPT_LLAMA;
+--checkpoint-model 697m for a larger one); a decode step's time split into the Linear layers',
+lm_head's and the rest's.
 --section diffusion: Diffusers' Flux and SD3 transformers from configs at 256, 1024 and 4096 image
 tokens (--quick: 256, 1024): plain bf16, Diffusers' layerwise casting and fp8kit's, each in a fresh
 process (below, at DIFFUSION_MODELS).
@@ -432,6 +433,12 @@ def run_model(rows):
 CKPT_LLAMA = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
                   num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=1024,
                   tie_word_embeddings=False)
+# --checkpoint-model 697m: a Llama whose Linear weights dominate a decode step (hidden 2048, 12
+# layers, intermediate 5632: 566M parameters in Linear layers, 697M in all), where the bytes a
+# token reads bound the step; its bf16 prefill of 512 tokens takes ~30 s here (AVX2), so a round of
+# the five ways takes ~8 minutes.
+CKPT_MODELS = {"169m": CKPT_LLAMA,
+               "697m": dict(CKPT_LLAMA, hidden_size=2048, intermediate_size=5632, num_hidden_layers=12)}
 CHECKPOINT_ROUNDS = 3
 CKPT_DIR = os.environ.get("FP8KIT_BENCH_CKPT", os.path.join(os.path.expanduser("~"), ".cache", "fp8kit-bench-ckpt"))
 
@@ -520,12 +527,13 @@ def _timed(forward, into, key):
     return timed
 
 
-def _make_checkpoints():
+def _make_checkpoints(model):
     import transformers
-    bf16, fp8 = os.path.join(CKPT_DIR, "llama-bf16"), os.path.join(CKPT_DIR, "llama-fp8-dynamic")
+    prefix = "" if model == "169m" else model + "-"  # the 169M model's directories keep their first names
+    bf16, fp8 = os.path.join(CKPT_DIR, prefix + "llama-bf16"), os.path.join(CKPT_DIR, prefix + "llama-fp8-dynamic")
     if not os.path.exists(os.path.join(bf16, "config.json")):
         torch.manual_seed(0)
-        transformers.LlamaForCausalLM(transformers.LlamaConfig(**CKPT_LLAMA)).to(torch.bfloat16).save_pretrained(bf16)
+        transformers.LlamaForCausalLM(transformers.LlamaConfig(**CKPT_MODELS[model])).to(torch.bfloat16).save_pretrained(bf16)
     if not os.path.exists(os.path.join(fp8, "config.json")):
         from llmcompressor import oneshot
         from llmcompressor.modifiers.quantization import QuantizationModifier
@@ -535,10 +543,10 @@ def _make_checkpoints():
     return bf16, fp8
 
 
-def run_checkpoint(rows, threads, quick):
+def run_checkpoint(rows, threads, quick, model):
     if peer("transformers") is None or peer("llmcompressor") is None:
         return
-    bf16, fp8 = _make_checkpoints()
+    bf16, fp8 = _make_checkpoints(model)
     prompt, decode = (128, 8) if quick else (512, 32)
     # The four ways take turns, CHECKPOINT_ROUNDS times (once with --quick), each in a fresh
     # process: on a shared VM one pass put the same build's decode ratio anywhere from 1.25x to
@@ -569,7 +577,7 @@ def run_checkpoint(rows, threads, quick):
         for key in ("prefill_tokens_per_s", "decode_tokens_per_s"):
             row[key] = max(x[key] for x in done)
         decodes = [x["decode_tokens_per_s"] for x in done]
-        row.update({"bench": "torch_checkpoint", "impl": kind, "prompt": prompt, "threads": threads, "runs": len(done),
+        row.update({"bench": "torch_checkpoint", "impl": kind, "model": model, "prompt": prompt, "threads": threads, "runs": len(done),
                     "note": f"decode {min(decodes)}-{max(decodes)} over {len(done)} runs" if len(done) > 1 else ""})
         row["rss_per_ckpt_byte"] = round(row["rss_after_generate_mb"] / row["ckpt_mb"], 2)
         rows.append(row)
@@ -684,6 +692,8 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--checkpoint-model", choices=tuple(CKPT_MODELS), default="169m",
+                    help="the checkpoint section's Llama (default 169m; 697m: Linear weights dominate a decode step)")
     ap.add_argument("--flush", choices=("team", "one-thread"), default="team",
                     help="who reads the 256 MiB before a memory-bound call (default: torch's threads)")
     ap.add_argument("--section", choices=("linear", "train", "model", "checkpoint", "diffusion"), action="append",
@@ -710,7 +720,7 @@ def main():
     if "model" in sections:
         run_model(rows)
     if "checkpoint" in sections:
-        run_checkpoint(rows, a.threads, a.quick)
+        run_checkpoint(rows, a.threads, a.quick, a.checkpoint_model)
     if "diffusion" in sections:
         run_diffusion(rows, a.threads, a.quick)
     if a.json:

@@ -17,7 +17,7 @@ AttentionInterface) against torch.
   dtype's rounding of one logit), and ignoring the mask (the StaticCache's unwritten tail then
   attended) fails it.
 - Everything it does not take falls back to transformers' sdpa: prefill, float64, a float mask,
-  gradients.
+  gradients; from_pretrained gives it to classes that run sdpa only.
 
 Skipped only when transformers does not import (scripts/setup.sh installs it).
 """
@@ -138,6 +138,14 @@ def test_what_it_does_not_take_falls_back_to_sdpa():
     assert not runs_kernel(q.clone().requires_grad_(), k, v, mask)                       # a gradient asked for
     with torch.no_grad():
         assert runs_kernel(q.clone().requires_grad_(), k, v, mask)
+
+
+def test_from_pretrained_takes_it_where_the_class_runs_sdpa():
+    from fp8kit.torch.checkpoint import _attention_for
+    assert _attention_for(transformers.LlamaForCausalLM, "fp8kit") == "fp8kit"
+    assert _attention_for(transformers.BloomForCausalLM, "fp8kit") is None  # no sdpa: the class's own default
+    assert _attention_for(None, "fp8kit") is None
+    assert _attention_for(transformers.LlamaForCausalLM, "eager") == "eager"
 
 
 def _models():

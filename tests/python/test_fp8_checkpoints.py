@@ -346,6 +346,7 @@ CASES = [("llama", "FP8_DYNAMIC"), ("llama", "FP8_BLOCK"), ("llama", "FP8"), ("l
 def test_llm_compressor_checkpoint(work, model_name, scheme):
     base, path = _checkpoint(work, model_name, scheme)
     model = fp8kit.torch.from_pretrained(path)
+    assert model.config._attn_implementation == "fp8kit"  # from_pretrained's default attention: logits below through it
     assert check_weights(model, path) == []
     assert check_logits(fp8kit_logits(model), base, path) == []
     if model_name == "moe":

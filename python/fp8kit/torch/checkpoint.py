@@ -679,6 +679,18 @@ def _finish(model, path, fuse_siblings, strict):
     _pack(_fp8_layers(model))
 
 
+def _attention_for(cls, asked):
+    """The attn_implementation from_pretrained gives transformers: fp8kit's ("fp8kit", registered
+    here) where asked and the class runs transformers' sdpa - fp8kit's function stands in for sdpa,
+    whose semantics it has - else, for a class without sdpa (attention sinks, soft-capping, its own
+    kernels), the class's own default (None)."""
+    if asked != attention.NAME:
+        return asked
+    if cls is None or not getattr(cls, "_supports_sdpa", False):
+        return None
+    return attention.register_attention()
+
+
 def from_pretrained(path, *, model_class=None, torch_dtype=None, fuse_siblings=True, attn_implementation="fp8kit", **kwargs):
     """A transformers model of an FP8 checkpoint directory, its FP8 Linear layers (and experts) on
     fp8kit's kernels with the stored codes and scales (see the module's docstring). The class is
@@ -687,8 +699,8 @@ def from_pretrained(path, *, model_class=None, torch_dtype=None, fuse_siblings=T
     init_empty_weights), so no weight is ever made in high precision; non-FP8 tensors keep the
     checkpoint's dtype, or torch_dtype. fuse_siblings as quantize_'s. attn_implementation as
     transformers takes it; "fp8kit" (attention.py): decode steps' attention over the KV cache on
-    fp8kit's kernel, the rest as "sdpa". kwargs go to AutoConfig.from_pretrained (config
-    overrides). Returns the model in eval mode."""
+    fp8kit's kernel, the rest as "sdpa" (for a class that runs sdpa; else the class's default).
+    kwargs go to AutoConfig.from_pretrained (config overrides). Returns the model in eval mode."""
     import transformers
     from accelerate import init_empty_weights
     path = os.fspath(path)
@@ -718,15 +730,14 @@ def from_pretrained(path, *, model_class=None, torch_dtype=None, fuse_siblings=T
     # The quantization is fp8kit's to run: transformers must not apply its own quantizer.
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    if attn_implementation == attention.NAME:
-        attention.register_attention()
+    auto = model_class is None or (hasattr(model_class, "from_config") and model_class.__name__.startswith("Auto"))
+    auto_class = transformers.AutoModelForCausalLM if model_class is None else model_class
+    attn = _attention_for(auto_class._model_mapping.get(type(config), None) if auto else model_class, attn_implementation)
     with init_empty_weights():
-        if model_class is None:
-            model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
-        elif hasattr(model_class, "from_config") and model_class.__name__.startswith("Auto"):
-            model = model_class.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+        if auto:
+            model = auto_class.from_config(config, dtype=dtype, attn_implementation=attn)
         else:
-            model = model_class._from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+            model = model_class._from_config(config, dtype=dtype, attn_implementation=attn)
     # A tensor the model has no place for is an error, as load_fp8_checkpoint's (a static input
     # scale beside a kept module would go unread), but for those the class tells transformers to
     # pass over.
