@@ -308,7 +308,7 @@ void with_float_type(DType dtype, Fn&& fn) {
     }
 }
 
-// fn(T{}) with T the storage type of a bf16, f16 or f32 dtype (attention_decode's).
+// fn(T{}) with T the storage type of a bf16, f16 or f32 dtype (the host backends' casts, attention_decode).
 template <class Fn>
 void with_storage_type(DType dtype, Fn&& fn) {
     if (dtype == DType::bf16) {

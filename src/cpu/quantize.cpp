@@ -36,18 +36,6 @@ float amax_value(uint32_t bits) {
     return detail::f32_from_bits(bits > 0x7f800000u ? detail::canonical_nan_bits : bits);
 }
 
-// Calls fn(T{}) with the element type of an f32 / bf16 / f16 dtype.
-template <class Fn>
-void with_type(DType d, Fn&& fn) {
-    if (d == DType::bf16) {
-        fn(bf16{});
-    } else if (d == DType::f16) {
-        fn(f16{});
-    } else {
-        fn(float{});
-    }
-}
-
 template <class T>
 const T* row(const MatrixRef& x, int64_t i) {
     return static_cast<const T*>(x.data) + i * x.ld;
@@ -348,23 +336,23 @@ void dequantize_typed(const detail::DequantizeJob& job) {
 
 void amax(const ExecContext&, const MatrixRef& x, float* out) {
     uint32_t bits = 0;
-    with_type(x.dtype, [&]<class T>(T) { bits = total_amax_bits<T>(x); });
+    detail::with_storage_type(x.dtype, [&]<class T>(T) { bits = total_amax_bits<T>(x); });
     *out = amax_value(bits);
 }
 
 void group_amax(const ExecContext&, const MatrixRef& x, GroupShape g, float* out) {
     std::vector<uint32_t> acc;
-    with_type(x.dtype, [&]<class T>(T) { group_amax_bits<T>(x, g, acc); });
+    detail::with_storage_type(x.dtype, [&]<class T>(T) { group_amax_bits<T>(x, g, acc); });
     for (size_t k = 0; k < acc.size(); ++k) out[k] = amax_value(acc[k]);
 }
 
 void quantize(detail::QuantizeJob& job) {
-    with_type(job.x.dtype, [&]<class T>(T) { quantize_typed<T>(job); });
+    detail::with_storage_type(job.x.dtype, [&]<class T>(T) { quantize_typed<T>(job); });
     if (!std::isfinite(*job.amax)) detail::encode_infinities(job);  // the kernels clamp Inf under saturate
 }
 
 void dequantize(const detail::DequantizeJob& job) {
-    with_type(job.out_dtype, [&]<class Out>(Out) { dequantize_typed<Out>(job); });
+    detail::with_storage_type(job.out_dtype, [&]<class Out>(Out) { dequantize_typed<Out>(job); });
 }
 
 }  // namespace fp8kit::cpu
