@@ -48,6 +48,8 @@ cores, 2026-11-26).
 --section checkpoint: an FP8 checkpoint as users download it (below, at CKPT_LLAMA;
 --checkpoint-model 697m for a larger one); a decode step's time split into the Linear layers',
 lm_head's and the rest's.
+--section attention: one layer's decode-step attention over a KV cache, transformers' sdpa and
+fp8kit's attention function (below, at run_attention).
 --section diffusion: Diffusers' Flux and SD3 transformers from configs at 256, 1024 and 4096 image
 tokens (--quick: 256, 1024): plain bf16, Diffusers' layerwise casting and fp8kit's, each in a fresh
 process (below, at DIFFUSION_MODELS).
@@ -676,6 +678,47 @@ def run_diffusion(rows, threads, quick):
                     r["rss_vs_bf16"] = round(r["rss_mb"] / got["bf16"]["rss_mb"], 2)
 
 
+# --section attention: one layer's decode-step attention over a KV cache, as a transformers Llama
+# calls it (the checkpoint section's heads: 16 query heads sharing 8 key/value heads of 64; a
+# StaticCache of L positions whose last 33 are unwritten, masked): transformers' sdpa (each
+# key/value head copied for its query heads, then torch's SDPA) and fp8kit's attention function
+# (fp8kit::attention_decode), bf16 and float32 caches. GB/s: the attended keys' and values' bytes
+# over the time. Each result is checked against torch's SDPA in float64 on the same values.
+def run_attention(budget, rows):
+    if peer("transformers") is None:
+        return
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from fp8kit.torch import attention
+
+    class Layer(torch.nn.Module):  # what transformers' attention functions read of the module
+        num_key_value_groups, is_causal = 2, True
+
+    layer = Layer()
+    for dtype in (torch.bfloat16, torch.float32):
+        for length in (545, 4096):
+            g = torch.Generator().manual_seed(length)
+            q = torch.randn(1, 16, 1, 64, generator=g).to(dtype)
+            k, v = (torch.randn(1, 8, length, 64, generator=g).to(dtype) for _ in range(2))
+            mask = torch.ones(1, 1, 1, length, dtype=torch.bool)
+            mask[..., length - 33:] = False
+            calls = {"transformers.sdpa": lambda: sdpa_attention_forward(layer, q, k, v, mask)[0],
+                     "fp8kit.attention": lambda: attention.attention_forward(layer, q, k, v, mask)[0]}
+            ref = torch.nn.functional.scaled_dot_product_attention(
+                q.double(), k.double().repeat_interleave(2, 1), v.double().repeat_interleave(2, 1), attn_mask=mask).transpose(1, 2)
+            bound = (ref.abs() * 2.0 ** -(8 if dtype == torch.bfloat16 else 23) + 2.0 ** -12 * v.double().abs().max())
+            best = best_seconds(calls, budget)
+            read = 2 * 8 * (length - 33) * 64 * k.element_size()
+            for name, call in calls.items():
+                err = (call().double() - ref).abs()
+                if not (err <= bound).all():
+                    raise SystemExit(f"bench attention: {name} {dtype} L={length} is {err.max().item():.3g} from float64")
+                rows.append({"bench": "torch_attention", "impl": name, "dtype": str(dtype).removeprefix("torch."),
+                             "l": length, "threads": torch.get_num_threads(), "us": round(best[name] * 1e6, 1),
+                             "gb_per_s": round(read / best[name] / 1e9, 2),
+                             "vs_sdpa": round(best["transformers.sdpa"] / best[name], 2),
+                             "max_err_vs_f64": float(f"{err.max().item():.3g}")})
+
+
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--diffusion-child":
         threads = int(sys.argv[6]) if len(sys.argv) > 6 else 2
@@ -696,10 +739,10 @@ def main():
                     help="the checkpoint section's Llama (default 169m; 697m: Linear weights dominate a decode step)")
     ap.add_argument("--flush", choices=("team", "one-thread"), default="team",
                     help="who reads the 256 MiB before a memory-bound call (default: torch's threads)")
-    ap.add_argument("--section", choices=("linear", "train", "model", "checkpoint", "diffusion"), action="append",
-                    help="linear, train, model, checkpoint or diffusion (repeatable; default: all five)")
+    ap.add_argument("--section", choices=("linear", "train", "model", "checkpoint", "diffusion", "attention"), action="append",
+                    help="linear, train, model, checkpoint, diffusion or attention (repeatable; default: all six)")
     a = ap.parse_args()
-    sections = a.section or ["linear", "train", "model", "checkpoint", "diffusion"]
+    sections = a.section or ["linear", "train", "model", "checkpoint", "diffusion", "attention"]
     global FLUSH_BY
     FLUSH_BY = a.flush
     torch.set_num_threads(a.threads)
@@ -723,6 +766,8 @@ def main():
         run_checkpoint(rows, a.threads, a.quick, a.checkpoint_model)
     if "diffusion" in sections:
         run_diffusion(rows, a.threads, a.quick)
+    if "attention" in sections:
+        run_attention(budget, rows)
     if a.json:
         for r in rows:
             print(json.dumps(r))
@@ -741,7 +786,9 @@ def main():
                                    "StaticCache"),
               "torch_diffusion": ("impl tokens params_m native_linears rss_mb rss_vs_bf16 forward_s vs_bf16 out_norm note",
                                   "Diffusers transformers from configs, bf16 / Diffusers' layerwise casting / fp8kit's, "
-                                  "each in a fresh process: one forward (s), RSS above the imports' (MB)")}
+                                  "each in a fresh process: one forward (s), RSS above the imports' (MB)"),
+              "torch_attention": ("impl dtype l us gb_per_s vs_sdpa max_err_vs_f64",
+                                  "a decode step's attention of one layer (16 / 8 heads of 64) over l cached positions")}
     for bench, (cols, title) in tables.items():
         table = [r for r in rows if r["bench"] == bench]
         if table:
