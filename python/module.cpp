@@ -722,16 +722,9 @@ NB_MODULE(_fp8kit, m) {
              std::array<int64_t, 4> q_shape, int64_t hkv, int64_t l, int64_t mask_b, double scale) {
               const DType dt = parse_dtype(dtype);
               const int64_t b = q_shape[0], hq = q_shape[1], s = q_shape[2], d = q_shape[3];
-              const auto external = [](uintptr_t p, DType t, Shape shape, bool read_only, const char* name) {
-                  Tensor::External e;
-                  e.data = reinterpret_cast<void*>(p);
-                  e.dtype = t;
-                  e.strides.assign(shape.size(), 1);
-                  for (size_t i = shape.size() - 1; i > 0; --i) e.strides[i - 1] = e.strides[i] * shape[i];
-                  e.shape = std::move(shape);
-                  e.read_only = read_only;
-                  e.name = name;
-                  return Tensor::from_external(nullptr, std::move(e));
+              const auto external = [](uintptr_t p, DType t, Shape shape, bool read_only, const char* name) {  // row-major
+                  return Tensor::from_external(nullptr, {.data = reinterpret_cast<void*>(p), .shape = std::move(shape), .dtype = t,
+                                                         .read_only = read_only, .name = name});
               };
               const Tensor o = external(out, dt, {b, s, hq, d}, false, "out");
               const Tensor qt = external(q, dt, {b, hq, s, d}, true, "q");
