@@ -379,7 +379,7 @@ void run_tiles(const Task& t, int64_t r0, int64_t rows, int64_t s0, int64_t s1, 
         const int64_t wc = std::min(wchunks, total_chunks - w0);
         for (int64_t s = 0; s < ns; ++s) {
             const uint8_t* codes = t.b.strip(s0 + s) + w0 * gemm_chunk_codes;
-            const bool nan = t.b.strip_has_nan[size_t(s0 + s)] != 0;
+            const bool nan = t.b.strip_nonfinite[size_t(s0 + s)] != 0;
             auto* w = bexp.get() + s * b_strip * eb;
             if (!t.fold) {
                 t.kern.widen_b(codes, wc * gemm_chunk_codes, t.table, nan, w);
@@ -509,13 +509,13 @@ std::shared_ptr<const void> pack_weight(const ExecContext&, const GemmOperand& b
     // Uninitialised: written below.
     pb.codes = lasting ? detail::host_allocate_lasting(pb.code_bytes()) : detail::host_allocate(pb.code_bytes());
     pb.scales.assign(size_t(kl.groups * pb.strips * gemm_tile), 0.0f);
-    pb.strip_has_nan.assign(size_t(pb.strips), 0);
+    pb.strip_nonfinite.assign(size_t(pb.strips), 0);
     const int64_t chunks = kl.padded / gemm_chunk;
     pb.chunk_specials.assign(size_t(pb.strips * chunks), 0);
-    const auto row_has_nan = [f = b.format](const uint8_t* row, int64_t k) {
+    const auto row_nonfinite = [f = b.format](const uint8_t* row, int64_t k) {
         return with_format(f, [&](auto format) {
             uint8_t any = 0;
-            for (int64_t e = 0; e < k; ++e) any |= uint8_t(is_nan(row[e], decltype(format)::value));
+            for (int64_t e = 0; e < k; ++e) any |= uint8_t(!finite_code(row[e], decltype(format)::value));
             return any != 0;
         });
     };
@@ -537,10 +537,10 @@ std::shared_ptr<const void> pack_weight(const ExecContext&, const GemmOperand& b
         uint8_t* out = reinterpret_cast<uint8_t*>(pb.codes.get()) + s * kl.padded * gemm_tile;
         const int64_t cols = std::min(gemm_tile, b.rows - s * gemm_tile);
         const uint8_t* rows[gemm_tile];
-        bool nan = false;
+        bool nonfinite = false;
         for (int64_t c = 0; c < cols; ++c) {
             rows[c] = b.data + (s * gemm_tile + c) * b.ld;
-            nan = nan || row_has_nan(rows[c], b.k);
+            nonfinite = nonfinite || row_nonfinite(rows[c], b.k);
         }
         for (int64_t g = 0; g < kl.groups; ++g) {
             for (int64_t c = 0; c < cols; ++c) {
@@ -554,7 +554,7 @@ std::shared_ptr<const void> pack_weight(const ExecContext&, const GemmOperand& b
             if (len < kl.group_padded || cols < gemm_tile) std::memset(dst, 0, size_t(kl.group_padded * gemm_tile));
             kern.pack_group(rows[0] + k0, b.ld, cols, len, dst);
         }
-        pb.strip_has_nan[size_t(s)] = nan ? 1 : 0;
+        pb.strip_nonfinite[size_t(s)] = nonfinite ? 1 : 0;
         mark_specials(pb.strip(s), pb.chunk_specials.data() + s * chunks);
     });
     pb.scales_fold = true;  // over B's columns (padding columns' scales are 0)
@@ -563,7 +563,7 @@ std::shared_ptr<const void> pack_weight(const ExecContext&, const GemmOperand& b
         int e = 0;
         pb.scales_fold = pb.scales_fold && std::all_of(s, s + b.rows, [&](float x) { return fold_log2(x, e); });
     }
-    *bytes = pb.code_bytes() + pb.scales.size() * sizeof(float) + pb.strip_has_nan.size() + pb.chunk_specials.size();
+    *bytes = pb.code_bytes() + pb.scales.size() * sizeof(float) + pb.strip_nonfinite.size() + pb.chunk_specials.size();
     return p;
 }
 

@@ -172,7 +172,7 @@ void stream_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, 
     for (int j = 0; j < NJ; ++j) {
         codes[j] = b.strip(s + j);
         specials[j] = &b.specials(s + j, 0);
-        nan[j] = widen.neg_zero_is_nan && b.strip_has_nan[size_t(s + j)] != 0;
+        nan[j] = widen.neg_zero_is_nan && b.strip_nonfinite[size_t(s + j)] != 0;
     }
     alignas(64) uint16_t wide[2][NJ][gemm_chunk_codes];  // by chunk parity: widening the next while the tiles load this
     alignas(64) float part[2 * gemm_tile][2 * gemm_tile];

@@ -62,9 +62,7 @@ __m256 decode8_f32(__m256i x, const ExpandTable& t) {
 // left by 7 has the sign in bits 15 and 14 and exponent and mantissa in bits 13-7, and one and
 // clears bit 14 and the rest. Its NaN code (exponent and mantissa all ones, 480 x 2^-8 in f16)
 // gets f16's NaN bits when Specials (a strip of PackedB with a NaN code; the others skip the
-// check). The 2^-8 is exact and is taken back on the A side (unit_log2), so no multiply per code
-// - unless A holds a finite value of 2^120 or more (a weight-only A), which x 2^8 would overflow
-// where its products are finite: then one multiply a vector of codes (the small kernel's ScaleB).
+// check). The 2^-8 is exact; the tiles' widening takes it back as it stores the values.
 template <Format F>
 struct Decode {
     static constexpr int unit_log2 = F == Format::e4m3fn ? 8 : 0;
@@ -262,25 +260,77 @@ void block_avx2(int rows, int nj, const uint16_t* a, int64_t lda, const void* bw
 
 // ---- small M: B's codes widened in registers, streamed once ----
 // A 32-byte row of a packed chunk holds one K pair p for the strip's 16 columns (byte 32 p + 2 c
-// + e); eight of its bytes are columns 4v..4v+3, each (B[c, 2p], B[c, 2p + 1]). They are multiplied
-// by A's pair (A[r, 2p], A[r, 2p + 1]) broadcast as two float32 and kept in separate lanes; the two
-// lanes of a column are added when the K group ends.
-// Lanes (2c, 2c + 1) of x (columns 0-3) and y (columns 4-7) added: hadd pairs them within
-// 128-bit halves, giving columns 0 1 4 5 | 2 3 6 7; the 64-bit permute puts them in order.
-__m256 column_sums(__m256 x, __m256 y) {
-    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_hadd_ps(x, y)), 0xd8));
+// + e). Read as eight 32-bit words, word d holds columns 2d and 2d + 1, elements 0 and 1 of the
+// pair, so each byte position of the words is one (column parity, element) class of 8 lanes:
+// w[0] even columns' element 0, w[1] even columns' element 1, w[2] odd columns' element 0, w[3]
+// odd columns' element 1. Elements 0 and 1 are multiplied by A's two K values broadcast, and
+// the classes are added and interleaved back into column order when the K group ends.
+//
+// The decode is shifts and one multiply (no F16C): a code's byte, moved to the top of a 16-bit
+// word and shifted right arithmetically, has its exponent and mantissa bits on bf16's and its
+// sign copied up to bit 15; the mask keeps those. That bf16, moved to a float32's top half, is the
+// value times 2^(bias - 127) - subnormal codes too, as float32 subnormals with the same mantissa
+// - so one exact multiply by 2^(127 - bias) gives the value (every FP8 value is a float32, and so
+// is every product of two). Codes that are not numbers (NaN; e5m2's Inf) come out finite: a strip
+// with one (PackedB::strip_nonfinite) checks each row and takes those codes from the table.
+template <Format F>
+struct PairRow {
+    static constexpr bool five = F == Format::e5m2 || F == Format::e5m2fnuz;
+    static constexpr int shift = five ? 3 : 4;  // the byte's exponent field onto bf16's
+    static constexpr int bias = F == Format::e4m3fn ? 7 : F == Format::e4m3fnuz ? 8 : F == Format::e5m2 ? 15 : 16;
+
+    template <bool Nonfinite>
+    static void decode(const uint8_t* row, const ExpandTable& t, __m256 w[4]) {
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
+        const __m256i keep = _mm256_set1_epi16(int16_t(0x8000 | (0x7f << (8 - shift)))), top = _mm256_set1_epi32(int(0xffff0000u));
+        const __m256 unit = _mm256_set1_ps(std::bit_cast<float>(uint32_t(254 - bias) << 23));
+        const __m256i lo = _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(x, 8), shift), keep);  // bytes 4d, 4d + 2
+        const __m256i hi = _mm256_and_si256(_mm256_srai_epi16(x, shift), keep);                        // bytes 4d + 1, 4d + 3
+        w[0] = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)), unit);
+        w[1] = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(hi, 16)), unit);
+        w[2] = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(lo, top)), unit);
+        w[3] = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(hi, top)), unit);
+        if constexpr (Nonfinite) {
+            const __m256i em = _mm256_and_si256(x, _mm256_set1_epi8(0x7f));
+            __m256i bad;
+            if constexpr (F == Format::e4m3fn) {
+                bad = _mm256_cmpeq_epi8(em, _mm256_set1_epi8(0x7f));
+            } else if constexpr (F == Format::e5m2) {
+                bad = _mm256_cmpgt_epi8(em, _mm256_set1_epi8(0x7b));
+            } else {
+                bad = _mm256_cmpeq_epi8(x, _mm256_set1_epi8(char(0x80)));
+            }
+            const uint32_t at = uint32_t(_mm256_movemask_epi8(bad));  // bit i: byte i
+            if (at == 0) return;
+            alignas(32) float v[4][8];
+            for (int j = 0; j < 4; ++j) _mm256_store_ps(v[j], w[j]);
+            for (int i = 0; i < 32; ++i) {  // byte 4d + j: lane d of w[j]
+                if ((at >> i & 1u) != 0) {
+                    v[i % 4][i / 4] = std::bit_cast<float>(uint32_t(t.bf16[row[i]]) << 16);  // NaN or Inf, whatever t's unit
+                }
+            }
+            for (int j = 0; j < 4; ++j) w[j] = _mm256_load_ps(v[j]);
+        }
+    }
+};
+
+// The sums of w[0] + w[1] (even columns) and w[2] + w[3] (odd columns) back in column order:
+// unpack interleaves within 128-bit halves (columns 0-3 | 8-11 and 4-7 | 12-15), permute2f128
+// joins the halves.
+void column_order(__m256 even, __m256 odd, __m256& c0_7, __m256& c8_15) {
+    const __m256 a = _mm256_unpacklo_ps(even, odd), b = _mm256_unpackhi_ps(even, odd);
+    c0_7 = _mm256_permute2f128_ps(a, b, 0x20);
+    c8_15 = _mm256_permute2f128_ps(a, b, 0x31);
 }
 
-// Strip s of B times R rows of A (af, float32) into out[r * ldacc + col]. ScaleB: B's decoded
-// values times 2^unit_log2 (else af holds A times it).
-template <Format F, int R, bool Specials, bool ScaleB>
+// Strip s of B times R rows of A (af, float32) into out[r * ldacc + col].
+template <Format F, int R, bool Nonfinite>
 void small_strip(const float* af, int64_t ldaf, const PackedB& b, int64_t s, const float* sa, const ExpandTable& t,
                  float* out, int64_t ldacc) {
     const KLayout& kl = b.kl;
     const int64_t cpg = kl.chunks_per_group();
     const bool one_group = kl.groups == 1;
     const uint8_t* codes = b.strip(s);
-    const __m256 unit = _mm256_set1_ps(std::ldexp(1.0f, Decode<F>::unit_log2));
     __m256 total[R][2];
     for (int r = 0; r < R; ++r) total[r][0] = total[r][1] = _mm256_setzero_ps();  // (set by group 0; for the compiler)
     for (int64_t g = 0; g < kl.groups; ++g) {
@@ -296,27 +346,26 @@ void small_strip(const float* af, int64_t ldaf, const PackedB& b, int64_t s, con
                 _mm_prefetch(reinterpret_cast<const char*>(chunk + 8 * gemm_chunk_codes + line * 64), _MM_HINT_T0);
             }
             for (int p = 0; p < gemm_chunk / 2; ++p) {
-                __m256 pair[R];
-                for (int r = 0; r < R; ++r) {
-                    double two;  // A[r, 2p], A[r, 2p + 1] as one 64-bit broadcast
-                    std::memcpy(&two, af + r * ldaf + q * gemm_chunk + 2 * p, 8);
-                    pair[r] = _mm256_castpd_ps(_mm256_set1_pd(two));
-                }
                 __m256 w[4];
-                Decode<F>::template sixteen<Specials>(chunk + p * 2 * gemm_tile, t, w[0], w[1]);
-                Decode<F>::template sixteen<Specials>(chunk + p * 2 * gemm_tile + 16, t, w[2], w[3]);
-                if constexpr (ScaleB) {
-                    for (__m256& v : w) v = _mm256_mul_ps(v, unit);
-                }
-                for (int v = 0; v < 4; ++v) {
-                    for (int r = 0; r < R; ++r) lanes[r][v] = _mm256_fmadd_ps(pair[r], w[v], lanes[r][v]);
+                PairRow<F>::template decode<Nonfinite>(chunk + p * 2 * gemm_tile, t, w);
+                FP8KIT_UNROLL(2)
+                for (int r = 0; r < R; ++r) {
+                    const float* k2 = af + r * ldaf + q * gemm_chunk + 2 * p;  // A[r, 2p], A[r, 2p + 1]
+                    const __m256 a0 = _mm256_broadcast_ss(k2), a1 = _mm256_broadcast_ss(k2 + 1);
+                    lanes[r][0] = _mm256_fmadd_ps(a0, w[0], lanes[r][0]);
+                    lanes[r][1] = _mm256_fmadd_ps(a1, w[1], lanes[r][1]);
+                    lanes[r][2] = _mm256_fmadd_ps(a0, w[2], lanes[r][2]);
+                    lanes[r][3] = _mm256_fmadd_ps(a1, w[3], lanes[r][3]);
                 }
             }
         }
         const __m256 sb0 = _mm256_loadu_ps(b.scales.data() + g * b.strips * gemm_tile + s * gemm_tile);
         const __m256 sb1 = _mm256_loadu_ps(b.scales.data() + g * b.strips * gemm_tile + s * gemm_tile + 8);
         for (int r = 0; r < R; ++r) {
-            const __m256 part[2] = {column_sums(lanes[r][0], lanes[r][1]), column_sums(lanes[r][2], lanes[r][3])};
+            // Element 0's sum plus element 1's, per column: the order of the pair lanes the other
+            // kernels keep (NUMERICS.md).
+            __m256 part[2];
+            column_order(_mm256_add_ps(lanes[r][0], lanes[r][1]), _mm256_add_ps(lanes[r][2], lanes[r][3]), part[0], part[1]);
             if (one_group) {
                 total[r][0] = part[0];  // scaled in the epilogue
                 total[r][1] = part[1];
@@ -336,21 +385,21 @@ void small_strip(const float* af, int64_t ldaf, const PackedB& b, int64_t s, con
     }
 }
 
-// Strip s times R rows (the decode's NaN fix-up only where the strip holds a NaN code).
-template <Format F, bool ScaleB, int R>
+// Strip s times R rows (the decode's fix-up only where the strip holds a NaN or Inf code).
+template <Format F, int R>
 void small_rows(const float* af, int64_t ldaf, const PackedB& b, int64_t s, const float* sa, const ExpandTable& t,
                 float* out, int64_t ldacc) {
-    if (b.strip_has_nan[size_t(s)]) {
-        small_strip<F, R, true, ScaleB>(af, ldaf, b, s, sa, t, out, ldacc);
+    if (b.strip_nonfinite[size_t(s)]) {
+        small_strip<F, R, true>(af, ldaf, b, s, sa, t, out, ldacc);
     } else {
-        small_strip<F, R, false, ScaleB>(af, ldaf, b, s, sa, t, out, ldacc);
+        small_strip<F, R, false>(af, ldaf, b, s, sa, t, out, ldacc);
     }
 }
 
-// Strip by strip, two rows at a time (8 lane accumulators, 2 A pairs and the decode's temporaries
-// fit the 16 registers): a strip's codes (16 bytes a K) come from memory once, for the first pair
-// of rows, and from L2 for the others - rows outermost streamed all of B once per pair.
-template <Format F, bool ScaleB>
+// Strip by strip, two rows at a time (8 lane accumulators, the 4 decoded vectors and 2 A
+// broadcasts fit the 16 registers): a strip's codes (16 bytes a K) come from memory once, for the
+// first pair of rows, and from L2 for the others - rows outermost streamed all of B once per pair.
+template <Format F>
 void small_all_rows(int64_t rows, const float* af, int64_t ldaf, const PackedB& b, int64_t s0, int64_t s1,
                     const float* sa, const ExpandTable& t, float* acc, int64_t ldacc) {
     const int64_t groups = b.kl.groups;
@@ -358,36 +407,22 @@ void small_all_rows(int64_t rows, const float* af, int64_t ldaf, const PackedB& 
         float* out = acc + (s - s0) * gemm_tile;
         int64_t r = 0;
         for (; r + 2 <= rows; r += 2) {
-            small_rows<F, ScaleB, 2>(af + r * ldaf, ldaf, b, s, sa + r * groups, t, out + r * ldacc, ldacc);
+            small_rows<F, 2>(af + r * ldaf, ldaf, b, s, sa + r * groups, t, out + r * ldacc, ldacc);
         }
-        if (r < rows) small_rows<F, ScaleB, 1>(af + r * ldaf, ldaf, b, s, sa + r * groups, t, out + r * ldacc, ldacc);
+        if (r < rows) small_rows<F, 1>(af + r * ldaf, ldaf, b, s, sa + r * groups, t, out + r * ldacc, ldacc);
     }
 }
 
 template <Format F>
 void small_format(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,
                   const float* sa, const ExpandTable& t, float* acc, int64_t ldacc) {
-    // A's few rows widened to float32 once per call, times 2^unit_log2 (exact) unless a finite
-    // value of 2^120 or more would overflow, so a pair is one 64-bit broadcast.
+    // A's few rows widened to float32 once per call (exact), so each K value is one broadcast.
     const int64_t ldaf = b.kl.padded;
     std::vector<float> afv(size_t(rows * ldaf));
-    uint16_t large = 0;  // nonzero: some |A| in [2^120, Inf) (bf16 exponent field 247-254)
     for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t k = 0; k < ldaf; ++k) {
-            const uint16_t e = a[r * lda + k] & 0x7f80u;
-            large |= uint16_t(e >= (247u << 7) && e != 0x7f80u);
-            afv[size_t(r * ldaf + k)] = std::bit_cast<float>(uint32_t(a[r * lda + k]) << 16);
-        }
+        for (int64_t k = 0; k < ldaf; ++k) afv[size_t(r * ldaf + k)] = std::bit_cast<float>(uint32_t(a[r * lda + k]) << 16);
     }
-    const bool scale_b = Decode<F>::unit_log2 != 0 && large != 0;
-    if (!scale_b) {
-        const float unit = std::ldexp(1.0f, Decode<F>::unit_log2);
-        for (float& v : afv) v *= unit;
-    }
-    if constexpr (Decode<F>::unit_log2 != 0) {
-        if (scale_b) return small_all_rows<F, true>(rows, afv.data(), ldaf, b, s0, s1, sa, t, acc, ldacc);
-    }
-    small_all_rows<F, false>(rows, afv.data(), ldaf, b, s0, s1, sa, t, acc, ldacc);
+    small_all_rows<F>(rows, afv.data(), ldaf, b, s0, s1, sa, t, acc, ldacc);
 }
 
 void small_avx2(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,
@@ -428,10 +463,10 @@ void expand_avx2(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t
 }
 
 // Where the small-M kernel stops paying: it decodes each strip once per pair of rows and runs at
-// about the same rate at every M (66-81 GFLOP/s on 2 Zen 3 cores, 4096 x 4096 from memory), while
-// the tiles decode B once into a widened copy and compute the rows there are (M = 5: 57-58
-// GFLOP/s, 8: 73-75, 9: 75-90, 10: 96-97, 16: 115-117). 8 is at that crossover; it was 4, which
-// left M = 5-8 on tiles that then computed 16 rows whatever M was (29-50 GFLOP/s).
+// about the same rate at every M from 2 (95-97 GFLOP/s on 2 Zen 3 cores, 4096 x 4096 from
+// memory), while the tiles decode B once into a widened copy and compute the rows there are
+// (M = 9: 96 GFLOP/s, 10: 101, 12: 109, 16: 119). 8 is at that crossover; it was 4, which left
+// M = 5-8 on tiles that then computed 16 rows whatever M was (29-50 GFLOP/s).
 constexpr GemmKernels avx2_kernels{&expand_avx2, &widen_b_avx2, 4, 16, 4, 3, 0, &block_then_promote<&block_avx2>, &begin_avx2,
                                     &no_tile_state, &small_avx2, 8, &matmul_f32_avx2, &scale_store_loop, nullptr, nullptr, 0, &pack_group_loop, "avx2"};
 static_assert(avx2_kernels.block_tiles <= max_block_tiles, "block_then_promote's part holds max_block_tiles row tiles");

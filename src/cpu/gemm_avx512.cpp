@@ -67,7 +67,7 @@ void small_block(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, co
     bool nan80[S];
     for (int j = 0; j < S; ++j) {
         codes[j] = b.strip(s + j);
-        nan80[j] = widen.neg_zero_is_nan && b.strip_has_nan[size_t(s + j)] != 0;
+        nan80[j] = widen.neg_zero_is_nan && b.strip_nonfinite[size_t(s + j)] != 0;
     }
     constexpr int lanes = R == 1 ? 4 : 1;  // accumulators per row and strip: pair p goes to p % lanes
     // M = 1: strip j's chunk `ahead` chunks past q in this thread's stream - past the strip's

@@ -76,9 +76,9 @@ struct PackedB {
     // 16 MiB on one thread took a fifth of a 4096 x 4096 pack.
     std::shared_ptr<std::byte> codes;
     std::vector<float> scales;   // [kl.groups][strips * 16]: sb(j, g), group-major
-    // [strips]: 1 where a code of the strip is NaN. Weights rarely hold one, and the small-M
-    // kernels skip the NaN fix-up of their in-register decode on strips that have none.
-    std::vector<uint8_t> strip_has_nan;
+    // [strips]: 1 where a code of the strip is NaN or Inf (finite_code). Weights rarely hold one,
+    // and the small-M kernels skip the fix-up of their in-register decode on strips that have none.
+    std::vector<uint8_t> strip_nonfinite;
     // [strips][kl.padded / 32]: bit l of a chunk's byte is set where the chunk's line l (64 codes,
     // two K pairs of the strip) holds a code that is not a nonzero finite normal - a zero, a
     // subnormal, Inf or NaN (padding is +0). Such lines take the byte-table widening, the others
@@ -99,11 +99,16 @@ constexpr bool normal_code(uint8_t code, Format f) {
     const uint32_t mag = code & 0x7fu, top = f == Format::e4m3fn ? 0x7fu : f == Format::e5m2 ? 0x7cu : 0x80u;
     return mag >= (1u << format_info(f).mantissa_bits) && mag < top;
 }
+// Whether a code is a number (PackedB::strip_nonfinite): not NaN, nor e5m2's Inf.
+constexpr bool finite_code(uint8_t code, Format f) {
+    return !is_nan(code, f) && !(f == Format::e5m2 && (code & 0x7fu) == 0x7cu);
+}
 static_assert([] {  // against decode, every code of every format
     for (const Format f : {Format::e4m3fn, Format::e5m2, Format::e4m3fnuz, Format::e5m2fnuz}) {
         for (int c = 0; c < 256; ++c) {
             const float v = decode(uint8_t(c), f), mag = v < 0 ? -v : v;
             if (normal_code(uint8_t(c), f) != (mag >= format_info(f).min_normal && mag <= format_info(f).max)) return false;
+            if (finite_code(uint8_t(c), f) != (mag <= format_info(f).max)) return false;
         }
     }
     return true;
@@ -158,8 +163,8 @@ struct GemmKernels {
     void (*expand)(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t* out);
     // B's codes (n a multiple of 512: whole tiles) into the window block() reads, `widened_bytes`
     // per element: bf16 tiles in the codes' pair order for the tile kernels (expand itself),
-    // float32 rows of 16 columns in K order for the AVX2 kernel. nan: whether a code may be NaN
-    // (PackedB::strip_has_nan); false lets a kernel skip its fix-up for NaN codes.
+    // float32 rows of 16 columns in K order for the AVX2 kernel. nan: whether a code may be NaN or
+    // Inf (PackedB::strip_nonfinite); false lets a kernel skip its fix-up for NaN codes.
     void (*widen_b)(const uint8_t* codes, int64_t n, const ExpandTable& t, bool nan, void* out);
     int64_t widened_bytes;
     // run_tiles' tiling: strips of B per task (128 columns for 8), K chunks of B widened per window,
