@@ -12,6 +12,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "cpu/gemm_kernels.hpp"
@@ -62,7 +63,7 @@ __m256 decode8_f32(__m256i x, const ExpandTable& t) {
 // left by 7 has the sign in bits 15 and 14 and exponent and mantissa in bits 13-7, and one and
 // clears bit 14 and the rest. Its NaN code (exponent and mantissa all ones, 480 x 2^-8 in f16)
 // gets f16's NaN bits when Specials (a strip of PackedB with a NaN code; the others skip the
-// check). The 2^-8 is exact; the tiles' widening takes it back as it stores the values.
+// check). The 2^-8 is exact; expand_format takes it back as it stores the bf16 bits.
 template <Format F>
 struct Decode {
     static constexpr int unit_log2 = F == Format::e4m3fn ? 8 : 0;
@@ -95,6 +96,101 @@ struct Decode {
     }
 };
 
+// ---- one K pair row of a packed strip: 32 codes to float32 in registers ----
+// A 32-byte row of a packed chunk holds one K pair p for the strip's 16 columns (byte 32 p + 2 c
+// + e). Read as eight 32-bit words, word d holds columns 2d and 2d + 1, elements 0 and 1 of the
+// pair, so each byte position of the words is one (column parity, element) class of 8 lanes:
+// w[0] even columns' element 0, w[1] even columns' element 1, w[2] odd columns' element 0, w[3]
+// odd columns' element 1. The tiles store them as window rows; the small-M kernel multiplies
+// elements 0 and 1 by A's two K values broadcast and adds the classes when the K group ends.
+//
+// The decode is shifts and one multiply (no F16C): a code's byte, moved to the top of a 16-bit
+// word and shifted right arithmetically, has its exponent and mantissa bits on bf16's and its
+// sign copied up to bit 15; the mask keeps those. That bf16, moved to a float32's top half, is the
+// value times 2^(bias - 127) - subnormal codes too, as float32 subnormals with the same mantissa
+// - so one exact multiply by 2^(127 - bias) gives the value (every FP8 value is a float32, and so
+// is every product of two). Codes that are not numbers (NaN; e5m2's Inf) come out finite: a strip
+// with one (PackedB::strip_nonfinite) checks each row and takes those codes from the table.
+template <Format F>
+struct PairRow {
+    static constexpr bool five = F == Format::e5m2 || F == Format::e5m2fnuz;
+    static constexpr int shift = five ? 3 : 4;  // the byte's exponent field onto bf16's
+    static constexpr int bias = F == Format::e4m3fn ? 7 : F == Format::e4m3fnuz ? 8 : F == Format::e5m2 ? 15 : 16;
+
+    // In pair order, for the small-M kernel.
+    template <bool Nonfinite>
+    static void decode(const uint8_t* row, const ExpandTable& t, __m256 w[4]) {
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
+        __m256i lo, hi;
+        fields(x, lo, hi);
+        const __m256i top = _mm256_set1_epi32(int(0xffff0000u));
+        w[0] = value(_mm256_slli_epi32(lo, 16));
+        w[1] = value(_mm256_slli_epi32(hi, 16));
+        w[2] = value(_mm256_and_si256(lo, top));
+        w[3] = value(_mm256_and_si256(hi, top));
+        if constexpr (Nonfinite) fix(x, row, t, w, [](int i) { return std::pair{i % 4, i / 4}; });  // byte 4d + j: w[j], lane d
+    }
+
+    // In column order, for the tiles' window: w[0], w[1] element 0 of columns 0-7, 8-15; w[2],
+    // w[3] element 1. The 16-bit words (column c's pair) are unpacked to 32 bits within 128-bit
+    // halves, so the 64-bit permute first puts columns 0-3 and 8-11 in the low half.
+    template <bool Nonfinite>
+    static void decode_columns(const uint8_t* row, const ExpandTable& t, __m256 w[4]) {
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
+        __m256i lo, hi;
+        fields(_mm256_permute4x64_epi64(x, 0xd8), lo, hi);
+        const __m256i zero = _mm256_setzero_si256();
+        w[0] = value(_mm256_unpacklo_epi16(zero, lo));
+        w[1] = value(_mm256_unpackhi_epi16(zero, lo));
+        w[2] = value(_mm256_unpacklo_epi16(zero, hi));
+        w[3] = value(_mm256_unpackhi_epi16(zero, hi));
+        if constexpr (Nonfinite) fix(x, row, t, w, [](int i) { return std::pair{(i % 2) * 2 + i / 16, (i / 2) % 8}; });  // byte 2c + e
+    }
+
+  private:
+    // The bf16 fields of each 16-bit word's low byte (lo) and high byte (hi).
+    static void fields(__m256i x, __m256i& lo, __m256i& hi) {
+        const __m256i keep = _mm256_set1_epi16(int16_t(0x8000 | (0x7f << (8 - shift))));
+        lo = _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(x, 8), shift), keep);
+        hi = _mm256_and_si256(_mm256_srai_epi16(x, shift), keep);
+    }
+    static __m256 value(__m256i top_half) {
+        return _mm256_mul_ps(_mm256_castsi256_ps(top_half), _mm256_set1_ps(std::bit_cast<float>(uint32_t(254 - bias) << 23)));
+    }
+    // The NaN and Inf codes of the row from the table; place(i): byte i's vector and lane.
+    template <class Place>
+    static void fix(__m256i x, const uint8_t* row, const ExpandTable& t, __m256 w[4], Place place) {
+        const __m256i em = _mm256_and_si256(x, _mm256_set1_epi8(0x7f));
+        __m256i bad;
+        if constexpr (F == Format::e4m3fn) {
+            bad = _mm256_cmpeq_epi8(em, _mm256_set1_epi8(0x7f));
+        } else if constexpr (F == Format::e5m2) {
+            bad = _mm256_cmpgt_epi8(em, _mm256_set1_epi8(0x7b));
+        } else {
+            bad = _mm256_cmpeq_epi8(x, _mm256_set1_epi8(char(0x80)));
+        }
+        const uint32_t at = uint32_t(_mm256_movemask_epi8(bad));  // bit i: byte i
+        if (at == 0) return;
+        alignas(32) float v[4][8];
+        for (int j = 0; j < 4; ++j) _mm256_store_ps(v[j], w[j]);
+        for (int i = 0; i < 32; ++i) {
+            if ((at >> i & 1u) == 0) continue;
+            const auto [j, lane] = place(i);
+            v[j][lane] = std::bit_cast<float>(uint32_t(t.bf16[row[i]]) << 16);  // NaN or Inf, whatever t's unit
+        }
+        for (int j = 0; j < 4; ++j) w[j] = _mm256_load_ps(v[j]);
+    }
+};
+
+// 16 columns in PairRow's order (even columns, odd columns) back in column order: unpack
+// interleaves within 128-bit halves (columns 0-3 | 8-11 and 4-7 | 12-15), permute2f128 joins
+// the halves.
+void column_order(__m256 even, __m256 odd, __m256& c0_7, __m256& c8_15) {
+    const __m256 a = _mm256_unpacklo_ps(even, odd), b = _mm256_unpackhi_ps(even, odd);
+    c0_7 = _mm256_permute2f128_ps(a, b, 0x20);
+    c8_15 = _mm256_permute2f128_ps(a, b, 0x31);
+}
+
 // ---- tiles: B windows widened to float32 rows, A rows widened once per block ----
 // The window of a strip holds, per K chunk, 32 rows of 16 float32 (B[16 s + c, 32 chunk + k] at
 // element 16 k + c), so a K step of the kernel is two loads of B and one broadcast per
@@ -102,38 +198,20 @@ struct Decode {
 // spans half the K (run_tiles); widening each element into two registers in the loop instead ran
 // the kernel at 0.8 of the FMA peak, this at 0.94 (one thread, in L1/L2).
 
-// 32 codes of one K pair row of a packed tile (byte 2 c + e: column c, element e of the pair)
-// into two rows of 16 float32: even (e = 0) and odd (e = 1) elements, each in column order.
-template <Format F, bool Specials>
-void widen_pair_row(const uint8_t* codes, const ExpandTable& t, float* even, float* odd) {
-    // Even bytes to the low 8 of each 128-bit half, odd bytes to the high 8; the 64-bit permute
-    // then gathers the 16 even codes in the low half and the 16 odd codes in the high half.
-    const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
-                                           0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
-    const __m256i x = _mm256_permute4x64_epi64(
-        _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes)), split), 0xd8);
-    const __m256 unit = _mm256_set1_ps(std::ldexp(1.0f, Decode<F>::unit_log2));
-    __m256 lo, hi;
-    Decode<F>::template sixteen<Specials>(_mm256_castsi256_si128(x), t, lo, hi);
-    _mm256_store_ps(even, _mm256_mul_ps(lo, unit));
-    _mm256_store_ps(even + 8, _mm256_mul_ps(hi, unit));
-    Decode<F>::template sixteen<Specials>(_mm256_extracti128_si256(x, 1), t, lo, hi);
-    _mm256_store_ps(odd, _mm256_mul_ps(lo, unit));
-    _mm256_store_ps(odd + 8, _mm256_mul_ps(hi, unit));
-}
-
-template <Format F, bool Specials>
+// 32 codes of one K pair row of a packed strip into two window rows of 16 float32: element 0 of
+// the pair, then element 1. Nonfinite: the strip holds a NaN or Inf code (the fix-up's check).
+template <Format F, bool Nonfinite>
 void widen_format(const uint8_t* codes, int64_t n, const ExpandTable& t, float* out) {
-    for (int64_t i = 0; i < n; i += 2 * gemm_tile) {  // one K pair of 16 columns
-        widen_pair_row<F, Specials>(codes + i, t, out + i, out + i + gemm_tile);
+    for (int64_t i = 0; i < n; i += 2 * gemm_tile) {
+        __m256 w[4];
+        PairRow<F>::template decode_columns<Nonfinite>(codes + i, t, w);
+        for (int j = 0; j < 4; ++j) _mm256_store_ps(out + i + 8 * j, w[j]);
     }
 }
 
-// nan false (a strip with no NaN code): the decode's fix-up is skipped, 6 of its ~22 operations
-// per 16 codes (M = 16: 115 -> 122 GFLOP/s).
 template <Format F>
-void widen_format(const uint8_t* codes, int64_t n, const ExpandTable& t, bool nan, float* out) {
-    if (nan) return widen_format<F, true>(codes, n, t, out);
+void widen_format(const uint8_t* codes, int64_t n, const ExpandTable& t, bool nonfinite, float* out) {
+    if (nonfinite) return widen_format<F, true>(codes, n, t, out);
     widen_format<F, false>(codes, n, t, out);
 }
 
@@ -259,70 +337,6 @@ void block_avx2(int rows, int nj, const uint16_t* a, int64_t lda, const void* bw
 }
 
 // ---- small M: B's codes widened in registers, streamed once ----
-// A 32-byte row of a packed chunk holds one K pair p for the strip's 16 columns (byte 32 p + 2 c
-// + e). Read as eight 32-bit words, word d holds columns 2d and 2d + 1, elements 0 and 1 of the
-// pair, so each byte position of the words is one (column parity, element) class of 8 lanes:
-// w[0] even columns' element 0, w[1] even columns' element 1, w[2] odd columns' element 0, w[3]
-// odd columns' element 1. Elements 0 and 1 are multiplied by A's two K values broadcast, and
-// the classes are added and interleaved back into column order when the K group ends.
-//
-// The decode is shifts and one multiply (no F16C): a code's byte, moved to the top of a 16-bit
-// word and shifted right arithmetically, has its exponent and mantissa bits on bf16's and its
-// sign copied up to bit 15; the mask keeps those. That bf16, moved to a float32's top half, is the
-// value times 2^(bias - 127) - subnormal codes too, as float32 subnormals with the same mantissa
-// - so one exact multiply by 2^(127 - bias) gives the value (every FP8 value is a float32, and so
-// is every product of two). Codes that are not numbers (NaN; e5m2's Inf) come out finite: a strip
-// with one (PackedB::strip_nonfinite) checks each row and takes those codes from the table.
-template <Format F>
-struct PairRow {
-    static constexpr bool five = F == Format::e5m2 || F == Format::e5m2fnuz;
-    static constexpr int shift = five ? 3 : 4;  // the byte's exponent field onto bf16's
-    static constexpr int bias = F == Format::e4m3fn ? 7 : F == Format::e4m3fnuz ? 8 : F == Format::e5m2 ? 15 : 16;
-
-    template <bool Nonfinite>
-    static void decode(const uint8_t* row, const ExpandTable& t, __m256 w[4]) {
-        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
-        const __m256i keep = _mm256_set1_epi16(int16_t(0x8000 | (0x7f << (8 - shift)))), top = _mm256_set1_epi32(int(0xffff0000u));
-        const __m256 unit = _mm256_set1_ps(std::bit_cast<float>(uint32_t(254 - bias) << 23));
-        const __m256i lo = _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(x, 8), shift), keep);  // bytes 4d, 4d + 2
-        const __m256i hi = _mm256_and_si256(_mm256_srai_epi16(x, shift), keep);                        // bytes 4d + 1, 4d + 3
-        w[0] = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)), unit);
-        w[1] = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(hi, 16)), unit);
-        w[2] = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(lo, top)), unit);
-        w[3] = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(hi, top)), unit);
-        if constexpr (Nonfinite) {
-            const __m256i em = _mm256_and_si256(x, _mm256_set1_epi8(0x7f));
-            __m256i bad;
-            if constexpr (F == Format::e4m3fn) {
-                bad = _mm256_cmpeq_epi8(em, _mm256_set1_epi8(0x7f));
-            } else if constexpr (F == Format::e5m2) {
-                bad = _mm256_cmpgt_epi8(em, _mm256_set1_epi8(0x7b));
-            } else {
-                bad = _mm256_cmpeq_epi8(x, _mm256_set1_epi8(char(0x80)));
-            }
-            const uint32_t at = uint32_t(_mm256_movemask_epi8(bad));  // bit i: byte i
-            if (at == 0) return;
-            alignas(32) float v[4][8];
-            for (int j = 0; j < 4; ++j) _mm256_store_ps(v[j], w[j]);
-            for (int i = 0; i < 32; ++i) {  // byte 4d + j: lane d of w[j]
-                if ((at >> i & 1u) != 0) {
-                    v[i % 4][i / 4] = std::bit_cast<float>(uint32_t(t.bf16[row[i]]) << 16);  // NaN or Inf, whatever t's unit
-                }
-            }
-            for (int j = 0; j < 4; ++j) w[j] = _mm256_load_ps(v[j]);
-        }
-    }
-};
-
-// The sums of w[0] + w[1] (even columns) and w[2] + w[3] (odd columns) back in column order:
-// unpack interleaves within 128-bit halves (columns 0-3 | 8-11 and 4-7 | 12-15), permute2f128
-// joins the halves.
-void column_order(__m256 even, __m256 odd, __m256& c0_7, __m256& c8_15) {
-    const __m256 a = _mm256_unpacklo_ps(even, odd), b = _mm256_unpackhi_ps(even, odd);
-    c0_7 = _mm256_permute2f128_ps(a, b, 0x20);
-    c8_15 = _mm256_permute2f128_ps(a, b, 0x31);
-}
-
 // Strip s of B times R rows of A (af, float32) into out[r * ldacc + col].
 template <Format F, int R, bool Nonfinite>
 void small_strip(const float* af, int64_t ldaf, const PackedB& b, int64_t s, const float* sa, const ExpandTable& t,
@@ -463,12 +477,12 @@ void expand_avx2(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t
 }
 
 // Where the small-M kernel stops paying: it decodes each strip once per pair of rows and runs at
-// about the same rate at every M from 2 (95-97 GFLOP/s on 2 Zen 3 cores, 4096 x 4096 from
+// about the same rate at every M from 2 (85-94 GFLOP/s on 2 Zen 3 cores, 11008 x 4096 from
 // memory), while the tiles decode B once into a widened copy and compute the rows there are
-// (M = 9: 96 GFLOP/s, 10: 101, 12: 109, 16: 119). 8 is at that crossover; it was 4, which left
-// M = 5-8 on tiles that then computed 16 rows whatever M was (29-50 GFLOP/s).
+// (M = 4: 77, 5: 88, 6: 95, 7: 97, 8: 108, 9: 113, 16: 134). Above 4 the tiles are as fast or
+// faster.
 constexpr GemmKernels avx2_kernels{&expand_avx2, &widen_b_avx2, 4, 16, 4, 3, 0, &block_then_promote<&block_avx2>, &begin_avx2,
-                                    &no_tile_state, &small_avx2, 8, &matmul_f32_avx2, &scale_store_loop, nullptr, nullptr, 0, &pack_group_loop, "avx2"};
+                                    &no_tile_state, &small_avx2, 4, &matmul_f32_avx2, &scale_store_loop, nullptr, nullptr, 0, &pack_group_loop, "avx2"};
 static_assert(avx2_kernels.block_tiles <= max_block_tiles, "block_then_promote's part holds max_block_tiles row tiles");
 
 }  // namespace

@@ -473,7 +473,7 @@ struct Mnk {
 // 1s, primes, K not a multiple of 32 or 128, N across several 128-column panels, M across several
 // 32-row blocks, and K past the cpu kernel's 1024-wide window of B. Small M runs the cpu backend's
 // small-M kernel where it has one (AMX: M <= 2; AVX512-BF16 without AMX: M <= 32, in even groups of
-// up to 16 rows; AVX2: M <= 8, in pairs of rows and a single one), larger M its tiles; M = 1 with
+// up to 16 rows; AVX2: M <= 4, in pairs of rows and a single one), larger M its tiles; M = 1 with
 // K = 1100 sums a single row's several K groups, each in the lanes the M = 1 kernels split it into.
 // 48 x 272 x 640: the block recipe on cuBLASLt with 5 K blocks (not a multiple of 4) and 3 row
 // blocks of B, whose scale rows cuBLASLt reads padded (src/cuda/gemm_cublaslt.cu, launch_lt).
@@ -689,7 +689,7 @@ TEST(GemmWeightOnly, WithinTheFloat64Bound) {
 // its last 8 rows packed apart: a misplaced tail or row stride would change D. float32 x too at M = 40, whose lo terms
 // are all zero and add +0 to each sum; not at small M, where its doubled packed rows may take
 // another kernel, which orders its float32 sums otherwise (M = 5: 10 rows, past the AVX2 small-M
-// kernel's 8; M = 1: 2 rows, not the single row's four interleaved sums).
+// kernel's 4; M = 1: 2 rows, not the single row's four interleaved sums).
 TEST(GemmWeightOnly, OfFp8ValuesEqualsTheFp8GemmBitForBit) {
     QuantizeOptions unit = qopts(Scaling::tensor(), Format::e4m3fn);
     unit.scale = Tensor::full({1}, 1.0f);
