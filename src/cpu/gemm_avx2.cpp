@@ -22,81 +22,7 @@ namespace fp8kit::cpu {
 
 namespace {
 
-// ---- FP8 codes to float32 in registers, for every GEMM format ----
-// A code's exponent and mantissa bits, shifted to the top of float32's exponent field, read as a
-// float32 that is the value times 2^(bias - 127): multiplying by 2^(127 - bias) is exact, and
-// gives subnormal codes right too (their float32 is subnormal with the same mantissa). The codes
-// that are not numbers (NaN; e5m2's Inf) are rare: a vector with one is fixed from the table,
-// unless the caller knows there is none (Specials false).
-template <Format F, bool Specials>
-__m256 decode8_f32(__m256i x, const ExpandTable& t) {
-    constexpr bool five = F == Format::e5m2 || F == Format::e5m2fnuz;
-    constexpr int shift = five ? 21 : 20;  // 23 - mantissa bits
-    constexpr int bias = F == Format::e4m3fn ? 7 : F == Format::e4m3fnuz ? 8 : F == Format::e5m2 ? 15 : 16;
-    const __m256i em = _mm256_and_si256(x, _mm256_set1_epi32(0x7f));
-    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x80)), 24);
-    const __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_or_si256(_mm256_slli_epi32(em, shift), sign)),
-                                   _mm256_set1_ps(std::bit_cast<float>(uint32_t(254 - bias) << 23)));
-    if constexpr (!Specials) return v;
-    __m256i special;
-    if constexpr (F == Format::e4m3fn) {
-        special = _mm256_cmpeq_epi32(em, _mm256_set1_epi32(0x7f));
-    } else if constexpr (F == Format::e5m2) {
-        special = _mm256_cmpgt_epi32(em, _mm256_set1_epi32(0x7b));
-    } else {
-        special = _mm256_cmpeq_epi32(x, _mm256_set1_epi32(0x80));
-    }
-    if (_mm256_testz_si256(special, special)) return v;
-    alignas(32) int32_t codes[8];
-    alignas(32) float out[8];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(codes), x);
-    _mm256_store_ps(out, v);
-    for (int i = 0; i < 8; ++i) out[i] = std::bit_cast<float>(uint32_t(t.bf16[codes[i]]) << 16);
-    return _mm256_load_ps(out);
-}
-
-// Sixteen codes to float32 times 2^-unit_log2 (lo: codes 0-7, hi: 8-15). e5m2 and e4m3fn go
-// through f16, which holds both exactly, with F16C's conversion: e5m2 is the upper byte of an
-// f16 (Inf and NaN included), so one shift. e4m3fn's exponent and mantissa shifted into f16's
-// read as the value times 2^-8 (bias 15 against 7; subnormal codes become f16 normals or
-// subnormals with the same mantissa, so exact): the code sign-extended to 16 bits and shifted
-// left by 7 has the sign in bits 15 and 14 and exponent and mantissa in bits 13-7, and one and
-// clears bit 14 and the rest. Its NaN code (exponent and mantissa all ones, 480 x 2^-8 in f16)
-// gets f16's NaN bits when Specials (a strip of PackedB with a NaN code; the others skip the
-// check). The 2^-8 is exact; expand_format takes it back as it stores the bf16 bits.
-template <Format F>
-struct Decode {
-    static constexpr int unit_log2 = F == Format::e4m3fn ? 8 : 0;
-
-    template <bool Specials>
-    static void sixteen(const uint8_t* codes, const ExpandTable& t, __m256& lo, __m256& hi) {
-        sixteen<Specials>(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)), t, lo, hi);
-    }
-
-    template <bool Specials>
-    static void sixteen(__m128i c, const ExpandTable& t, __m256& lo, __m256& hi) {
-        if constexpr (F == Format::e5m2 || F == Format::e4m3fn) {
-            __m256i h;
-            if constexpr (F == Format::e5m2) {
-                h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(c), 8);
-            } else {
-                h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(c), 7), _mm256_set1_epi16(int16_t(0xbf80)));
-                if constexpr (Specials) {
-                    const __m256i nan = _mm256_cmpeq_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x3f80)),
-                                                           _mm256_set1_epi16(0x3f80));
-                    h = _mm256_or_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x7e00)));
-                }
-            }
-            lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
-            hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
-        } else {
-            lo = decode8_f32<F, Specials>(_mm256_cvtepu8_epi32(c), t);
-            hi = decode8_f32<F, Specials>(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(c, c)), t);
-        }
-    }
-};
-
-// ---- one K pair row of a packed strip: 32 codes to float32 in registers ----
+// ---- FP8 codes to float32 in registers, 32 at a time, for every GEMM format ----
 // A 32-byte row of a packed chunk holds one K pair p for the strip's 16 columns (byte 32 p + 2 c
 // + e). Read as eight 32-bit words, word d holds columns 2d and 2d + 1, elements 0 and 1 of the
 // pair, so each byte position of the words is one (column parity, element) class of 8 lanes:
@@ -110,7 +36,8 @@ struct Decode {
 // value times 2^(bias - 127) - subnormal codes too, as float32 subnormals with the same mantissa
 // - so one exact multiply by 2^(127 - bias) gives the value (every FP8 value is a float32, and so
 // is every product of two). Codes that are not numbers (NaN; e5m2's Inf) come out finite: a strip
-// with one (PackedB::strip_nonfinite) checks each row and takes those codes from the table.
+// with one (PackedB::strip_nonfinite; every row for expand_format) checks each row and takes
+// those codes from the table.
 template <Format F>
 struct PairRow {
     static constexpr bool five = F == Format::e5m2 || F == Format::e5m2fnuz;
@@ -450,19 +377,20 @@ void small_avx2(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, 
     }
 }
 
-// Codes to bf16 bits, 16 at a time: decoded to float32 (exact in bf16, so the low half is zero),
-// the high halves packed to 16 bits (packus works within 128-bit halves; the permute restores
-// the order).
+// Codes to bf16 bits, 32 at a time: read as a pair row (codes 2c and 2c + 1 as column c's pair),
+// decoded to float32 (exact in bf16, so the low half is zero) in column order, and each pair's
+// two high halves joined into one 32-bit word: out[2c], out[2c + 1].
 template <Format F>
 void expand_format(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t* out) {
-    const __m256 unit = _mm256_set1_ps(std::ldexp(1.0f, Decode<F>::unit_log2));
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m256 lo, hi;
-        Decode<F>::template sixteen<true>(codes + i, t, lo, hi);
-        const __m256i l = _mm256_srli_epi32(_mm256_castps_si256(_mm256_mul_ps(lo, unit)), 16);
-        const __m256i h = _mm256_srli_epi32(_mm256_castps_si256(_mm256_mul_ps(hi, unit)), 16);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_permute4x64_epi64(_mm256_packus_epi32(l, h), 0xd8));
+    for (; i + 32 <= n; i += 32) {
+        __m256 w[4];
+        PairRow<F>::template decode_columns<true>(codes + i, t, w);
+        for (int h = 0; h < 2; ++h) {  // columns 0-7, 8-15
+            const __m256i even = _mm256_srli_epi32(_mm256_castps_si256(w[h]), 16);
+            const __m256i pair = _mm256_blend_epi16(even, _mm256_castps_si256(w[2 + h]), 0xaa);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i + 16 * h), pair);
+        }
     }
     for (; i < n; ++i) out[i] = t.bf16[codes[i]];
 }

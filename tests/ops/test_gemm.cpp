@@ -1236,6 +1236,42 @@ TEST(GemmNaN, NanCodePoisonsOnlyItsRowOrColumn) {
     }
 }
 
+// A tensorwise operand of scale 1 with the given codes: rows x k of `fill(row, j)`.
+template <class Fill>
+QTensor codes_operand(Format f, int64_t rows, int64_t k, Fill fill) {
+    QTensor q = quantize(as_tensor(std::vector<float>(size_t(rows * k), 0.0f), rows, k, DType::f32), qopts(Scaling::tensor(), f));
+    q.data = q.data.clone();
+    q.scale_inv = Tensor::from(std::vector<float>{1.0f}, q.scale_inv.shape());
+    for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t j = 0; j < k; ++j) q.data.data<uint8_t>()[r * k + j] = fill(r, j);
+    }
+    return q;
+}
+
+// Row c holds code c at K index c % k and +1 and -1 (32 of each) elsewhere.
+QTensor every_code_rows(Format f, int64_t k) {
+    return codes_operand(f, 256, k, [&](int64_t c, int64_t j) {
+        const int64_t before = j < c % k ? j : j - 1;  // fillers before this one
+        return j == c % k ? uint8_t(c) : encode(before < 32 ? 1.0f : -1.0f, f);
+    });
+}
+
+// Whether each D[i, j] is exactly decode(code) of the code in its row of A (codes_in_a: D's row
+// i) or of B (D's column j), with the first few misses reported.
+bool every_code_exact(const Tensor& d, bool codes_in_a, Format f) {
+    int bad = 0;
+    for (int64_t i = 0; i < d.shape()[0]; ++i) {
+        for (int64_t j = 0; j < d.shape()[1]; ++j) {
+            const int64_t c = codes_in_a ? i : j;
+            const float want = 0.0f + decode(uint8_t(c), f), got = d.get({i, j});
+            if (!same_float(got, want) && ++bad <= 3) {
+                ADD_FAILURE() << "code 0x" << std::hex << c << std::dec << ": D[" << i << ", " << j << "] = " << got << ", want " << want;
+            }
+        }
+    }
+    return bad == 0;
+}
+
 // Every code of B widens exactly: B's row c holds code c at K index c % k and +1 and -1 (32 of
 // each) elsewhere, A is all 1.0 and both scales 1, so D[i, c] = decode(c) + 32 - 32 in some order
 // - exactly decode(c), as every partial sum is decode(c) or 0 plus an integer of at most 32 in
@@ -1249,45 +1285,37 @@ TEST(GemmNaN, NanCodePoisonsOnlyItsRowOrColumn) {
 // dropping the fnuz NaN fix-up, or the sign, fails this, as does a wrong shift, mask or bias of
 // the arithmetic widening, or A not scaled to match it.)
 TEST(GemmOps, EveryCodeOfBDecodesExactly) {
-    const int64_t n = 256, k = 65;
+    const int64_t k = 65;
     const std::pair<Format, Format> pairs[] = {{Format::e4m3fn, Format::e4m3fn},
                                                {Format::e4m3fn, Format::e5m2},
                                                {Format::e4m3fnuz, Format::e4m3fnuz},
                                                {Format::e4m3fnuz, Format::e5m2fnuz}};
     for (const auto& pair : pairs) {
         const Format fa = pair.first, fb = pair.second;  // named copies: clang before 16 cannot capture a structured binding
-        QTensor qb = quantize(as_tensor(std::vector<float>(size_t(n * k), 0.0f), n, k, DType::f32),
-                              qopts(Scaling::tensor(), fb));
-        qb.data = qb.data.clone();
-        qb.scale_inv = Tensor::from(std::vector<float>{1.0f}, qb.scale_inv.shape());
-        for (int64_t c = 0; c < n; ++c) {
-            int64_t fillers = 0;
-            for (int64_t j = 0; j < k; ++j) {
-                qb.data.data<uint8_t>()[c * k + j] = j == c % k ? uint8_t(c) : encode(fillers++ < 32 ? 1.0f : -1.0f, fb);
-            }
-        }
+        const QTensor qb = every_code_rows(fb, k);
         for (const int64_t m : {int64_t(40), int64_t(3), int64_t(1)}) {
             SCOPED_TRACE(std::string(to_string(fb)) + " m=" + std::to_string(m));
-            QTensor qa = quantize(as_tensor(std::vector<float>(size_t(m * k), 1.0f), m, k, DType::f32),
-                                  qopts(Scaling::tensor(), fa));
-            qa.data = qa.data.clone();
-            qa.scale_inv = Tensor::from(std::vector<float>{1.0f}, qa.scale_inv.shape());
-            for (int64_t i = 0; i < m * k; ++i) qa.data.data<uint8_t>()[i] = encode(1.0f, fa);
-            for_each_backend([&] {
-                const Tensor d = gemm(qa, qb);
-                int bad = 0;
-                for (int64_t i = 0; i < m; ++i) {
-                    for (int64_t c = 0; c < n; ++c) {
-                        const float want = 0.0f + decode(uint8_t(c), fb), got = d.get({i, c});
-                        if (!same_float(got, want) && ++bad <= 3) {
-                            ADD_FAILURE() << "code 0x" << std::hex << c << std::dec << ": D[" << i << ", " << c << "] = " << got
-                                          << ", want " << want;
-                        }
-                    }
-                }
-                EXPECT_EQ(bad, 0);
-            });
+            const QTensor qa = codes_operand(fa, m, k, [&](int64_t, int64_t) { return encode(1.0f, fa); });
+            for_each_backend([&] { EXPECT_TRUE(every_code_exact(gemm(qa, qb), false, fb)); });
         }
+    }
+}
+
+// The same for A (256 rows, code c in row c; B all 1.0, 40 columns): every code of A, in each
+// format A takes (e5m2: the gradients of a backward pass), packs exactly - the AVX2 path packs
+// A's codes with the widening's own decode, 32 at a time, and K = 65 leaves one to the table.
+TEST(GemmOps, EveryCodeOfADecodesExactly) {
+    const int64_t k = 65, n = 40;
+    const std::pair<Format, Format> pairs[] = {{Format::e4m3fn, Format::e4m3fn},
+                                               {Format::e5m2, Format::e4m3fn},
+                                               {Format::e4m3fnuz, Format::e4m3fnuz},
+                                               {Format::e5m2fnuz, Format::e4m3fnuz}};
+    for (const auto& pair : pairs) {
+        const Format fa = pair.first, fb = pair.second;
+        SCOPED_TRACE(std::string(to_string(fa)));
+        const QTensor qa = every_code_rows(fa, k);
+        const QTensor qb = codes_operand(fb, n, k, [&](int64_t, int64_t) { return encode(1.0f, fb); });
+        for_each_backend([&] { EXPECT_TRUE(every_code_exact(gemm(qa, qb), true, fa)); });
     }
 }
 
