@@ -84,7 +84,8 @@ struct PairRow {
     static __m256 value(__m256i top_half) {
         return _mm256_mul_ps(_mm256_castsi256_ps(top_half), _mm256_set1_ps(std::bit_cast<float>(uint32_t(254 - bias) << 23)));
     }
-    // The NaN and Inf codes of the row from the table; place(i): byte i's vector and lane.
+    // The NaN and Inf codes of the row from the table; place(i): byte i's vector and lane. The
+    // compares are finite_code's (gemm_kernels.hpp), on the row's 32 bytes at once.
     template <class Place>
     static void fix(__m256i x, const uint8_t* row, const ExpandTable& t, __m256 w[4], Place place) {
         const __m256i em = _mm256_and_si256(x, _mm256_set1_epi8(0x7f));
