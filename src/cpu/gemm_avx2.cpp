@@ -9,6 +9,7 @@
 // kernel adds each element's products in K order, as they do.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -35,7 +36,7 @@ namespace {
 // sign copied up to bit 15; the mask keeps those. That bf16, moved to a float32's top half, is the
 // value times 2^(bias - 127) - subnormal codes too, as float32 subnormals with the same mantissa
 // - so one exact multiply by 2^(127 - bias) gives the value (every FP8 value is a float32, and so
-// is every product of two). Codes that are not numbers (NaN; e5m2's Inf) come out finite: a strip
+// is every product of two), or the small-M kernel leaves it to A's rows (small_format). Codes that are not numbers (NaN; e5m2's Inf) come out finite: a strip
 // with one (PackedB::strip_nonfinite; every row for expand_format) checks each row and takes
 // those codes from the table.
 template <Format F>
@@ -44,17 +45,17 @@ struct PairRow {
     static constexpr int shift = five ? 3 : 4;  // the byte's exponent field onto bf16's
     static constexpr int bias = F == Format::e4m3fn ? 7 : F == Format::e4m3fnuz ? 8 : F == Format::e5m2 ? 15 : 16;
 
-    // In pair order, for the small-M kernel.
-    template <bool Nonfinite>
+    // In pair order, for the small-M kernel. Offset: B's values times 2^(bias - 127), without the
+    // multiply (A carries the rest: small_format).
+    template <bool Nonfinite, bool Offset>
     static void decode(const uint8_t* row, const ExpandTable& t, __m256 w[4]) {
         const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
         __m256i lo, hi;
         fields(x, lo, hi);
         const __m256i top = _mm256_set1_epi32(int(0xffff0000u));
-        w[0] = value(_mm256_slli_epi32(lo, 16));
-        w[1] = value(_mm256_slli_epi32(hi, 16));
-        w[2] = value(_mm256_and_si256(lo, top));
-        w[3] = value(_mm256_and_si256(hi, top));
+        const __m256i tops[4] = {_mm256_slli_epi32(lo, 16), _mm256_slli_epi32(hi, 16), _mm256_and_si256(lo, top),
+                                 _mm256_and_si256(hi, top)};
+        for (int j = 0; j < 4; ++j) w[j] = Offset ? _mm256_castsi256_ps(tops[j]) : value(tops[j]);
         if constexpr (Nonfinite) fix(x, row, t, w, [](int i) { return std::pair{i % 4, i / 4}; });  // byte 4d + j: w[j], lane d
     }
 
@@ -110,6 +111,27 @@ struct PairRow {
     }
 };
 
+// The decode's float32 subnormals (B's subnormal codes before the multiply, or as the small-M
+// kernel's offset keeps them) are inputs to arithmetic, which MXCSR's denormals-are-zero would
+// read as zero - and torch.set_flush_denormal(True) sets it on the caller's thread. Each entry that
+// decodes clears it while it runs and restores the caller's MXCSR. (Flush-to-zero acts on results,
+// and none of the kernels' results is subnormal: NUMERICS.md, small_format.)
+class DenormalsRead {
+  public:
+    DenormalsRead() : csr_(_mm_getcsr()) {
+        if (csr_ & daz) _mm_setcsr(csr_ & ~daz);
+    }
+    ~DenormalsRead() {
+        if (csr_ & daz) _mm_setcsr(csr_);
+    }
+    DenormalsRead(const DenormalsRead&) = delete;
+    DenormalsRead& operator=(const DenormalsRead&) = delete;
+
+  private:
+    static constexpr unsigned daz = 0x40;  // MXCSR.DAZ
+    unsigned csr_;
+};
+
 // 16 columns in PairRow's order (even columns, odd columns) back in column order: unpack
 // interleaves within 128-bit halves (columns 0-3 | 8-11 and 4-7 | 12-15), permute2f128 joins
 // the halves.
@@ -144,6 +166,7 @@ void widen_format(const uint8_t* codes, int64_t n, const ExpandTable& t, bool no
 }
 
 void widen_b_avx2(const uint8_t* codes, int64_t n, const ExpandTable& t, bool nan, void* out) {
+    const DenormalsRead read;
     float* f = static_cast<float*>(out);
     switch (t.format) {
         case Format::e4m3fn: return widen_format<Format::e4m3fn>(codes, n, t, nan, f);
@@ -265,10 +288,12 @@ void block_avx2(int rows, int nj, const uint16_t* a, int64_t lda, const void* bw
 }
 
 // ---- small M: B's codes widened in registers, streamed once ----
-// Strip s of B times R rows of A (af, float32) into out[r * ldacc + col].
-template <Format F, int R, bool Nonfinite>
-void small_strip(const float* af, int64_t ldaf, const PackedB& b, int64_t s, const float* sa, const ExpandTable& t,
-                 float* out, int64_t ldacc) {
+// Strip s of B times R rows of A (af, float32) into out[r * ldacc + col]. Offset: af holds A times
+// 2^(127 - bias - c) and B is decoded without its multiply (PairRow), so each group's sums are the
+// exact ones times 2^-c, and undo = 2^c takes them back (small_format says why that is exact).
+template <Format F, int R, bool Nonfinite, bool Offset>
+void small_strip(const float* af, int64_t ldaf, const PackedB& b, int64_t s, const float* sa, float undo,
+                 const ExpandTable& t, float* out, int64_t ldacc) {
     const KLayout& kl = b.kl;
     const int64_t cpg = kl.chunks_per_group();
     const bool one_group = kl.groups == 1;
@@ -289,7 +314,7 @@ void small_strip(const float* af, int64_t ldaf, const PackedB& b, int64_t s, con
             }
             for (int p = 0; p < gemm_chunk / 2; ++p) {
                 __m256 w[4];
-                PairRow<F>::template decode<Nonfinite>(chunk + p * 2 * gemm_tile, t, w);
+                PairRow<F>::template decode<Nonfinite, Offset>(chunk + p * 2 * gemm_tile, t, w);
                 FP8KIT_UNROLL(2)
                 for (int r = 0; r < R; ++r) {
                     const float* k2 = af + r * ldaf + q * gemm_chunk + 2 * p;  // A[r, 2p], A[r, 2p + 1]
@@ -308,6 +333,10 @@ void small_strip(const float* af, int64_t ldaf, const PackedB& b, int64_t s, con
             // kernels keep (NUMERICS.md).
             __m256 part[2];
             column_order(_mm256_add_ps(lanes[r][0], lanes[r][1]), _mm256_add_ps(lanes[r][2], lanes[r][3]), part[0], part[1]);
+            if constexpr (Offset) {
+                part[0] = _mm256_mul_ps(part[0], _mm256_set1_ps(undo));
+                part[1] = _mm256_mul_ps(part[1], _mm256_set1_ps(undo));
+            }
             if (one_group) {
                 total[r][0] = part[0];  // scaled in the epilogue
                 total[r][1] = part[1];
@@ -328,48 +357,91 @@ void small_strip(const float* af, int64_t ldaf, const PackedB& b, int64_t s, con
 }
 
 // Strip s times R rows (the decode's fix-up only where the strip holds a NaN or Inf code).
-template <Format F, int R>
-void small_rows(const float* af, int64_t ldaf, const PackedB& b, int64_t s, const float* sa, const ExpandTable& t,
-                float* out, int64_t ldacc) {
+template <Format F, int R, bool Offset>
+void small_rows(const float* af, int64_t ldaf, const PackedB& b, int64_t s, const float* sa, float undo,
+                const ExpandTable& t, float* out, int64_t ldacc) {
     if (b.strip_nonfinite[size_t(s)]) {
-        small_strip<F, R, true>(af, ldaf, b, s, sa, t, out, ldacc);
+        small_strip<F, R, true, Offset>(af, ldaf, b, s, sa, undo, t, out, ldacc);
     } else {
-        small_strip<F, R, false>(af, ldaf, b, s, sa, t, out, ldacc);
+        small_strip<F, R, false, Offset>(af, ldaf, b, s, sa, undo, t, out, ldacc);
     }
 }
 
 // Strip by strip, two rows at a time (8 lane accumulators, the 4 decoded vectors and 2 A
 // broadcasts fit the 16 registers): a strip's codes (16 bytes a K) come from memory once, for the
 // first pair of rows, and from L2 for the others - rows outermost streamed all of B once per pair.
-template <Format F>
+template <Format F, bool Offset>
 void small_all_rows(int64_t rows, const float* af, int64_t ldaf, const PackedB& b, int64_t s0, int64_t s1,
-                    const float* sa, const ExpandTable& t, float* acc, int64_t ldacc) {
+                    const float* sa, float undo, const ExpandTable& t, float* acc, int64_t ldacc) {
     const int64_t groups = b.kl.groups;
     for (int64_t s = s0; s < s1; ++s) {
         float* out = acc + (s - s0) * gemm_tile;
         int64_t r = 0;
         for (; r + 2 <= rows; r += 2) {
-            small_rows<F, 2>(af + r * ldaf, ldaf, b, s, sa + r * groups, t, out + r * ldacc, ldacc);
+            small_rows<F, 2, Offset>(af + r * ldaf, ldaf, b, s, sa + r * groups, undo, t, out + r * ldacc, ldacc);
         }
-        if (r < rows) small_rows<F, 1>(af + r * ldaf, ldaf, b, s, sa + r * groups, t, out + r * ldacc, ldacc);
+        if (r < rows) small_rows<F, 1, Offset>(af + r * ldaf, ldaf, b, s, sa + r * groups, undo, t, out + r * ldacc, ldacc);
     }
+}
+
+// The c of small_strip's offset for A's values (largest finite magnitude a_max, smallest nonzero
+// a_min) against B in format F, or -1 where none keeps D. A times 2^(127 - bias - c) must stay
+// finite: c = 0 while a_max < 2^bias (then every product, so every sum, is the one without the
+// offset), else the least c that keeps it below 2^127. With c > 0 the sums are the exact ones
+// times 2^-c, rounded the same, while none leaves the normals: every product, so every float32
+// sum of them, is a multiple of ulp(a_min) (a bf16: 8 significant bits) times B's quantum (its
+// smallest subnormal), which times 2^-c must be at least 2^-126; and none of the exact sums may
+// overflow (an Inf that later terms would not undo where 2^-c had kept it finite): the sum of
+// |a b| over K is below 2^127.
+template <Format F>
+int offset_shift(float a_max, float a_min, int64_t k) {
+    constexpr FormatInfo fi = format_info(F);
+    int e_max = 0, e_min = 0;
+    std::frexp(a_max, &e_max);  // a_max < 2^e_max (0 for a zero A)
+    const int c = std::max(0, e_max + (127 - fi.bias) - 127);
+    if (c == 0) return 0;
+    std::frexp(a_min, &e_min);  // ulp(a_min) = 2^(e_min - 8)
+    const int quantum_b = std::ilogb(fi.min_subnormal);
+    if (e_min - 8 + quantum_b - c < -126 || double(k) * a_max * fi.max >= 0x1p127) return -1;
+    return c;
 }
 
 template <Format F>
 void small_format(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,
                   const float* sa, const ExpandTable& t, float* acc, int64_t ldacc) {
-    // A's few rows widened to float32 once per call (exact), so each K value is one broadcast.
-    const int64_t ldaf = b.kl.padded;
+    // A's few rows widened to float32 once per call (exact), so each K value is one broadcast, with
+    // their largest finite and smallest nonzero magnitudes (NaN compares false: in neither).
+    const int64_t ldaf = b.kl.padded;  // a multiple of 32
     std::vector<float> afv(size_t(rows * ldaf));
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), inf = _mm256_set1_ps(INFINITY);
+    __m256 most = _mm256_setzero_ps(), least = inf;
     for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t k = 0; k < ldaf; ++k) afv[size_t(r * ldaf + k)] = std::bit_cast<float>(uint32_t(a[r * lda + k]) << 16);
+        for (int64_t k = 0; k < ldaf; k += 8) {
+            const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + r * lda + k));
+            const __m256 v = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+            _mm256_storeu_ps(afv.data() + r * ldaf + k, v);
+            const __m256 m = _mm256_and_ps(v, magnitude);
+            most = _mm256_max_ps(most, _mm256_and_ps(m, _mm256_cmp_ps(m, inf, _CMP_LT_OQ)));
+            least = _mm256_min_ps(least, _mm256_blendv_ps(inf, m, _mm256_cmp_ps(m, _mm256_setzero_ps(), _CMP_GT_OQ)));
+        }
     }
-    small_all_rows<F>(rows, afv.data(), ldaf, b, s0, s1, sa, t, acc, ldacc);
+    alignas(32) float lanes_max[8], lanes_min[8];
+    _mm256_store_ps(lanes_max, most);
+    _mm256_store_ps(lanes_min, least);
+    const float a_max = *std::max_element(lanes_max, lanes_max + 8), a_min = *std::min_element(lanes_min, lanes_min + 8);
+    // B's decode without its multiply runs 1.2x faster (M = 1-4, one Zen 3 core, codes in cache):
+    // it is most of the kernel's work. A, a few rows, takes the multiply instead where that is exact.
+    const int c = offset_shift<F>(a_max, a_min, b.kl.k);
+    if (c < 0) return small_all_rows<F, false>(rows, afv.data(), ldaf, b, s0, s1, sa, 1.0f, t, acc, ldacc);
+    const float to_a = std::ldexp(1.0f, 127 - format_info(F).bias - c);
+    for (float& v : afv) v *= to_a;
+    small_all_rows<F, true>(rows, afv.data(), ldaf, b, s0, s1, sa, std::ldexp(1.0f, c), t, acc, ldacc);
 }
 
 void small_avx2(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,
                 const float* sa, const ExpandTable& t, bool /*fold: never asked (no GemmKernels::fold here)*/, float* acc,
                 int64_t ldacc) {
+    const DenormalsRead read;
     switch (b.format) {
         case Format::e4m3fn: return small_format<Format::e4m3fn>(rows, a, lda, b, s0, s1, sa, t, acc, ldacc);
         case Format::e5m2: return small_format<Format::e5m2>(rows, a, lda, b, s0, s1, sa, t, acc, ldacc);
@@ -397,6 +469,7 @@ void expand_format(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16
 }
 
 void expand_avx2(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t* out) {
+    const DenormalsRead read;
     switch (t.format) {
         case Format::e4m3fn: return expand_format<Format::e4m3fn>(codes, n, t, out);
         case Format::e5m2: return expand_format<Format::e5m2>(codes, n, t, out);
@@ -406,12 +479,12 @@ void expand_avx2(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t
 }
 
 // Where the small-M kernel stops paying: it decodes each strip once per pair of rows and runs at
-// about the same rate at every M from 2 (85-94 GFLOP/s on 2 Zen 3 cores, 11008 x 4096 from
+// about the same rate at every even M (104-118 GFLOP/s on 2 Zen 3 cores, 11008 x 4096 from
 // memory), while the tiles decode B once into a widened copy and compute the rows there are
-// (M = 4: 77, 5: 88, 6: 95, 7: 97, 8: 108, 9: 113, 16: 134). Above 4 the tiles are as fast or
-// faster.
+// (M = 5: 88 against the small kernel's 109, 6: 96 / 117, 8: 109 / 118, 10: 118 / 121, 12: 125 /
+// 119, 16: 135 / 118). Above 8 the tiles are as fast or faster.
 constexpr GemmKernels avx2_kernels{&expand_avx2, &widen_b_avx2, 4, 16, 4, 3, 0, &block_then_promote<&block_avx2>, &begin_avx2,
-                                    &no_tile_state, &small_avx2, 4, &matmul_f32_avx2, &scale_store_loop, nullptr, nullptr, 0, &pack_group_loop, "avx2"};
+                                    &no_tile_state, &small_avx2, 8, &matmul_f32_avx2, &scale_store_loop, nullptr, nullptr, 0, &pack_group_loop, "avx2"};
 static_assert(avx2_kernels.block_tiles <= max_block_tiles, "block_then_promote's part holds max_block_tiles row tiles");
 
 }  // namespace

@@ -25,6 +25,10 @@
 #include "fp8kit/fp8kit.hpp"
 #include "support.hpp"
 
+#if defined(__x86_64__) || defined(_M_X64)
+#include <xmmintrin.h>  // _mm_getcsr, _mm_setcsr: MXCSR's flush flags (DenormalsAreZero...)
+#endif
+
 namespace fp8kit {
 namespace {
 
@@ -473,7 +477,7 @@ struct Mnk {
 // 1s, primes, K not a multiple of 32 or 128, N across several 128-column panels, M across several
 // 32-row blocks, and K past the cpu kernel's 1024-wide window of B. Small M runs the cpu backend's
 // small-M kernel where it has one (AMX: M <= 2; AVX512-BF16 without AMX: M <= 32, in even groups of
-// up to 16 rows; AVX2: M <= 4, in pairs of rows and a single one), larger M its tiles; M = 1 with
+// up to 16 rows; AVX2: M <= 8, in pairs of rows and a single one), larger M its tiles; M = 1 with
 // K = 1100 sums a single row's several K groups, each in the lanes the M = 1 kernels split it into.
 // 48 x 272 x 640: the block recipe on cuBLASLt with 5 K blocks (not a multiple of 4) and 3 row
 // blocks of B, whose scale rows cuBLASLt reads padded (src/cuda/gemm_cublaslt.cu, launch_lt).
@@ -689,7 +693,7 @@ TEST(GemmWeightOnly, WithinTheFloat64Bound) {
 // its last 8 rows packed apart: a misplaced tail or row stride would change D. float32 x too at M = 40, whose lo terms
 // are all zero and add +0 to each sum; not at small M, where its doubled packed rows may take
 // another kernel, which orders its float32 sums otherwise (M = 5: 10 rows, past the AVX2 small-M
-// kernel's 4; M = 1: 2 rows, not the single row's four interleaved sums).
+// kernel's 8; M = 1: 2 rows, not the single row's four interleaved sums).
 TEST(GemmWeightOnly, OfFp8ValuesEqualsTheFp8GemmBitForBit) {
     QuantizeOptions unit = qopts(Scaling::tensor(), Format::e4m3fn);
     unit.scale = Tensor::full({1}, 1.0f);
@@ -1284,7 +1288,7 @@ bool every_code_exact(const Tensor& d, bool codes_in_a, Format f) {
 // byte tables. (The tables look codes up by their low 7 bits and take the sign from the top bit;
 // dropping the fnuz NaN fix-up, or the sign, fails this, as does a wrong shift, mask or bias of
 // the arithmetic widening, or A not scaled to match it.)
-TEST(GemmOps, EveryCodeOfBDecodesExactly) {
+void expect_every_code_of_b_exact() {
     const int64_t k = 65;
     const std::pair<Format, Format> pairs[] = {{Format::e4m3fn, Format::e4m3fn},
                                                {Format::e4m3fn, Format::e5m2},
@@ -1304,7 +1308,7 @@ TEST(GemmOps, EveryCodeOfBDecodesExactly) {
 // The same for A (256 rows, code c in row c; B all 1.0, 40 columns): every code of A, in each
 // format A takes (e5m2: the gradients of a backward pass), packs exactly - the AVX2 path packs
 // A's codes with the widening's own decode, 32 at a time, and K = 65 leaves one to the table.
-TEST(GemmOps, EveryCodeOfADecodesExactly) {
+void expect_every_code_of_a_exact() {
     const int64_t k = 65, n = 40;
     const std::pair<Format, Format> pairs[] = {{Format::e4m3fn, Format::e4m3fn},
                                                {Format::e5m2, Format::e4m3fn},
@@ -1318,6 +1322,105 @@ TEST(GemmOps, EveryCodeOfADecodesExactly) {
         for_each_backend([&] { EXPECT_TRUE(every_code_exact(gemm(qa, qb), true, fa)); });
     }
 }
+
+TEST(GemmOps, EveryCodeOfBDecodesExactly) { expect_every_code_of_b_exact(); }
+TEST(GemmOps, EveryCodeOfADecodesExactly) { expect_every_code_of_a_exact(); }
+
+// The AVX2 small-M kernel decodes B without its last multiply where A, times 2^(127 - bias - c),
+// can take it, and multiplies the sums by 2^c (src/cpu/gemm_avx2.cpp, offset_shift); c comes from
+// all of A. Weight-only bf16 x [2, 64] times B (every format, unit scale) whose rows j hold, at
+// K = 0, 1, 2: (1, s, -s) and (-0.5, -s, s), s B's smallest subnormal; D is exact in float32, so
+// it must equal the float64 sum (scaled by 2^-c while the check holds, every sum stays a normal):
+// - x rows (2^100, 0, 0) and (0, 1, 1 - 2^-7): c = 101 - bias, the rows' D 2^100 b_j0 and +-2^-7 s
+//   (without the multiply by 2^c, 2^-c of that);
+// - x rows (2^20, 0, 0) and (0, 2^-100 (1 + 2^-7), 2^-100): c would be 21 - bias, and the second
+//   row's D, +-2^-107 s (2^-116 for e4m3fn), times 2^-c is below the normals - the kernel must not
+//   offset here (with flush-to-zero set, DenormalsAreZeroAndFlushToZeroChangeNothing, it would
+//   give 0).
+// At M = 2 (small-M kernel) and M = 40 (tiles; the two rows repeated), every backend and ISA.
+// And where a float32 sum overflows on its way, D keeps the Inf, as the tiles' K-order sums do
+// (the offset, 2^-c, would keep that sum finite): x rows (2^127, 0, 2^127, 0, -2^127) against B
+// rows of 1s, on the cpu backend (ref sums in float64: 2^127), M = 2 bit for bit the tiles' M = 40.
+void expect_small_m_offset_exact() {
+    const int64_t k = 64;
+    const std::vector<std::vector<float>> cases = {{0x1p100f, 0.0f, 0.0f, 0.0f, 1.0f, 1.0f - 0x1p-7f},
+                                                   {0x1p20f, 0.0f, 0.0f, 0.0f, 0x1p-100f * (1.0f + 0x1p-7f), 0x1p-100f}};
+    for (const Format fb : {Format::e4m3fn, Format::e5m2, Format::e4m3fnuz, Format::e5m2fnuz}) {
+        const float sub = format_info(fb).min_subnormal;
+        const float b_rows[2][3] = {{1.0f, sub, -sub}, {-0.5f, -sub, sub}};
+        std::vector<float> w(size_t(2 * k), 0.0f);
+        for (int j = 0; j < 2; ++j) std::copy(b_rows[j], b_rows[j] + 3, w.begin() + j * k);
+        QuantizeOptions unit = qopts(Scaling::tensor(), fb);
+        unit.scale = Tensor::full({1}, 1.0f);
+        const QTensor qb = quantize(Tensor::from(w, {2, k}), unit);
+        for (size_t c = 0; c < cases.size(); ++c) {
+            for (const int64_t m : {int64_t(2), int64_t(40)}) {
+                SCOPED_TRACE(std::string(to_string(fb)) + " case " + std::to_string(c) + " m=" + std::to_string(m));
+                std::vector<float> xv(size_t(m * k), 0.0f);
+                for (int64_t i = 0; i < m; ++i) std::copy_n(cases[c].begin() + 3 * (i % 2), 3, xv.begin() + i * k);
+                const Tensor x = as_tensor(xv, m, k, DType::bf16);
+                for_each_backend([&] {
+                    const Tensor d = gemm(x, qb);
+                    int bad = 0;
+                    for (int64_t i = 0; i < m; ++i) {
+                        for (int64_t j = 0; j < 2; ++j) {
+                            double want = 0.0;
+                            for (int e = 0; e < 3; ++e) want += double(xv[size_t(i * k + e)]) * double(b_rows[j][e]);
+                            if (d.get({i, j}) != float(want) && ++bad <= 3) {
+                                ADD_FAILURE() << "D[" << i << ", " << j << "] = " << d.get({i, j}) << ", want " << want;
+                            }
+                        }
+                    }
+                    EXPECT_EQ(bad, 0);
+                });
+            }
+        }
+        const float overflowing[] = {0x1p127f, 0.0f, 0x1p127f, 0.0f, -0x1p127f};
+        std::vector<float> xv(size_t(40 * k), 0.0f);
+        for (int64_t i = 0; i < 40; ++i) std::copy(std::begin(overflowing), std::end(overflowing), xv.begin() + i * k);
+        const QTensor ones = quantize(Tensor::full({2, k}, 1.0f), unit);
+        on_backend(Backend::cpu, [&] {
+            for_each_isa([&](Isa) {
+                const Tensor tiles = gemm(as_tensor(xv, 40, k, DType::bf16), ones);
+                const Tensor small = gemm(as_tensor(std::vector<float>(xv.begin(), xv.begin() + 2 * k), 2, k, DType::bf16), ones);
+                for (int64_t j = 0; j < 2; ++j) {
+                    EXPECT_EQ(tiles.get({0, j}), INFINITY) << to_string(fb) << ": the tiles' K-order float32 sum";
+                    EXPECT_EQ(small.get({0, j}), tiles.get({0, j})) << to_string(fb) << ": M = 2 against the tiles";
+                }
+            });
+            return 0;
+        });
+    }
+}
+
+TEST(GemmWeightOnly, SmallMOffsetKeepsD) { expect_small_m_offset_exact(); }
+
+#if defined(__x86_64__) || defined(_M_X64)
+// torch.set_flush_denormal(True) sets MXCSR's denormals-are-zero and flush-to-zero on its thread;
+// D must not change: the AVX2 kernels' decode yields float32 subnormals (B's subnormal codes
+// before their multiply) that denormals-are-zero would read as 0 - the kernels clear it while they
+// run. The three tests above again, on one thread (so all the work runs under the flags), and
+// the caller's flags are there after.
+TEST(GemmOps, DenormalsAreZeroAndFlushToZeroChangeNothing) {
+    constexpr unsigned flags = 0x8040;  // MXCSR.FTZ | MXCSR.DAZ
+    const int saved_threads = num_threads();
+    const unsigned saved_csr = _mm_getcsr();
+    struct Restore {
+        int threads;
+        unsigned csr;
+        ~Restore() {
+            _mm_setcsr(csr);
+            set_num_threads(threads);
+        }
+    } restore{saved_threads, saved_csr};
+    set_num_threads(1);
+    _mm_setcsr(saved_csr | flags);
+    expect_every_code_of_b_exact();
+    expect_every_code_of_a_exact();
+    expect_small_m_offset_exact();
+    EXPECT_EQ(_mm_getcsr() & flags, flags) << "the caller's MXCSR flags are not restored";
+}
+#endif
 
 // IEEE: Inf (e5m2 code 0x7c) times 0 is NaN. B row j has +Inf at k; A has 0 at (i, k) and +1.0
 // (code 0x38) at every other (i', k): D[i, j] is NaN, D[i', j] is +Inf, everything else finite.
