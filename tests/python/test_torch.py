@@ -4,7 +4,8 @@ Oracle: the float64 product of the dequantized operands - the activation quantiz
 says (fp8kit.quantize, itself checked against numpy in test_package.py) and the weight's FP8 codes
 times its scales - within the float32 sum bound of test_gemm.py (docs/NUMERICS.md). Then what a
 PyTorch user relies on: torch.export and torch.compile trace the custom op, state_dict round trips
-(and a loaded weight is repacked, not served stale), filters, dtypes and errors.
+(and a loaded weight is repacked, not served stale), filters, dtypes and errors, and outputs that
+torch.set_flush_denormal does not change.
 
 Run by scripts/test.sh (pytest, on the package scripts/setup.sh installed into .venv).
 """
@@ -559,3 +560,46 @@ def test_layerwise_casting_fuses_its_native_linears_too():
             x = torch.randn(2, 256).to(torch.bfloat16)
             assert torch.equal(fused(x), alone(x))
     assert fused.q._siblings[0].plan == {0: (0, 1, 2)}
+
+
+@pytest.mark.parametrize("recipe", ["rowwise", "weight_only"])
+def test_torch_set_flush_denormal_changes_no_output(recipe):
+    """torch.set_flush_denormal(True) (MXCSR's denormals-are-zero and flush-to-zero on this thread)
+    must not change what a quantized Linear computes: the weight's subnormal FP8 codes still count.
+    Each row of the weight holds one value at e4m3's largest (448: row scale 1) and the rest below
+    its normals (multiples of 2^-9 up to 7 x 2^-9: subnormal codes); fp8kit on one thread, so that
+    all the work runs on the thread with the flags. Outputs at M = 1, 3 (the small-M kernels) and
+    40 (tiles) equal the unflagged ones bit for bit and the float64 product within its bound,
+    which the weight with its subnormals read as zero (the nearest wrong answer) breaks."""
+    torch.manual_seed(41)
+    layer = torch.nn.Linear(64, 32, bias=False)
+    with torch.no_grad():
+        small = torch.randint(-7, 8, (32, 64)).float() * 2.0**-9
+        small[:, 0] = 448.0
+        layer.weight.copy_(small)
+    model = torch.nn.Sequential(layer)
+    f8.quantize_(model, recipe)
+    codes = model[0].weight.view(torch.uint8) & 0x7F
+    assert ((codes > 0) & (codes < 8)).float().mean() > 0.5, "the weight's codes are not mostly subnormal"
+    threads = fp8kit.num_threads()
+    fp8kit.set_num_threads(1)
+    try:
+        for m in (1, 3, 40):
+            x = torch.randn(m, 64)
+            with torch.no_grad():
+                plain = model(x)
+                if not torch.set_flush_denormal(True):
+                    pytest.skip("torch.set_flush_denormal is not supported on this CPU")
+                try:
+                    flagged = model(x)
+                finally:
+                    torch.set_flush_denormal(False)
+            assert torch.equal(plain, flagged), f"M = {m}: outputs changed under torch.set_flush_denormal(True)"
+            want, tol = expected(model[0], x.numpy(), SCALINGS[recipe][0])
+            assert np.all(np.abs(flagged.double().numpy() - want) <= tol), f"M = {m}"
+            a64 = (bf16_terms(x).numpy() if recipe == "weight_only" else
+                   fp8kit.dequantize(fp8kit.quantize(x.numpy(), scaling="row")).astype(np.float64))
+            w64 = weight64(model[0])
+            assert np.any(np.abs(a64 @ np.where(np.abs(w64) < 2.0**-6, 0.0, w64).T - want) > tol)
+    finally:
+        fp8kit.set_num_threads(threads)
