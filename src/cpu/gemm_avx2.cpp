@@ -300,10 +300,16 @@ void small_strip(const float* af, int64_t ldaf, const PackedB& b, int64_t s, con
     const uint8_t* codes = b.strip(s);
     __m256 total[R][2];
     for (int r = 0; r < R; ++r) total[r][0] = total[r][1] = _mm256_setzero_ps();  // (set by group 0; for the compiler)
+    // Accumulators a row: for R <= 2 four (even and odd columns, elements 0 and 1 of the pairs
+    // apart, added when the group ends), whose 4R chains of dependent FMAs keep the FMA pipes
+    // busy; for R = 3, 4 two (even and odd columns, each pair's two products added in K order:
+    // the tiles' sums, bit for bit), 2R chains of two FMAs a pair row - enough there, where 4R
+    // accumulators would not fit the 16 registers. (Two accumulators at R = 2 ran 0.81x, four.)
+    constexpr int C = R <= 2 ? 4 : 2;
     for (int64_t g = 0; g < kl.groups; ++g) {
-        __m256 lanes[R][4];
+        __m256 lanes[R][C];
         for (int r = 0; r < R; ++r) {
-            for (int v = 0; v < 4; ++v) lanes[r][v] = _mm256_setzero_ps();
+            for (int v = 0; v < C; ++v) lanes[r][v] = _mm256_setzero_ps();
         }
         for (int64_t q = g * cpg; q < (g + 1) * cpg; ++q) {
             const uint8_t* chunk = codes + q * gemm_chunk_codes;
@@ -315,24 +321,33 @@ void small_strip(const float* af, int64_t ldaf, const PackedB& b, int64_t s, con
             for (int p = 0; p < gemm_chunk / 2; ++p) {
                 __m256 w[4];
                 PairRow<F>::template decode<Nonfinite, Offset>(chunk + p * 2 * gemm_tile, t, w);
-                FP8KIT_UNROLL(2)
+                FP8KIT_UNROLL(4)
                 for (int r = 0; r < R; ++r) {
                     const float* k2 = af + r * ldaf + q * gemm_chunk + 2 * p;  // A[r, 2p], A[r, 2p + 1]
                     const __m256 a0 = _mm256_broadcast_ss(k2), a1 = _mm256_broadcast_ss(k2 + 1);
-                    lanes[r][0] = _mm256_fmadd_ps(a0, w[0], lanes[r][0]);
-                    lanes[r][1] = _mm256_fmadd_ps(a1, w[1], lanes[r][1]);
-                    lanes[r][2] = _mm256_fmadd_ps(a0, w[2], lanes[r][2]);
-                    lanes[r][3] = _mm256_fmadd_ps(a1, w[3], lanes[r][3]);
+                    __m256* l = lanes[r];
+                    if constexpr (C == 4) {
+                        l[0] = _mm256_fmadd_ps(a0, w[0], l[0]);
+                        l[1] = _mm256_fmadd_ps(a1, w[1], l[1]);
+                        l[2] = _mm256_fmadd_ps(a0, w[2], l[2]);
+                        l[3] = _mm256_fmadd_ps(a1, w[3], l[3]);
+                    } else {
+                        l[0] = _mm256_fmadd_ps(a1, w[1], _mm256_fmadd_ps(a0, w[0], l[0]));
+                        l[1] = _mm256_fmadd_ps(a1, w[3], _mm256_fmadd_ps(a0, w[2], l[1]));
+                    }
                 }
             }
         }
         const __m256 sb0 = _mm256_loadu_ps(b.scales.data() + g * b.strips * gemm_tile + s * gemm_tile);
         const __m256 sb1 = _mm256_loadu_ps(b.scales.data() + g * b.strips * gemm_tile + s * gemm_tile + 8);
         for (int r = 0; r < R; ++r) {
-            // Element 0's sum plus element 1's, per column: the order of the pair lanes the other
-            // kernels keep (NUMERICS.md).
+            // Per column: element 0's sum plus element 1's (C = 4; NUMERICS.md), or the K-order sum.
             __m256 part[2];
-            column_order(_mm256_add_ps(lanes[r][0], lanes[r][1]), _mm256_add_ps(lanes[r][2], lanes[r][3]), part[0], part[1]);
+            if constexpr (C == 4) {
+                column_order(_mm256_add_ps(lanes[r][0], lanes[r][1]), _mm256_add_ps(lanes[r][2], lanes[r][3]), part[0], part[1]);
+            } else {
+                column_order(lanes[r][0], lanes[r][1], part[0], part[1]);
+            }
             if constexpr (Offset) {
                 part[0] = _mm256_mul_ps(part[0], _mm256_set1_ps(undo));
                 part[1] = _mm256_mul_ps(part[1], _mm256_set1_ps(undo));
@@ -367,20 +382,32 @@ void small_rows(const float* af, int64_t ldaf, const PackedB& b, int64_t s, cons
     }
 }
 
-// Strip by strip, two rows at a time (8 lane accumulators, the 4 decoded vectors and 2 A
-// broadcasts fit the 16 registers): a strip's codes (16 bytes a K) come from memory once, for the
-// first pair of rows, and from L2 for the others - rows outermost streamed all of B once per pair.
+// Strip by strip, in passes of up to four rows, as even as the rows allow (5 = 3 + 2, 9 = 3 + 3 +
+// 3, 24 = 6 x 4): each pass decodes the strip again, so the more rows a pass the less decoding a
+// flop (4 rows ran 1.3x the flops of 2, 11008 x 4096 on 2 Zen 3 cores). A strip's codes (16 bytes
+// a K) come from memory once, for the first pass, and from L2 for the others - rows outermost
+// streamed all of B once per pass.
 template <Format F, bool Offset>
 void small_all_rows(int64_t rows, const float* af, int64_t ldaf, const PackedB& b, int64_t s0, int64_t s1,
                     const float* sa, float undo, const ExpandTable& t, float* acc, int64_t ldacc) {
     const int64_t groups = b.kl.groups;
     for (int64_t s = s0; s < s1; ++s) {
         float* out = acc + (s - s0) * gemm_tile;
+        const int64_t passes = (rows + 3) / 4;
         int64_t r = 0;
-        for (; r + 2 <= rows; r += 2) {
-            small_rows<F, 2, Offset>(af + r * ldaf, ldaf, b, s, sa + r * groups, undo, t, out + r * ldacc, ldacc);
+        for (int64_t pass = 0; pass < passes; ++pass) {
+            const int64_t take = rows / passes + (pass < rows % passes ? 1 : 0);
+            const float* ar = af + r * ldaf;
+            const float* sr = sa + r * groups;
+            float* o = out + r * ldacc;
+            switch (take) {
+                case 4: small_rows<F, 4, Offset>(ar, ldaf, b, s, sr, undo, t, o, ldacc); break;
+                case 3: small_rows<F, 3, Offset>(ar, ldaf, b, s, sr, undo, t, o, ldacc); break;
+                case 2: small_rows<F, 2, Offset>(ar, ldaf, b, s, sr, undo, t, o, ldacc); break;
+                default: small_rows<F, 1, Offset>(ar, ldaf, b, s, sr, undo, t, o, ldacc); break;
+            }
+            r += take;
         }
-        if (r < rows) small_rows<F, 1, Offset>(af + r * ldaf, ldaf, b, s, sa + r * groups, undo, t, out + r * ldacc, ldacc);
     }
 }
 
@@ -478,13 +505,13 @@ void expand_avx2(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t
     }
 }
 
-// Where the small-M kernel stops paying: it decodes each strip once per pair of rows and runs at
-// about the same rate at every even M (104-118 GFLOP/s on 2 Zen 3 cores, 11008 x 4096 from
-// memory), while the tiles decode B once into a widened copy and compute the rows there are
-// (M = 5: 88 against the small kernel's 109, 6: 96 / 117, 8: 109 / 118, 10: 118 / 121, 12: 125 /
-// 119, 16: 135 / 118). Above 8 the tiles are as fast or faster.
+// Where the small-M kernel stops paying: it decodes each strip once a pass of up to 4 rows and
+// runs at about one rate from M = 4 (151-156 GFLOP/s on 2 Zen 3 cores, 11008 x 4096 from memory;
+// M = 2 115, 3 137, 5 131), while the tiles decode B once into a widened copy and compute the rows
+// there are (M = 5: 109, 8: 117, 12: 124, 16: 135, 24: 146, 32: 153 against the small kernel's 152).
+// Up to 24 the small kernel is as fast or faster.
 constexpr GemmKernels avx2_kernels{&expand_avx2, &widen_b_avx2, 4, 16, 4, 3, 0, &block_then_promote<&block_avx2>, &begin_avx2,
-                                    &no_tile_state, &small_avx2, 8, &matmul_f32_avx2, &scale_store_loop, nullptr, nullptr, 0, &pack_group_loop, "avx2"};
+                                    &no_tile_state, &small_avx2, 24, &matmul_f32_avx2, &scale_store_loop, nullptr, nullptr, 0, &pack_group_loop, "avx2"};
 static_assert(avx2_kernels.block_tiles <= max_block_tiles, "block_then_promote's part holds max_block_tiles row tiles");
 
 }  // namespace

@@ -477,7 +477,7 @@ struct Mnk {
 // 1s, primes, K not a multiple of 32 or 128, N across several 128-column panels, M across several
 // 32-row blocks, and K past the cpu kernel's 1024-wide window of B. Small M runs the cpu backend's
 // small-M kernel where it has one (AMX: M <= 2; AVX512-BF16 without AMX: M <= 32, in even groups of
-// up to 16 rows; AVX2: M <= 8, in pairs of rows and a single one), larger M its tiles; M = 1 with
+// up to 16 rows; AVX2: M <= 24, in passes of up to 4 rows), larger M its tiles; M = 1 with
 // K = 1100 sums a single row's several K groups, each in the lanes the M = 1 kernels split it into.
 // 48 x 272 x 640: the block recipe on cuBLASLt with 5 K blocks (not a multiple of 4) and 3 row
 // blocks of B, whose scale rows cuBLASLt reads padded (src/cuda/gemm_cublaslt.cu, launch_lt).
@@ -692,8 +692,8 @@ TEST(GemmWeightOnly, WithinTheFloat64Bound) {
 // (256, 64): a bf16 x with one K group is read in place there (the cpu backend's gemm), 200 with
 // its last 8 rows packed apart: a misplaced tail or row stride would change D. float32 x too at M = 40, whose lo terms
 // are all zero and add +0 to each sum; not at small M, where its doubled packed rows may take
-// another kernel, which orders its float32 sums otherwise (M = 5: 10 rows, past the AVX2 small-M
-// kernel's 8; M = 1: 2 rows, not the single row's four interleaved sums).
+// another kernel, which orders its float32 sums otherwise (AVX2, M = 5: x's rows in passes of 3
+// and 2, the last two summed in lanes; its 10 packed rows in passes of 4, 3 and 3, as the tiles).
 TEST(GemmWeightOnly, OfFp8ValuesEqualsTheFp8GemmBitForBit) {
     QuantizeOptions unit = qopts(Scaling::tensor(), Format::e4m3fn);
     unit.scale = Tensor::full({1}, 1.0f);
@@ -840,7 +840,7 @@ TEST(GemmWeightOnly, InfInBGivesInfNotNan) {
 // x near float32's largest values does not overflow before its products: D[i, j] = x_i * b_j with
 // one nonzero K element, B's values 1 and -0.5 (scale 1), so D is x_i b_j exactly (x bf16-exact:
 // hi = x, lo = 0), on every backend and ISA, for B in every format and x at M on the small-M
-// kernels (float32 x: M = 1, 2, packed as 2 and 4 rows; bf16 x: M = 1, 4) and on the tiles (M = 5).
+// kernels (float32 x: M = 1, 2, packed as 2 and 4 rows; bf16 x: M = 1, 4) and on the tiles (M = 40).
 // The AVX2 small-M kernel once took e4m3fn's 2^-8 decode offset back on A's side (x 2^8): Inf for
 // |x| >= 2^120, where x b is finite.
 TEST(GemmWeightOnly, XNearTheFloat32MaxDoesNotOverflowBeforeItsProducts) {
@@ -854,7 +854,7 @@ TEST(GemmWeightOnly, XNearTheFloat32MaxDoesNotOverflowBeforeItsProducts) {
         for (int64_t j = 0; j < n; ++j) w[size_t(j * k + 3)] = b_column[j % 2];
         const QTensor qb = quantize(Tensor::from(w, {n, k}), unit);
         for (const DType dtype : {DType::f32, DType::bf16}) {
-            for (const int64_t m : {int64_t(1), int64_t(2), int64_t(4), int64_t(5)}) {
+            for (const int64_t m : {int64_t(1), int64_t(2), int64_t(4), int64_t(40)}) {
                 SCOPED_TRACE(std::string(to_string(fb)) + " x " + std::string(to_string(dtype)) + " m=" + std::to_string(m));
                 std::vector<float> xv(size_t(m * k), 0.0f);
                 for (int64_t i = 0; i < m; ++i) xv[size_t(i * k + 3)] = big[i % std::size(big)];
@@ -1144,9 +1144,11 @@ TEST(GemmOps, Bf16DIsTheFloat32DRoundedOnce) {
 // group (row) and for many (block, mx32; each group's partial sum promoted in turn). On the
 // avx512-bf16 kernels that is the VDPBF16PS kernel at 2 <= M <= 32; on AMX the streaming tile
 // kernel at 2 <= M <= 128 (one and two A tiles, blocks of 32 rows, one strip left over at n = 130;
-// the tiles' D from M = 160). M = 1 is the stated exception (pairs in four lanes, NUMERICS.md). Rowwise and
-// blockwise A scales depend on their own row only, so the rows' codes and scales are the same in
-// both products.
+// the tiles' D from M = 160); on the AVX2 kernels, M <= 24 in passes of 3 and 4 rows (9 = 3 + 3 +
+// 3, 17 = 4 + 4 + 3 + 3 + 3). M = 1 is the stated exception (pairs in four lanes, NUMERICS.md), and
+// on AVX2 the passes of 1 and 2 rows (M = 2; M = 5 = 3 + 2), which sum elements 0 and 1 of the
+// pairs in lanes apart. Rowwise and blockwise A scales depend on their own row only, so the rows'
+// codes and scales are the same in both products.
 TEST(GemmOps, SmallMKernelsSumAsTheTiles) {
     const int64_t big = 160, n = 130, k = 1100;
     bool ran = false;
@@ -1155,7 +1157,11 @@ TEST(GemmOps, SmallMKernelsSumAsTheTiles) {
     on_backend(Backend::cpu, [&] {
         for_each_isa([&](Isa) {
             const std::string kernels(gemm_kernels_name());
-            if (kernels != "avx512-bf16" && kernels != "amx") return;
+            const std::vector<int64_t> ms = kernels == "avx2" ? std::vector<int64_t>{3, 4, 6, 7, 8, 9, 16, 17, 24}
+                                            : kernels == "avx512-bf16" || kernels == "amx"
+                                                ? std::vector<int64_t>{2, 3, 8, 9, 16, 17, 31, 32, 33, 48, 100, 128}
+                                                : std::vector<int64_t>{};
+            if (ms.empty()) return;
             ran = true;
             for (const GranCase& g : gran_cases()) {
                 if (g.name == "tensor" || g.name == "tensor_x_block") continue;  // A's scale spans all rows
@@ -1164,7 +1170,7 @@ TEST(GemmOps, SmallMKernelsSumAsTheTiles) {
                 const QTensor qb = quantize(as_tensor(gaussian(n, k, seed++), n, k, DType::f32),
                                             qopts(g.b, Format::e4m3fn, g.power_of_two));
                 const std::vector<double> tiles = values(gemm(quantize(as_tensor(xv, big, k, DType::f32), oa), qb));
-                for (const int64_t m : {2, 3, 8, 9, 16, 17, 31, 32, 33, 48, 100, 128}) {
+                for (const int64_t m : ms) {
                     const std::vector<float> x(xv.begin(), xv.begin() + m * k);
                     const std::vector<double> small = values(gemm(quantize(as_tensor(x, m, k, DType::f32), oa), qb));
                     int64_t differ = 0;
@@ -1177,10 +1183,10 @@ TEST(GemmOps, SmallMKernelsSumAsTheTiles) {
     });
     if (!ran) {
         const char* env = std::getenv("FP8KIT_ISA");
-        if (env != nullptr && *env != '\0' && cpu_supports(Isa::avx512)) {
-            GTEST_SKIP() << "FP8KIT_ISA=" << env << " chose a path without the avx512-bf16 or amx GEMM kernels";
+        if (env != nullptr && *env != '\0' && cpu_supports(Isa::avx2)) {
+            GTEST_SKIP() << "FP8KIT_ISA=" << env << " chose a path without the avx2, avx512-bf16 or amx GEMM kernels";
         }
-        GTEST_SKIP() << "needs the avx512-bf16 or amx GEMM kernels: this CPU lacks AVX-512 with AVX512-BF16 and VBMI";
+        GTEST_SKIP() << "needs the avx2, avx512-bf16 or amx GEMM kernels: this CPU or build has none of them";
     }
 }
 
