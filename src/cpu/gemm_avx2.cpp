@@ -28,8 +28,8 @@ namespace {
 // + e). Read as eight 32-bit words, word d holds columns 2d and 2d + 1, elements 0 and 1 of the
 // pair, so each byte position of the words is one (column parity, element) class of 8 lanes:
 // w[0] even columns' element 0, w[1] even columns' element 1, w[2] odd columns' element 0, w[3]
-// odd columns' element 1. The tiles store them as window rows; the small-M kernel multiplies
-// elements 0 and 1 by A's two K values broadcast and adds the classes when the K group ends.
+// odd columns' element 1. The tiles store them as window rows; the small-M kernel takes one
+// element at a time (w[0] and w[2], then w[1] and w[3]), times A's K value broadcast.
 //
 // The decode is shifts and one multiply (no F16C): a code's byte, moved to the top of a 16-bit
 // word and shifted right arithmetically, has its exponent and mantissa bits on bf16's and its
@@ -45,18 +45,19 @@ struct PairRow {
     static constexpr int shift = five ? 3 : 4;  // the byte's exponent field onto bf16's
     static constexpr int bias = F == Format::e4m3fn ? 7 : F == Format::e4m3fnuz ? 8 : F == Format::e5m2 ? 15 : 16;
 
-    // In pair order, for the small-M kernel. Offset: B's values times 2^(bias - 127), without the
-    // multiply (A carries the rest: small_format).
+    // Element e of each pair in pair order, for the small-M kernel: w[0] the even columns, w[1]
+    // the odd ones (bytes 4d + e and 4d + 2 + e). One element at a time leaves the kernel two
+    // registers of B, so a pass of 6 rows keeps its 12 accumulators in registers. Offset: B's values
+    // times 2^(bias - 127), without the multiply (A carries the rest: small_format).
     template <bool Nonfinite, bool Offset>
-    static void decode(const uint8_t* row, const ExpandTable& t, __m256 w[4]) {
+    static void decode_element(const uint8_t* row, int e, const ExpandTable& t, __m256 w[2]) {
         const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
-        __m256i lo, hi;
-        fields(x, lo, hi);
-        const __m256i top = _mm256_set1_epi32(int(0xffff0000u));
-        const __m256i tops[4] = {_mm256_slli_epi32(lo, 16), _mm256_slli_epi32(hi, 16), _mm256_and_si256(lo, top),
-                                 _mm256_and_si256(hi, top)};
-        for (int j = 0; j < 4; ++j) w[j] = Offset ? _mm256_castsi256_ps(tops[j]) : value(tops[j]);
-        if constexpr (Nonfinite) fix(x, row, t, w, [](int i) { return std::pair{i % 4, i / 4}; });  // byte 4d + j: w[j], lane d
+        const __m256i f = e == 0 ? field(_mm256_slli_epi16(x, 8)) : field(x);
+        const __m256i tops[2] = {_mm256_slli_epi32(f, 16), _mm256_and_si256(f, _mm256_set1_epi32(int(0xffff0000u)))};
+        for (int j = 0; j < 2; ++j) w[j] = Offset ? _mm256_castsi256_ps(tops[j]) : value(tops[j]);
+        if constexpr (Nonfinite) {
+            fix<2>(x, row, t, w, [e](int i) { return std::pair{i % 4 == e ? 0 : i % 4 == 2 + e ? 1 : -1, i / 4}; });
+        }
     }
 
     // In column order, for the tiles' window: w[0], w[1] element 0 of columns 0-7, 8-15; w[2],
@@ -65,30 +66,29 @@ struct PairRow {
     template <bool Nonfinite>
     static void decode_columns(const uint8_t* row, const ExpandTable& t, __m256 w[4]) {
         const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
-        __m256i lo, hi;
-        fields(_mm256_permute4x64_epi64(x, 0xd8), lo, hi);
+        const __m256i y = _mm256_permute4x64_epi64(x, 0xd8);
+        const __m256i lo = field(_mm256_slli_epi16(y, 8)), hi = field(y);
         const __m256i zero = _mm256_setzero_si256();
         w[0] = value(_mm256_unpacklo_epi16(zero, lo));
         w[1] = value(_mm256_unpackhi_epi16(zero, lo));
         w[2] = value(_mm256_unpacklo_epi16(zero, hi));
         w[3] = value(_mm256_unpackhi_epi16(zero, hi));
-        if constexpr (Nonfinite) fix(x, row, t, w, [](int i) { return std::pair{(i % 2) * 2 + i / 16, (i / 2) % 8}; });  // byte 2c + e
+        if constexpr (Nonfinite) fix<4>(x, row, t, w, [](int i) { return std::pair{(i % 2) * 2 + i / 16, (i / 2) % 8}; });  // byte 2c + e
     }
 
   private:
-    // The bf16 fields of each 16-bit word's low byte (lo) and high byte (hi).
-    static void fields(__m256i x, __m256i& lo, __m256i& hi) {
-        const __m256i keep = _mm256_set1_epi16(int16_t(0x8000 | (0x7f << (8 - shift))));
-        lo = _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(x, 8), shift), keep);
-        hi = _mm256_and_si256(_mm256_srai_epi16(x, shift), keep);
+    // The bf16 field of each 16-bit word's high byte.
+    static __m256i field(__m256i x) {
+        return _mm256_and_si256(_mm256_srai_epi16(x, shift), _mm256_set1_epi16(int16_t(0x8000 | (0x7f << (8 - shift)))));
     }
     static __m256 value(__m256i top_half) {
         return _mm256_mul_ps(_mm256_castsi256_ps(top_half), _mm256_set1_ps(std::bit_cast<float>(uint32_t(254 - bias) << 23)));
     }
-    // The NaN and Inf codes of the row from the table; place(i): byte i's vector and lane. The
-    // compares are finite_code's (gemm_kernels.hpp), on the row's 32 bytes at once.
-    template <class Place>
-    static void fix(__m256i x, const uint8_t* row, const ExpandTable& t, __m256 w[4], Place place) {
+    // The NaN and Inf codes of the row from the table; place(i): byte i's vector of the N and
+    // lane (vector -1: a byte these vectors do not hold). The compares are finite_code's
+    // (gemm_kernels.hpp), on the row's 32 bytes at once.
+    template <int N, class Place>
+    static void fix(__m256i x, const uint8_t* row, const ExpandTable& t, __m256 w[N], Place place) {
         const __m256i em = _mm256_and_si256(x, _mm256_set1_epi8(0x7f));
         __m256i bad;
         if constexpr (F == Format::e4m3fn) {
@@ -100,14 +100,14 @@ struct PairRow {
         }
         const uint32_t at = uint32_t(_mm256_movemask_epi8(bad));  // bit i: byte i
         if (at == 0) return;
-        alignas(32) float v[4][8];
-        for (int j = 0; j < 4; ++j) _mm256_store_ps(v[j], w[j]);
+        alignas(32) float v[N][8];
+        for (int j = 0; j < N; ++j) _mm256_store_ps(v[j], w[j]);
         for (int i = 0; i < 32; ++i) {
             if ((at >> i & 1u) == 0) continue;
             const auto [j, lane] = place(i);
-            v[j][lane] = std::bit_cast<float>(uint32_t(t.bf16[row[i]]) << 16);  // NaN or Inf, whatever t's unit
+            if (j >= 0) v[j][lane] = std::bit_cast<float>(uint32_t(t.bf16[row[i]]) << 16);  // NaN or Inf, whatever t's unit
         }
-        for (int j = 0; j < 4; ++j) w[j] = _mm256_load_ps(v[j]);
+        for (int j = 0; j < N; ++j) w[j] = _mm256_load_ps(v[j]);
     }
 };
 
@@ -298,13 +298,11 @@ void small_strip(const float* af, int64_t ldaf, const PackedB& b, int64_t s, con
     const int64_t cpg = kl.chunks_per_group();
     const bool one_group = kl.groups == 1;
     const uint8_t* codes = b.strip(s);
-    __m256 total[R][2];
-    for (int r = 0; r < R; ++r) total[r][0] = total[r][1] = _mm256_setzero_ps();  // (set by group 0; for the compiler)
     // Accumulators a row: for R <= 2 four (even and odd columns, elements 0 and 1 of the pairs
     // apart, added when the group ends), whose 4R chains of dependent FMAs keep the FMA pipes
-    // busy; for R = 3, 4 two (even and odd columns, each pair's two products added in K order:
-    // the tiles' sums, bit for bit), 2R chains of two FMAs a pair row - enough there, where 4R
-    // accumulators would not fit the 16 registers. (Two accumulators at R = 2 ran 0.81x, four.)
+    // busy; for R >= 3 two (even and odd columns, each pair's element 0 then element 1: the
+    // tiles' K order, bit for bit), 2R chains, as many as the 16 registers hold at R = 6 with one
+    // element of B and A's value broadcast. (Two accumulators at R = 2 ran 0.81x four.)
     constexpr int C = R <= 2 ? 4 : 2;
     for (int64_t g = 0; g < kl.groups; ++g) {
         __m256 lanes[R][C];
@@ -319,21 +317,16 @@ void small_strip(const float* af, int64_t ldaf, const PackedB& b, int64_t s, con
                 _mm_prefetch(reinterpret_cast<const char*>(chunk + 8 * gemm_chunk_codes + line * 64), _MM_HINT_T0);
             }
             for (int p = 0; p < gemm_chunk / 2; ++p) {
-                __m256 w[4];
-                PairRow<F>::template decode<Nonfinite, Offset>(chunk + p * 2 * gemm_tile, t, w);
-                FP8KIT_UNROLL(4)
-                for (int r = 0; r < R; ++r) {
-                    const float* k2 = af + r * ldaf + q * gemm_chunk + 2 * p;  // A[r, 2p], A[r, 2p + 1]
-                    const __m256 a0 = _mm256_broadcast_ss(k2), a1 = _mm256_broadcast_ss(k2 + 1);
-                    __m256* l = lanes[r];
-                    if constexpr (C == 4) {
-                        l[0] = _mm256_fmadd_ps(a0, w[0], l[0]);
-                        l[1] = _mm256_fmadd_ps(a1, w[1], l[1]);
-                        l[2] = _mm256_fmadd_ps(a0, w[2], l[2]);
-                        l[3] = _mm256_fmadd_ps(a1, w[3], l[3]);
-                    } else {
-                        l[0] = _mm256_fmadd_ps(a1, w[1], _mm256_fmadd_ps(a0, w[0], l[0]));
-                        l[1] = _mm256_fmadd_ps(a1, w[3], _mm256_fmadd_ps(a0, w[2], l[1]));
+                FP8KIT_UNROLL(2)
+                for (int e = 0; e < 2; ++e) {
+                    __m256 w[2];  // element e: even columns, odd columns
+                    PairRow<F>::template decode_element<Nonfinite, Offset>(chunk + p * 2 * gemm_tile, e, t, w);
+                    const int v = C == 4 ? e : 0;  // C = 4: element e's lanes e (even), 2 + e (odd)
+                    FP8KIT_UNROLL(6)
+                    for (int r = 0; r < R; ++r) {
+                        const __m256 a = _mm256_broadcast_ss(af + r * ldaf + q * gemm_chunk + 2 * p + e);
+                        lanes[r][v] = _mm256_fmadd_ps(a, w[0], lanes[r][v]);
+                        lanes[r][v + C / 2] = _mm256_fmadd_ps(a, w[1], lanes[r][v + C / 2]);
                     }
                 }
             }
@@ -352,22 +345,20 @@ void small_strip(const float* af, int64_t ldaf, const PackedB& b, int64_t s, con
                 part[0] = _mm256_mul_ps(part[0], _mm256_set1_ps(undo));
                 part[1] = _mm256_mul_ps(part[1], _mm256_set1_ps(undo));
             }
+            // The running total in out (its rows are this pass's: no other thread writes them):
+            // partial * (sa * sb), fused into the total after the first group - promote_loop's
+            // operations, in its order; one group: the sums, scaled in the epilogue.
+            float* o = out + r * ldacc;
             if (one_group) {
-                total[r][0] = part[0];  // scaled in the epilogue
-                total[r][1] = part[1];
+                _mm256_storeu_ps(o, part[0]);
+                _mm256_storeu_ps(o + 8, part[1]);
                 continue;
             }
-            // partial * (sa * sb), fused into the total after the first group: promote_loop's
-            // operations, in its order.
             const __m256 s_a = _mm256_set1_ps(sa[r * kl.groups + g]);
             const __m256 x0 = _mm256_mul_ps(s_a, sb0), x1 = _mm256_mul_ps(s_a, sb1);
-            total[r][0] = g == 0 ? _mm256_mul_ps(part[0], x0) : _mm256_fmadd_ps(part[0], x0, total[r][0]);
-            total[r][1] = g == 0 ? _mm256_mul_ps(part[1], x1) : _mm256_fmadd_ps(part[1], x1, total[r][1]);
+            _mm256_storeu_ps(o, g == 0 ? _mm256_mul_ps(part[0], x0) : _mm256_fmadd_ps(part[0], x0, _mm256_loadu_ps(o)));
+            _mm256_storeu_ps(o + 8, g == 0 ? _mm256_mul_ps(part[1], x1) : _mm256_fmadd_ps(part[1], x1, _mm256_loadu_ps(o + 8)));
         }
-    }
-    for (int r = 0; r < R; ++r) {
-        _mm256_storeu_ps(out + r * ldacc, total[r][0]);
-        _mm256_storeu_ps(out + r * ldacc + 8, total[r][1]);
     }
 }
 
@@ -382,18 +373,17 @@ void small_rows(const float* af, int64_t ldaf, const PackedB& b, int64_t s, cons
     }
 }
 
-// Strip by strip, in passes of up to four rows, as even as the rows allow (5 = 3 + 2, 9 = 3 + 3 +
-// 3, 24 = 6 x 4): each pass decodes the strip again, so the more rows a pass the less decoding a
-// flop (4 rows ran 1.3x the flops of 2, 11008 x 4096 on 2 Zen 3 cores). A strip's codes (16 bytes
-// a K) come from memory once, for the first pass, and from L2 for the others - rows outermost
-// streamed all of B once per pass.
+// Strip by strip, in passes of up to 6 rows, as even as the rows allow (7 = 4 + 3, 16 = 6 + 5 +
+// 5, 24 = 6 x 4): each pass decodes the strip again, so the more rows a pass the less decoding a
+// flop. A strip's codes (16 bytes a K) come from memory once, for the first pass, and from L2 for
+// the others - rows outermost streamed all of B once per pass.
 template <Format F, bool Offset>
 void small_all_rows(int64_t rows, const float* af, int64_t ldaf, const PackedB& b, int64_t s0, int64_t s1,
                     const float* sa, float undo, const ExpandTable& t, float* acc, int64_t ldacc) {
     const int64_t groups = b.kl.groups;
     for (int64_t s = s0; s < s1; ++s) {
         float* out = acc + (s - s0) * gemm_tile;
-        const int64_t passes = (rows + 3) / 4;
+        const int64_t passes = (rows + 5) / 6;
         int64_t r = 0;
         for (int64_t pass = 0; pass < passes; ++pass) {
             const int64_t take = rows / passes + (pass < rows % passes ? 1 : 0);
@@ -401,6 +391,8 @@ void small_all_rows(int64_t rows, const float* af, int64_t ldaf, const PackedB& 
             const float* sr = sa + r * groups;
             float* o = out + r * ldacc;
             switch (take) {
+                case 6: small_rows<F, 6, Offset>(ar, ldaf, b, s, sr, undo, t, o, ldacc); break;
+                case 5: small_rows<F, 5, Offset>(ar, ldaf, b, s, sr, undo, t, o, ldacc); break;
                 case 4: small_rows<F, 4, Offset>(ar, ldaf, b, s, sr, undo, t, o, ldacc); break;
                 case 3: small_rows<F, 3, Offset>(ar, ldaf, b, s, sr, undo, t, o, ldacc); break;
                 case 2: small_rows<F, 2, Offset>(ar, ldaf, b, s, sr, undo, t, o, ldacc); break;
@@ -505,11 +497,10 @@ void expand_avx2(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t
     }
 }
 
-// Where the small-M kernel stops paying: it decodes each strip once a pass of up to 4 rows and
-// runs at about one rate from M = 4 (151-156 GFLOP/s on 2 Zen 3 cores, 11008 x 4096 from memory;
-// M = 2 115, 3 137, 5 131), while the tiles decode B once into a widened copy and compute the rows
-// there are (M = 5: 109, 8: 117, 12: 124, 16: 135, 24: 146, 32: 153 against the small kernel's 152).
-// Up to 24 the small kernel is as fast or faster.
+// Where the small-M kernel stops paying: it decodes each strip once a pass of up to 6 rows, while
+// the tiles decode B once into a widened copy and compute the rows there are. On 2 Zen 3 cores
+// (4096 x 4096, the best of alternating runs) the tiles ran ahead at M = 32 (136 GFLOP/s against
+// the small kernel's 116; 48: 144 against 139) and behind it up to 24 (M = 24: 136 against 148).
 constexpr GemmKernels avx2_kernels{&expand_avx2, &widen_b_avx2, 4, 16, 4, 3, 0, &block_then_promote<&block_avx2>, &begin_avx2,
                                     &no_tile_state, &small_avx2, 24, &matmul_f32_avx2, &scale_store_loop, nullptr, nullptr, 0, &pack_group_loop, "avx2"};
 static_assert(avx2_kernels.block_tiles <= max_block_tiles, "block_then_promote's part holds max_block_tiles row tiles");
