@@ -345,7 +345,7 @@ void small_strip(const float* af, int64_t ldaf, const PackedB& b, int64_t s, con
                 part[0] = _mm256_mul_ps(part[0], _mm256_set1_ps(undo));
                 part[1] = _mm256_mul_ps(part[1], _mm256_set1_ps(undo));
             }
-            // The running total in out (its rows are this pass's: no other thread writes them):
+            // The running total in out, not in registers (the accumulators need them all):
             // partial * (sa * sb), fused into the total after the first group - promote_loop's
             // operations, in its order; one group: the sums, scaled in the epilogue.
             float* o = out + r * ldacc;
