@@ -27,7 +27,9 @@
 // 1 GiB), and the timed calls take them in turn, with a read of 1 GiB (the caches' flush) before
 // each. Why both: the flush alone left weights that every call re-reads in the L3 of a Zen 5 (its
 // replacement keeps reused lines against a one-time stream): OpenBLAS's sgemv read 64 MiB of f32
-// weights at 1.3x the read peak. of_bound = weight_bytes / seconds / read bandwidth. For larger M,
+// weights at 1.3x the read peak. of_bound = weight_bytes / seconds / read bandwidth; of_roofline =
+// gflops / the lower of that bandwidth's rate (2M flops a weight byte) and the arithmetic's peak
+// below (at M = 2-16 on AVX2 the FMAs bind first; no compute peak for AMX tiles). For larger M,
 // of_bound = gflops / the peak of what the kernel multiplies: the bf16 dot-product peak (VDPBF16PS)
 // for oneDNN's bf16 and fp8kit's avx512-bf16 kernels, else the float32 FMA peak. AMX tiles
 // (fp8kit's amx kernels, oneDNN's bf16 where the CPU has AMX) can pass either.
@@ -246,7 +248,8 @@ public:
            << (last_level_cache_bytes() >> 20) << " MiB.\n"
            << "gflops = 2*M*N*K / seconds; vs_openblas = gflops / OpenBLAS's; weight_bytes: 4 (f32), 2 (bf16), 1 (fp8)\n"
            << "per weight. M <= 16: out of cache (copies of each weight, 8x the last-level cache up to 1 GiB, taken in turn,\n"
-           << "and the caches flushed before each call), of_bound = weight_bytes / seconds / read bandwidth;\n"
+           << "and the caches flushed before each call), of_bound = weight_bytes / seconds / read bandwidth,\n"
+           << "of_roofline = gflops / the lower of the read bandwidth's rate and the peak below (none for AMX);\n"
            << "larger M: of_bound = gflops / the peak of the kernel's arithmetic - the bf16 dot products' for\n"
            << "onednn.bf16 and the avx512-bf16 kernels, else the f32 FMAs' (AMX tiles can pass 1). rel_err: relative RMS\n"
            << "error against float64 on 64 entries. Outputs allocated once for every implementation; fp8kit\n"
@@ -338,12 +341,19 @@ private:
             if (openblas_gflops > 0.0) row.add("vs_openblas", gflops / openblas_gflops, 3);
             row.add("weight_bytes", (long long)weight_bytes);
             if (memory_bound) row.add("copies", (long long)weight_copies(p.m, weight_bytes));
+            // Where bf16 pairs are what the kernel multiplies, its arithmetic's peak is the dot
+            // products'; AMX tiles have none measured here (0).
+            const bool dots = dot_gflops_ > 0.0 && (c.impl == "onednn.bf16" || c.kernel.ends_with(":avx512-bf16"));
+            const double peak = c.kernel.find("amx") != std::string::npos ? 0.0 : dots ? dot_gflops_ : fma_.gflops;
             if (memory_bound) {
                 row.add("bound", "read_bw").add("of_bound", weight_bytes / s * 1e-9 / read_gbps_, 3);
+                // The roofline: the lower of streaming the weight at the read peak and the
+                // arithmetic's peak (at M = 2-16 on AVX2 the FMAs bind, not the bytes).
+                const double streamed = read_gbps_ * 2.0 * double(p.m) * double(p.n) * double(p.k) / weight_bytes;
+                const double roof = peak > 0.0 ? std::min(streamed, peak) : streamed;
+                row.add("roofline_gflops", roof, 4).add("of_roofline", gflops / roof, 3);
             } else {
-                // Where bf16 pairs are what the kernel multiplies, its bound is the dot-product peak.
-                const bool dots = dot_gflops_ > 0.0 && (c.impl == "onednn.bf16" || c.kernel.ends_with(":avx512-bf16"));
-                row.add("bound", dots ? "dot_bf16" : "fma_f32").add("of_bound", gflops / (dots ? dot_gflops_ : fma_.gflops), 3);
+                row.add("bound", dots ? "dot_bf16" : "fma_f32").add("of_bound", gflops / (peak > 0.0 ? peak : fma_.gflops), 3);
             }
             row.add("rel_err", err[i], 2);
             rows_.push_back(row);
