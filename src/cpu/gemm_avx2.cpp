@@ -31,13 +31,14 @@ namespace {
 // odd columns' element 1. The tiles store them as window rows; the small-M kernel takes one
 // element at a time (w[0] and w[2], then w[1] and w[3]), times A's K value broadcast.
 //
-// The decode is shifts and one multiply (no F16C): a code's byte, moved to the top of a 16-bit
-// word and shifted right arithmetically, has its exponent and mantissa bits on bf16's and its
-// sign copied up to bit 15; the mask keeps those. That bf16, moved to a float32's top half, is the
-// value times 2^(bias - 127) - subnormal codes too, as float32 subnormals with the same mantissa
-// - so one exact multiply by 2^(127 - bias) gives the value (every FP8 value is a float32, and so
-// is every product of two), or the small-M kernel leaves it to A's rows (small_format). Codes that are not numbers (NaN; e5m2's Inf) come out finite: a strip
-// with one (PackedB::strip_nonfinite; every row for expand_format) checks each row and takes
+// The decode is shifts and one multiply (no F16C): a code's byte, at the top of a 16-bit word
+// (moved there, or loaded there) and shifted right arithmetically, has its exponent and mantissa
+// bits on bf16's and its sign copied up to bit 15; the mask keeps those. That bf16, moved to a
+// float32's top half, is the value times 2^(bias - 127) - subnormal codes too, as float32
+// subnormals with the same mantissa - so one exact multiply by 2^(127 - bias) gives the value
+// (every FP8 value is a float32, and so is every product of two), or the small-M kernel leaves
+// it to A's rows (small_format). Codes that are not numbers (NaN; e5m2's Inf) come out finite: a
+// strip with one (PackedB::strip_nonfinite; every row for expand_format) checks each row and takes
 // those codes from the table.
 template <Format F>
 struct PairRow {
@@ -49,14 +50,18 @@ struct PairRow {
     // the odd ones (bytes 4d + e and 4d + 2 + e). One element at a time leaves the kernel two
     // registers of B, so a pass of 6 rows keeps its 12 accumulators in registers. Offset: B's values
     // times 2^(bias - 127), without the multiply (A carries the rest: small_format).
+    // Element 1's codes are the words' high bytes; element 0's become them in a load one byte
+    // earlier (the byte before a strip's first row is allocated: gemm_code_lead), not by a shift:
+    // shifts share pipes with the FMAs on Zen 3, and this one cost 3-7% of a pass (one core).
     template <bool Nonfinite, bool Offset>
     static void decode_element(const uint8_t* row, int e, const ExpandTable& t, __m256 w[2]) {
-        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
-        const __m256i f = e == 0 ? field(_mm256_slli_epi16(x, 8)) : field(x);
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row - 1 + e));
+        const __m256i f = field(x);
         const __m256i tops[2] = {_mm256_slli_epi32(f, 16), _mm256_and_si256(f, _mm256_set1_epi32(int(0xffff0000u)))};
         for (int j = 0; j < 2; ++j) w[j] = Offset ? _mm256_castsi256_ps(tops[j]) : value(tops[j]);
         if constexpr (Nonfinite) {
-            fix<2>(x, row, t, w, [e](int i) { return std::pair{i % 4 == e ? 0 : i % 4 == 2 + e ? 1 : -1, i / 4}; });
+            const __m256i codes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
+            fix<2>(codes, row, t, w, [e](int i) { return std::pair{i % 4 == e ? 0 : i % 4 == 2 + e ? 1 : -1, i / 4}; });
         }
     }
 
