@@ -413,5 +413,8 @@ const GemmKernels& gemm_kernels();
 const GemmKernels* amx_gemm_kernels();     // null where AMX cannot run (CPU, OS or build)
 const GemmKernels* avx512_gemm_kernels();  // null without AVX512-BF16 and -VBMI (CPU or build)
 const GemmKernels* avx2_gemm_kernels();  // null where the build has no x86 kernels
+// The avx2 kernels' small-M kernel (src/cpu/gemm_avx2_small.cpp), a GemmKernels::small.
+void small_avx2(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,
+                const float* sa, const ExpandTable& t, bool fold, float* acc, int64_t ldacc);
 
 }  // namespace fp8kit::cpu
