@@ -67,7 +67,7 @@ struct KLayout {
 // tile per 32-wide K chunk in AMX's pair-interleaved ("VNNI") order: byte 32 p + 2 c + e holds
 // B[16 s + c, 32 chunk + 2 p + e]. Padding codes are 0x00 (+0 in every format).
 // Bytes allocated (zeroed) before a PackedB's codes, so that a kernel may load a vector starting
-// a byte before a row and discard that byte (gemm_avx2.cpp, PairRow::decode_element); 64 keeps
+// a byte before a row and discard that byte (pair_row_avx2.hpp, PairRow::decode_element); 64 keeps
 // the codes 64-byte aligned.
 inline constexpr size_t gemm_code_lead = 64;
 struct PackedB {

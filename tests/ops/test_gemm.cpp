@@ -1333,7 +1333,7 @@ TEST(GemmOps, EveryCodeOfBDecodesExactly) { expect_every_code_of_b_exact(); }
 TEST(GemmOps, EveryCodeOfADecodesExactly) { expect_every_code_of_a_exact(); }
 
 // The AVX2 small-M kernel decodes B without its last multiply where A, times 2^(127 - bias - c),
-// can take it, and multiplies the sums by 2^c (src/cpu/gemm_avx2.cpp, offset_shift); c comes from
+// can take it, and multiplies the sums by 2^c (src/cpu/gemm_avx2_small.cpp, offset_shift); c comes from
 // all of A. Weight-only bf16 x [2, 64] times B (every format, unit scale) whose rows j hold, at
 // K = 0, 1, 2: (1, s, -s) and (-0.5, -s, s), s B's smallest subnormal; D is exact in float32, so
 // it must equal the float64 sum (scaled by 2^-c while the check holds, every sum stays a normal):
