@@ -507,10 +507,7 @@ std::shared_ptr<const void> pack_weight(const ExecContext&, const GemmOperand& b
     PackedB& pb = *p;
     const KLayout& kl = pb.kl;
     // Uninitialised: written below.
-    const size_t allocated = pb.code_bytes() + gemm_code_lead;
-    const std::shared_ptr<std::byte> block = lasting ? detail::host_allocate_lasting(allocated) : detail::host_allocate(allocated);
-    std::memset(block.get(), 0, gemm_code_lead);
-    pb.codes = std::shared_ptr<std::byte>(block, block.get() + gemm_code_lead);
+    pb.codes = lasting ? detail::host_allocate_lasting(pb.code_bytes()) : detail::host_allocate(pb.code_bytes());
     pb.scales.assign(size_t(kl.groups * pb.strips * gemm_tile), 0.0f);
     pb.strip_nonfinite.assign(size_t(pb.strips), 0);
     const int64_t chunks = kl.padded / gemm_chunk;
@@ -566,7 +563,7 @@ std::shared_ptr<const void> pack_weight(const ExecContext&, const GemmOperand& b
         int e = 0;
         pb.scales_fold = pb.scales_fold && std::all_of(s, s + b.rows, [&](float x) { return fold_log2(x, e); });
     }
-    *bytes = pb.code_bytes() + gemm_code_lead + pb.scales.size() * sizeof(float) + pb.strip_nonfinite.size() + pb.chunk_specials.size();
+    *bytes = pb.code_bytes() + pb.scales.size() * sizeof(float) + pb.strip_nonfinite.size() + pb.chunk_specials.size();
     return p;
 }
 

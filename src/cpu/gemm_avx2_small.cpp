@@ -29,7 +29,7 @@ void column_order(__m256 even, __m256 odd, __m256& c0_7, __m256& c8_15) {
 // Strip s of B times R rows of A (af, float32) into out[r * ldacc + col]. Offset: af holds A times
 // 2^(127 - bias - c) and B is decoded without its multiply (PairRow), so each group's sums are the
 // exact ones times 2^-c, and undo = 2^c takes them back (small_format says why that is exact).
-template <Format F, int R, bool Nonfinite, bool Offset>
+template <Format F, int R, bool Checked, bool Offset>
 void small_strip(const float* af, int64_t ldaf, const PackedB& b, int64_t s, const float* sa, float undo,
                  const ExpandTable& t, float* out, int64_t ldacc) {
     const KLayout& kl = b.kl;
@@ -58,7 +58,7 @@ void small_strip(const float* af, int64_t ldaf, const PackedB& b, int64_t s, con
                 FP8KIT_UNROLL(2)
                 for (int e = 0; e < 2; ++e) {
                     __m256 w[2];  // element e: even columns, odd columns
-                    PairRow<F>::template decode_element<Nonfinite, Offset>(chunk + p * 2 * gemm_tile, e, t, w);
+                    PairRow<F>::template decode_element<Checked, Offset>(chunk + p * 2 * gemm_tile, e, t, w);
                     const int v = C == 4 ? e : 0;  // C = 4: element e's lanes e (even), 2 + e (odd)
                     FP8KIT_UNROLL(6)
                     for (int r = 0; r < R; ++r) {
@@ -100,11 +100,12 @@ void small_strip(const float* af, int64_t ldaf, const PackedB& b, int64_t s, con
     }
 }
 
-// Strip s times R rows (the decode's fix-up only where the strip holds a NaN or Inf code).
+// Strip s times R rows (the decode's checked reading only where the strip holds a NaN or Inf
+// code, and for strip 0: PairRow::decode_element).
 template <Format F, int R, bool Offset>
 void small_rows(const float* af, int64_t ldaf, const PackedB& b, int64_t s, const float* sa, float undo,
                 const ExpandTable& t, float* out, int64_t ldacc) {
-    if (b.strip_nonfinite[size_t(s)]) {
+    if (s == 0 || b.strip_nonfinite[size_t(s)]) {
         small_strip<F, R, true, Offset>(af, ldaf, b, s, sa, undo, t, out, ldacc);
     } else {
         small_strip<F, R, false, Offset>(af, ldaf, b, s, sa, undo, t, out, ldacc);

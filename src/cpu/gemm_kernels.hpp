@@ -66,10 +66,6 @@ struct KLayout {
 // B [n, k] packed once (PackedWeight): FP8 codes in 16-column strips; within a strip, one 512-byte
 // tile per 32-wide K chunk in AMX's pair-interleaved ("VNNI") order: byte 32 p + 2 c + e holds
 // B[16 s + c, 32 chunk + 2 p + e]. Padding codes are 0x00 (+0 in every format).
-// Bytes allocated (zeroed) before a PackedB's codes, so that a kernel may load a vector starting
-// a byte before a row and discard that byte (pair_row_avx2.hpp, PairRow::decode_element); 64 keeps
-// the codes 64-byte aligned.
-inline constexpr size_t gemm_code_lead = 64;
 struct PackedB {
     int64_t n, strips;
     KLayout kl;
@@ -78,7 +74,6 @@ struct PackedB {
     // on huge pages, sized to the byte), from host_allocate for a pack inside one GEMM call;
     // uninitialised until pack_weight writes every byte (padding included), in parallel: zeroing
     // 16 MiB on one thread took a fifth of a 4096 x 4096 pack.
-    // Preceded by gemm_code_lead allocated bytes.
     std::shared_ptr<std::byte> codes;
     std::vector<float> scales;   // [kl.groups][strips * 16]: sb(j, g), group-major
     // [strips]: 1 where a code of the strip is NaN or Inf (finite_code). Weights rarely hold one,

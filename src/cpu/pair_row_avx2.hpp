@@ -46,17 +46,18 @@ struct PairRow {
     // registers of B, so a pass of 6 rows keeps its 12 accumulators in registers. Offset: B's values
     // times 2^(bias - 127), without the multiply (A carries the rest: small_format).
     // Element 1's codes are the words' high bytes; element 0's become them in a load one byte
-    // earlier (the byte before a strip's first row is allocated: gemm_code_lead), not by a shift:
-    // shifts share pipes with the FMAs on Zen 3, and this one cost 3-7% of a pass (one core).
-    template <bool Nonfinite, bool Offset>
+    // earlier rather than by a shift: shifts share pipes with the FMAs on Zen 3, and this one cost
+    // 3-7% of a pass (one core). Checked reads the row as it stands, shifts, and takes its NaN and
+    // Inf codes from the table: for strips that hold one, and for the first strip of B, whose first
+    // row has no byte before it.
+    template <bool Checked, bool Offset>
     static void decode_element(const uint8_t* row, int e, const ExpandTable& t, __m256 w[2]) {
-        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row - 1 + e));
-        const __m256i f = field(x);
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Checked ? row : row - 1 + e));
+        const __m256i f = Checked && e == 0 ? field(_mm256_slli_epi16(x, 8)) : field(x);
         const __m256i tops[2] = {_mm256_slli_epi32(f, 16), _mm256_and_si256(f, _mm256_set1_epi32(int(0xffff0000u)))};
         for (int j = 0; j < 2; ++j) w[j] = Offset ? _mm256_castsi256_ps(tops[j]) : value(tops[j]);
-        if constexpr (Nonfinite) {
-            const __m256i codes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
-            fix<2>(codes, row, t, w, [e](int i) { return std::pair{i % 4 == e ? 0 : i % 4 == 2 + e ? 1 : -1, i / 4}; });
+        if constexpr (Checked) {
+            fix<2>(x, row, t, w, [e](int i) { return std::pair{i % 4 == e ? 0 : i % 4 == 2 + e ? 1 : -1, i / 4}; });
         }
     }
 
