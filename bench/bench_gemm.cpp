@@ -342,18 +342,19 @@ private:
             row.add("weight_bytes", (long long)weight_bytes);
             if (memory_bound) row.add("copies", (long long)weight_copies(p.m, weight_bytes));
             // Where bf16 pairs are what the kernel multiplies, its arithmetic's peak is the dot
-            // products'; AMX tiles have none measured here (0).
+            // products', else the FMAs'.
             const bool dots = dot_gflops_ > 0.0 && (c.impl == "onednn.bf16" || c.kernel.ends_with(":avx512-bf16"));
-            const double peak = c.kernel.find("amx") != std::string::npos ? 0.0 : dots ? dot_gflops_ : fma_.gflops;
+            const double peak = dots ? dot_gflops_ : fma_.gflops;
             if (memory_bound) {
                 row.add("bound", "read_bw").add("of_bound", weight_bytes / s * 1e-9 / read_gbps_, 3);
                 // The roofline: the lower of streaming the weight at the read peak and the
                 // arithmetic's peak (at M = 2-16 on AVX2 the FMAs bind, not the bytes).
                 const double streamed = read_gbps_ * 2.0 * double(p.m) * double(p.n) * double(p.k) / weight_bytes;
-                const double roof = peak > 0.0 ? std::min(streamed, peak) : streamed;
+                const bool amx = c.kernel.find("amx") != std::string::npos;  // no tile peak measured here
+                const double roof = amx ? streamed : std::min(streamed, peak);
                 row.add("roofline_gflops", roof, 4).add("of_roofline", gflops / roof, 3);
             } else {
-                row.add("bound", dots ? "dot_bf16" : "fma_f32").add("of_bound", gflops / (peak > 0.0 ? peak : fma_.gflops), 3);
+                row.add("bound", dots ? "dot_bf16" : "fma_f32").add("of_bound", gflops / peak, 3);
             }
             row.add("rel_err", err[i], 2);
             rows_.push_back(row);
