@@ -723,8 +723,8 @@ NB_MODULE(_fp8kit, m) {
               const DType dt = parse_dtype(dtype);
               const int64_t b = q_shape[0], hq = q_shape[1], s = q_shape[2], d = q_shape[3];
               const auto external = [](uintptr_t p, DType t, Shape shape, bool read_only, const char* name) {  // row-major
-                  return Tensor::from_external(nullptr, {.data = reinterpret_cast<void*>(p), .shape = std::move(shape), .dtype = t,
-                                                         .read_only = read_only, .name = name});
+                  return Tensor::from_external(nullptr, {.data = reinterpret_cast<void*>(p), .shape = std::move(shape),
+                                                         .strides = {}, .dtype = t, .read_only = read_only, .name = name});
               };
               const Tensor o = external(out, dt, {b, s, hq, d}, false, "out");
               const Tensor qt = external(q, dt, {b, hq, s, d}, true, "q");
