@@ -5,7 +5,8 @@
 set -eu
 cd "$(dirname "$0")/.."
 
-# Build: compilers (g++ and clang++ with its OpenMP runtime), CMake + Ninja, GoogleTest, CLI11,
+# Build: compilers (g++ and clang++ with its OpenMP runtime), CMake + Ninja, ccache (the presets'
+# builds and the Python package's share one cache: FP8KIT_CCACHE), GoogleTest, CLI11,
 # nlohmann-json (safetensors headers).
 # Tests: python3 + venv for the oracles (ml_dtypes, numpy, safetensors from PyPI; PyTorch; and the FP8
 # checkpoint producers and loaders transformers, compressed-tensors, llm-compressor, from
@@ -16,7 +17,7 @@ cd "$(dirname "$0")/.."
 # Benchmarks only (bench_gemm's peers; the library never links them): OpenBLAS in its OpenMP
 # build - on libgomp, as g++ builds fp8kit, so peers and fp8kit share one thread team instead of
 # two spinning against each other (found through pkg-config) - and oneDNN.
-packages="cmake ninja-build g++ clang libomp-dev libgtest-dev libcli11-dev nlohmann-json3-dev pkg-config python3 python3-venv python3-dev librsvg2-bin libopenblas-openmp-dev libdnnl-dev"
+packages="cmake ninja-build ccache g++ clang libomp-dev libgtest-dev libcli11-dev nlohmann-json3-dev pkg-config python3 python3-venv python3-dev librsvg2-bin libopenblas-openmp-dev libdnnl-dev"
 # Cross builds (presets windows-cross, arm64-cross): MinGW-w64 g++ with POSIX threads (it has
 # OpenMP) and Wine to run its programs; aarch64 g++ and qemu-user to run its programs.
 packages="$packages g++-mingw-w64-x86-64-posix wine wine64 g++-aarch64-linux-gnu qemu-user"
@@ -93,10 +94,13 @@ torch_group "torchao, optimum-quanto, diffusers" "torchao, optimum.quanto, diffu
 
 # The Python package (pyproject.toml, python/): its pinned build requirements, then `pip install .`
 # without build isolation (nothing fetched at build time), built by CMake in build/python. Run every
-# time, so that .venv holds the package of this checkout; an unchanged tree rebuilds nothing.
+# time, so that .venv holds the package of this checkout; an unchanged tree rebuilds nothing. With the
+# presets' flags - warnings are errors, ccache - so that the release preset's build of the same library
+# sources takes this build's objects from the cache (a plain `pip install .` sets neither).
 if ! "$venv/bin/python3" -c "import scikit_build_core, nanobind" 2>/dev/null; then
     echo "setup: installing the Python package's build requirements: $(grep -v '^#' python/requirements-build.txt | tr '\n' ' ')"
     "$venv/bin/python3" -m pip install -q --disable-pip-version-check -r python/requirements-build.txt
 fi
 echo "setup: building the fp8kit Python package into $venv (build/python)"
-"$venv/bin/python3" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps .
+"$venv/bin/python3" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps \
+    -C cmake.define.FP8KIT_WERROR=ON -C cmake.define.FP8KIT_CCACHE=ON .
