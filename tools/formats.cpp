@@ -18,7 +18,7 @@ namespace fp8kit::tools {
 namespace {
 
 // "448" or "2^-9 (0.001953125)": powers of two far from 1 show their exponent; all exact.
-std::string show(float v) {
+std::string show_exact(float v) {
     int e = 0;
     const bool pow2 = std::frexp(v, &e) == 0.5f && (e - 1 < 0 || e - 1 > 16);
     char buf[64];
@@ -38,10 +38,10 @@ void print_formats(bool json) {
                            .add("format", std::string(fi.name))
                            .add("E/M", std::to_string(fi.exponent_bits) + "/" + std::to_string(fi.mantissa_bits))
                            .add("bias", (long long)fi.bias)
-                           .add("max", show(fi.max))
-                           .add("min normal", show(fi.min_normal))
-                           .add("min subnormal", fi.min_subnormal == fi.min_normal ? "none" : show(fi.min_subnormal))
-                           .add("epsilon", show(fi.epsilon))
+                           .add("max", show_exact(fi.max))
+                           .add("min normal", show_exact(fi.min_normal))
+                           .add("min subnormal", fi.min_subnormal == fi.min_normal ? "none" : show_exact(fi.min_subnormal))
+                           .add("epsilon", show_exact(fi.epsilon))
                            .add("Inf", fi.has_inf ? "0x7c 0xfc" : "none")
                            .add("NaN", std::string(fi.nan_rule))
                            .add("-0", fi.has_neg_zero ? "0x80" : (fi.has_sign ? "none (0x80 is NaN)" : "none (unsigned)")));

@@ -20,6 +20,8 @@ namespace fp8kit::tools {
 
 namespace {
 
+using Json = nlohmann::ordered_json;
+
 struct VerifyArgs {
     std::string a, b;
     double min_sqnr = -INFINITY;
@@ -72,7 +74,6 @@ void run_verify(const VerifyArgs& args) {
     for (const Result& r : results)
         if (!r.failure.empty()) failed.push_back(&r);
     if (args.json) {
-        using Json = nlohmann::ordered_json;
         // JSON has no Inf: an exact match has sqnr_db null and exact true.
         const auto num = [](double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); };
         Json t = Json::array();
