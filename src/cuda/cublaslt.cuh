@@ -14,14 +14,15 @@
 #include <utility>
 
 #include "cuda/common.cuh"
+#include "cuda/cublaslt_api.hpp"
 #include "fp8kit/error.hpp"
 
 namespace fp8kit::cuda {
 
 inline void check_lt(cublasStatus_t st, const char* call) {
     if (st != CUBLAS_STATUS_SUCCESS) {
-        throw Error(std::string("fp8kit cuda: ") + call + " failed: " + cublasLtGetStatusName(st) + " (" +
-                    cublasLtGetStatusString(st) + ")");
+        throw Error(std::string("fp8kit cuda: ") + call + " failed: " + lt_api().cublasLtGetStatusName(st) + " (" +
+                    lt_api().cublasLtGetStatusString(st) + ")");
     }
 }
 #define FP8KIT_LT_CHECK(call) ::fp8kit::cuda::check_lt((call), #call)
@@ -37,7 +38,7 @@ struct Lt {
 inline Lt& lt() {
     static Lt* l = [] {
         auto* r = new Lt;
-        FP8KIT_LT_CHECK(cublasLtCreate(&r->handle));
+        FP8KIT_LT_CHECK(lt_api().cublasLtCreate(&r->handle));
         FP8KIT_CUDA_CHECK(cudaMalloc(&r->workspace, r->workspace_bytes));
         return r;
     }();
@@ -53,10 +54,10 @@ struct LtCall {
     LtCall(const LtCall&) = delete;
     LtCall& operator=(const LtCall&) = delete;
     ~LtCall() {
-        if (d) cublasLtMatrixLayoutDestroy(d);
-        if (b) cublasLtMatrixLayoutDestroy(b);
-        if (a) cublasLtMatrixLayoutDestroy(a);
-        if (desc) cublasLtMatmulDescDestroy(desc);
+        if (d) lt_api().cublasLtMatrixLayoutDestroy(d);
+        if (b) lt_api().cublasLtMatrixLayoutDestroy(b);
+        if (a) lt_api().cublasLtMatrixLayoutDestroy(a);
+        if (desc) lt_api().cublasLtMatmulDescDestroy(desc);
     }
 };
 
@@ -85,12 +86,12 @@ cublasLtMatmulAlgo_t lt_algo(LtAlgos<Key>& cache, const Key& key, const LtCall& 
     std::lock_guard<std::mutex> lock(l.mutex);
     if (auto it = cache.find(full_key); it != cache.end()) return it->second;
     cublasLtMatmulPreference_t pref = nullptr;
-    FP8KIT_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    FP8KIT_LT_CHECK(lt_api().cublasLtMatmulPreferenceCreate(&pref));
     struct Release {
         cublasLtMatmulPreference_t p;
-        ~Release() { cublasLtMatmulPreferenceDestroy(p); }
+        ~Release() { lt_api().cublasLtMatmulPreferenceDestroy(p); }
     } release{pref};
-    FP8KIT_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &l.workspace_bytes,
+    FP8KIT_LT_CHECK(lt_api().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &l.workspace_bytes,
                                                          sizeof(l.workspace_bytes)));
     const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a},
@@ -98,10 +99,10 @@ cublasLtMatmulAlgo_t lt_algo(LtAlgos<Key>& cache, const Key& key, const LtCall& 
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d},
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d}};
     for (const auto& [attribute, bytes] : alignments)
-        FP8KIT_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attribute, &bytes, sizeof(bytes)));
+        FP8KIT_LT_CHECK(lt_api().cublasLtMatmulPreferenceSetAttribute(pref, attribute, &bytes, sizeof(bytes)));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    FP8KIT_LT_CHECK(cublasLtMatmulAlgoGetHeuristic(l.handle, call.desc, call.a, call.b, call.d, call.d, pref, 1, &result, &found));
+    FP8KIT_LT_CHECK(lt_api().cublasLtMatmulAlgoGetHeuristic(l.handle, call.desc, call.a, call.b, call.d, call.d, pref, 1, &result, &found));
     if (found == 0) {
         throw Error(std::string("fp8kit cuda: cuBLASLt has no algorithm for ") + what + " (" + std::to_string(m) + " x " +
                     std::to_string(n) + " x " + std::to_string(k) + ")");

@@ -48,10 +48,10 @@ LtScales lt_scales(const GemmJob& j) {
 void launch_lt(const GemmJob& j, LtScales scales, cudaStream_t s) {
     static LtAlgos<std::tuple<int64_t, int64_t, int64_t, int, int, int, int>> algos;
     LtCall call;
-    FP8KIT_LT_CHECK(cublasLtMatmulDescCreate(&call.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    FP8KIT_LT_CHECK(lt_api().cublasLtMatmulDescCreate(&call.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
-    FP8KIT_LT_CHECK(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
-    FP8KIT_LT_CHECK(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof(n)));
+    FP8KIT_LT_CHECK(lt_api().cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
+    FP8KIT_LT_CHECK(lt_api().cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof(n)));
     const void* scale_b = j.b.scale_inv;  // cuBLASLt's A is fp8kit's B
     const void* scale_a = j.a.scale_inv;
     std::shared_ptr<std::byte> a_scales_t, b_scales_padded;  // stream-ordered: freed after the GEMM
@@ -76,18 +76,18 @@ void launch_lt(const GemmJob& j, LtScales scales, cudaStream_t s) {
             scale_b = b_scales_padded.get();
         }
     }
-    FP8KIT_LT_CHECK(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_b, sizeof(mode_b)));
-    FP8KIT_LT_CHECK(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_a, sizeof(mode_a)));
-    FP8KIT_LT_CHECK(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_b, sizeof(scale_b)));
-    FP8KIT_LT_CHECK(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_a, sizeof(scale_a)));
-    FP8KIT_LT_CHECK(cublasLtMatrixLayoutCreate(&call.a, lt_type(j.b.format), uint64_t(j.k), uint64_t(j.n), j.b.ld));
-    FP8KIT_LT_CHECK(cublasLtMatrixLayoutCreate(&call.b, lt_type(j.a.format), uint64_t(j.k), uint64_t(j.m), j.a.ld));
-    FP8KIT_LT_CHECK(cublasLtMatrixLayoutCreate(&call.d, lt_type(j.out_dtype), uint64_t(j.n), uint64_t(j.m), j.n));
+    FP8KIT_LT_CHECK(lt_api().cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_b, sizeof(mode_b)));
+    FP8KIT_LT_CHECK(lt_api().cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_a, sizeof(mode_a)));
+    FP8KIT_LT_CHECK(lt_api().cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_b, sizeof(scale_b)));
+    FP8KIT_LT_CHECK(lt_api().cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_a, sizeof(scale_a)));
+    FP8KIT_LT_CHECK(lt_api().cublasLtMatrixLayoutCreate(&call.a, lt_type(j.b.format), uint64_t(j.k), uint64_t(j.n), j.b.ld));
+    FP8KIT_LT_CHECK(lt_api().cublasLtMatrixLayoutCreate(&call.b, lt_type(j.a.format), uint64_t(j.k), uint64_t(j.m), j.a.ld));
+    FP8KIT_LT_CHECK(lt_api().cublasLtMatrixLayoutCreate(&call.d, lt_type(j.out_dtype), uint64_t(j.n), uint64_t(j.m), j.n));
     const auto key = std::make_tuple(j.m, j.n, j.k, int(j.a.format), int(j.b.format), int(j.out_dtype), int(scales));
     const cublasLtMatmulAlgo_t algo = lt_algo(algos, key, call, j.b.data, j.a.data, j.out, "this FP8 GEMM", j.m, j.n, j.k);
     const float alpha = j.alpha, beta = 0.0f;
     Lt& l = lt();
-    FP8KIT_LT_CHECK(cublasLtMatmul(l.handle, call.desc, &alpha, j.b.data, call.a, j.a.data, call.b, &beta, j.out, call.d,
+    FP8KIT_LT_CHECK(lt_api().cublasLtMatmul(l.handle, call.desc, &alpha, j.b.data, call.a, j.a.data, call.b, &beta, j.out, call.d,
                                    j.out, call.d, &algo, l.workspace, l.workspace_bytes, s));
 }
 

@@ -77,20 +77,20 @@ void launch_matmul(const detail::MatmulJob& j, const void* a, const void* b, cud
     constexpr bool f64 = std::is_same_v<T, double>;
     constexpr cudaDataType_t type = f64 ? CUDA_R_64F : CUDA_R_32F;
     LtCall call;
-    FP8KIT_LT_CHECK(cublasLtMatmulDescCreate(&call.desc, f64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F, type));
+    FP8KIT_LT_CHECK(lt_api().cublasLtMatmulDescCreate(&call.desc, f64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F, type));
     const cublasOperation_t op_b = j.tb ? CUBLAS_OP_T : CUBLAS_OP_N, op_a = j.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-    FP8KIT_LT_CHECK(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof(op_b)));
-    FP8KIT_LT_CHECK(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof(op_a)));
-    FP8KIT_LT_CHECK(cublasLtMatrixLayoutCreate(&call.a, type, uint64_t(j.tb ? j.k : j.n), uint64_t(j.tb ? j.n : j.k),
+    FP8KIT_LT_CHECK(lt_api().cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof(op_b)));
+    FP8KIT_LT_CHECK(lt_api().cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof(op_a)));
+    FP8KIT_LT_CHECK(lt_api().cublasLtMatrixLayoutCreate(&call.a, type, uint64_t(j.tb ? j.k : j.n), uint64_t(j.tb ? j.n : j.k),
                                                j.tb ? j.k : j.n));
-    FP8KIT_LT_CHECK(cublasLtMatrixLayoutCreate(&call.b, type, uint64_t(j.ta ? j.m : j.k), uint64_t(j.ta ? j.k : j.m),
+    FP8KIT_LT_CHECK(lt_api().cublasLtMatrixLayoutCreate(&call.b, type, uint64_t(j.ta ? j.m : j.k), uint64_t(j.ta ? j.k : j.m),
                                                j.ta ? j.m : j.k));
-    FP8KIT_LT_CHECK(cublasLtMatrixLayoutCreate(&call.d, type, uint64_t(j.n), uint64_t(j.m), j.n));
+    FP8KIT_LT_CHECK(lt_api().cublasLtMatrixLayoutCreate(&call.d, type, uint64_t(j.n), uint64_t(j.m), j.n));
     const cublasLtMatmulAlgo_t algo = lt_algo(algos, std::make_tuple(j.m, j.n, j.k, j.ta, j.tb), call, b, a, j.out,
                                               f64 ? "this float64 matmul" : "this float32 matmul", j.m, j.n, j.k);
     const T alpha = 1, beta = j.accumulate ? 1 : 0;  // out (C) is read before it is written (D)
     Lt& l = lt();
-    FP8KIT_LT_CHECK(cublasLtMatmul(l.handle, call.desc, &alpha, b, call.a, a, call.b, &beta, j.out, call.d, j.out, call.d,
+    FP8KIT_LT_CHECK(lt_api().cublasLtMatmul(l.handle, call.desc, &alpha, b, call.a, a, call.b, &beta, j.out, call.d, j.out, call.d,
                                    &algo, l.workspace, l.workspace_bytes, s));
 }
 
