@@ -10,11 +10,15 @@
 
 namespace fp8kit::cuda {
 
+std::vector<std::string> lt_library_names() {
+    // The soname of the cuBLASLt major version the headers are from: its ABI.
+    const std::string soname = "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR);
+    return {soname, std::string(FP8KIT_CUDA_LIBRARY_DIR) + "/" + soname};
+}
+
 const LtApi& lt_api() {
     static const LtApi api = [] {
-        // The soname of the cuBLASLt major version the headers are from: its ABI.
-        const std::string soname = "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR);
-        static const platform::SharedLibrary lib({soname, std::string(FP8KIT_CUDA_LIBRARY_DIR) + "/" + soname});
+        static const platform::SharedLibrary lib(lt_library_names());
         LtApi r;
 #define FP8KIT_LT_RESOLVE(f) r.f = reinterpret_cast<decltype(&::f)>(lib.symbol(#f));
         FP8KIT_LT_FUNCTIONS(FP8KIT_LT_RESOLVE)

@@ -6,6 +6,9 @@
 
 #include <cublasLt.h>
 
+#include <string>
+#include <vector>
+
 namespace fp8kit::cuda {
 
 // The cuBLASLt functions fp8kit calls, resolved from libcublasLt on first use (src/cuda/cublaslt.cpp)
@@ -24,5 +27,8 @@ struct LtApi {
 };
 // Loads the library on the first call (fp8kit::Error naming it and why when it cannot be loaded).
 const LtApi& lt_api();
+// Where lt_api() looks for the library, in order: the soname of the headers' major version (the
+// loader's search), then that file in the CUDA toolkit this build was compiled against.
+std::vector<std::string> lt_library_names();
 
 }  // namespace fp8kit::cuda

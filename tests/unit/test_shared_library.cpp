@@ -43,11 +43,7 @@ TEST(CublasLtTable, EveryFunctionResolvesFromTheHeadersMajorVersion) {
 }
 
 TEST(CublasLtTable, AMissingSymbolIsNamed) {
-    const std::string soname = "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR);
-    std::string path = FP8KIT_CUDA_LIBRARY_DIR;
-    path += '/';
-    path += soname;
-    const SharedLibrary lib({soname, path});  // as src/cuda/cublaslt.cpp looks for it
+    const SharedLibrary lib(fp8kit::cuda::lt_library_names());
     EXPECT_NE(lib.symbol("cublasLtGetVersion"), nullptr);
     const std::string e = error_of([&] { lib.symbol("fp8kit_no_such_symbol"); });
     EXPECT_NE(e.find("no symbol fp8kit_no_such_symbol in libcublasLt.so."), std::string::npos) << e;
