@@ -781,6 +781,15 @@ NB_MODULE(_fp8kit, m) {
           "(quantization_config JSON or None, [(weight name, its shape, scheme, scale tensor's name, the scaling of "
           "its matrix view [rows, cols], input_scale name or '', the file holding it)]); fp8kit.Error naming the "
           "file and tensor for a scale no layout explains.");
+    m.def("first_nonfinite_code", [](const Array& codes, const std::string& format) -> std::optional<int64_t> {
+              const Tensor c = view(codes, "codes", nullptr, dtype_of(parse_format(format)));
+              if (c.device() != Device::cpu) throw Error("fp8kit.first_nonfinite_code: codes is not a host array");
+              nb::gil_scoped_release nogil;
+              return first_nonfinite_code(c);
+          },
+          "codes"_a, "format"_a,
+          "The flat index of the first code of an FP8 weight (uint8 codes in `format`) that is not a number (NaN, "
+          "e5m2's Inf), or None (fp8kit::first_nonfinite_code): what fp8kit.torch's checkpoint loader refuses.");
     m.def("set_num_threads", &set_num_threads, "n"_a, "Threads for fp8kit's kernels (n >= 1).");
 #ifdef FP8KIT_HAS_CUDA
     m.attr("cuda_built") = true;

@@ -184,6 +184,11 @@ struct StoredWeight {
     std::string input_scale;  // empty when there is none
 };
 std::optional<StoredWeight> stored_weight(const TensorLookup& t, const std::string& name);
+// The flat index of the first code of an FP8 weight's codes (any FP8 dtype but e8m0) that is
+// not a number (NaN; e5m2's Inf), if any: what the loaders that run a checkpoint refuse, since one
+// such code makes every output it reaches NaN (stored_weight reads only the scales: fp8kit
+// inspect reads no weight). fp8kit::Error for codes of another dtype.
+std::optional<int64_t> first_nonfinite_code(const Tensor& codes);
 // W_scale / W_scale_inv of an FP8 W, or the input_scale of its module.
 bool is_scale_name(const TensorLookup& t, const std::string& name);
 // "<module>.input_scale" for "<module>.weight", else "".

@@ -5,8 +5,10 @@
 // (policies read and applied).
 #include "fp8kit/checkpoint.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
@@ -197,8 +199,9 @@ ConfigScales config_scales(const TensorLookup& t) {
 // A scale tensor's values as float32 (f32, bf16 and f16 convert exactly), or as it is (e8m0);
 // fp8kit::Error (`where` and the rule) for any other dtype, and for a value that is not finite
 // and positive (e8m0: its NaN code 0xff) - a zero, negative or non-finite scale would write zero,
-// sign-flipped or non-finite weights.
-Tensor checked_scale(const Tensor& raw, const std::string& where) {
+// sign-flipped or non-finite weights - or whose product with `largest`, the largest magnitude of
+// the codes it scales, is not a float32: those codes would dequantize to Inf.
+Tensor checked_scale(const Tensor& raw, const std::string& where, float largest) {
     const DType d = raw.dtype();
     if (d != DType::f32 && d != DType::bf16 && d != DType::f16 && d != DType::e8m0fnu) {
         throw Error(where + " is " + std::string(to_string(d)) + " " + to_string(raw.shape()) +
@@ -215,7 +218,8 @@ Tensor checked_scale(const Tensor& raw, const std::string& where) {
             case DType::e8m0fnu: v = decode(c.data<const uint8_t>()[i], Format::e8m0fnu); break;
             default: v = c.data<const float>()[i];
         }
-        if (std::isfinite(v) && v > 0) continue;
+        const bool overflows = std::isfinite(v) && double(v) * double(largest) > double(std::numeric_limits<float>::max());
+        if (std::isfinite(v) && v > 0 && !overflows) continue;
         std::vector<int64_t> at(size_t(c.dim()));
         for (int64_t k = c.dim() - 1, r = i; k >= 0; --k) {
             at[size_t(k)] = r % c.size(k);
@@ -223,6 +227,12 @@ Tensor checked_scale(const Tensor& raw, const std::string& where) {
         }
         char value[32];
         std::snprintf(value, sizeof value, "%g", double(v));
+        if (overflows) {
+            char times[32];
+            std::snprintf(times, sizeof times, "%g", double(largest));
+            throw Error(where + " holds " + value + " at " + to_string(at) + ": times the codes' largest magnitude (" + times +
+                        ") that is beyond float32, so its weights would dequantize to Inf (docs/CHECKPOINTS.md)");
+        }
         throw Error(where + " holds " + value + " at " + to_string(at) + ": a scale is finite and positive (docs/CHECKPOINTS.md)");
     }
     return out;
@@ -258,7 +268,8 @@ std::optional<StoredWeight> stored_weight(const TensorLookup& t, const std::stri
     w.scale = name + (inv ? "_scale_inv" : "_scale");
     const Tensor raw = t.tensor(w.scale);
     const std::string got = std::string(to_string(raw.dtype())) + " " + to_string(raw.shape());
-    const Tensor s = checked_scale(raw, where + ": its scale " + quote_printable(w.scale));
+    const float largest = format_info(format_of(data.dtype())).max;
+    const Tensor s = checked_scale(raw, where + ": its scale " + quote_printable(w.scale), largest);
     const int64_t n = s.numel();
     const std::vector<int64_t> b = cfg.block.value_or(std::vector<int64_t>{128, 128});
     // Whether the scale is the grid of g_rows x g_cols scales an expert's [out, in] takes, laid out
@@ -353,9 +364,36 @@ std::optional<StoredWeight> stored_weight(const TensorLookup& t, const std::stri
     w.shape = data.shape();
     if (const std::string is = input_scale_name(name); !is.empty() && t.contains(is)) {
         w.input_scale = is;
-        (void)checked_scale(t.tensor(is), where + ": its static input scale " + quote_printable(is));
+        (void)checked_scale(t.tensor(is), where + ": its static input scale " + quote_printable(is), largest);
     }
     return w;
+}
+
+std::optional<int64_t> first_nonfinite_code(const Tensor& codes) {
+    if (!is_fp8(codes.dtype()) || codes.dtype() == DType::e8m0fnu) {
+        throw Error("fp8kit::first_nonfinite_code: the codes are " + std::string(to_string(codes.dtype())) +
+                    ", expected an FP8 weight format");
+    }
+    const FormatInfo fi = format_info(format_of(codes.dtype()));
+    // Not a number: a magnitude code above the largest finite one (e4m3fn's 0x7f, e5m2's Inf and
+    // NaNs), or, in the formats without -0, the code 0x80 (their NaN).
+    const uint8_t max_code = fi.max_code, nan80 = fi.has_neg_zero ? 0 : 0x80;
+    const auto bad = [&](uint8_t c) { return uint8_t(c & 0x7f) > max_code || (nan80 != 0 && c == nan80); };
+    const Tensor c = codes.contiguous();
+    const uint8_t* p = c.data<const uint8_t>();
+    const int64_t n = c.numel();
+    // A block's codes OR-ed branch-free (the compiler vectorises it), the position sought only in
+    // a block that holds one: a weight is read at memory speed.
+    constexpr int64_t block = 4096;
+    for (int64_t b0 = 0; b0 < n; b0 += block) {
+        const int64_t b1 = std::min(n, b0 + block);
+        bool any = false;
+        for (int64_t i = b0; i < b1; ++i) any |= bad(p[i]);
+        if (!any) continue;
+        for (int64_t i = b0; i < b1; ++i)
+            if (bad(p[i])) return i;
+    }
+    return std::nullopt;
 }
 
 bool is_scale_name(const TensorLookup& t, const std::string& name) {

@@ -8,12 +8,14 @@
 // a Linear weight in FP8 is kept so (Parameter::stored: Linear::forward computes with it
 // directly), any other FP8 tensor is dequantized. It refuses, with an fp8kit::Error naming the
 // file and the problem: a parameter's tensor missing, of the wrong shape or dtype (FP8 without a
-// scale, or a scale no layout explains), a tensor the module has no parameter for. The module
+// scale, or a scale no layout explains), an FP8 weight holding a NaN or Inf code, a tensor the
+// module has no parameter for. The module
 // keeps no view of the file: every tensor is copied out of the mapping.
 // Checked by tests/nn/test_parameters.cpp (a module's round trip; through the GPT app's model
 // files: bit-exact round trip, each malformed file, every FP8 layout of a trained model above
 // the SQNR floors of docs/NUMERICS.md against its float32 logits) and the CLI e2e tests (train, then generate from the saved file
 // and from its quantized copy).
+#include <cstdio>
 #include <map>
 #include <optional>
 #include <set>
@@ -50,6 +52,16 @@ void load_parameters(Module& model, const Checkpoint& st) {
             fp8 = stored_weight(file, name);  // an FP8 weight with its scale, as fp8kit quantize writes it
         } catch (const Error& err) {
             throw Error("fp8kit::nn::load_parameters: " + std::string(err.what()));
+        }
+        if (fp8) {
+            if (const std::optional<int64_t> at = first_nonfinite_code(fp8->q.data)) {
+                const int64_t cols = fp8->q.data.size(1);
+                char code[8];
+                std::snprintf(code, sizeof code, "0x%02x", unsigned(fp8->q.data.contiguous().data<const uint8_t>()[*at]));
+                throw Error(where + ": '" + name + "' holds the code " + code + " (not a number) at row " + std::to_string(*at / cols) + ", column " + std::to_string(*at % cols) +
+                            " of its [" + std::to_string(fp8->q.data.size(0)) + ", " + std::to_string(cols) +
+                            "] matrix: every output it reaches would be NaN (a damaged file?)");
+            }
         }
         if (fp8 && linear_weights.count(p.get())) {
             // Kept in FP8: inference-only, as layerwise casting. Copied out of the mapping (one

@@ -244,6 +244,34 @@ TEST(Checkpoint, FP8OutsideLinearIsDequantizedAndBadFP8IsNamed) {
         EXPECT_NE(msg.find("its scale 'blocks.0.attn.qkv.weight_scale' holds "), std::string::npos) << v << ": " << msg;
         EXPECT_NE(msg.find(": a scale is finite and positive"), std::string::npos) << v << ": " << msg;
     }
+    // A finite scale whose product with e4m3's 448 is beyond float32 (above 7.59e35): the weight
+    // would dequantize to Inf. 7e35 loads.
+    for (const float v : {7e35f, 8e35f}) {
+        auto scaled = fp8;
+        scaled.back().second = Tensor::empty({1}, DType::f32);
+        scaled.back().second.data<float>()[0] = v;
+        save_safetensors(path, scaled, small.to_metadata());
+        msg = message([&] { load_model(path); });
+        if (v < 7.59e35f) {
+            EXPECT_EQ(msg, "no error") << msg;
+        } else {
+            EXPECT_NE(msg.find("its scale 'blocks.0.attn.qkv.weight_scale' holds 8e+35 at [0]: times the codes' largest "
+                               "magnitude (448) that is beyond float32"), std::string::npos) << msg;
+        }
+    }
+    // A NaN code in the weight (e4m3fn's 0x7f, 0xff): every output it reaches would be NaN.
+    for (const uint8_t code : {uint8_t(0x7f), uint8_t(0xff)}) {
+        auto damaged = fp8;
+        damaged[4].second = qkv.data.clone();
+        damaged[4].second.data<uint8_t>()[2 * qkv.data.size(1) + 3] = code;
+        save_safetensors(path, damaged, small.to_metadata());
+        msg = message([&] { load_model(path); });
+        EXPECT_NE(msg.find(path), std::string::npos) << msg;
+        char expected[96];
+        std::snprintf(expected, sizeof expected, "'blocks.0.attn.qkv.weight' holds the code 0x%02x (not a number) at row 2, column 3",
+                      unsigned(code));
+        EXPECT_NE(msg.find(expected), std::string::npos) << msg;
+    }
     bad.pop_back();
     save_safetensors(path, bad, small.to_metadata());
     msg = message([&] { load_model(path); });

@@ -969,3 +969,146 @@ if __name__ == "__main__":  # a child of test_memory_falls_with_the_stored_bytes
         _make_memory_checkpoints(sys.argv[2], sys.argv[3])
     else:
         _memory_child(sys.argv[1], sys.argv[2])
+
+
+# ---- damaged weights, configs that contradict the files, transformers' names and options ----
+
+@pytest.mark.parametrize("edit,message", [
+    # e4m3fn's NaN (0x7f): every logit it reaches would be NaN.
+    (lambda t, w: t[w].view(torch.uint8).__setitem__((3, 5), 0x7f),
+     r"tensor 'model\.layers\.0\.self_attn\.q_proj\.weight' holds the code 0x7f \(not a number\) at \[3, 5\]"),
+    (lambda t, w: t[w].view(torch.uint8).__setitem__((7, 0), 0xff), r"holds the code 0xff \(not a number\) at \[7, 0\]"),
+    # A finite, positive scale whose product with 448 is no float32: the row would dequantize to Inf.
+    (lambda t, w: t[w + "_scale"].__setitem__((2, 0), 3e38),
+     r"its scale 'model\.layers\.0\.self_attn\.q_proj\.weight_scale' holds 3\.00.*e\+38 at \[2, 0\]: times the codes' "
+     r"largest magnitude \(448\)"),
+])
+def test_a_damaged_weight_is_refused_naming_it(work, tmp_path, edit, message):
+    """An FP8 weight that would make the model compute NaN or Inf - a NaN code, a scale that
+    overflows float32 with the largest code - is refused at load, naming the file, the tensor and
+    the place (before: loaded without a word, every logit NaN). 448 x 7.59e35 is float32's largest
+    value, so 3e38 is refused and every scale a producer writes (amax / 448) is not."""
+    _, path = _checkpoint(work, "llama", "FP8_DYNAMIC")
+    w = "model.layers.0.self_attn.q_proj.weight"
+    bad = _with_tensors(path, tmp_path / "bad", lambda t: edit(t, w))
+    with pytest.raises(fp8kit.Error, match=message) as e:
+        fp8kit.torch.from_pretrained(str(bad))
+    assert "model.safetensors" in str(e.value)
+
+
+def test_first_nonfinite_code_of_every_code_and_format():
+    """The library's rule for a weight's codes, against torch's decode of each of the 256 codes in
+    each weight format (NaN, and e5m2's Inf, found; every number passed), at every position of a
+    block and across the 4096-byte blocks it reads."""
+    for dtype in (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz):
+        fmt = str(dtype).removeprefix("torch.float8_")
+        for code in range(256):
+            finite = bool(torch.isfinite(torch.tensor([code], dtype=torch.uint8).view(dtype).float()))
+            for n, at in ((1, 0), (5000, 4095), (5000, 4096), (9000, 8999)):
+                codes = torch.zeros(n, dtype=torch.uint8)
+                codes[at] = code
+                got = fp8kit._fp8kit.first_nonfinite_code(fp8kit._to_extension(codes.view(dtype)), fmt)
+                assert got == (None if finite else at), (fmt, code, n, at)
+
+
+def test_a_tied_config_over_a_stored_lm_head_runs_the_stored_one(work, tmp_path):
+    """config.json says tie_word_embeddings, but the checkpoint stores its own lm_head: the model
+    runs the stored lm_head, as transformers' own load of the same directory does (its rule: a tied
+    pair stored on both sides with different values stays untied) - before, lm_head became the
+    embedding and the stored one was dropped, every logit another model's."""
+    _, path = _checkpoint(work, "llama", "FP8_DYNAMIC")
+    tied = tmp_path / "tied"
+    shutil.copytree(path, tied)
+    config = json.loads((tied / "config.json").read_text())
+    config["tie_word_embeddings"] = True
+    (tied / "config.json").write_text(json.dumps(config))
+    model = fp8kit.torch.from_pretrained(str(tied))
+    stored = _stored(path)["lm_head.weight"]
+    assert model.lm_head.weight is not model.model.embed_tokens.weight
+    assert torch.equal(_bits(model.lm_head.weight), _bits(stored))
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(str(tied), dtype=torch.bfloat16)
+    assert torch.equal(_bits(theirs.lm_head.weight), _bits(stored))
+    assert torch.equal(fp8kit_logits(model), fp8kit_logits(fp8kit.torch.from_pretrained(path)))
+
+
+def _mixtral_block_fp8(path):
+    """A Mixtral saved by transformers (its experts per expert under the checkpoint names its
+    conversion mapping renames: block_sparse_moe.experts.E.w1 / w3 / w2) in transformers'
+    fine-grained FP8 layout: each Linear of the layers and each expert's projection in 128 x 128
+    blocks (codes by torch's cast, scale_inv = block amax / 448), the router and lm_head in bf16."""
+    torch.manual_seed(3)
+    cfg = transformers.MixtralConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=1,
+                                     num_attention_heads=4, num_key_value_heads=4, num_local_experts=4,
+                                     num_experts_per_tok=2, max_position_embeddings=64, tie_word_embeddings=False)
+    model = transformers.MixtralForCausalLM(cfg)
+    _scale_rows(model, 12)
+    model.to(torch.bfloat16).save_pretrained(path)
+    tensors = _stored(path)
+    for name in [k for k in tensors if k.endswith(".weight") and tensors[k].dim() == 2]:
+        if "embed" in name or "norm" in name or "lm_head" in name or name.endswith(".gate.weight"):
+            continue
+        w = tensors[name].to(torch.float64)
+        blocks = w.reshape(w.shape[0] // 128, 128, w.shape[1] // 128, 128)
+        scale = blocks.abs().amax((1, 3)) / E4M3_MAX
+        tensors[name] = (blocks / scale[:, None, :, None]).reshape(w.shape).to(torch.float8_e4m3fn)
+        tensors[name + "_scale_inv"] = scale.to(torch.float32)
+    for f in glob.glob(os.path.join(path, "*.safetensors*")):
+        os.remove(f)
+    save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads(open(os.path.join(path, "config.json")).read())
+    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic",
+                                     "weight_block_size": [128, 128], "modules_to_not_convert": ["lm_head", "gate"]}
+    open(os.path.join(path, "config.json"), "w").write(json.dumps(config))
+    return tensors
+
+
+def test_mixtral_experts_under_the_checkpoints_names(tmp_path):
+    """A Mixtral's FP8 experts stored as transformers' checkpoints name them (block_sparse_moe, w1 /
+    w3 / w2, which its conversion mapping renames and fuses): each expert runs in FP8 from the
+    stored codes (before: refused, no module of that name). The experts module against an
+    independent float64 emulation of the layout - every weight dequantized from the stored codes
+    and scales, the activation cast per 1 x 128 group as the config says, silu(x W1) * (x W3) into
+    W2 cast the same way - on fixed routing: fp8kit differs only by float32 sums (measured: 138
+    dB). One activation code flipped at a rounding midpoint would cost about 54 dB here (one
+    e4m3 step, 1/8 of one value, against 32 x 128 outputs); the floor, 40 dB, allows a few;
+    w1 and w3 swapped score about 2 dB."""
+    path = str(tmp_path / "mixtral")
+    tensors = _mixtral_block_fp8(path)
+    model = fp8kit.torch.from_pretrained(path, torch_dtype=torch.float32)
+    experts = model.model.layers[0].mlp.experts
+    assert isinstance(experts, fp8kit.torch.Float8Experts)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(32, 128, generator=g)
+    index, weights = torch.randint(0, 4, (32, 2), generator=g), torch.rand(32, 2, generator=g)
+    with torch.no_grad():
+        got = experts(x, index, weights)
+    p = "model.layers.0.block_sparse_moe.experts"
+    deq = {(e, w): _dequantize(tensors[f"{p}.{e}.{w}.weight"], tensors[f"{p}.{e}.{w}.weight_scale_inv"])
+           for e in range(4) for w in ("w1", "w2", "w3")}
+    ref = torch.zeros(32, 128, dtype=torch.float64)
+    for t in range(32):
+        for k in range(2):
+            e = int(index[t, k])
+            xq = _fake_quant(x[t:t + 1].double(), ("group", 128))
+            h = torch.nn.functional.silu(xq @ deq[e, "w1"].T) * (xq @ deq[e, "w3"].T)
+            ref[t] += float(weights[t, k]) * (_fake_quant(h, ("group", 128)) @ deq[e, "w2"].T)[0]
+    assert sqnr(ref, got) >= 40.0, sqnr(ref, got)
+
+
+def test_transformers_loading_options_are_taken_or_refused(work):
+    """transformers' loading options, which AutoConfig would take as config fields and drop: those
+    that say what fp8kit does (the whole model on the CPU, low_cpu_mem_usage, safetensors) are
+    taken; the rest (a GPU or auto device_map, a quantization_config over the checkpoint's, a
+    weights variant) and two different dtypes are refused naming the option."""
+    _, path = _checkpoint(work, "llama", "FP8_DYNAMIC")
+    for ok in ({"device_map": "cpu"}, {"device_map": {"": "cpu"}}, {"low_cpu_mem_usage": True},
+               {"use_safetensors": True}):
+        model = fp8kit.torch.from_pretrained(path, **ok)
+        assert not hasattr(model.config, next(iter(ok))), ok
+    for bad, message in (({"device_map": "cuda"}, r"device_map='cuda' is not taken"),
+                         ({"device_map": "auto"}, r"device_map='auto' is not taken"),
+                         ({"variant": "fp16"}, r"variant='fp16' is not taken"),
+                         ({"quantization_config": {"quant_method": "fp8"}}, r"quantization_config=.* is not taken"),
+                         ({"torch_dtype": torch.float16, "dtype": torch.float32}, r"two dtypes given")):
+        with pytest.raises(fp8kit.Error, match=message):
+            fp8kit.torch.from_pretrained(path, **bad)

@@ -43,6 +43,7 @@ files, logits against a float64 emulation of the same scheme, planted wrong answ
 import json
 import os
 import re
+import warnings
 
 import torch
 from torch import nn
@@ -88,6 +89,7 @@ class _Checkpoint:
         for f, handle in self._open.items():
             for k in handle.keys():
                 self.file_of[k] = f
+        self.model_names = {k: k for k in self.file_of}  # the model's name -> the stored one (_load renames)
 
     def tensor(self, name):
         return self._open[self.file_of[name]].get_tensor(name)
@@ -419,6 +421,26 @@ def _expert_sources(model, experts_name):
     return out or None
 
 
+def _renamer(model):
+    """Checkpoint name -> the model's, by transformers' own rules for loading the model: the
+    renamings of its conversion mapping (get_model_conversion_mapping: Mixtral's
+    '.block_sparse_moe.' -> '.mlp.', the legacy LayerNorm gamma / beta) and the base model's prefix
+    added or dropped (rename_source_key); per-expert tensors keep their expert and projection (the
+    experts' converters are Float8Experts', _expert_sources). The identity for a model that is not
+    a transformers model."""
+    from transformers import PreTrainedModel
+    if not isinstance(model, PreTrainedModel):
+        return lambda name: name
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightRenaming, rename_source_key
+    renamings = [t for t in get_model_conversion_mapping(model) if isinstance(t, WeightRenaming)]
+    # The model's names, as rename_source_key asks them (.get(name) is not None).
+    names = {n: True for n, _ in list(model.named_parameters(remove_duplicate=False))
+             + list(model.named_buffers(remove_duplicate=False))}
+    prefix = getattr(model, "base_model_prefix", None) or None
+    return lambda name: rename_source_key(name, renamings, [], prefix, names)[0]
+
+
 def _parent(model, name):
     parent_name, _, child = name.rpartition(".")
     try:
@@ -467,6 +489,20 @@ def _check_k_groups(input_scaling, weight_scaling, cols, where):
                                f"scale groups cannot take ({e})") from None
 
 
+def _check_codes(codes, where):
+    """An FP8 weight's codes hold no NaN (nor e5m2's Inf): one would make every output it reaches
+    NaN, so a damaged file is an fp8kit.Error naming the tensor and the place, before any work."""
+    at = fp8kit._fp8kit.first_nonfinite_code(fp8kit._to_extension(codes), str(codes.dtype).removeprefix("torch.float8_"))
+    if at is not None:
+        index, rest = [], at
+        for size in reversed(codes.shape):
+            rest, i = divmod(rest, size)
+            index.insert(0, i)
+        code = int(codes.reshape(-1)[at].view(torch.uint8))
+        raise fp8kit.Error(f"{where} holds the code 0x{code:02x} (not a number) at {index}: every output it "
+                           "reaches would be NaN (a damaged file?)")
+
+
 def _load(model, ckpt, dtype=None, strict=True, ignore=()):
     """Loads the checkpoint (a _Checkpoint) into model (see load_fp8_checkpoint); ignore: regular
     expressions of tensor names a strict load may leave unused (transformers' own list for a
@@ -479,24 +515,32 @@ def _load(model, ckpt, dtype=None, strict=True, ignore=()):
     def stored(name, cast=True):
         t = ckpt.tensor(name)
         used.add(name)
+        if name in ckpt.fp8:
+            _check_codes(t, ckpt.where(name))
         return t.to(dtype) if cast and dtype is not None and t.is_floating_point() else t
 
     def scale_of(wname, codes, scheme, scale, scaling):
         rows, cols = codes.shape
         return _fp8_scale(stored(scale, cast=False), scheme, rows, cols, scaling)
 
+    # The model's name of each stored tensor (the checkpoint's, where transformers renames none);
+    # the config's module names are the checkpoint's.
+    rename = _renamer(model)
+    ckpt.model_names = {rename(name): name for name in ckpt.file_of}
     experts = {}  # fused experts module name -> {proj or (expert, proj): weight name}
     for wname, (shape, scheme, scale, scaling, input_scale, file) in ckpt.fp8.items():
         where = ckpt.where(wname)
-        mname = wname[:-len(".weight")] if wname.endswith(".weight") else wname
+        stored_mname = wname.removesuffix(".weight")
+        as_named = rename(wname)
+        mname = as_named.removesuffix(".weight")
         module = _module(model, mname)
-        if cfg.kept(mname, module):
+        if cfg.kept(stored_mname, module):
             raise fp8kit.Error(f"{where} is stored in FP8, but the checkpoint's quantization_config keeps module "
-                               f"'{mname}' in high precision (ignore / modules_to_not_convert)")
+                               f"'{stored_mname}' in high precision (ignore / modules_to_not_convert)")
         if len(shape) == 3 or module is None or not isinstance(module, nn.Linear):
             # 3-D experts [E, out, in], or a per-expert Linear of a fused experts module.
-            m3 = re.fullmatch(r"(.*\.experts)\.(\w+)", wname) if len(shape) == 3 else \
-                re.fullmatch(r"(.*\.experts)\.(\d+)\.(\w+)\.weight", wname)
+            m3 = re.fullmatch(r"(.*\.experts)\.(\w+)", as_named) if len(shape) == 3 else \
+                re.fullmatch(r"(.*\.experts)\.(\d+)\.(\w+)\.weight", as_named)
             holder = _module(model, m3[1]) if m3 else None
             if not _is_fused_experts(holder):
                 raise fp8kit.Error(f"{where} {list(shape)} is stored in FP8, but the model has no nn.Linear "
@@ -509,11 +553,12 @@ def _load(model, ckpt, dtype=None, strict=True, ignore=()):
                                f"{list(module.weight.shape)}")
         codes = stored(wname, cast=False)
         scale_inv = scale_of(wname, codes, scheme, scale, scaling)
-        input_scaling, static = cfg.activation(mname, module, scheme, scaling, where)
+        input_scaling, static = cfg.activation(stored_mname, module, scheme, scaling, where)
         _check_k_groups(input_scaling, scaling, shape[1], where)
-        bias = stored(mname + ".bias") if module.bias is not None and mname + ".bias" in ckpt.file_of else None
+        bias_name = stored_mname + ".bias"
+        bias = stored(bias_name) if module.bias is not None and bias_name in ckpt.file_of else None
         if module.bias is not None and bias is None:
-            raise fp8kit.Error(f"{where}: the model's {mname} has a bias, the checkpoint has no '{mname}.bias'")
+            raise fp8kit.Error(f"{where}: the model's {mname} has a bias, the checkpoint has no '{bias_name}'")
         if _static(static, input_scale, input_scaling, ckpt, wname):
             new = Float8StaticInputLinear.from_stored(codes, scale_inv, scaling, stored(input_scale, cast=False),
                                                       bias)
@@ -537,21 +582,23 @@ def _load(model, ckpt, dtype=None, strict=True, ignore=()):
             raise fp8kit.Error(f"{ckpt.where(name)}: a scale beside '{scaled}', which is stored as "
                                f"{ckpt.dtype(scaled)}, not FP8 (codes stored in a wider dtype would be taken as "
                                "values)")
-        target = params.get(name)
-        is_buffer = target is None and name in buffers
+        as_named = rename(name)
+        target = params.get(as_named)
+        is_buffer = target is None and as_named in buffers
         if target is None and not is_buffer:
-            if strict and not any(re.search(p, name) for p in ignore):
-                raise fp8kit.Error(f"{ckpt.where(name)}: the model has no parameter or buffer of this name")
+            if strict and not any(re.search(p, as_named) for p in ignore):
+                raise fp8kit.Error(f"{ckpt.where(name)}: the model has no parameter or buffer of this name"
+                                   + (f" ({as_named}, as transformers renames it)" if as_named != name else ""))
             continue
         t = stored(name)
-        current = target if target is not None else buffers[name]
+        current = target if target is not None else buffers[as_named]
         if tuple(current.shape) != tuple(t.shape):
             raise fp8kit.Error(f"{ckpt.where(name)} has shape {list(t.shape)}, but the model's is "
                                f"{list(current.shape)}")
         if t.dtype.itemsize == 1 and t.is_floating_point():
             raise fp8kit.Error(f"{ckpt.where(name)} is {t.dtype} without a scale fp8kit's layouts explain; "
                                "dequantize it first (fp8kit dequantize)")
-        staged.append((*_parent(model, name), t if is_buffer else nn.Parameter(t, requires_grad=False)))
+        staged.append((*_parent(model, as_named), t if is_buffer else nn.Parameter(t, requires_grad=False)))
 
     # Applied only now, every tensor checked: a checkpoint refused part way leaves the model as it was.
     for parent, child, value in staged:
@@ -658,17 +705,47 @@ def load_fp8_checkpoint(model, path, *, torch_dtype=None, strict=True, fuse_sibl
     parameter left on the meta device, is an error. fuse_siblings: as quantize_'s. Each
     layer's weight is packed at load as the codes' only copy, and the file pages the packing read
     handed back (_pack). Returns model."""
-    _load(model, _Checkpoint(path), torch_dtype, strict)
-    _finish(model, os.fspath(path), fuse_siblings, strict)
+    ckpt = _Checkpoint(path)
+    _load(model, ckpt, torch_dtype, strict)
+    _finish(model, ckpt, fuse_siblings, strict)
     return model
 
 
-def _finish(model, path, fuse_siblings, strict):
-    """After _load, what both loaders do: tied parameters (a transformers lm_head) pointed at the
-    loaded ones again; strict: a parameter or buffer left on the meta device an error; the FP8
-    layers recorded for save_pretrained, grouped into siblings, and packed (_pack)."""
-    if hasattr(model, "tie_weights"):
+def _tie(model, ckpt):
+    """Tied parameters (a transformers lm_head) pointed at the loaded ones again, by transformers'
+    own rule for a load (tie_weights given the tied names the checkpoint does not store): a pair
+    whose one side the checkpoint stores is tied to it; a pair it stores both sides of stays
+    untied unless they are equal - a config that says tie_word_embeddings over a checkpoint that
+    stores its own lm_head runs that lm_head, as transformers does. A side loaded as an FP8 layer
+    (codes, not a parameter) is never equal to the other: that pair stays untied."""
+    if not hasattr(model, "tie_weights"):
+        return
+    tied = getattr(model, "all_tied_weights_keys", None)
+    if tied is None:  # not a transformers 5 model: its own tie_weights
         model.tie_weights()
+        return
+
+    def parameter(name):
+        owner, _, leaf = name.rpartition(".")
+        return isinstance(getattr(_module(model, owner) if owner else model, leaf, None), nn.Parameter)
+
+    stored = ckpt.model_names
+    for target, source in list(tied.items()):
+        if target in stored and source in stored and not (parameter(target) and parameter(source)):
+            warnings.warn(f"{ckpt.path}: the config ties '{target}' to '{source}', but the checkpoint stores both "
+                          f"(one as an FP8 layer): they stay untied, each as stored (set tie_word_embeddings=False in "
+                          "config.json to say so)", stacklevel=3)
+            tied.pop(target)
+    missing = {name for pair in tied.items() for name in pair if name not in stored}
+    model.tie_weights(missing_keys=missing, recompute_mapping=False)
+
+
+def _finish(model, ckpt, fuse_siblings, strict):
+    """After _load, what both loaders do: tied parameters pointed at the loaded ones again (_tie);
+    strict: a parameter or buffer left on the meta device an error; the FP8 layers recorded for
+    save_pretrained, grouped into siblings, and packed (_pack)."""
+    path = ckpt.path
+    _tie(model, ckpt)
     left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
     if strict and left:
         raise fp8kit.Error(f"{path}: the checkpoint has no tensor for {', '.join(left[:8])}"
@@ -691,6 +768,37 @@ def _attention_for(cls, asked):
     return attention.register_attention()
 
 
+# transformers' from_pretrained options about how and where a model loads, which AutoConfig would
+# otherwise take as config fields and so drop without a word: those that say what fp8kit does
+# anyway are taken, the rest refused.
+_LOADING_OPTIONS = ("device_map", "max_memory", "offload_folder", "offload_state_dict", "offload_buffers",
+                    "quantization_config", "variant", "use_safetensors", "gguf_file", "from_tf", "from_flax",
+                    "tp_plan", "tp_size", "device_mesh", "key_mapping", "low_cpu_mem_usage", "subfolder")
+
+
+def _loading_options(kwargs, torch_dtype):
+    """Takes transformers' loading options out of from_pretrained's kwargs: low_cpu_mem_usage (the
+    model is always built on the meta device), use_safetensors=True and a device_map that puts the
+    whole model on the CPU say what fp8kit does; every other one, or another value, is an
+    fp8kit.Error naming it. So is a dtype given twice with two values (dtype=, torch_dtype=)."""
+    for name in _LOADING_OPTIONS:
+        if name not in kwargs:
+            continue
+        value = kwargs.pop(name)
+        if name == "low_cpu_mem_usage" or (name == "use_safetensors" and value in (None, True)):
+            continue
+        if name == "device_map" and (value is None or str(value) == "cpu" or
+                                     (isinstance(value, dict) and all(str(v) == "cpu" for v in value.values()))):
+            continue
+        raise fp8kit.Error(f"fp8kit.torch.from_pretrained: {name}={value!r} is not taken: fp8kit loads the "
+                           "checkpoint's safetensors as stored, in the directory given, onto the CPU, with the "
+                           "checkpoint's own quantization_config")
+    given = {d for d in (torch_dtype, kwargs.get("dtype"), kwargs.get("torch_dtype")) if d is not None}
+    if len(given) > 1:
+        raise fp8kit.Error(f"fp8kit.torch.from_pretrained: two dtypes given ({', '.join(sorted(map(str, given)))}); "
+                           "give one")
+
+
 def from_pretrained(path, *, model_class=None, torch_dtype=None, fuse_siblings=True, attn_implementation="fp8kit", **kwargs):
     """A transformers model of an FP8 checkpoint directory, its FP8 Linear layers (and experts) on
     fp8kit's kernels with the stored codes and scales (see the module's docstring). The class is
@@ -700,10 +808,13 @@ def from_pretrained(path, *, model_class=None, torch_dtype=None, fuse_siblings=T
     checkpoint's dtype, or torch_dtype. fuse_siblings as quantize_'s. attn_implementation as
     transformers takes it; "fp8kit" (attention.py): decode steps' attention over the KV cache on
     fp8kit's kernel, the rest as "sdpa" (for a class that runs sdpa; else the class's default).
-    kwargs go to AutoConfig.from_pretrained (config overrides). Returns the model in eval mode."""
+    kwargs go to AutoConfig.from_pretrained (config overrides), but for the loading options of
+    transformers' from_pretrained (_loading_options says which are taken). Returns the model in
+    eval mode."""
     import transformers
     from accelerate import init_empty_weights
     path = os.fspath(path)
+    _loading_options(kwargs, torch_dtype)
     if not os.path.isdir(path):
         raise fp8kit.Error(f"fp8kit.torch.from_pretrained: {path} is not a checkpoint directory (config.json and "
                            "*.safetensors); for a single file use load_fp8_checkpoint on a model you build")
@@ -742,7 +853,7 @@ def from_pretrained(path, *, model_class=None, torch_dtype=None, fuse_siblings=T
     # scale beside a kept module would go unread), but for those the class tells transformers to
     # pass over.
     _load(model, ckpt, dtype if asked else None, ignore=getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ())
-    _finish(model, path, fuse_siblings, strict=True)
+    _finish(model, ckpt, fuse_siblings, strict=True)
     try:
         model.generation_config = transformers.GenerationConfig.from_pretrained(path)
     except OSError:
