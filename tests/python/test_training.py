@@ -146,6 +146,99 @@ def test_bfloat16_training_and_leading_dims():
     assert np.all(np.abs(x3.grad.reshape(200, 256).double().numpy() - want) <= tol)
 
 
+def test_leading_dims_give_no_view():
+    """y of a 3-d input is a tensor of its own, as nn.Linear's (aten folds the batch dimensions with
+    _unsafe_view): a view would make FSDP2 warn of a module returning one, and an in-place op on it
+    fail the backward."""
+    lin, x, _ = layer_and_data(2)
+    layer = f8.convert_to_float8_training(torch.nn.Sequential(lin), config="rowwise")[0]
+    y = layer(x.reshape(8, 25, 256))
+    assert y.shape == (8, 25, 160) and not y._is_view() and not torch.nn.Linear(256, 160)(x.reshape(8, 25, 256))._is_view()
+    y.mul_(2).sum().backward()  # in place on the output, then backward: as nn.Linear allows
+    assert layer.weight.grad is not None
+
+
+@pytest.mark.parametrize("recipe", list(f8.TRAINING_RECIPES))
+def test_an_empty_batch_is_an_empty_output_and_zero_gradients(recipe):
+    """No rows (a batch of 0, or 0 tokens): y [..., out] empty, dX empty and dW, db zero - what
+    nn.Linear gives (before: the cast refused an undefined tensor)."""
+    lin, _, _ = layer_and_data(3)
+    ref = torch.nn.Linear(256, 160)
+    ref.load_state_dict(lin.state_dict())
+    layer = f8.convert_to_float8_training(torch.nn.Sequential(lin), config=recipe)[0]
+    for shape in ((0, 256), (2, 0, 256)):
+        x = torch.randn(shape, requires_grad=True)
+        y, want = layer(x), ref(x)
+        assert y.shape == want.shape and y.dtype == want.dtype
+        y.sum().backward()
+        assert x.grad.shape == x.shape
+        assert torch.equal(layer.weight.grad, torch.zeros_like(layer.weight))
+        assert torch.equal(layer.bias.grad, torch.zeros_like(layer.bias))
+        layer.zero_grad()
+
+
+def test_autocast_computes_and_returns_in_its_dtype():
+    """Under torch.autocast(cpu, bfloat16) both FP8 layers take the input in bfloat16 and return
+    bfloat16, as nn.Linear does (torch's autocast does not reach custom operators: before, float32
+    out); the result is the layer's on the bfloat16 input, bit for bit, and the gradient reaches
+    the float32 input and the float32 weight."""
+    lin, x, _ = layer_and_data(4)
+    train = f8.convert_to_float8_training(torch.nn.Sequential(lin), config="rowwise")[0]
+    infer = torch.nn.Sequential(torch.nn.Linear(256, 160))
+    infer[0].load_state_dict(lin.state_dict())
+    f8.quantize_(infer)
+    for layer in (train, infer[0]):
+        xr = x.clone().requires_grad_(layer is train)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = layer(xr)
+        assert y.dtype == torch.bfloat16
+        assert torch.equal(y, layer(x.to(torch.bfloat16)))
+    xr = x.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        train(xr).float().sum().backward()
+    assert xr.grad.dtype == torch.float32 and train.weight.grad.dtype == torch.float32
+
+
+class _Tied(torch.nn.Module):
+    """An embedding, a Linear, and an output head tied to the embedding (a tied lm_head)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(5)
+        self.emb, self.fc = torch.nn.Embedding(64, 32), torch.nn.Linear(32, 32)
+        self.head = torch.nn.Linear(32, 64, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        return self.head(torch.relu(self.fc(self.emb(ids))))
+
+
+def test_a_tied_weight_stays_tied_with_fp8_all_gather(caplog):
+    """enable_fsdp_float8_all_gather gives each layer's weight a parameter of its own, which for a
+    head tied to the embedding would untie them (two parameters, two AdamW states: another model).
+    A tied layer all-gathers in high precision, says why, and stays tied: 4 AdamW steps give the
+    losses of the conversion without FP8 all-gather, bit for bit (untied, they part from step 2)."""
+    from fp8kit.torch.fsdp import Float8WeightShard
+    ids = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(6))
+    losses = {}
+    for gather in (False, True):
+        with caplog.at_level("INFO", logger="fp8kit.torch.training"):
+            model = f8.convert_to_float8_training(_Tied(), enable_fsdp_float8_all_gather=gather)
+        assert model.head.weight is model.emb.weight
+        assert isinstance(model.fc.weight, Float8WeightShard) == gather and not isinstance(model.head.weight, Float8WeightShard)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        losses[gather] = []
+        for _ in range(4):
+            loss = torch.nn.functional.cross_entropy(model(ids).reshape(-1, 64), ids.reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses[gather].append(loss.item())
+    assert losses[True] == losses[False]
+    assert any("layer 'head' all-gathers its weight in high precision: it is tied to emb.weight" in r.getMessage()
+               for r in caplog.records)
+
+
 def test_filter_shapes_and_errors():
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10),
                                 torch.nn.Linear(10, 64))

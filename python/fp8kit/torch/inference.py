@@ -16,7 +16,7 @@ from torch import nn
 import fp8kit
 
 from . import memory, ops
-from .ops import _fused, _linear, _plain_eager
+from .ops import _fused, _linear, _plain_eager, autocast_input
 from .siblings import _Siblings
 
 # The recipes of quantize_: stateless ones (delayed scaling keeps an amax history per layer, not
@@ -114,6 +114,7 @@ class Float8InferenceLinear(nn.Module):
         # dicts: Module.__getattr__ is a Python call a name.
         # input_scale: a checkpoint's static activation scale (Float8StaticInputLinear), else None.
         buffers = self._buffers
+        x = autocast_input(x)
         if _plain_eager(x):
             return _linear(x, buffers["weight"], buffers["weight_scale_inv"], self._parameters["bias"],
                            self.input_scaling, self.weight_scaling, buffers.get("input_scale"), self._siblings)

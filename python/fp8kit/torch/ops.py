@@ -158,6 +158,18 @@ def check_input(x, in_features, layer):
     return out
 
 
+def autocast_input(x):
+    """x in torch.autocast's dtype where autocast is on for x's device, else x: the FP8 layers then
+    compute and return in it as nn.Linear does under autocast (which does not reach custom
+    operators); their weights are cast to FP8 from the dtype they are kept in."""
+    device = x.device.type
+    if torch.is_autocast_enabled(device):
+        dtype = torch.get_autocast_dtype(device)
+        if x.dtype != dtype:
+            return x.to(dtype)
+    return x
+
+
 def _call_into(fused, n, x, dtype_index):
     """y[..., n] = fused's GEMM of x [..., K] (on the weight's device, C-contiguous,
     out_dtypes[dtype_index]), y new in x's dtype - on a CUDA device from torch's allocator, the GEMM

@@ -15,7 +15,7 @@ from torch import nn
 import fp8kit
 
 from .fsdp import Float8GatheredWeight, shard_weight
-from .ops import cast, check_input, mm, qtensor_tensors
+from .ops import autocast_input, cast, check_input, mm, qtensor_tensors
 
 _log = logging.getLogger(__name__)
 
@@ -69,6 +69,13 @@ class _Float8LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, casts, fp8_grad_weight, grad_enabled):
+        ctx.weight_dtype, ctx.has_bias = weight.dtype, bias is not None
+        ctx.empty = x.shape[0] == 0
+        if ctx.empty:
+            # No rows: nothing to cast (a cast has no amax of nothing). y [0, N]; backward gives
+            # dX [0, K] and zero dW, db, as nn.Linear's.
+            ctx.shapes = (x.shape, weight.shape)
+            return x.new_zeros(0, weight.shape[0])
         # What backward will need (nothing under torch.no_grad): the transposed casts it reads.
         need_dx, need_dw = grad_enabled and x.requires_grad, grad_enabled and weight.requires_grad
         keep_x8 = fp8_grad_weight and need_dw
@@ -82,7 +89,7 @@ class _Float8LinearFunction(torch.autograd.Function):
         need_w_t = need_dx and ctx.gathered is None
         qw = weight.weight_casts(need_w_t) if gathered else casts(weight, "weight", need_dx)
         y = mm(qx[0], qx[1], casts.scaling["input"], qw[0], qw[1], casts.scaling["weight"], bias, x.dtype)
-        ctx.casts, ctx.weight_dtype, ctx.has_bias = casts, weight.dtype, bias is not None
+        ctx.casts = casts
         x_t = qx[2:] if keep_x8 else [None, None]
         w_t = qw[2:] if need_w_t else [None, None]
         ctx.save_for_backward(*x_t, *w_t, x if need_dw and not fp8_grad_weight else None)
@@ -90,11 +97,17 @@ class _Float8LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
+        need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+        if ctx.empty:
+            x_shape, w_shape = ctx.shapes
+            return (dy.new_zeros(x_shape) if need_dx else None,
+                    dy.new_zeros(w_shape, dtype=ctx.weight_dtype) if need_dw else None,
+                    dy.new_zeros(w_shape[0], dtype=ctx.weight_dtype) if need_db and ctx.has_bias else None,
+                    None, None, None)
         dy = dy.contiguous()  # autograd may hand a broadcast (stride 0) gradient
         x_t, x_t_scale_inv, w_t, w_t_scale_inv, x = ctx.saved_tensors
         if ctx.gathered is not None:
             w_t, w_t_scale_inv = ctx.gathered.transposed_cast()
-        need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
         casts, scaling = ctx.casts, ctx.casts.scaling
         fp8_dw = need_dw and x_t is not None
         qdy = casts(dy, "grad_output", fp8_dw) if need_dx or fp8_dw else None
@@ -147,6 +160,7 @@ class Float8Linear(nn.Linear):
         # x [..., in] -> y [..., out]: the GEMMs see [M, in] rows.
         check_input(x, self.in_features, "Float8Linear")
         fp8kit._check_device(x)
+        x = autocast_input(x)
         if self._casts.delayed is not None:
             _delayed_runs_eagerly_only(torch.compiler.is_compiling())
         if torch.compiler.is_compiling() and type(self.weight) is Float8GatheredWeight:
@@ -156,8 +170,9 @@ class Float8Linear(nn.Linear):
         rows = x.reshape(-1, self.in_features)
         y = _Float8LinearFunction.apply(rows, self.weight, self.bias, self._casts, self.fp8_grad_weight,
                                         torch.is_grad_enabled())
-        # (2-d x: y itself, not a view of it - FSDP2 warns of a module that returns a view)
-        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
+        # y in x's shape, not a view of y (FSDP2 warns of a module that returns a view): y is this
+        # call's own tensor, which nothing else sees, as aten's linear folds its batch dimensions.
+        return y if x.dim() == 2 else torch.ops.aten._unsafe_view(y, (*x.shape[:-1], self.out_features))
 
     def extra_repr(self):
         return super().extra_repr() + f", config={self.config}"
@@ -195,9 +210,20 @@ def convert_to_float8_training(module, *, module_filter_fn=None, config=None, en
         return (type(m) is nn.Linear and (module_filter_fn is None or module_filter_fn(m, fqn))
                 and _fp8_operands(m))
 
+    # Parameters more than one module holds (an lm_head tied to the embedding): FP8 all-gather
+    # gives a layer's weight a parameter of its own, which would untie them.
+    holders = {}
+    for owner, sub in module.named_modules(remove_duplicate=False):
+        for name, p in sub.named_parameters(recurse=False, remove_duplicate=False):
+            holders.setdefault(id(p), []).append(f"{owner}.{name}" if owner else name)
+
     def convert(m, fqn):
         layer = Float8Linear.from_linear(m, config)
-        if enable_fsdp_float8_all_gather:
+        tied = [n for n in holders.get(id(m.weight), []) if n != (f"{fqn}.weight" if fqn else "weight")]
+        if enable_fsdp_float8_all_gather and tied:
+            _log.info("fp8kit.torch: layer '%s' all-gathers its weight in high precision: it is tied to %s, which "
+                      "an FP8 all-gather would untie", fqn, ", ".join(tied))
+        elif enable_fsdp_float8_all_gather:
             shard_weight(layer, fqn)
         return layer
 
