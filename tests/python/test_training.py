@@ -239,6 +239,27 @@ def test_a_tied_weight_stays_tied_with_fp8_all_gather(caplog):
                for r in caplog.records)
 
 
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "block", "mxfp8"])
+def test_torch_compile_keeps_the_batch_dynamic(recipe):
+    """torch.compile(dynamic=True) of a training layer compiles one graph for every row count (the
+    casts' fake shapes keep the batch symbolic; before, each new count compiled again, and past
+    torch's cache limit a variable-length run went uncompiled), and each count's y is the eager
+    layer's, bit for bit. Counts above 128: where a scale grid has one group along the batch
+    (M <= 32 for mx32, <= 128 for block) torch compiles a second graph - it specializes a size of 1."""
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    layer = f8.convert_to_float8_training(torch.nn.Linear(256, 128), config=recipe)
+    compiled = torch.compile(layer, backend="aot_eager", dynamic=True)
+    for m in (136, 200, 264, 392):
+        x = torch.randn(m, 256, requires_grad=True)
+        y = compiled(x)
+        y.sum().backward()
+        assert torch.equal(y, layer(x))
+    assert counters["stats"]["unique_graphs"] == 1
+    torch._dynamo.reset()
+
+
 def test_filter_shapes_and_errors():
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10),
                                 torch.nn.Linear(10, 64))

@@ -306,15 +306,29 @@ def qtensor_tensors(q, transpose):
 recipe_quantize = torch.library.custom_op("fp8kit::recipe_quantize", _recipe_quantize, mutates_args=())
 
 
+@functools.cache
+def _scale_groups(scaling):
+    """(group rows, group cols) of a scaling, None for a group as long as its dimension: the
+    library's scale_shape asked once of a 2^20 x 2^20 tensor."""
+    whole = 1 << 20
+    r, c = fp8kit._fp8kit.scale_shape(scaling, whole, whole)
+    return (None if r == 1 else whole // r), (None if c == 1 else whole // c)
+
+
+def _scale_shape(scaling, rows, cols):
+    """scale_shape for sizes torch.compile may keep symbolic (the batch): ceil-divided by the
+    groups here, where the library's function would take - and so fix - a number."""
+    gr, gc = _scale_groups(scaling)
+    return (1 if gr is None else -(-rows // gr)), (1 if gc is None else -(-cols // gc))
+
+
 @recipe_quantize.register_fake
 def _(t, recipe, role, transpose):
     scaling, dtype, scale_dtype = _recipe_kind(recipe, role)
     rows, cols = t.shape
-    outs = [t.new_empty((rows, cols), dtype=dtype), t.new_empty(fp8kit._fp8kit.scale_shape(scaling, rows, cols),
-                                                                dtype=scale_dtype)]
+    outs = [t.new_empty((rows, cols), dtype=dtype), t.new_empty(_scale_shape(scaling, rows, cols), dtype=scale_dtype)]
     if transpose:
-        outs += [t.new_empty((cols, rows), dtype=dtype), t.new_empty(fp8kit._fp8kit.scale_shape(scaling, cols, rows),
-                                                                     dtype=scale_dtype)]
+        outs += [t.new_empty((cols, rows), dtype=dtype), t.new_empty(_scale_shape(scaling, cols, rows), dtype=scale_dtype)]
     return outs
 
 

@@ -194,7 +194,8 @@ def convert_to_float8_training(module, *, module_filter_fn=None, config=None, en
     with or without its enable_fsdp_float8_all_gather.
     enable_fsdp_float8_all_gather (or that field of the config): under FSDP2 each layer's weight
     is cast to FP8 before it is all-gathered (fsdp.py: tensorwise, rowwise, rowwise_with_gw_hp,
-    block).
+    block) - but for a weight tied to another module (an lm_head tied to the embedding), which
+    all-gathers in high precision and stays the one parameter (logged at INFO).
     Returns module (converted in place; an nn.Linear itself is returned converted)."""
     config = config or "tensorwise"
     if type(config).__name__ == "Float8LinearConfig":
