@@ -551,6 +551,12 @@ NB_MODULE(_fp8kit, m) {
              },
              "x"_a, "transpose"_a = false)
         .def("step", &DelayedScaling::step, nb::call_guard<nb::gil_scoped_release>())
+        .def("restore", [](DelayedScaling& d, const Array& history, const Array& scale, bool fresh) {
+                 d.restore(host_view(history, "fp8kit.DelayedScaling.restore", "amax_history"),
+                           host_view(scale, "fp8kit.DelayedScaling.restore", "scale"), fresh);
+             },
+             "amax_history"_a, "scale"_a, "fresh"_a,
+             "Puts back a state amax_history, scale and fresh read (fp8kit::DelayedScaling::restore).")
         .def_prop_ro("fresh", &DelayedScaling::fresh, "no amax recorded and no step taken yet (scale 1)")
         .def_prop_ro("scale", [](const DelayedScaling& d) { return to_numpy<nb::ro>(d.scale().clone()); }, owned)
         .def_prop_ro("amax_history", [](const DelayedScaling& d) { return to_numpy<nb::ro>(d.amax_history().clone()); },

@@ -72,6 +72,10 @@ public:
     void step();
     // This state (history, scale, freshness) on `device`.
     DelayedScaling to(Device device) const;
+    // A state amax_history(), scale() and fresh() read (a checkpoint's) put back, copied to this
+    // state's device: fp8kit::Error naming the argument for a history of another length or dtype,
+    // an amax below zero, or a scale that is not one finite positive f32.
+    void restore(const Tensor& amax_history, const Tensor& scale, bool fresh);
 
 private:
     Recipe recipe_;

@@ -209,6 +209,30 @@ DelayedScaling DelayedScaling::to(Device device) const {
     return r;
 }
 
+void DelayedScaling::restore(const Tensor& amax_history, const Tensor& scale, bool fresh) {
+    const std::string where = "fp8kit::DelayedScaling::restore: ";
+    if (amax_history.dtype() != DType::f32 || amax_history.shape() != history_.shape()) {
+        throw Error(where + "amax_history is " + std::string(to_string(amax_history.dtype())) + " " +
+                    to_string(amax_history.shape()) + ", expected f32 " + to_string(history_.shape()));
+    }
+    if (scale.dtype() != DType::f32 || scale.numel() != 1) {
+        throw Error(where + "scale is " + std::string(to_string(scale.dtype())) + " " + to_string(scale.shape()) +
+                    ", expected f32 [1]");
+    }
+    const Tensor h = amax_history.to(Device::cpu).contiguous(), s = scale.to(Device::cpu).contiguous();
+    // An amax is a magnitude: never below zero (NaN, recorded from a NaN input, sticks by design).
+    for (int64_t i = 0; i < h.numel(); ++i) {
+        if (h.data<const float>()[i] < 0.0f) throw Error(where + "amax_history[" + std::to_string(i) + "] is negative");
+    }
+    const float v = s.data<const float>()[0];
+    if (!(std::isfinite(v) && v > 0.0f)) throw Error(where + "scale is not finite and positive");
+    // Copies: the state never shares the caller's memory.
+    const auto own = [](const Tensor& t, Device device) { return device == Device::cpu ? t.clone() : t.to(device); };
+    history_ = own(h, history_.device());
+    scale_ = own(s.reshape({1}), scale_.device());
+    fresh_ = fresh;
+}
+
 void detail::host_delayed_init(const ExecContext&, float* history, int64_t length, float* scale) {
     std::fill(history, history + length, 0.0f);
     *scale = 1.0f;

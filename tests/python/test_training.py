@@ -260,6 +260,55 @@ def test_torch_compile_keeps_the_batch_dynamic(recipe):
     torch._dynamo.reset()
 
 
+def test_delayed_state_is_saved_loaded_and_copied():
+    """The delayed recipe's amax histories and scales are state: in state_dict (extra state) and in
+    copies (deepcopy, torch.save of the module), so a run loaded from a state_dict, or a copy,
+    continues with the scales it would have had - its next 3 steps' losses the original's, bit for
+    bit (before: lost; the loaded layer started fresh at scale 1, and deepcopy raised). Every
+    other recipe's state_dict stays nn.Linear's keys."""
+    import copy
+    import io
+
+    def model(seed):
+        torch.manual_seed(seed)
+        return f8.convert_to_float8_training(
+            torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32)), config="delayed")
+
+    g = torch.Generator().manual_seed(7)
+    data = [(torch.randn(16, 64, generator=g), torch.randn(16, 32, generator=g)) for _ in range(6)]
+
+    def steps(m, opt, batches):
+        out = []
+        for x, t in batches:
+            loss = torch.nn.functional.mse_loss(m(x), t)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            out.append(loss.item())
+        return out
+
+    m = model(1)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    steps(m, opt, data[:3])
+    buf = io.BytesIO()
+    torch.save({"model": m.state_dict(), "opt": opt.state_dict()}, buf)
+    copied = copy.deepcopy((m, opt))
+    pickled = io.BytesIO()
+    torch.save((m, opt), pickled)
+    continued = steps(m, opt, data[3:])
+    buf.seek(0)
+    saved = torch.load(buf)
+    fresh = model(2)
+    fresh.load_state_dict(saved["model"])
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
+    fresh_opt.load_state_dict(saved["opt"])
+    assert steps(fresh, fresh_opt, data[3:]) == continued
+    assert steps(*copied, data[3:]) == continued
+    pickled.seek(0)
+    assert steps(*torch.load(pickled, weights_only=False), data[3:]) == continued
+    assert list(f8.convert_to_float8_training(torch.nn.Linear(64, 64), config="rowwise").state_dict()) == ["weight", "bias"]
+
+
 def test_filter_shapes_and_errors():
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10),
                                 torch.nn.Linear(10, 64))

@@ -636,5 +636,50 @@ TEST(DelayedScaling, QuantizeUsesTheCurrentScaleLikeAGivenScale) {
     expect_error([] { (void)DelayedScaling(Recipe::tensorwise(), Role::input); }, "delayed");
 }
 
+TEST(DelayedScaling, RestoredStateContinuesAsTheSavedOne) {
+    // A state read out after three steps and put into a fresh one: both then cast the same codes
+    // with the same scales and roll the same history (the saved layer's run continued).
+    DelayedScaling saved(Recipe::delayed(4, AmaxCompute::max), Role::input);
+    for (float a : {2.0f, 8.0f, 1.0f}) {
+        (void)saved.quantize(tensor_with_amax(a));
+        saved.step();
+    }
+    DelayedScaling loaded(Recipe::delayed(4, AmaxCompute::max), Role::input);
+    loaded.restore(saved.amax_history().clone(), saved.scale().clone(), saved.fresh());
+    EXPECT_FALSE(loaded.fresh());
+    for (float a : {0.5f, 16.0f}) {
+        const QTensor p = saved.quantize(tensor_with_amax(a)), q = loaded.quantize(tensor_with_amax(a));
+        EXPECT_EQ(bits(p.scale_inv.get({0, 0})), bits(q.scale_inv.get({0, 0})));
+        EXPECT_EQ(std::memcmp(p.data.const_raw_data(), q.data.const_raw_data(), size_t(p.data.nbytes())), 0);
+        saved.step();
+        loaded.step();
+        EXPECT_EQ(history_of(saved), history_of(loaded));
+    }
+    // The state is a copy: writing the tensors it was given later changes nothing.
+    Tensor h = saved.amax_history().clone(), s = saved.scale().clone();
+    loaded.restore(h, s, false);
+    h.data<float>()[0] = 1e9f;
+    EXPECT_EQ(history_of(loaded), history_of(saved));
+    // Refusals name the argument.
+    const auto refused = [&](const Tensor& hist, const Tensor& sc, const std::string& want) {
+        try {
+            loaded.restore(hist, sc, false);
+            ADD_FAILURE() << "no error, expected " << want;
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+        }
+    };
+    refused(Tensor::zeros({5}, DType::f32), s, "amax_history is f32 [5], expected f32 [4]");
+    Tensor negative = Tensor::zeros({4}, DType::f32);
+    negative.data<float>()[2] = -1.0f;
+    refused(negative, s, "amax_history[2] is negative");
+    for (const float bad : {0.0f, -2.0f, INFINITY, NAN}) {
+        Tensor sc = Tensor::zeros({1}, DType::f32);
+        sc.data<float>()[0] = bad;
+        refused(saved.amax_history(), sc, "scale is not finite and positive");
+    }
+    refused(saved.amax_history(), Tensor::zeros({2}, DType::f32), "scale is f32 [2], expected f32 [1]");
+}
+
 }  // namespace
 }  // namespace fp8kit::test

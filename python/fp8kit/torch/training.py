@@ -35,11 +35,33 @@ class _Casts:
     A cast is [codes, scale_inv] (+ [codes_t, scale_inv_t], the cast of t^T) as torch tensors;
     scaling[role] is its scaling."""
 
+    ROLES = ("input", "weight", "grad_output")
+
     def __init__(self, recipe):
         self.recipe = recipe
-        roles = ("input", "weight", "grad_output")
-        self.scaling = {role: fp8kit._fp8kit.recipe_scaling(recipe, role) for role in roles}
-        self.delayed = {role: fp8kit._fp8kit.DelayedScaling(role) for role in roles} if recipe == "delayed" else None
+        self.scaling = {role: fp8kit._fp8kit.recipe_scaling(recipe, role) for role in self.ROLES}
+        self.delayed = {role: fp8kit._fp8kit.DelayedScaling(role) for role in self.ROLES} if recipe == "delayed" else None
+
+    def state(self):
+        """The delayed states as tensors (copies): {role: {amax_history, scale, fresh}}."""
+        return {role: {"amax_history": torch.from_numpy(d.amax_history.copy()),
+                       "scale": torch.from_numpy(d.scale.copy()), "fresh": d.fresh} for role, d in self.delayed.items()}
+
+    def restore(self, state):
+        for role, d in self.delayed.items():
+            s = state[role]
+            d.restore(fp8kit._to_extension(s["amax_history"].float().contiguous()),
+                      fp8kit._to_extension(s["scale"].float().reshape(1).contiguous()), bool(s["fresh"]))
+
+    # copy.deepcopy and pickle (torch.save of a module): the extension's DelayedScaling objects as
+    # their state.
+    def __getstate__(self):
+        return {"recipe": self.recipe, "delayed": self.state() if self.delayed is not None else None}
+
+    def __setstate__(self, state):
+        self.__init__(state["recipe"])
+        if state["delayed"] is not None:
+            self.restore(state["delayed"])
 
     def __call__(self, t, role, transpose):
         if self.delayed is None:
@@ -147,6 +169,10 @@ class Float8Linear(nn.Linear):
         self.config = config
         recipe, self.fp8_grad_weight = TRAINING_RECIPES[config]
         self._casts = _Casts(recipe)
+        if config == "delayed":
+            # Its amax histories are state to save and load with the weights (extra state): the
+            # subclass that has it, so that every other recipe's state_dict stays nn.Linear's.
+            self.__class__ = _DelayedFloat8Linear
 
     @classmethod
     def from_linear(cls, linear_module, config="tensorwise"):
@@ -176,6 +202,18 @@ class Float8Linear(nn.Linear):
 
     def extra_repr(self):
         return super().extra_repr() + f", config={self.config}"
+
+
+class _DelayedFloat8Linear(Float8Linear):
+    """Float8Linear with the delayed recipe: its state_dict holds, beside weight and bias, the
+    amax history and scale of each operand's delayed scaling (`_extra_state`), so a run saved and
+    loaded again continues with the scales it would have had."""
+
+    def get_extra_state(self):
+        return self._casts.state()
+
+    def set_extra_state(self, state):
+        self._casts.restore(state)
 
 
 def _fp8_operands(linear):
