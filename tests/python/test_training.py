@@ -309,6 +309,22 @@ def test_delayed_state_is_saved_loaded_and_copied():
     assert list(f8.convert_to_float8_training(torch.nn.Linear(64, 64), config="rowwise").state_dict()) == ["weight", "bias"]
 
 
+def test_arguments_of_the_wrong_kind_are_named():
+    """A model that is no nn.Module, a module filter that is not a function, or a compute dtype the
+    GEMM does not compute in: an fp8kit.Error naming the argument (before: AttributeError, TypeError,
+    or the C++ cast's message, which named none)."""
+    lin = torch.nn.Sequential(torch.nn.Linear(32, 32))
+    for call, message in (
+            (lambda: f8.convert_to_float8_training("model"), r"convert_to_float8_training: the model is a str"),
+            (lambda: f8.convert_to_float8_training(lin, module_filter_fn="0"), r"module_filter_fn is '0', expected a function"),
+            (lambda: f8.quantize_(lin, filter_fn="0"), r"quantize_: filter_fn is '0', expected a function"),
+            (lambda: f8.enable_layerwise_casting([lin]), r"enable_layerwise_casting: the model is a list"),
+            (lambda: f8.enable_layerwise_casting(lin, compute_dtype=torch.float64), r"compute_dtype torch\.float64, expected")):
+        with pytest.raises(fp8kit.Error, match=message):
+            call()
+    assert type(lin[0]) is torch.nn.Linear  # nothing converted by a refused call
+
+
 def test_filter_shapes_and_errors():
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10),
                                 torch.nn.Linear(10, 64))

@@ -17,6 +17,7 @@ import fp8kit
 
 from . import memory
 from .inference import Float8InferenceLinear, _fp8_weight, _group_siblings
+from .ops import check_model_args
 
 # Diffusers' defaults (diffusers.hooks.layerwise_casting): the modules whose names match one of
 # these are left alone, and only these layer kinds have their weights stored in FP8.
@@ -145,8 +146,12 @@ def enable_layerwise_casting(model, storage_dtype=torch.float8_e4m3fn, compute_d
     quantize_'s, for the native Linear layers.
     Returns a LayerwiseCastingReport saying which layer went which way, whose remove() restores
     the model."""
-    if not (storage_dtype.is_floating_point and storage_dtype.itemsize == 1):
+    check_model_args("fp8kit.torch.enable_layerwise_casting", model)
+    if not (isinstance(storage_dtype, torch.dtype) and storage_dtype.is_floating_point and storage_dtype.itemsize == 1):
         raise fp8kit.Error(f"fp8kit.torch.enable_layerwise_casting: storage_dtype {storage_dtype} is not an FP8 dtype")
+    if compute_dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise fp8kit.Error(f"fp8kit.torch.enable_layerwise_casting: compute_dtype {compute_dtype}, expected "
+                           "torch.float32, torch.bfloat16 or torch.float16 (the dtypes fp8kit's GEMM computes in)")
     patterns = DEFAULT_SKIP_MODULES_PATTERN if skip_modules_pattern == "auto" else (
         (skip_modules_pattern,) if isinstance(skip_modules_pattern, str) else tuple(skip_modules_pattern or ()))
     classes = tuple(skip_modules_classes or ())

@@ -158,6 +158,16 @@ def check_input(x, in_features, layer):
     return out
 
 
+def check_model_args(where, model, filter_fn=None, filter_name="filter_fn"):
+    """The model and module filter the conversions take: an fp8kit.Error naming the argument for a
+    model that is no nn.Module or a filter that is not callable (not an AttributeError or TypeError
+    from deep inside)."""
+    if not isinstance(model, torch.nn.Module):
+        raise fp8kit.Error(f"{where}: the model is a {type(model).__name__}, expected a torch.nn.Module")
+    if filter_fn is not None and not callable(filter_fn):
+        raise fp8kit.Error(f"{where}: {filter_name} is {filter_fn!r}, expected a function (module, fqn) -> bool")
+
+
 def autocast_input(x):
     """x in torch.autocast's dtype where autocast is on for x's device, else x: the FP8 layers then
     compute and return in it as nn.Linear does under autocast (which does not reach custom
