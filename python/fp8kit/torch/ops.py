@@ -173,7 +173,7 @@ def autocast_input(x):
     compute and return in it as nn.Linear does under autocast (which does not reach custom
     operators); their weights are cast to FP8 from the dtype they are kept in."""
     device = x.device.type
-    if torch.is_autocast_enabled(device):
+    if device in ("cpu", "cuda") and torch.is_autocast_enabled(device):  # the devices the layers take
         dtype = torch.get_autocast_dtype(device)
         if x.dtype != dtype:
             return x.to(dtype)
