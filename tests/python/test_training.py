@@ -325,6 +325,17 @@ def test_arguments_of_the_wrong_kind_are_named():
     assert type(lin[0]) is torch.nn.Linear  # nothing converted by a refused call
 
 
+def test_gpt2s_conv1d_layers_are_named_in_a_warning():
+    """GPT-2's projections are transformers Conv1D (weight [in, out]), which the conversions leave
+    as they are: each conversion says so, naming them (before: silently, only lm_head converted)."""
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed (scripts/setup.sh)")
+    cfg = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=64, n_layer=1, n_head=2)
+    for convert in (f8.quantize_, f8.convert_to_float8_training):
+        with pytest.warns(UserWarning, match=r"4 transformers Conv1D layer\(s\) \(transformer\.h\.0\.attn\.c_attn, "
+                                             r"transformer\.h\.0\.attn\.c_proj, transformer\.h\.0\.mlp\.c_fc, \.\.\.\)"):
+            convert(transformers.GPT2LMHeadModel(cfg))
+
+
 def test_filter_shapes_and_errors():
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10),
                                 torch.nn.Linear(10, 64))

@@ -16,7 +16,7 @@ from torch import nn
 import fp8kit
 
 from . import memory, ops
-from .ops import _fused, _linear, _plain_eager, autocast_input, check_model_args
+from .ops import _fused, _linear, _plain_eager, autocast_input, check_model_args, warn_transposed_linears
 from .siblings import _Siblings
 
 # The recipes of quantize_: stateless ones (delayed scaling keeps an amax history per layer, not
@@ -284,6 +284,7 @@ def quantize_(model, config=None, filter_fn=None, *, fuse_siblings=True):
     (_record_in_config: compressed-tensors' layout, or for mxfp8 fp8kit's own), so that
     save_pretrained writes a checkpoint from_pretrained runs as stored."""
     check_model_args("fp8kit.torch.quantize_", model, filter_fn)
+    warn_transposed_linears("fp8kit.torch.quantize_", model)
     recipe = config or "rowwise"
     if not isinstance(recipe, str):
         recipe = _recipe_of_torchao_config(recipe)

@@ -168,6 +168,17 @@ def check_model_args(where, model, filter_fn=None, filter_name="filter_fn"):
         raise fp8kit.Error(f"{where}: {filter_name} is {filter_fn!r}, expected a function (module, fqn) -> bool")
 
 
+def warn_transposed_linears(where, model):
+    """A warning naming the transformers Conv1D layers of model (GPT-2's Linear with its weight
+    stored [in, out]), which the conversions leave as they are - they take nn.Linear - so that a
+    GPT-2 user learns why almost nothing runs in FP8."""
+    conv1d = [fqn for fqn, m in model.named_modules() if type(m).__name__ == "Conv1D" and hasattr(m, "nf")]
+    if conv1d:
+        warnings.warn(f"{where}: {len(conv1d)} transformers Conv1D layer(s) ({', '.join(conv1d[:3])}"
+                      f"{', ...' if len(conv1d) > 3 else ''}) left as they are: fp8kit converts nn.Linear, and Conv1D "
+                      "stores its weight transposed", stacklevel=3)
+
+
 def autocast_input(x):
     """x in torch.autocast's dtype where autocast is on for x's device, else x: the FP8 layers then
     compute and return in it as nn.Linear does under autocast (which does not reach custom

@@ -15,7 +15,7 @@ from torch import nn
 import fp8kit
 
 from .fsdp import Float8GatheredWeight, shard_weight
-from .ops import autocast_input, cast, check_input, check_model_args, mm, qtensor_tensors
+from .ops import autocast_input, cast, check_input, check_model_args, mm, qtensor_tensors, warn_transposed_linears
 
 _log = logging.getLogger(__name__)
 
@@ -236,6 +236,7 @@ def convert_to_float8_training(module, *, module_filter_fn=None, config=None, en
     all-gathers in high precision and stays the one parameter (logged at INFO).
     Returns module (converted in place; an nn.Linear itself is returned converted)."""
     check_model_args("fp8kit.torch.convert_to_float8_training", module, module_filter_fn, "module_filter_fn")
+    warn_transposed_linears("fp8kit.torch.convert_to_float8_training", module)
     config = config or "tensorwise"
     if type(config).__name__ == "Float8LinearConfig":
         enable_fsdp_float8_all_gather = enable_fsdp_float8_all_gather or config.enable_fsdp_float8_all_gather
