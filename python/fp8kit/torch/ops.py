@@ -183,6 +183,11 @@ def autocast_input(x):
     """x in torch.autocast's dtype where autocast is on for x's device, else x: the FP8 layers then
     compute and return in it as nn.Linear does under autocast (which does not reach custom
     operators); their weights are cast to FP8 from the dtype they are kept in."""
+    # Eager, first the one C call that says whether any autocast is on (a decode step calls each
+    # layer once: the query by device costs a few times more); traced, torch's public query alone,
+    # which torch.compile folds.
+    if not torch.compiler.is_compiling() and not torch._C._is_any_autocast_enabled():
+        return x
     device = x.device.type
     if device in ("cpu", "cuda") and torch.is_autocast_enabled(device):  # the devices the layers take
         dtype = torch.get_autocast_dtype(device)
