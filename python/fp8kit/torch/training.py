@@ -212,6 +212,9 @@ class _DelayedFloat8Linear(Float8Linear):
     def get_extra_state(self):
         return self._casts.state()
 
+    def _get_name(self):  # printed as the layer it is
+        return "Float8Linear"
+
     def set_extra_state(self, state):
         self._casts.restore(state)
 
