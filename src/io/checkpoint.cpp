@@ -87,6 +87,7 @@ struct ConfigScales {
     bool present = false;                       // a quantization_config describes the tensors
     std::optional<std::vector<int64_t>> block;  // [rows, cols]
     std::optional<int64_t> group_size;
+    bool mx_u8 = false;  // compressed-tensors' MXFP8: e8m0 scales stored as their uint8 codes
     std::string strategy;                              // every module's, or "" when not said (or mixed)
     std::map<std::string, std::string> module_strategy;  // a module's own, where the config names it
     // The scheme the config says a weight's module is stored in, or "" when it does not say: the
@@ -122,6 +123,27 @@ std::optional<std::vector<int64_t>> block_field(const Json& v, const std::string
 std::string scheme_of_strategy(const std::string& st) {
     if (st == "block") return std::string(to_string(Scheme::block128));
     return st == "tensor" || st == "channel" || st == "group" ? st : "";
+}
+
+// compressed-tensors' storage formats of FP8 codes (its CompressionFormat): float-quantized and
+// naive-quantized store them as they are, mxfp8-quantized with its e8m0 scales as uint8 codes, and
+// mixed-precision defers to each group's own. Any other (pack-quantized, int-quantized, the
+// sparse and FP4 ones) stores something else than the FP8 tensors beside it.
+void check_format(const Json& f, const std::string& where, bool top) {
+    if (f.is_null()) return;
+    if (f.is_string()) {
+        const std::string v = f.get<std::string>();
+        if (v == "float-quantized" || v == "naive-quantized" || v == "mxfp8-quantized" || (top && v == "mixed-precision")) return;
+    }
+    throw Error(where + " format " + printable(f.dump()) + " is not a format of FP8 codes (float-quantized, naive-quantized, mxfp8-quantized" +
+                (top ? ", mixed-precision" : "") + "), but the checkpoint stores FP8 tensors");
+}
+
+// Whether compressed-tensors' weight arguments are MX (its should_generate_mx_scales: 8-bit floats
+// in groups of 32 with uint8 scales, the e8m0 codes), or its group's format says mxfp8-quantized.
+bool is_mx_group(const Json& w, const Json& format) {
+    return (format.is_string() && format == "mxfp8-quantized") ||
+           (w.contains("scale_dtype") && w["scale_dtype"] == "torch.uint8" && w.contains("group_size") && w["group_size"] == 32);
 }
 
 ConfigScales config_scales(const TensorLookup& t) {
@@ -163,6 +185,8 @@ ConfigScales config_scales(const TensorLookup& t) {
         // A group whose weights are not FP8 (num_bits, type) or whose strategy fp8kit does not
         // know contradicts the FP8 tensors: refused, not read past.
         if (!q["config_groups"].is_object()) throw Error(t.path() + ": quantization_config config_groups is not an object of name: group");
+        const Json top_format = q.contains("format") ? q["format"] : Json();
+        check_format(top_format, t.path() + ": quantization_config", true);
         bool mixed = false, first = true;
         for (const auto& [name, g] : q["config_groups"].items()) {
             const std::string where = t.path() + ": quantization_config config_groups[" + quote_printable(name) + "]";
@@ -179,7 +203,15 @@ ConfigScales config_scales(const TensorLookup& t) {
                 (!w["strategy"].is_string() || scheme_of_strategy(w["strategy"].get<std::string>()).empty())) {
                 throw Error(where + ".weights strategy " + printable(w["strategy"].dump()) + ", expected tensor, channel, group or block");
             }
-            const std::string st = scheme_of_strategy(w.contains("strategy") && w["strategy"].is_string() ? w["strategy"].get<std::string>() : "");
+            const Json format = g.contains("format") && !g["format"].is_null() ? g["format"] : top_format;
+            check_format(g.contains("format") ? g["format"] : Json(), where, false);
+            const bool mx = is_mx_group(w, format);
+            if (mx && (!w.contains("group_size") || w["group_size"] != 32 || w.value("strategy", Json()) != "group")) {
+                throw Error(where + ".weights are " + printable(w.dump()) + ": MXFP8 (mxfp8-quantized) scales groups of 32 (strategy group, group_size 32)");
+            }
+            c.mx_u8 = c.mx_u8 || mx;
+            const std::string st = mx ? std::string(to_string(Scheme::mx32))
+                                      : scheme_of_strategy(w.contains("strategy") && w["strategy"].is_string() ? w["strategy"].get<std::string>() : "");
             if (first) c.strategy = st;
             mixed = mixed || st != c.strategy;
             first = false;
@@ -266,7 +298,11 @@ std::optional<StoredWeight> stored_weight(const TensorLookup& t, const std::stri
                     "), and the quantization_config says the checkpoint is quantized: every FP8 weight needs its scale");
     }
     w.scale = name + (inv ? "_scale_inv" : "_scale");
-    const Tensor raw = t.tensor(w.scale);
+    Tensor raw = t.tensor(w.scale);
+    if (raw.dtype() == DType::u8 && cfg.mx_u8) {  // compressed-tensors' MXFP8: the e8m0 codes as uint8
+        const auto keep = std::make_shared<const Tensor>(raw.contiguous());
+        raw = Tensor::view_of(keep, keep->data<const uint8_t>(), keep->shape(), DType::e8m0fnu, t.path() + ": " + w.scale);
+    }
     const std::string got = std::string(to_string(raw.dtype())) + " " + to_string(raw.shape());
     const float largest = format_info(format_of(data.dtype())).max;
     const Tensor s = checked_scale(raw, where + ": its scale " + quote_printable(w.scale), largest);

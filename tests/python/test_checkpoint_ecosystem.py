@@ -3,8 +3,9 @@ checkpoint ecosystem itself, on the CPU, nothing downloaded (HF_HUB_OFFLINE=1):
 
 Reading what real producers write. llm-compressor (oneshot) quantizes two models built from a
 config with random weights - a transformers Llama and a Qwen2-MoE (experts, shared expert, router)
-- with FP8_DYNAMIC (channel scales, dynamic activations), FP8_BLOCK (128x128 blocks) and FP8
-(tensor scales with a static input_scale, calibrated on a few random samples). For each:
+- with FP8_DYNAMIC (channel scales, dynamic activations), FP8_BLOCK (128x128 blocks), FP8
+(tensor scales with a static input_scale, calibrated on a few random samples) and, on the Llama,
+MXFP8 (mxfp8-quantized: e8m0 scales per 1 x 32 stored as uint8 codes). For each:
   - `fp8kit inspect --json` names the scheme and the producer;
   - `fp8kit verify BASE OUT --min-sqnr 25` passes (25 dB: docs/NUMERICS.md's floor for e4m3 weights);
   - `fp8kit dequantize OUT --dtype bf16` equals, bit for bit, compressed-tensors' own
@@ -266,7 +267,7 @@ def main():
         base, moe = os.path.join(tmp, "llama"), os.path.join(tmp, "moe")
         llama(base)
         qwen2_moe(moe)
-        for scheme, want in (("FP8_DYNAMIC", "channel"), ("FP8_BLOCK", "block128"), ("FP8", "tensor")):
+        for scheme, want in (("FP8_DYNAMIC", "channel"), ("FP8_BLOCK", "block128"), ("FP8", "tensor"), ("MXFP8", "mx32")):
             check_read(tmp, "llama", base, scheme, want)
         moe_out = check_read(tmp, "moe", moe, "FP8_DYNAMIC", "channel")
         os.rename(moe_out + "_deq", os.path.join(tmp, "moe_deq")) if os.path.isdir(moe_out + "_deq") else None

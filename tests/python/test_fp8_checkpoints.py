@@ -2,8 +2,9 @@
 FP8 checkpoints real producers write, on the CPU, nothing downloaded (random weights, tiny configs).
 
 Producers: llm-compressor's `oneshot` with FP8_DYNAMIC (channel weights, dynamic per-token
-activations), FP8_BLOCK (128x128 blocks, 1x128 activation groups) and FP8 (tensor weights, static
-calibrated input_scale) on a transformers LlamaForCausalLM and a Qwen2MoeForCausalLM (experts,
+activations), FP8_BLOCK (128x128 blocks, 1x128 activation groups), FP8 (tensor weights, static
+calibrated input_scale) and MXFP8 (e8m0 scales per 1x32 stored as uint8 codes, activations in MX
+groups of 32; the Llama only) on a transformers LlamaForCausalLM and a Qwen2MoeForCausalLM (experts,
 shared expert, router: transformers 5 fuses the experts into 3-D parameters, llm-compressor stores
 them per expert); and `fp8kit quantize` (compressed-tensors channel, hf-fp8 block128) when the
 command is built. The base models have each Linear's rows scaled by 2^u, u uniform in [-2, 2], so
@@ -155,6 +156,14 @@ def _scale_of(stored, name):
     return None
 
 
+def _scale_values(scale):
+    """A stored scale's values in float64: compressed-tensors' MXFP8 stores its e8m0 scales as the
+    uint8 codes c, the value 2^(c - 127) (its decompress_mx_scale); every other dtype is its value."""
+    if scale.dtype == torch.uint8:
+        return torch.pow(2.0, scale.to(torch.float64) - 127)
+    return scale.to(torch.float64)
+
+
 def _bits(t):
     return t.contiguous().view(torch.uint8) if t.dtype.itemsize == 1 else t.contiguous().view(torch.int16) \
         if t.dtype.itemsize == 2 else t.contiguous().view(torch.int32)
@@ -175,9 +184,9 @@ def check_weights(model, path):
             if mine is None or mine.dtype != v.dtype or mine.shape != v.shape or not torch.equal(_bits(mine), _bits(v)):
                 problems.append(f"{k}: FP8 codes differ from the file's")
                 continue
-            s = stored[_scale_of(stored, k)].float()
+            s = _scale_values(stored[_scale_of(stored, k)])
             ms = sd.get(_scale_of(sd, k))  # weight_scale where the model saves in compressed-tensors' layout
-            if ms is None or ms.numel() != s.numel() or not torch.equal(ms.float().reshape(-1), s.reshape(-1)):
+            if ms is None or ms.numel() != s.numel() or not torch.equal(_scale_values(ms).reshape(-1), s.reshape(-1)):
                 problems.append(f"{k}: scale differs from the stored one")
             owner = modules.get(k.rpartition(".")[0])
             if not isinstance(owner, (fp8kit.torch.Float8InferenceLinear, fp8kit.torch.Float8Experts)):
@@ -196,7 +205,7 @@ def _dequantize(codes, scale):
     """decode(codes) * scale broadcast over its groups (float64, torch only): scale [1] / [] per
     tensor, [out, 1] per row, [out, in / g] per group, or a block grid [ceil(out / b0), ceil(in / b1)]."""
     w = codes.to(torch.float64)
-    s = scale.to(torch.float64)
+    s = _scale_values(scale)
     out, cols = w.shape
     if s.numel() == 1:
         return w * s.reshape(())
@@ -207,7 +216,8 @@ def _dequantize(codes, scale):
 
 def _fake_quant(x, how):
     """x (float64) quantized and dequantized as the activation scheme says; how: ("token",),
-    ("group", g), ("static", input_scale) or None."""
+    ("group", g), ("mx", 32), ("static", input_scale) or None. MX: the OCP MX spec's shared exponent
+    floor(log2(amax)) - 8 (e4m3's largest exponent) per 32, elements saturated to 448."""
     if how is None:
         return x
     if how[0] == "static":
@@ -216,8 +226,12 @@ def _fake_quant(x, how):
     shape = x.shape
     g = shape[-1] if how[0] == "token" else how[1]
     r = x.reshape(-1, shape[-1] // g, g)
-    s = r.abs().amax(-1, keepdim=True) / E4M3_MAX
-    s = torch.where(s == 0, torch.ones_like(s), s)
+    amax = r.abs().amax(-1, keepdim=True)
+    if how[0] == "mx":
+        s = torch.pow(2.0, torch.floor(torch.log2(torch.where(amax == 0, torch.ones_like(amax), amax))) - 8)
+    else:
+        s = amax / E4M3_MAX
+        s = torch.where(s == 0, torch.ones_like(s), s)
     return ((r / s).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).to(torch.float64) * s).reshape(shape)
 
 
@@ -228,6 +242,8 @@ def _activation_scheme(qc, stored, module_name):
             return None
         if a.get("dynamic") is False:
             return ("static", stored[module_name + ".input_scale"])
+        if a["strategy"] == "group" and a.get("scale_dtype") == "torch.uint8":
+            return ("mx", a["group_size"])
         return ("token",) if a["strategy"] == "token" else ("group", a["group_size"])
     if qc["quant_method"] == "fp8":
         return ("group", qc.get("weight_block_size", [128, 128])[1])
@@ -338,7 +354,7 @@ def check_logits(logits, base, path, floor_cache={}):
 
 # ---- the producers' checkpoints ----
 
-CASES = [("llama", "FP8_DYNAMIC"), ("llama", "FP8_BLOCK"), ("llama", "FP8"), ("llama", "FP8_GROUP"),
+CASES = [("llama", "FP8_DYNAMIC"), ("llama", "FP8_BLOCK"), ("llama", "FP8"), ("llama", "FP8_GROUP"), ("llama", "MXFP8"),
          ("moe", "FP8_DYNAMIC"), ("moe", "FP8")]
 
 
@@ -383,6 +399,31 @@ def _same_tensors(a, b):
             not torch.equal(_bits(t), _bits(sb[k]))]
 
 
+def test_mxfp8_casts_activations_by_the_mx_rule(work):
+    """llm-compressor's MXFP8 (compressed-tensors mxfp8-quantized: e4m3 codes, e8m0 scales per 1 x 32
+    stored as uint8 codes, dynamic activations in MX groups of 32): each layer runs the stored codes
+    and scales (check_weights, in test_llm_compressor_checkpoint) with its activations cast per 32
+    by the MX spec's shared exponent, floor(log2(amax)) - 8 (docs/NUMERICS.md). A layer's output
+    against float64 (the stored codes times 2^(code - 127), the activation cast emulated): float32
+    sums, 152 dB here; the floor is 80 dB. The nearest wrong answers score 38 dB (the exponent
+    rounded up where a group's largest significand exceeds 1.75, as TransformerEngine and
+    compressed-tensors' own forward round it) and 28 dB (float32 scales per 1 x 32 group)."""
+    _, path = _checkpoint(work, "llama", "MXFP8")
+    model = fp8kit.torch.from_pretrained(path)
+    layer = model.model.layers[0].mlp.down_proj
+    assert isinstance(layer, fp8kit.torch.Float8InferenceLinear)
+    assert (layer.input_scaling, layer.weight_scaling) == ("mx32", "mx32")
+    stored = _stored(path)
+    name = "model.layers.0.mlp.down_proj.weight"
+    assert stored[name + "_scale"].dtype == torch.uint8
+    w = _dequantize(stored[name], stored[name + "_scale"])
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(16, w.shape[1], generator=g) * torch.pow(2.0, torch.randint(-3, 4, (16, 1), generator=g).float())
+    with torch.no_grad():
+        got = layer(x).to(torch.float64)
+    assert sqnr(_fake_quant(x.to(torch.float64), ("mx", 32)) @ w.T, got) >= 80
+
+
 @pytest.mark.parametrize("model_name,scheme", CASES)
 def test_loaded_checkpoint_saved_and_loaded_again(work, model_name, scheme, tmp_path):
     """from_pretrained, then transformers' save_pretrained, then from_pretrained: the loader records
@@ -412,24 +453,31 @@ def test_loaded_checkpoint_saved_and_loaded_again(work, model_name, scheme, tmp_
 @pytest.mark.parametrize("edit,message", [
     (lambda q: q.update(fmt="e5m2"), r"tensor 'model\.\S+\.weight' is F8_E4M3, but quantization_config fmt says 'e5m2'"),
     (lambda q: q.update(fmt="bogus"), r"quantization_config fmt 'bogus', expected e4m3 or e5m2"),
-    (lambda q: q["activations"].update({"model.layers.9.mlp.up_proj": "row"}),
+    (lambda q: q.setdefault("activations", {}).update({"model.layers.9.mlp.up_proj": "row"}),
      r"quantization_config activations names 'model\.layers\.9\.mlp\.up_proj', for which the checkpoint stores"),
-    (lambda q: q["activations"].update(lm_head="row"), r"activations names 'lm_head', for which"),
+    (lambda q: q.setdefault("activations", {}).update(lm_head="row"), r"activations names 'lm_head', for which"),
+    (lambda q: q.update(activations=["model.layers.0.self_attn.q_proj"]), "quantization_config activations is not an object"),
+    (lambda q: q.setdefault("activations", {}).update({"model.layers.0.self_attn.q_proj": "token"}),
+     r"activations\['model.layers.0.self_attn.q_proj'\] is 'token'"),
     (lambda q: q["schemes"].update({"model.norm": "channel", "model.layers.5.mlp.up_proj": "channel"}),
      r"schemes names 'model\.layers\.5\.mlp\.up_proj' and 1 more, for which"),
     ("lm_head.input_scale", r"tensor 'lm_head\.input_scale': the model has no parameter or buffer of this name"),
 ])
 def test_what_fp8kits_layout_says_holds_for_the_files(work, tmp_path, edit, message):
-    """A checkpoint in fp8kit's own layout (quantize_ with mxfp8, which compressed-tensors' cannot
-    say, and save_pretrained), its config or tensors edited to contradict each other: a format the
-    codes are not in, a layout entry for a module that stores no FP8 weight (missing; kept in high
-    precision), a tensor the model has no place for (a static input scale beside the kept lm_head,
-    which no layer would read) - each refused, naming it, where they loaded silently before."""
+    """A checkpoint in fp8kit's own layout (`fp8kit quantize --scheme mx32 --layout fp8kit`), its
+    config or tensors edited to contradict each other: a format the codes are not in, a layout
+    entry for a module that stores no FP8 weight (missing; kept in high precision), a tensor the
+    model has no place for (a static input scale beside the kept lm_head, which no layer would
+    read), an activation record that is no object or names no scaling - each refused, naming it,
+    where they loaded silently before."""
     _, bases, _ = work
-    model = transformers.AutoModelForCausalLM.from_pretrained(bases["llama"], dtype=torch.bfloat16)
-    fp8kit.torch.quantize_(model, "mxfp8", filter_fn=lambda m, fqn: fqn != "lm_head")
+    cli = _fp8kit_cli()
+    if cli is None:
+        pytest.skip("the fp8kit command is not built (FP8KIT_CLI or build/PRESET/fp8kit)")
     saved = tmp_path / "saved"
-    model.save_pretrained(saved)
+    subprocess.run([cli, "quantize", bases["llama"], str(saved), "--scheme", "mx32", "--layout", "fp8kit", "-q"],
+                   check=True)
+    assert fp8kit.torch.from_pretrained(str(saved)) is not None  # unedited, it loads
     if isinstance(edit, str):
         bad = _with_tensors(saved, tmp_path / "bad", lambda t: t.update({edit: torch.ones(1)}))
     else:
@@ -603,6 +651,12 @@ def test_fp8kit_layout_names_3d_experts_and_groups(tmp_path):
     (lambda c: next(iter(c["quantization_config"]["config_groups"].values()))["input_activations"].update(
         strategy="group", group_size="abc"), r"input_activations strategy 'group'.*positive integer group_size"),
     (lambda c: c.update(quantization_config=["fp8"]), r"quantization_config is not a JSON object"),
+    (lambda c: c["quantization_config"].update(format="pack-quantized"),
+     r"quantization_config format \"pack-quantized\" is not a format of FP8 codes"),
+    (lambda c: next(iter(c["quantization_config"]["config_groups"].values())).update(format="nvfp4-pack-quantized"),
+     r"config_groups\['group_0'\] format \"nvfp4-pack-quantized\" is not a format of FP8 codes"),
+    (lambda c: next(iter(c["quantization_config"]["config_groups"].values())).update(format="mxfp8-quantized"),
+     r"config_groups\['group_0'\]\.weights are .*: MXFP8 \(mxfp8-quantized\) scales groups of 32"),
     (lambda c: c["quantization_config"].update(quant_method="gptq"),
      r"quant_method 'gptq' is not an FP8 layout fp8kit reads"),
     (lambda c: json.dumps(c)[:-1] + ', "deep": ' + "[" * 100000 + "]" * 100000 + "}", r"config\.json: nested too deep"),
@@ -748,11 +802,11 @@ def test_fp8kit_written_checkpoint(work, scheme, layout, tmp_path):
 def test_quantize_then_save_pretrained_runs_as_stored(work, recipe, tmp_path):
     """A transformers model quantize_d in memory, saved by transformers' save_pretrained (which
     writes the quantization_config quantize_ recorded), run by from_pretrained: every tensor as the
-    quantize_d model holds it, bit for bit, and the same logits. Every recipe but mxfp8 is recorded
-    in compressed-tensors' layout, which transformers reads too: its layers hold the same codes,
-    bit for bit, and each scale within bf16's rounding of it (2^-8 relative: transformers keeps
-    them in the model's dtype), where a scale on the wrong rows or blocks is off by up to 16x
-    (_scale_rows). mxfp8 has fp8kit's own layout, whose malformed activation records are refused.
+    quantize_d model holds it, bit for bit, and the same logits. Every recipe is recorded in
+    compressed-tensors' layout (mxfp8 as its mxfp8-quantized: e8m0 scales as uint8 codes), which
+    transformers reads too: its layers hold the same codes, bit for bit, and each scale within
+    bf16's rounding of it (2^-8 relative: transformers keeps them in the model's dtype; e8m0 codes
+    exactly), where a scale on the wrong rows or blocks is off by up to 16x (_scale_rows).
     weight_only has rowwise's codes and scales, so only the recorded activations (none) tell them
     apart: loaded as rowwise (planted: per-token activations recorded) the logits differ.
     mixed: the MLPs quantize_d rowwise, then the attention weight_only by a second call, whose
@@ -788,21 +842,15 @@ def test_quantize_then_save_pretrained_runs_as_stored(work, recipe, tmp_path):
             for g in qc["config_groups"].values():
                 g["input_activations"] = {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}
         assert not torch.equal(fp8kit_logits(load_edited(per_token)), fp8kit_logits(model))
-    if recipe == "mxfp8":
-        assert config["quantization_config"]["quant_method"] == "fp8kit"
-        with pytest.raises(fp8kit.Error, match="quantization_config activations is not an object"):
-            load_edited(lambda qc: qc.update(activations=["model.layers.0.self_attn.q_proj"]))
-        with pytest.raises(fp8kit.Error, match=r"activations\['model.layers.0.self_attn.q_proj'\] is 'token'"):
-            load_edited(lambda qc: qc["activations"].update({"model.layers.0.self_attn.q_proj": "token"}))
-    else:
-        assert config["quantization_config"]["quant_method"] == "compressed-tensors"
-        theirs = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path)).state_dict()
-        for name, m in model.named_modules():
-            if isinstance(m, fp8kit.torch.Float8InferenceLinear):
-                assert torch.equal(_bits(theirs[name + ".weight"]), _bits(m.weight)), name
-                scale = theirs[name + ".weight_scale"].to(torch.float64).reshape(m.weight_scale_inv.shape)
-                mine = m.weight_scale_inv.to(torch.float64)
-                assert ((scale - mine).abs() <= 2 ** -8 * mine).all(), name
+    assert config["quantization_config"]["quant_method"] == "compressed-tensors"
+    assert config["quantization_config"]["format"] == ("mxfp8-quantized" if recipe == "mxfp8" else "float-quantized")
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path)).state_dict()
+    for name, m in model.named_modules():
+        if isinstance(m, fp8kit.torch.Float8InferenceLinear):
+            assert torch.equal(_bits(theirs[name + ".weight"]), _bits(m.weight)), name
+            scale = _scale_values(theirs[name + ".weight_scale"]).reshape(m.weight_scale_inv.shape)
+            mine = m.weight_scale_inv.to(torch.float64)
+            assert ((scale - mine).abs() <= 2 ** -8 * mine).all(), name
     loaded = fp8kit.torch.from_pretrained(str(tmp_path))
     held, got = model.state_dict(), loaded.state_dict()
     assert held.keys() == got.keys()

@@ -127,6 +127,8 @@ def _activation_of_args(args, weight_scaling, where):
         scaling = "row"
     elif strategy == "tensor":
         scaling = "tensor"
+    elif strategy == "group" and args.get("group_size") == 32 and args.get("scale_dtype") == "torch.uint8":
+        scaling = "mx32"  # MXFP8 (compressed-tensors' should_generate_mx_scales): e8m0 scales per 32
     elif strategy == "group" and type(args.get("group_size")) is int and args["group_size"] > 0:
         scaling = f"block(1x{args['group_size']})"
     else:

@@ -208,15 +208,22 @@ def _codes_before_load(module, state_dict, prefix, local_metadata, strict, missi
     module._restore_codes()  # load_state_dict copies into the codes tensor (and keeps it where a key is missing)
     scale = state_dict.pop(prefix + "weight_scale", None)  # compressed-tensors' name (_stored_names)
     if scale is not None:
+        if module.weight_scaling == "mx32" and scale.dtype == torch.uint8:  # its MXFP8: the e8m0 codes
+            scale = scale.view(torch.float8_e8m0fnu)
         state_dict[prefix + "weight_scale_inv"] = scale.reshape(module._buffers["weight_scale_inv"].shape)
 
 
 def _stored_names(module, state_dict, prefix, local_metadata):
     """state_dict of a layer recorded in compressed-tensors' layout: the scale named as that layout
-    names it, weight_scale (a tensor scale as its [1]); the same tensor."""
+    names it, weight_scale (a tensor scale as its [1], e8m0 scales as their uint8 codes, as its
+    MXFP8 stores them); the same memory."""
     if module._stored_as == "compressed-tensors":
         scale = state_dict.pop(prefix + "weight_scale_inv")
-        state_dict[prefix + "weight_scale"] = scale.reshape(1) if module.weight_scaling == "tensor" else scale
+        if module.weight_scaling == "tensor":
+            scale = scale.reshape(1)
+        elif module.weight_scaling == "mx32":
+            scale = scale.view(torch.uint8)
+        state_dict[prefix + "weight_scale"] = scale
 
 
 def _release_after_load(module, incompatible_keys):
@@ -345,13 +352,19 @@ def _scheme_of(weight_scaling):
 
 
 def _compressed_tensors_args(m):
-    """(weights, input_activations) of compressed-tensors' float-quantized config for the FP8 layer
-    m - input None where its activation is not quantized - or None where that layout cannot say it
-    (e5m2 codes, mx32)."""
-    if m._buffers["weight"].dtype != torch.float8_e4m3fn or "mx32" in (m.weight_scaling, m.input_scaling):
+    """(weights, input_activations) of compressed-tensors' config for the FP8 layer m - input None
+    where its activation is not quantized - or None where that layout cannot say it (e5m2 codes, an
+    mx32 activation over another weight scaling). mx32 is its MXFP8: groups of 32 whose uint8
+    scale_dtype makes them e8m0 (should_generate_mx_scales), format mxfp8-quantized."""
+    if m._buffers["weight"].dtype != torch.float8_e4m3fn:
+        return None
+    base = {"num_bits": 8, "type": "float", "symmetric": True, "group_size": None, "block_structure": None}
+    if m.weight_scaling == "mx32" and m.input_scaling in ("mx32", "none"):
+        mx = dict(base, strategy="group", group_size=32, scale_dtype="torch.uint8")
+        return dict(mx, dynamic=False), (None if m.input_scaling == "none" else dict(mx, dynamic=True))
+    if "mx32" in (m.weight_scaling, m.input_scaling):
         return None
     scheme, field, size = _scheme_of(m.weight_scaling)
-    base = {"num_bits": 8, "type": "float", "symmetric": True, "group_size": None, "block_structure": None}
     weights = dict(base, strategy="block" if scheme == "block128" else scheme, dynamic=False)
     if field == "group_size":
         weights["group_size"] = size
@@ -370,7 +383,7 @@ def _compressed_tensors_args(m):
 def _record_in_config(model, extra=()):
     """On a transformers model (its `config`), every FP8 layer it holds as a checkpoint layout
     says it, so that save_pretrained writes a checkpoint from_pretrained runs as the model runs
-    now: compressed-tensors' float-quantized layout where it can say every layer (as
+    now: compressed-tensors' layout (float-quantized; mxfp8-quantized for mx32) where it can say every layer (as
     llm-compressor writes it - transformers runs it too - with the layers' state_dict
     naming each scale weight_scale), else fp8kit's own (quant_method fp8kit: each layer's weight
     scheme and the scaling its activation is cast with, "none": not quantized). A static
@@ -392,11 +405,13 @@ def _record_in_config(model, extra=()):
         groups = {}
         for (name, _), a in zip(layers, args):
             groups.setdefault(json.dumps(a, sort_keys=True), (a, []))[1].append(name)
+        formats = ["mxfp8-quantized" if "scale_dtype" in a[0] else "float-quantized" for a, _ in groups.values()]
         config.quantization_config = {
-            "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+            "quant_method": "compressed-tensors", "quantization_status": "compressed",
+            "format": formats[0] if len(set(formats)) == 1 else "mixed-precision",
             "config_groups": {f"group_{i}": {"targets": names, "weights": a[0], "input_activations": a[1],
-                                             "output_activations": None, "format": "float-quantized"}
-                              for i, (a, names) in enumerate(groups.values())},
+                                             "output_activations": None, "format": f}
+                              for i, ((a, names), f) in enumerate(zip(groups.values(), formats))},
             "ignore": kept, "kv_cache_scheme": None, "sparsity_config": {}}
         return
     qc = {"quant_method": "fp8kit", "schemes": {}, "activations": {}}
