@@ -773,20 +773,24 @@ NB_MODULE(_fp8kit, m) {
     m.def("checkpoint_weights", [](const std::string& path) {
               const Checkpoint c(path);
               std::vector<StoredEntry> out;
+              std::vector<std::string> layout;
               for (const std::string& name : c.names()) {
-                  const std::optional<StoredWeight> w = stored_weight(ShardLookup(c, name), name);
+                  const ShardLookup t(c, name);
+                  if (is_scale_name(t, name)) layout.push_back(name);
+                  const std::optional<StoredWeight> w = stored_weight(t, name);
                   if (!w) continue;
                   out.emplace_back(name, std::vector<int64_t>(w->shape.begin(), w->shape.end()),
                                    std::string(to_string(w->scheme)), w->scale, to_string(w->q.scaling), w->input_scale,
                                    c.is_directory() ? c.shard_files()[c.shard_of(name)] : path);
               }
-              return std::make_pair(c.quantization_config(), out);
+              return std::make_tuple(c.quantization_config(), out, layout);
           },
           "path"_a,
           "The FP8 weights of a checkpoint (a safetensors file or a shard directory) as fp8kit's commands read them: "
           "(quantization_config JSON or None, [(weight name, its shape, scheme, scale tensor's name, the scaling of "
-          "its matrix view [rows, cols], input_scale name or '', the file holding it)]); fp8kit.Error naming the "
-          "file and tensor for a scale no layout explains.");
+          "its matrix view [rows, cols], input_scale name or '', the file holding it)], [the names of the tensors "
+          "that belong to those weights' layout, not to a model: scales, ComfyUI's scale_input and scaled_fp8 "
+          "marker (fp8kit::is_scale_name)]); fp8kit.Error naming the file and tensor for a scale no layout explains.");
     m.def("first_nonfinite_code", [](const Array& codes, const std::string& format) -> std::optional<int64_t> {
               const Tensor c = view(codes, "codes", nullptr, dtype_of(parse_format(format)));
               if (c.device() != Device::cpu) throw Error("fp8kit.first_nonfinite_code: codes is not a host array");

@@ -51,6 +51,8 @@ void run_inspect(const std::string& path, bool json) {
                                      {"scaling", to_string(w->q.scaling)}, {"scale", w->scale},
                                      {"input_scale", w->input_scale.empty() ? Json(nullptr) : Json(w->input_scale)}};
                 schemes.insert(std::string(to_string(w->scheme)));
+            } else if (is_comfy_marker(*c, name)) {
+                t["quantization"] = "marker (ComfyUI scaled fp8)";
             } else if (is_scale_name(*c, name)) {
                 t["quantization"] = "scale";
             } else if (is_fp8(e.dtype) && e.dtype != DType::e8m0fnu) {

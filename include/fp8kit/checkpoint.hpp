@@ -168,7 +168,8 @@ std::optional<std::vector<int64_t>> weight_block_size(const TensorLookup& t);
 // fbgemm_fp8 rows), [out, in/g] (compressed-tensors group), the block grid
 // [ceil(out/b0), ceil(in/b1)] (compressed-tensors block, b from block_structure); `W_scale_inv`
 // f32 over blocks of weight_block_size, 128x128 by default (transformers FineGrainedFP8 /
-// DeepSeek-V3); e8m0 [out, ceil(in/32)] (OCP MX). A 3-D [experts, out, in] tensor (MoE experts)
+// DeepSeek-V3); e8m0 [out, ceil(in/32)] (OCP MX); `<module>.scale_weight` [] or [1] (ComfyUI's
+// scaled fp8, per tensor). A 3-D [experts, out, in] tensor (MoE experts)
 // is the matrix [experts * out, in], with scales per expert, per expert and channel or per
 // expert and block. Its data and scales as a QTensor over that matrix (scales as f32, exactly,
 // or e8m0), its shape, the scheme, the scale tensor's name and the static activation scale
@@ -189,8 +190,16 @@ std::optional<StoredWeight> stored_weight(const TensorLookup& t, const std::stri
 // such code makes every output it reaches NaN (stored_weight reads only the scales: fp8kit
 // inspect reads no weight). fp8kit::Error for codes of another dtype.
 std::optional<int64_t> first_nonfinite_code(const Tensor& codes);
-// W_scale / W_scale_inv of an FP8 W, or the input_scale of its module.
+// A tensor that belongs to an FP8 weight's layout, not to the model: W_scale / W_scale_inv of an
+// FP8 W, the input_scale of its module, ComfyUI's scale_weight / scale_input beside it, or
+// ComfyUI's scaled_fp8 marker (is_comfy_marker). What dequantize drops.
 bool is_scale_name(const TensorLookup& t, const std::string& name);
+// ComfyUI's "scaled fp8" marker: a tensor named scaled_fp8 (under any prefix) of an FP8 dtype and
+// at most 2 elements, whose dtype says the weights' format (its model detection pops it).
+bool is_comfy_marker(const TensorLookup& t, const std::string& name);
+// "<module>.scale_weight" for "<module>.weight" (ComfyUI's scaled fp8: the weight's dequantization
+// multiplier, one value), else "".
+std::string comfy_scale_name(const std::string& weight);
 // "<module>.input_scale" for "<module>.weight", else "".
 std::string input_scale_name(const std::string& weight);
 

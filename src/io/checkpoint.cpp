@@ -292,12 +292,13 @@ std::optional<StoredWeight> stored_weight(const TensorLookup& t, const std::stri
     const ConfigScales cfg = config_scales(t);
     StoredWeight w{Scheme::tensor, "", QTensor{}, {}, ""};
     const bool inv = t.contains(name + "_scale_inv");
-    if (!inv && !t.contains(name + "_scale")) {
+    const std::string comfy = comfy_scale_name(name);
+    if (!inv && !t.contains(name + "_scale") && !t.contains(comfy)) {
         if (!cfg.present) return std::nullopt;  // FP8 codes without a scale, in a file that claims no quantization
         throw Error(where + " has no scale tensor (" + quote_printable(name + "_scale") + " or " + quote_printable(name + "_scale_inv") +
                     "), and the quantization_config says the checkpoint is quantized: every FP8 weight needs its scale");
     }
-    w.scale = name + (inv ? "_scale_inv" : "_scale");
+    w.scale = inv ? name + "_scale_inv" : t.contains(name + "_scale") ? name + "_scale" : comfy;
     Tensor raw = t.tensor(w.scale);
     if (raw.dtype() == DType::u8 && cfg.mx_u8) {  // compressed-tensors' MXFP8: the e8m0 codes as uint8
         const auto keep = std::make_shared<const Tensor>(raw.contiguous());
@@ -435,20 +436,32 @@ std::optional<int64_t> first_nonfinite_code(const Tensor& codes) {
     return std::nullopt;
 }
 
+std::string comfy_scale_name(const std::string& weight) {
+    const std::string_view suffix = ".weight";
+    if (weight.size() <= suffix.size() || std::string_view(weight).substr(weight.size() - suffix.size()) != suffix) return {};
+    return weight.substr(0, weight.size() - suffix.size()) + ".scale_weight";
+}
+
 bool is_scale_name(const TensorLookup& t, const std::string& name) {
+    const auto ends = [&name](std::string_view suffix) {
+        return name.size() > suffix.size() && std::string_view(name).substr(name.size() - suffix.size()) == suffix;
+    };
+    const auto beside_fp8 = [&t](const std::string& w) { return t.contains(w) && stored_weight(t, w).has_value(); };
     for (const std::string_view suffix : {"_scale_inv", "_scale"}) {
-        if (name.size() > suffix.size() && std::string_view(name).substr(name.size() - suffix.size()) == suffix) {
-            const std::string w = name.substr(0, name.size() - suffix.size());
-            if (t.contains(w) && stored_weight(t, w)) return true;
-        }
+        if (ends(suffix) && beside_fp8(name.substr(0, name.size() - suffix.size()))) return true;
     }
-    // A static activation scale (compressed-tensors' input_scale) beside an FP8 weight.
-    const std::string_view in = ".input_scale";
-    if (name.size() > in.size() && std::string_view(name).substr(name.size() - in.size()) == in) {
-        const std::string w = name.substr(0, name.size() - in.size()) + ".weight";
-        if (t.contains(w) && stored_weight(t, w)) return true;
+    // A static activation scale (compressed-tensors' input_scale, ComfyUI's scale_input) or
+    // ComfyUI's weight scale, beside an FP8 weight of its module.
+    for (const std::string_view suffix : {".input_scale", ".scale_input", ".scale_weight"}) {
+        if (ends(suffix) && beside_fp8(name.substr(0, name.size() - suffix.size()) + ".weight")) return true;
     }
-    return false;
+    return is_comfy_marker(t, name);
+}
+
+bool is_comfy_marker(const TensorLookup& t, const std::string& name) {
+    if (name != "scaled_fp8" && (name.size() <= 11 || name.substr(name.size() - 11) != ".scaled_fp8")) return false;
+    const Tensor m = t.tensor(name);
+    return is_fp8(m.dtype()) && m.numel() <= 2;
 }
 
 // ---- policy ----

@@ -780,6 +780,143 @@ def test_load_fp8_checkpoint_into_a_module(work):
     assert check_logits(fp8kit_logits(model.eval()), base, path) == []
 
 
+# ---- Diffusers: the single files of the hub, plain float8_e4m3fn and ComfyUI's scaled fp8 ----
+
+FLUX = dict(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2, attention_head_dim=64,
+            num_attention_heads=4, joint_attention_dim=128, pooled_projection_dim=64, guidance_embeds=True,
+            axes_dims_rope=(16, 24, 24))
+
+
+def _flux(dtype=torch.float32, meta=False):
+    diffusers = pytest.importorskip("diffusers", reason="diffusers is not installed (scripts/setup.sh)")
+    if meta:
+        with torch.device("meta"):
+            return diffusers.FluxTransformer2DModel(**FLUX).eval()
+    torch.manual_seed(0)
+    return diffusers.FluxTransformer2DModel(**FLUX).to(dtype).eval()
+
+
+def _flux_inputs(dtype, tokens=64, txt=16):
+    g = torch.Generator().manual_seed(1)
+    side = math.isqrt(tokens)
+    ids = torch.zeros(side, side, 3)
+    ids[..., 1], ids[..., 2] = torch.arange(side)[:, None], torch.arange(side)[None, :]
+    return dict(hidden_states=torch.randn(1, tokens, FLUX["in_channels"], generator=g).to(dtype),
+                encoder_hidden_states=torch.randn(1, txt, FLUX["joint_attention_dim"], generator=g).to(dtype),
+                pooled_projections=torch.randn(1, FLUX["pooled_projection_dim"], generator=g).to(dtype),
+                timestep=torch.tensor([0.5], dtype=dtype), guidance=torch.tensor([3.5], dtype=dtype),
+                img_ids=ids.reshape(-1, 3).to(dtype), txt_ids=torch.zeros(txt, 3, dtype=dtype), return_dict=False)
+
+
+def _flux_fp8_file(path, scaled):
+    """A Flux transformer's state_dict as the hub's FP8 single files store it (Diffusers' names): each
+    Linear weight of the blocks in float8_e4m3fn - scaled: per tensor, amax / 448, with ComfyUI's
+    `<module>.scale_weight` (a 0-d float32), a `scale_input` on one layer and the `scaled_fp8`
+    marker; else the weight cast as it is (its values are small enough). Returns the tensors."""
+    tensors = {}
+    for k, v in _flux().state_dict().items():
+        if v.dim() == 2 and k.endswith(".weight") and "blocks." in k:
+            scale = v.abs().amax() / E4M3_MAX if scaled else torch.tensor(1.0)
+            tensors[k] = (v / scale).to(torch.float8_e4m3fn)
+            if scaled:
+                tensors[k.removesuffix(".weight") + ".scale_weight"] = scale.reshape(()).float()
+        else:
+            tensors[k] = v
+    if scaled:
+        tensors["transformer_blocks.0.ff.net.2.scale_input"] = torch.tensor(0.01)
+        tensors["scaled_fp8"] = torch.zeros(2, dtype=torch.float8_e4m3fn)
+    save_file(tensors, str(path))
+    return tensors
+
+
+def _flux_emulated(tensors):
+    """The float64 Flux output of the file's weights (codes x scale_weight), activations not quantized."""
+    model = _flux(torch.float64)
+    sd = {}
+    for k, v in tensors.items():
+        if k == "scaled_fp8" or k.endswith((".scale_weight", ".scale_input")):
+            continue
+        scale = tensors.get(k.removesuffix(".weight") + ".scale_weight", torch.tensor(1.0))
+        sd[k] = v.to(torch.float64) * scale.to(torch.float64) if v.dtype == torch.float8_e4m3fn else v.to(torch.float64)
+    model.load_state_dict(sd)
+    with torch.no_grad():
+        return model(**_flux_inputs(torch.float64))[0]
+
+
+@pytest.mark.parametrize("scaled", [True, False])
+def test_diffusers_fp8_single_file_runs_as_stored(tmp_path, scaled):
+    """The FP8 files diffusion users download, in Diffusers' names: plain float8_e4m3fn (the codes are
+    the weights) and ComfyUI's scaled fp8 (`scale_weight` per tensor, the `scaled_fp8` marker,
+    `scale_input` for its optional FP8 matmuls). load_fp8_checkpoint runs each Linear from the
+    stored codes, weight-only - as Diffusers and ComfyUI compute these files (the weight upcast) -
+    the codes and scale as stored; the output in float32 against float64 with the weights
+    dequantized (codes x scale_weight): 129.6 dB, float32's sums; the floor is 100 dB. The nearest
+    wrong answers: activations cast per tensor (what a tensor scale with no config runs) score
+    52.7 dB, scale_weight ignored (Diffusers' from_single_file, which upcasts the codes) -2.5 dB."""
+    path = tmp_path / "flux-fp8.safetensors"
+    tensors = _flux_fp8_file(path, scaled)
+    model = fp8kit.torch.load_fp8_checkpoint(_flux(meta=True), path, torch_dtype=torch.float32)
+    layer = model.transformer_blocks[0].ff.net[2]
+    assert isinstance(layer, fp8kit.torch.Float8InferenceLinear)
+    assert (layer.input_scaling, layer.weight_scaling) == ("none", "tensor")
+    name = "transformer_blocks.0.ff.net.2.weight"
+    assert torch.equal(_bits(layer.weight), _bits(tensors[name]))
+    want = tensors[name.removesuffix(".weight") + ".scale_weight"] if scaled else torch.tensor(1.0)
+    assert layer.weight_scale_inv.reshape(()) == want
+    assert sum(isinstance(m, fp8kit.torch.Float8InferenceLinear) for m in model.modules()) == \
+        sum(v.dtype == torch.float8_e4m3fn and v.dim() == 2 for v in tensors.values())
+    with torch.no_grad():
+        got = model(**_flux_inputs(torch.float32))[0]
+    assert sqnr(_flux_emulated(tensors), got) >= 100
+
+
+def test_diffusers_fp8_single_file_dequantized_by_the_command(tmp_path):
+    """`fp8kit dequantize` of a ComfyUI scaled fp8 file: each weight decode(code) x scale_weight in
+    float32, bit for bit (torch's decode, the product in float64 rounded once: exact), and the
+    scales, scale_input and marker gone; `inspect` names the marker and the scheme."""
+    cli = _fp8kit_cli()
+    if cli is None:
+        pytest.skip("the fp8kit command is not built (FP8KIT_CLI or build/PRESET/fp8kit)")
+    path = tmp_path / "flux-fp8.safetensors"
+    tensors = _flux_fp8_file(path, scaled=True)
+    out = tmp_path / "flux-f32.safetensors"
+    subprocess.run([cli, "dequantize", str(path), str(out), "--dtype", "f32", "-q"], check=True)
+    with safe_open(str(out), "pt") as f:
+        got = {k: f.get_tensor(k) for k in f.keys()}
+    assert set(got) == {k for k in tensors if k != "scaled_fp8" and not k.endswith((".scale_weight", ".scale_input"))}
+    for k, v in tensors.items():
+        if v.dtype == torch.float8_e4m3fn and k in got:
+            want = (v.to(torch.float64) * tensors[k.removesuffix(".weight") + ".scale_weight"].to(torch.float64))
+            assert torch.equal(got[k], want.to(torch.float32)), k
+    j = json.loads(subprocess.run([cli, "inspect", str(path), "--json"], check=True, capture_output=True,
+                                  text=True).stdout)
+    kinds = {t["name"]: t["quantization"] for t in j["tensors"]}
+    assert kinds["scaled_fp8"] == "marker (ComfyUI scaled fp8)" and j["detected"] == ["tensor"]
+    assert kinds["transformer_blocks.0.ff.net.2.scale_input"] == "scale"
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda t: t["transformer_blocks.0.ff.net.2.weight"].view(torch.uint8).__setitem__((5, 7), 0x7f),
+     r"tensor 'transformer_blocks\.0\.ff\.net\.2\.weight' holds the code 0x7f \(not a number\) at \[5, 7\]"),
+    (lambda t: t.update({"transformer_blocks.0.ff.net.2.weight_scale_2": torch.tensor(3.0)}),
+     r"'transformer_blocks\.0\.ff\.net\.2\.weight' is FP8 without a scale fp8kit reads, and its module stores "
+     r"'transformer_blocks\.0\.ff\.net\.2\.weight_scale_2'"),
+    (lambda t: t.update({"transformer_blocks.0.norm1.linear.bias": torch.full((1536,), float("nan")).to(
+        torch.float8_e4m3fn)}), r"norm1\.linear\.bias' holds the code 0x7f"),
+])
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+def test_a_damaged_plain_fp8_file_is_refused(tmp_path, edit, message, dtype):
+    """A plain FP8 file (no scales) whose codes include a NaN, in a Linear weight or in another
+    tensor, or whose module stores a scale no layout fp8kit knows: an fp8kit.Error naming the
+    tensor - also with a torch_dtype, whose cast once hid the codes' dtype (the NaN loaded)."""
+    tensors = _flux_fp8_file(tmp_path / "plain.safetensors", scaled=False)
+    edit(tensors)
+    save_file(tensors, str(tmp_path / "bad.safetensors"))
+    model = _flux(meta=True)
+    with pytest.raises(fp8kit.Error, match=message):
+        fp8kit.torch.load_fp8_checkpoint(model, tmp_path / "bad.safetensors", torch_dtype=dtype)
+
+
 # ---- files fp8kit writes ----
 
 @pytest.mark.parametrize("scheme,layout", [("channel", "compressed-tensors"), ("block128", "hf-fp8")])

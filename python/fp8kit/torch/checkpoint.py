@@ -65,8 +65,9 @@ class _Checkpoint:
     def __init__(self, path):
         from safetensors import safe_open
         self.path = os.fspath(path)
-        qc, entries = fp8kit._fp8kit.checkpoint_weights(self.path)
+        qc, entries, layout = fp8kit._fp8kit.checkpoint_weights(self.path)
         self.qconfig = json.loads(qc) if qc else None
+        self.layout = set(layout)  # scales, ComfyUI's scale_input and scaled_fp8 marker: no model tensor
         self.directory = os.path.isdir(self.path)
         self.fp8 = {}  # weight name -> (shape, scheme, scale name, scaling, input_scale name or None, file)
         for name, shape, scheme, scale, scaling, input_scale, file in entries:
@@ -97,6 +98,26 @@ class _Checkpoint:
     def dtype(self, name):
         """The stored dtype of a tensor, as safetensors names it (e.g. BF16), without reading it."""
         return self._open[self.file_of[name]].get_slice(name).get_dtype()
+
+    def shape(self, name):
+        return tuple(self._open[self.file_of[name]].get_slice(name).get_shape())
+
+    def unscaled_fp8(self, name):
+        """Whether a tensor is FP8 codes that no scale goes with (not a weight the library reads with
+        its scale, nor part of one's layout): their values are the weights', as Diffusers and
+        ComfyUI read a plain float8_e4m3fn file."""
+        return self.dtype(name) in ("F8_E4M3", "F8_E5M2") and name not in self.fp8 and name not in self.layout
+
+    def check_no_scale_beside(self, name):
+        """An unscaled FP8 tensor whose module stores a tensor named like a scale that fp8kit does
+        not read: refused, for the codes would run as values where that scale says they are not."""
+        module, _, leaf = name.rpartition(".")
+        for other in self.file_of:
+            o_module, _, o_leaf = other.rpartition(".")
+            if o_module == module and o_leaf != leaf and "scale" in o_leaf and other not in self.layout:
+                raise fp8kit.Error(f"{self.where(name)} is FP8 without a scale fp8kit reads, and its module stores "
+                                   f"'{other}', a scale in no layout fp8kit knows (docs/CHECKPOINTS.md): the codes "
+                                   "would run as values")
 
     def where(self, name):
         return f"{self.file_of.get(name, self.path)}: tensor '{name}'"
@@ -514,14 +535,22 @@ def _load(model, ckpt, dtype=None, strict=True, ignore=()):
     used = set()
     staged = []  # (parent module, name, new module / Parameter / buffer), put in place once all is checked
 
-    def stored(name, cast=True):
+    def stored(name, cast=True, wide=torch.float32):
+        """A stored tensor, in torch_dtype where cast; FP8 codes checked. Unscaled FP8 (its codes the
+        values, ckpt.unscaled_fp8) cast is its values, exactly (every FP8 value is a bf16, f16 and
+        f32), in torch_dtype, else `wide`."""
         t = ckpt.tensor(name)
         used.add(name)
-        if name in ckpt.fp8:
+        unscaled = ckpt.unscaled_fp8(name)
+        if name in ckpt.fp8 or unscaled:
             _check_codes(t, ckpt.where(name))
+        if cast and unscaled:
+            return t.to(dtype or wide)
         return t.to(dtype) if cast and dtype is not None and t.is_floating_point() else t
 
     def scale_of(wname, codes, scheme, scale, scaling):
+        if scale is None:  # unscaled: the codes are the values
+            return torch.ones(1, 1)
         rows, cols = codes.shape
         return _fp8_scale(stored(scale, cast=False), scheme, rows, cols, scaling)
 
@@ -529,8 +558,17 @@ def _load(model, ckpt, dtype=None, strict=True, ignore=()):
     # the config's module names are the checkpoint's.
     rename = _renamer(model)
     ckpt.model_names = {rename(name): name for name in ckpt.file_of}
+    # The FP8 weights: those the library reads with their scales, and an nn.Linear's weight stored
+    # in FP8 without one (a plain float8_e4m3fn file; the library refuses those under a
+    # quantization_config), which runs weight-only from its codes with scale 1.
+    weights = dict(ckpt.fp8)
+    for name in ckpt.file_of:
+        if name.endswith(".weight") and ckpt.unscaled_fp8(name) and len(ckpt.shape(name)) == 2 and \
+                isinstance(_module(model, rename(name).removesuffix(".weight")), nn.Linear):
+            ckpt.check_no_scale_beside(name)
+            weights[name] = (ckpt.shape(name), "tensor", None, "tensor", None, ckpt.file_of[name])
     experts = {}  # fused experts module name -> {proj or (expert, proj): weight name}
-    for wname, (shape, scheme, scale, scaling, input_scale, file) in ckpt.fp8.items():
+    for wname, (shape, scheme, scale, scaling, input_scale, file) in weights.items():
         where = ckpt.where(wname)
         stored_mname = wname.removesuffix(".weight")
         as_named = rename(wname)
@@ -555,7 +593,13 @@ def _load(model, ckpt, dtype=None, strict=True, ignore=()):
                                f"{list(module.weight.shape)}")
         codes = stored(wname, cast=False)
         scale_inv = scale_of(wname, codes, scheme, scale, scaling)
-        input_scaling, static = cfg.activation(stored_mname, module, scheme, scaling, where)
+        if scale is None or (cfg.method is None and scale.endswith(".scale_weight")):
+            # Unscaled, or ComfyUI's scaled fp8: weight-only, as ComfyUI and Diffusers compute these
+            # files (the weight upcast; ComfyUI's FP8 matmuls with scale_input are a GPU option).
+            input_scaling, static = "none", False
+            used.add(stored_mname + ".scale_input")
+        else:
+            input_scaling, static = cfg.activation(stored_mname, module, scheme, scaling, where)
         _check_k_groups(input_scaling, scaling, shape[1], where)
         bias_name = stored_mname + ".bias"
         bias = stored(bias_name) if module.bias is not None and bias_name in ckpt.file_of else None
@@ -575,7 +619,7 @@ def _load(model, ckpt, dtype=None, strict=True, ignore=()):
     params = dict(model.named_parameters(remove_duplicate=False))
     buffers = dict(model.named_buffers(remove_duplicate=False))
     for name in ckpt.file_of:
-        if name in used:
+        if name in used or (name in ckpt.layout and name not in scale_names):  # a marker, an unused scale_input
             continue
         if name in scale_names:
             raise fp8kit.Error(f"{ckpt.where(name)}: a scale of an FP8 weight the model does not load")
@@ -592,14 +636,14 @@ def _load(model, ckpt, dtype=None, strict=True, ignore=()):
                 raise fp8kit.Error(f"{ckpt.where(name)}: the model has no parameter or buffer of this name"
                                    + (f" ({as_named}, as transformers renames it)" if as_named != name else ""))
             continue
-        t = stored(name)
         current = target if target is not None else buffers[as_named]
+        if ckpt.unscaled_fp8(name):  # FP8 without a scale outside an nn.Linear: its values, in the model's dtype
+            ckpt.check_no_scale_beside(name)
+        t = stored(name, wide=current.dtype if current.dtype.is_floating_point and current.dtype.itemsize > 1
+                   else torch.float32)
         if tuple(current.shape) != tuple(t.shape):
             raise fp8kit.Error(f"{ckpt.where(name)} has shape {list(t.shape)}, but the model's is "
                                f"{list(current.shape)}")
-        if t.dtype.itemsize == 1 and t.is_floating_point():
-            raise fp8kit.Error(f"{ckpt.where(name)} is {t.dtype} without a scale fp8kit's layouts explain; "
-                               "dequantize it first (fp8kit dequantize)")
         staged.append((*_parent(model, as_named), t if is_buffer else nn.Parameter(t, requires_grad=False)))
 
     # Applied only now, every tensor checked: a checkpoint refused part way leaves the model as it was.
