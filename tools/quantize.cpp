@@ -89,10 +89,30 @@ Tensor in_weight_dtype(const Tensor& scale_f32, DType weight) {
     return out;
 }
 
+// A kept module as transformers' modules_to_not_convert names it (should_convert_module: a pattern
+// keeps every module it matches as a regular expression from the start, or that ends with it):
+// the name itself, unless that would also keep a quantized module (Diffusers' Flux keeps its final
+// proj_out, whose 16 rows are no whole block, and quantizes single_transformer_blocks.N.proj_out),
+// then the name escaped and anchored, "proj_out$", which matches it alone.
+std::string transformers_pattern(const std::string& module, const std::map<std::string, Scheme>& plan) {
+    bool ambiguous = false;
+    for (const auto& [weight, scheme] : plan) {
+        const std::string q = module_name(weight);
+        ambiguous = ambiguous || q.starts_with(module) || q.ends_with(module);
+    }
+    if (!ambiguous) return module;
+    std::string out;
+    for (const char c : module) {
+        if (std::string_view("\\^$.|?*+()[]{}").find(c) != std::string_view::npos) out += '\\';
+        out += c;
+    }
+    return out + "$";
+}
+
 std::string quantization_config(Layout layout, Format format, const std::map<std::string, Scheme>& plan,
                                  const std::vector<std::string>& kept) {
     Json ignore = Json::array();
-    for (const std::string& k : kept) ignore.push_back(module_name(k));
+    for (const std::string& k : kept) ignore.push_back(layout == Layout::hf_fp8 ? transformers_pattern(module_name(k), plan) : module_name(k));
     if (layout == Layout::hf_fp8) {
         return Json{{"quant_method", "fp8"}, {"activation_scheme", "dynamic"}, {"weight_block_size", {128, 128}},
                     {"modules_to_not_convert", ignore}}.dump();
