@@ -895,6 +895,112 @@ def test_diffusers_fp8_single_file_dequantized_by_the_command(tmp_path):
     assert kinds["transformer_blocks.0.ff.net.2.scale_input"] == "scale"
 
 
+SD3 = dict(sample_size=32, patch_size=2, in_channels=16, num_layers=2, attention_head_dim=64, num_attention_heads=4,
+           joint_attention_dim=128, caption_projection_dim=256, pooled_projection_dim=64, out_channels=16,
+           pos_embed_max_size=64)
+
+
+def _sd3(dtype=torch.float32, meta=False):
+    diffusers = pytest.importorskip("diffusers", reason="diffusers is not installed (scripts/setup.sh)")
+    if meta:
+        with torch.device("meta"):
+            return diffusers.SD3Transformer2DModel(**SD3).eval()
+    torch.manual_seed(0)
+    return diffusers.SD3Transformer2DModel(**SD3).to(dtype).eval()
+
+
+def _sd3_inputs(dtype):
+    g = torch.Generator().manual_seed(1)
+    return dict(hidden_states=torch.randn(1, 16, 16, 16, generator=g).to(dtype),
+                encoder_hidden_states=torch.randn(1, 16, SD3["joint_attention_dim"], generator=g).to(dtype),
+                pooled_projections=torch.randn(1, SD3["pooled_projection_dim"], generator=g).to(dtype),
+                timestep=torch.tensor([500.0], dtype=dtype), return_dict=False)
+
+
+def _stability_names(sd, last):
+    """A Diffusers SD3 transformer's state_dict under Stability's original names (as its single files
+    store it): q, k and v rows joined into qkv, the last block's context modulation and the final
+    one's with their two halves swapped - the inverse of Diffusers' conversion, written here."""
+    swap = lambda t: torch.cat(t.chunk(2)[::-1])  # noqa: E731
+    out = {"pos_embed": sd["pos_embed.pos_embed"]}
+    plain = {"x_embedder.proj": "pos_embed.proj", "t_embedder.mlp.0": "time_text_embed.timestep_embedder.linear_1",
+             "t_embedder.mlp.2": "time_text_embed.timestep_embedder.linear_2", "context_embedder": "context_embedder",
+             "y_embedder.mlp.0": "time_text_embed.text_embedder.linear_1",
+             "y_embedder.mlp.2": "time_text_embed.text_embedder.linear_2", "final_layer.linear": "proj_out"}
+    for i in range(last + 1):
+        b, t = f"joint_blocks.{i}.", f"transformer_blocks.{i}."
+        plain.update({b + "x_block.attn.proj": t + "attn.to_out.0", b + "x_block.adaLN_modulation.1": t + "norm1.linear",
+                      b + "x_block.mlp.fc1": t + "ff.net.0.proj", b + "x_block.mlp.fc2": t + "ff.net.2"})
+        if i < last:
+            plain.update({b + "context_block.attn.proj": t + "attn.to_add_out",
+                          b + "context_block.adaLN_modulation.1": t + "norm1_context.linear",
+                          b + "context_block.mlp.fc1": t + "ff_context.net.0.proj",
+                          b + "context_block.mlp.fc2": t + "ff_context.net.2"})
+        for leaf in ("weight", "bias"):
+            out[f"{b}x_block.attn.qkv.{leaf}"] = torch.cat([sd[f"{t}attn.to_{x}.{leaf}"] for x in "qkv"])
+            out[f"{b}context_block.attn.qkv.{leaf}"] = torch.cat([sd[f"{t}attn.add_{x}_proj.{leaf}"] for x in "qkv"])
+            if i == last:
+                out[f"{b}context_block.adaLN_modulation.1.{leaf}"] = swap(sd[f"{t}norm1_context.linear.{leaf}"])
+    for leaf in ("weight", "bias"):
+        out[f"final_layer.adaLN_modulation.1.{leaf}"] = swap(sd[f"norm_out.linear.{leaf}"])
+        out.update({f"{k}.{leaf}": sd[f"{v}.{leaf}"] for k, v in plain.items()})
+    assert len(out) == len(sd) - 2 * 3 * 2 * (last + 1) + 2 * 2 * (last + 1)  # q, k, v (x and context) joined
+    return out
+
+
+def test_sd3_fp8_single_file_under_stabilitys_names(tmp_path):
+    """A ComfyUI scaled fp8 SD3 file under Stability's names (joint_blocks.N..., q, k and v in one qkv
+    weight with one scale_weight): load_fp8_checkpoint gives it the model's names by Diffusers' own
+    conversion (from_single_file's checkpoint_mapping_fn for the class), applied to the stored
+    codes, the scales carried along: to_q / to_k / to_v hold the qkv codes' row thirds bit for bit
+    under its scale, and the output against float64 of the dequantized weights (weight-only, as
+    for Diffusers' names) is float32's: 131.1 dB, the floor 100 dB; the first block's q and k
+    swapped score 54.9 dB, scale_weight ignored -3.5 dB."""
+    model = _sd3()
+    sd = model.state_dict()
+    stored = _stability_names(sd, SD3["num_layers"] - 1)
+    for k, v in list(stored.items()):
+        if k.startswith("joint_blocks.") and k.endswith(".weight") and v.dim() == 2:
+            scale = v.abs().amax() / E4M3_MAX
+            stored[k] = (v / scale).to(torch.float8_e4m3fn)
+            stored[k.removesuffix(".weight") + ".scale_weight"] = scale.reshape(()).float()
+    stored["scaled_fp8"] = torch.zeros(2, dtype=torch.float8_e4m3fn)
+    save_file(stored, str(tmp_path / "sd3-fp8.safetensors"))
+
+    loaded = fp8kit.torch.load_fp8_checkpoint(_sd3(meta=True), tmp_path / "sd3-fp8.safetensors",
+                                              torch_dtype=torch.float32)
+    q = loaded.transformer_blocks[0].attn.to_q
+    assert isinstance(q, fp8kit.torch.Float8InferenceLinear) and q.input_scaling == "none"
+    qkv = stored["joint_blocks.0.x_block.attn.qkv.weight"]
+    assert torch.equal(_bits(q.weight), _bits(qkv[:qkv.shape[0] // 3]))
+    assert q.weight_scale_inv.reshape(()) == stored["joint_blocks.0.x_block.attn.qkv.scale_weight"]
+    # The reference: each weight's rows read back from the dequantized file (codes x scale_weight,
+    # float64) through the inverse above, applied to row numbers: where each row of the model's
+    # tensors went in the file.
+    offsets, rows = 0, {}
+    for n, v in sd.items():
+        rows[n] = torch.arange(offsets, offsets + v.shape[0], dtype=torch.float64)
+        offsets += v.shape[0]
+    where = {}  # row number -> (file tensor, its row)
+    for k, tags in _stability_names(rows, SD3["num_layers"] - 1).items():
+        for r, tag in enumerate(tags.tolist()):
+            where[int(tag)] = (k, r)
+    for n in sd:
+        parts = []
+        for tag in rows[n].tolist():
+            k, r = where[int(tag)]
+            v = stored[k][r].to(torch.float64)
+            scale = stored.get(k.removesuffix(".weight") + ".scale_weight")
+            parts.append(v * scale.to(torch.float64) if scale is not None and k.endswith(".weight") else v)
+        sd[n] = torch.stack(parts)
+    reference = _sd3(torch.float64)
+    reference.load_state_dict(sd)
+    with torch.no_grad():
+        want = reference(**_sd3_inputs(torch.float64))[0]
+        got = loaded(**_sd3_inputs(torch.float32))[0]
+    assert sqnr(want, got) >= 100
+
+
 @pytest.mark.parametrize("edit,message", [
     (lambda t: t["transformer_blocks.0.ff.net.2.weight"].view(torch.uint8).__setitem__((5, 7), 0x7f),
      r"tensor 'transformer_blocks\.0\.ff\.net\.2\.weight' holds the code 0x7f \(not a number\) at \[5, 7\]"),

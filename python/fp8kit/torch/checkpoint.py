@@ -102,6 +102,11 @@ class _Checkpoint:
     def shape(self, name):
         return tuple(self._open[self.file_of[name]].get_slice(name).get_shape())
 
+    def weight_only(self, name):
+        """Whether the FP8 weight runs weight-only as its file's producer computes it: ComfyUI's
+        scaled fp8 (scale_weight; Diffusers and ComfyUI upcast the weight)."""
+        return self.qconfig is None and self.fp8[name][2].endswith(".scale_weight")
+
     def unscaled_fp8(self, name):
         """Whether a tensor is FP8 codes that no scale goes with (not a weight the library reads with
         its scale, nor part of one's layout): their values are the weights', as Diffusers and
@@ -593,7 +598,7 @@ def _load(model, ckpt, dtype=None, strict=True, ignore=()):
                                f"{list(module.weight.shape)}")
         codes = stored(wname, cast=False)
         scale_inv = scale_of(wname, codes, scheme, scale, scaling)
-        if scale is None or (cfg.method is None and scale.endswith(".scale_weight")):
+        if scale is None or ckpt.weight_only(wname):
             # Unscaled, or ComfyUI's scaled fp8: weight-only, as ComfyUI and Diffusers compute these
             # files (the weight upcast; ComfyUI's FP8 matmuls with scale_input are a GPU option).
             input_scaling, static = "none", False
@@ -742,6 +747,110 @@ def _load_experts(model, ename, parts, ckpt, cfg, stored, scale_of):
     return (*_parent(model, ename), new)
 
 
+_SAFETENSORS_DTYPE = {torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2", torch.bfloat16: "BF16",
+                      torch.float16: "F16", torch.float32: "F32", torch.float64: "F64"}
+
+
+class _Converted(_Checkpoint):
+    """A single file stored under a diffusion model's original names (Black Forest Labs' Flux,
+    Stability's SD3, ...), as Diffusers' own from_single_file conversion gives it the model's names
+    (the checkpoint_mapping_fn Diffusers keeps for the model's class): the FP8 codes go through that
+    conversion as they are - it splits and joins rows (q, k, v from a fused qkv), and those are the
+    rows' codes - and each weight's scale through the same conversion, as a column of per-row
+    scales beside the codes: a weight whose rows end with one scale keeps it. The tensors are held
+    in memory."""
+
+    def __init__(self, source, model, mapping_fn):
+        from diffusers.loaders.single_file_model import _get_mapping_function_kwargs
+        self.path, self.qconfig, self.directory = source.path, None, False
+        self._source, self._fn = source, mapping_fn.__name__
+        kwargs = _get_mapping_function_kwargs(mapping_fn, config=getattr(model, "config", None))
+        kwargs.pop("config", None)
+        names = [n for n in source.file_of if n not in source.layout]
+
+        def convert(tensors):
+            try:
+                return mapping_fn(checkpoint=tensors, config=getattr(model, "config", None), **kwargs)
+            except Exception as e:
+                raise fp8kit.Error(f"{source.path}: stored under other names than the model's, and Diffusers' "
+                                   f"{self._fn} does not convert them ({type(e).__name__}: {e})") from None
+
+        # The scales: a column [rows, 1] per FP8 weight (its scale per row; 1 where unscaled),
+        # shape-only (meta) tensors for the rest, through the same conversion.
+        columns = {}
+        for n in names:
+            shape = source.shape(n)
+            if n in source.fp8 and not source.weight_only(n):
+                raise fp8kit.Error(f"{source.where(n)}: scaled by '{source.fp8[n][2]}' under the original names; "
+                                   "fp8kit carries ComfyUI's per-tensor scale_weight through Diffusers' conversion")
+            if len(shape) == 2 and (n in source.fp8 or source.unscaled_fp8(n)):
+                scale = source.tensor(source.fp8[n][2]).to(torch.float64).reshape(()) if n in source.fp8 else 1.0
+                columns[n] = torch.full((shape[0], 1), float(scale), dtype=torch.float64)
+            else:
+                columns[n] = torch.empty(shape, device="meta")
+        scaled = convert(columns)
+        self._tensors = convert({n: source.tensor(n) for n in names})
+        self.fp8, self.layout, self.file_of = {}, set(), {n: self.path for n in self._tensors}
+        for n, t in list(self._tensors.items()):
+            if t.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+                continue
+            column = scaled.get(n)
+            if column is None or column.is_meta or tuple(column.shape) != (t.shape[0], 1):
+                raise fp8kit.Error(f"{self.where(n)}: Diffusers' {self._fn} does not carry its scale along "
+                                   "(it changes more than the weight's rows)")
+            per_row = column.reshape(-1).to(torch.float32)
+            if not bool((per_row == per_row[0]).all()):
+                raise fp8kit.Error(f"{self.where(n)}: Diffusers' {self._fn} joins rows of weights with different "
+                                   "scales into it")
+            if per_row[0] == 1:
+                continue  # unscaled codes (or a scale of 1): their values, _load's unscaled path
+            self._tensors[n + "_scale"] = per_row[:1]
+            self.file_of[n + "_scale"] = self.path
+            self.layout.add(n + "_scale")
+            self.fp8[n] = (tuple(t.shape), "tensor", n + "_scale", "tensor", None, self.path)
+        self.model_names = {k: k for k in self.file_of}
+
+    def weight_only(self, name):
+        return True  # every scale it carries is ComfyUI's (checked above)
+
+    def tensor(self, name):
+        return self._tensors[name]
+
+    def dtype(self, name):
+        return _SAFETENSORS_DTYPE.get(self._tensors[name].dtype, str(self._tensors[name].dtype))
+
+    def shape(self, name):
+        return tuple(self._tensors[name].shape)
+
+    def where(self, name):
+        return f"{self.path}: tensor '{name}' (the model's name, from Diffusers' {self._fn} of the file's)"
+
+
+def _diffusers_names(model, ckpt):
+    """ckpt as the model names its tensors: itself, or for a Diffusers model whose single file is
+    stored under the original names, the _Converted checkpoint - when Diffusers' from_single_file
+    would convert it (its _should_convert_state_dict_to_diffusers) and fewer than half of the
+    file's tensors have the model's names (a file in Diffusers' names with a missing or extra
+    tensor stays as it is: the load names that tensor)."""
+    if not any(c.__module__.startswith("diffusers.") for c in type(model).__mro__):
+        return ckpt  # not a Diffusers model (and diffusers not imported for it)
+    try:
+        from diffusers.loaders.single_file_model import (SINGLE_FILE_LOADABLE_CLASSES,
+                                                         _get_single_file_loadable_mapping_class,
+                                                         _should_convert_state_dict_to_diffusers)
+    except ImportError:
+        return ckpt
+    mapping_class = _get_single_file_loadable_mapping_class(type(model))
+    if mapping_class is None or ckpt.directory:
+        return ckpt
+    model_names = dict.fromkeys(model.state_dict())
+    stored = [n for n in ckpt.file_of if n not in ckpt.layout]
+    if not _should_convert_state_dict_to_diffusers(model_names, dict.fromkeys(stored)) or \
+            2 * sum(n in model_names for n in stored) >= len(stored):
+        return ckpt
+    return _Converted(ckpt, model, SINGLE_FILE_LOADABLE_CLASSES[mapping_class]["checkpoint_mapping_fn"])
+
+
 def load_fp8_checkpoint(model, path, *, torch_dtype=None, strict=True, fuse_siblings=True):
     """Loads an FP8 checkpoint (a .safetensors file, or a directory of shards with its config.json)
     into model, any nn.Module whose parameter names match the checkpoint's: each nn.Linear the
@@ -751,7 +860,7 @@ def load_fp8_checkpoint(model, path, *, torch_dtype=None, strict=True, fuse_sibl
     parameter left on the meta device, is an error. fuse_siblings: as quantize_'s. Each
     layer's weight is packed at load as the codes' only copy, and the file pages the packing read
     handed back (_pack). Returns model."""
-    ckpt = _Checkpoint(path)
+    ckpt = _diffusers_names(model, _Checkpoint(path))
     _load(model, ckpt, torch_dtype, strict)
     _finish(model, ckpt, fuse_siblings, strict)
     return model
