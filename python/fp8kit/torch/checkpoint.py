@@ -1,6 +1,7 @@
 """fp8kit.torch.checkpoint (fp8kit.torch.from_pretrained, load_fp8_checkpoint): run the FP8 checkpoints
-users download - llm-compressor / compressed-tensors float-quantized, transformers' fine-grained FP8
-(DeepSeek-V3 `weight_scale_inv`), FBGEMM FP8, fp8kit's own - from PyTorch, on fp8kit's FP8 GEMM,
+users download - llm-compressor / compressed-tensors float-quantized and MXFP8, transformers'
+fine-grained FP8 (DeepSeek-V3 `weight_scale_inv`), FBGEMM FP8, fp8kit's own, diffusion models' plain
+and ComfyUI scaled fp8 single files - from PyTorch, on fp8kit's FP8 GEMM,
 with the stored FP8 codes and scales as the layers' weights: never dequantized, never re-quantized.
 
     import fp8kit.torch
@@ -23,8 +24,12 @@ What it does:
 - An nn.Linear stored in FP8 becomes fp8kit.torch's inference layer; its activation is cast to FP8
   inside the GEMM as the checkpoint's config says: dynamic per token (compressed-tensors `token`,
   FBGEMM), per tensor, per 1 x group (compressed-tensors `group`, fine-grained FP8's 1 x 128), or
-  with the stored static `input_scale` (Float8StaticInputLinear); weight-only when the config
-  quantizes no activation.
+  with the stored static `input_scale` (Float8StaticInputLinear), in MX groups of 32 (MXFP8);
+  weight-only when the config quantizes no activation, and for a file without a config whose
+  weights are plain FP8 (no scale: the codes are the values) or ComfyUI's scaled fp8
+  (`scale_weight`), as Diffusers and ComfyUI compute those. A Diffusers model's single file under
+  the original names is converted by Diffusers' own from_single_file conversion, on the codes, the
+  scales carried along (_Converted).
 - MoE experts: per-expert nn.Linear modules load as above; a model whose experts are one module of
   3-D parameters [experts, out, in] (transformers 5's fused experts) gets a Float8Experts module,
   from per-expert FP8 tensors (the names transformers' own conversion mapping gives for the model
@@ -36,9 +41,10 @@ What it does:
   transformers reads too, else fp8kit's own), so save_pretrained writes what
   from_pretrained runs as the model ran.
 
-Checked by tests/python/test_fp8_checkpoints.py (llm-compressor's FP8_DYNAMIC, FP8_BLOCK and static
-FP8 on a Llama and a Qwen2-MoE; files `fp8kit quantize` writes; weights bit for bit against the
-files, logits against a float64 emulation of the same scheme, planted wrong answers).
+Checked by tests/python/test_fp8_checkpoints.py (llm-compressor's FP8_DYNAMIC, FP8_BLOCK, static FP8
+and MXFP8 on a Llama and a Qwen2-MoE; files `fp8kit quantize` writes; Flux and SD3 single files,
+plain and ComfyUI scaled, in Diffusers' and Stability's names; weights bit for bit against the
+files, outputs against a float64 emulation of the same scheme, planted wrong answers).
 """
 import json
 import os
@@ -853,10 +859,12 @@ def _diffusers_names(model, ckpt):
 
 def load_fp8_checkpoint(model, path, *, torch_dtype=None, strict=True, fuse_siblings=True):
     """Loads an FP8 checkpoint (a .safetensors file, or a directory of shards with its config.json)
-    into model, any nn.Module whose parameter names match the checkpoint's: each nn.Linear the
-    checkpoint stores in FP8 becomes fp8kit.torch's inference layer holding the stored codes and
-    scales as they are (see the module's docstring); every other tensor goes to the parameter or
-    buffer of its name (in torch_dtype, if given). strict: a tensor the model has no place for, or a
+    into model, any nn.Module whose parameter names match the checkpoint's - or a Diffusers model
+    whose single file keeps the original names, which Diffusers' own conversion gives it
+    (_diffusers_names): each nn.Linear the checkpoint stores in FP8 becomes fp8kit.torch's
+    inference layer holding the stored codes and scales as they are (see the module's docstring;
+    plain float8_e4m3fn and ComfyUI's scaled fp8 weight-only); every other tensor goes to the
+    parameter or buffer of its name (in torch_dtype, if given). strict: a tensor the model has no place for, or a
     parameter left on the meta device, is an error. fuse_siblings: as quantize_'s. Each
     layer's weight is packed at load as the codes' only copy, and the file pages the packing read
     handed back (_pack). Returns model."""
