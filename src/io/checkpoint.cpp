@@ -459,7 +459,8 @@ bool is_scale_name(const TensorLookup& t, const std::string& name) {
 }
 
 bool is_comfy_marker(const TensorLookup& t, const std::string& name) {
-    if (name != "scaled_fp8" && (name.size() <= 11 || name.substr(name.size() - 11) != ".scaled_fp8")) return false;
+    const std::string_view suffix = ".scaled_fp8";
+    if (name != suffix.substr(1) && !std::string_view(name).ends_with(suffix)) return false;
     const Tensor m = t.tensor(name);
     return is_fp8(m.dtype()) && m.numel() <= 2;
 }

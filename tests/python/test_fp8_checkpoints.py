@@ -787,13 +787,18 @@ FLUX = dict(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2, att
             axes_dims_rope=(16, 24, 24))
 
 
-def _flux(dtype=torch.float32, meta=False):
+def _diffusers_model(name, config, dtype=torch.float32, meta=False):
+    """Diffusers' model class `name` from config: random weights (seed 0) in dtype, or on the meta device."""
     diffusers = pytest.importorskip("diffusers", reason="diffusers is not installed (scripts/setup.sh)")
     if meta:
         with torch.device("meta"):
-            return diffusers.FluxTransformer2DModel(**FLUX).eval()
+            return getattr(diffusers, name)(**config).eval()
     torch.manual_seed(0)
-    return diffusers.FluxTransformer2DModel(**FLUX).to(dtype).eval()
+    return getattr(diffusers, name)(**config).to(dtype).eval()
+
+
+def _flux(dtype=torch.float32, meta=False):
+    return _diffusers_model("FluxTransformer2DModel", FLUX, dtype, meta)
 
 
 def _flux_inputs(dtype, tokens=64, txt=16):
@@ -901,12 +906,7 @@ SD3 = dict(sample_size=32, patch_size=2, in_channels=16, num_layers=2, attention
 
 
 def _sd3(dtype=torch.float32, meta=False):
-    diffusers = pytest.importorskip("diffusers", reason="diffusers is not installed (scripts/setup.sh)")
-    if meta:
-        with torch.device("meta"):
-            return diffusers.SD3Transformer2DModel(**SD3).eval()
-    torch.manual_seed(0)
-    return diffusers.SD3Transformer2DModel(**SD3).to(dtype).eval()
+    return _diffusers_model("SD3Transformer2DModel", SD3, dtype, meta)
 
 
 def _sd3_inputs(dtype):
