@@ -51,8 +51,9 @@ lm_head's and the rest's.
 --section attention: one layer's decode-step attention over a KV cache, transformers' sdpa and
 fp8kit's attention function (below, at run_attention).
 --section diffusion: Diffusers' Flux and SD3 transformers from configs at 256, 1024 and 4096 image
-tokens (--quick: 256, 1024): plain bf16, Diffusers' layerwise casting and fp8kit's, each in a fresh
-process (below, at DIFFUSION_MODELS).
+tokens (--quick: 256, 1024): plain bf16, Diffusers' layerwise casting and fp8kit's, and the model as a
+ComfyUI scaled fp8 file run by load_fp8_checkpoint, each in a fresh process (below, at
+DIFFUSION_MODELS).
 Default: every section. Results: docs/PERF.md.
 Not run by the tests (speed is never asserted in tests).
 
@@ -597,7 +598,10 @@ def run_checkpoint(rows, threads, quick, model):
 # 2 double- and 4 single-stream blocks; a 4-block SD3), bf16, one forward at each image-token
 # count, each way in a fresh process: plain bf16, Diffusers' own layerwise casting (e4m3 storage,
 # upcast per forward), fp8kit.torch.enable_layerwise_casting (the Linear layers computing on the
-# FP8 weight, the activation as Diffusers computes it). Its default skip patterns for both.
+# FP8 weight, the activation as Diffusers computes it), both with their default skip patterns; and
+# fp8file: the model as a ComfyUI scaled fp8 single file (the blocks' Linear weights e4m3 with a
+# per-tensor scale_weight, written here by torch) run as stored by load_fp8_checkpoint into the
+# model built on the meta device (weight-only, as ComfyUI computes it; no bf16 weight is made).
 DIFFUSION_MODELS = {
     "flux": ("FluxTransformer2DModel", dict(patch_size=1, in_channels=64, num_layers=2, num_single_layers=4,
                                             attention_head_dim=64, num_attention_heads=8, joint_attention_dim=512,
@@ -608,10 +612,30 @@ DIFFUSION_MODELS = {
 }
 
 
-def diffusion_child(kind, name, tokens):
+def diffusion_file(name, path):
+    """The model `name` (seed 0, bf16) as a ComfyUI scaled fp8 file at path: each Linear weight of its
+    blocks e4m3 with scale amax / 448 (`scale_weight`), the `scaled_fp8` marker; the rest bf16."""
+    import diffusers
+    from safetensors.torch import save_file
+    cls, cfg = DIFFUSION_MODELS[name]
+    torch.manual_seed(0)
+    tensors = {}
+    for k, v in getattr(diffusers, cls)(**cfg).to(torch.bfloat16).state_dict().items():
+        if v.dim() == 2 and k.endswith(".weight") and "blocks." in k:
+            scale = v.float().abs().amax() / 448
+            tensors[k] = (v.float() / scale).to(torch.float8_e4m3fn)
+            tensors[k.removesuffix(".weight") + ".scale_weight"] = scale.reshape(())
+        else:
+            tensors[k] = v
+    tensors["scaled_fp8"] = torch.zeros(2, dtype=torch.float8_e4m3fn)
+    save_file(tensors, path)
+
+
+def diffusion_child(kind, name, tokens, path=None):
     """One way of running a Diffusers transformer at `tokens` image tokens, in this (fresh) process:
     the fastest of 5 forwards after one; RSS above the imports' (after gc and malloc_trim); the
-    output's norm (each row checks that it computed: FP8 storage moves it by about 1e-3)."""
+    output's norm (each row checks that it computed: FP8 storage moves it by about 1e-3). path: the
+    fp8file kind's file."""
     import gc
     import diffusers
     from fp8kit.torch import memory
@@ -623,10 +647,17 @@ def diffusion_child(kind, name, tokens):
     base = rss()
     cls, cfg = DIFFUSION_MODELS[name]
     torch.manual_seed(0)
-    model = getattr(diffusers, cls)(**cfg).to(torch.bfloat16).eval()
+    if kind == "fp8file":
+        with torch.device("meta"):
+            model = getattr(diffusers, cls)(**cfg).eval()
+    else:
+        model = getattr(diffusers, cls)(**cfg).to(torch.bfloat16).eval()
     params = sum(p.numel() for p in model.parameters())  # before FP8 storage makes weights buffers
     native = None
-    if kind == "fp8kit":
+    if kind == "fp8file":
+        f8.load_fp8_checkpoint(model, path, torch_dtype=torch.bfloat16)
+        native = sum(isinstance(m, f8.Float8InferenceLinear) for m in model.modules())
+    elif kind == "fp8kit":
         report = f8.enable_layerwise_casting(model, torch.float8_e4m3fn, torch.bfloat16)
         native = len(report.native)
         del report  # the originals it holds for remove() go
@@ -658,24 +689,33 @@ def diffusion_child(kind, name, tokens):
 def run_diffusion(rows, threads, quick):
     if peer("diffusers") is None:
         return
-    for name in DIFFUSION_MODELS:
-        for tokens in (256, 1024) if quick else (256, 1024, 4096):
-            got = {}
-            for kind in ("bf16", "diffusers", "fp8kit"):
-                r = subprocess.run([sys.executable, os.path.abspath(__file__), "--diffusion-child", kind, name, str(tokens),
-                                    "--threads", str(threads)], capture_output=True, text=True,
-                                   env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
-                impl = f"{kind}.{name}"
-                if r.returncode != 0:
-                    rows.append({"bench": "torch_diffusion", "impl": impl, "tokens": tokens,
-                                 "note": r.stderr.strip().splitlines()[-1][:120]})
-                    continue
-                got[kind] = json.loads(r.stdout.strip().splitlines()[-1])
-                rows.append(dict(got[kind], bench="torch_diffusion", impl=impl, threads=threads))
-            if "bf16" in got:
-                for r in rows[-len(got):]:
-                    r["vs_bf16"] = round(got["bf16"]["forward_s"] / r["forward_s"], 2)
-                    r["rss_vs_bf16"] = round(r["rss_mb"] / got["bf16"]["rss_mb"], 2)
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in DIFFUSION_MODELS:
+            path = os.path.join(tmp, f"{name}-fp8-scaled.safetensors")
+            diffusion_file(name, path)
+            for tokens in (256, 1024) if quick else (256, 1024, 4096):
+                run_diffusion_tokens(rows, threads, name, tokens, path)
+
+
+def run_diffusion_tokens(rows, threads, name, tokens, path):
+    """The diffusion section's ways (diffusion_child) at one token count, each in a fresh process."""
+    got = {}
+    for kind in ("bf16", "diffusers", "fp8kit", "fp8file"):
+        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--diffusion-child", kind, name, str(tokens),
+                            str(threads), path], capture_output=True, text=True,
+                           env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
+        impl = f"{kind}.{name}"
+        if r.returncode != 0:
+            rows.append({"bench": "torch_diffusion", "impl": impl, "tokens": tokens,
+                         "note": r.stderr.strip().splitlines()[-1][:120]})
+            continue
+        got[kind] = json.loads(r.stdout.strip().splitlines()[-1])
+        rows.append(dict(got[kind], bench="torch_diffusion", impl=impl, threads=threads))
+    if "bf16" in got:
+        for r in rows[-len(got):]:
+            r["vs_bf16"] = round(got["bf16"]["forward_s"] / r["forward_s"], 2)
+            r["rss_vs_bf16"] = round(r["rss_mb"] / got["bf16"]["rss_mb"], 2)
 
 
 # --section attention: one layer's decode-step attention over a KV cache, as a transformers Llama
@@ -720,11 +760,11 @@ def run_attention(budget, rows):
 
 
 def main():
-    if len(sys.argv) > 1 and sys.argv[1] == "--diffusion-child":
-        threads = int(sys.argv[6]) if len(sys.argv) > 6 else 2
+    if len(sys.argv) > 1 and sys.argv[1] == "--diffusion-child":  # kind name tokens threads path
+        threads = int(sys.argv[5])
         torch.set_num_threads(threads)
         fp8kit.set_num_threads(threads)
-        return diffusion_child(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        return diffusion_child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[6])
     if len(sys.argv) > 1 and sys.argv[1] == "--checkpoint-child":
         kind, path, prompt, decode = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
         threads = int(sys.argv[7]) if len(sys.argv) > 7 else 2
