@@ -1001,6 +1001,70 @@ def test_sd3_fp8_single_file_under_stabilitys_names(tmp_path):
     assert sqnr(want, got) >= 100
 
 
+def _word_tokenizer(max_length):
+    """A word-level tokenizer over w0 .. w99, built here (nothing is downloaded)."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    t = Tokenizer(WordLevel({f"w{i}": i for i in range(100)} | {"[UNK]": 100, "[PAD]": 101}, unk_token="[UNK]"))
+    t.pre_tokenizer = Whitespace()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=t, unk_token="[UNK]", pad_token="[PAD]",
+                                                model_max_length=max_length)
+
+
+def test_flux_pipeline_with_an_fp8_single_file_transformer(tmp_path):
+    """A user's FluxPipeline (tiny random CLIP, T5 and VAE built here, their tokenizers too) with the
+    transformer loaded from a ComfyUI scaled fp8 file by load_fp8_checkpoint, moved by pipe.to(
+    torch.float32) - the codes stay FP8 - and run 2 steps: the image against the same pipeline
+    with a float32 transformer holding the dequantized weights. Weight-only, the layers carry a
+    float32 activation as two bf16 terms (16 significant bits, NUMERICS.md), ~100 dB a layer;
+    through two steps and the VAE 66.5 dB; the floor is 50 dB. scale_weight ignored scores 14.0."""
+    diffusers = pytest.importorskip("diffusers", reason="diffusers is not installed (scripts/setup.sh)")
+    flux = dict(FLUX, in_channels=64)  # the pipeline packs 2x2 latent patches of 16 channels
+    path = tmp_path / "flux-fp8.safetensors"
+    torch.manual_seed(0)
+    tensors = {}
+    for k, v in diffusers.FluxTransformer2DModel(**flux).state_dict().items():
+        if v.dim() == 2 and k.endswith(".weight") and "blocks." in k:
+            scale = v.abs().amax() / E4M3_MAX
+            tensors[k] = (v / scale).to(torch.float8_e4m3fn)
+            tensors[k.removesuffix(".weight") + ".scale_weight"] = scale.reshape(())
+        else:
+            tensors[k] = v
+    tensors["scaled_fp8"] = torch.zeros(2, dtype=torch.float8_e4m3fn)
+    save_file(tensors, str(path))
+    fp8 = fp8kit.torch.load_fp8_checkpoint(_diffusers_model("FluxTransformer2DModel", flux, meta=True), path,
+                                           torch_dtype=torch.bfloat16)
+    torch.manual_seed(1)
+    pipe = diffusers.FluxPipeline(
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler(), transformer=fp8,
+        vae=diffusers.AutoencoderKL(down_block_types=["DownEncoderBlock2D"] * 2, up_block_types=["UpDecoderBlock2D"] * 2,
+                                    block_out_channels=[32, 32], latent_channels=16, norm_num_groups=8,
+                                    shift_factor=0.1, scaling_factor=0.3),
+        text_encoder=transformers.CLIPTextModel(transformers.CLIPTextConfig(
+            vocab_size=102, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
+            projection_dim=64)), tokenizer=_word_tokenizer(77),
+        text_encoder_2=transformers.T5EncoderModel(transformers.T5Config(
+            vocab_size=102, d_model=FLUX["joint_attention_dim"], d_ff=256, num_layers=1, num_heads=2, d_kv=64)),
+        tokenizer_2=_word_tokenizer(64))
+    pipe.to(torch.float32)
+    layer = fp8.transformer_blocks[0].ff.net[2]
+    assert layer.weight.dtype == torch.float8_e4m3fn
+    name = "transformer_blocks.0.ff.net.2.weight"
+    assert torch.equal(_bits(layer.weight), _bits(tensors[name]))
+
+    def image():
+        return pipe("w1 w2 w3", num_inference_steps=2, height=64, width=64, max_sequence_length=64,
+                    output_type="pt", generator=torch.Generator().manual_seed(0)).images.to(torch.float64)
+    got = image()
+    reference = _diffusers_model("FluxTransformer2DModel", flux)
+    reference.load_state_dict({k: (v.to(torch.float64) * tensors[k.removesuffix(".weight") + ".scale_weight"]
+                                   .to(torch.float64)).float() if v.dtype == torch.float8_e4m3fn else v
+                               for k, v in tensors.items() if k != "scaled_fp8" and not k.endswith(".scale_weight")})
+    pipe.transformer = reference
+    assert sqnr(image(), got) >= 50
+
+
 @pytest.mark.parametrize("edit,message", [
     (lambda t: t["transformer_blocks.0.ff.net.2.weight"].view(torch.uint8).__setitem__((5, 7), 0x7f),
      r"tensor 'transformer_blocks\.0\.ff\.net\.2\.weight' holds the code 0x7f \(not a number\) at \[5, 7\]"),
