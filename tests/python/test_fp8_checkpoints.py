@@ -651,6 +651,8 @@ def test_fp8kit_layout_names_3d_experts_and_groups(tmp_path):
     (lambda c: next(iter(c["quantization_config"]["config_groups"].values()))["input_activations"].update(
         strategy="group", group_size="abc"), r"input_activations strategy 'group'.*positive integer group_size"),
     (lambda c: c.update(quantization_config=["fp8"]), r"quantization_config is not a JSON object"),
+    (lambda c: next(iter(c["quantization_config"]["config_groups"].values())).update(targets=["re:.*mlp.*"]),
+     r"stored in FP8, but no config group of quantization_config targets module 'model\.layers\.\d+\.self_attn\.\w+'"),
     (lambda c: c["quantization_config"].update(format="pack-quantized"),
      r"quantization_config format \"pack-quantized\" is not a format of FP8 codes"),
     (lambda c: next(iter(c["quantization_config"]["config_groups"].values())).update(format="nvfp4-pack-quantized"),
@@ -664,9 +666,10 @@ def test_fp8kit_layout_names_3d_experts_and_groups(tmp_path):
     (lambda c: "{\"dtype\": \"\x1b[2J", r"config\.json: not valid JSON"),
 ])
 def test_malformed_config_names_it(work, tmp_path, edit, message):
-    """A config.json whose dtype, ignore list or activation arguments are malformed is an
-    fp8kit.Error naming the field (no AttributeError, re.error or ValueError from deep inside), and
-    a control character from the file reaches the message escaped."""
+    """A config.json whose dtype, ignore list or activation arguments are malformed, whose one
+    config group does not target every FP8 layer, or whose format stores no FP8 codes, is an
+    fp8kit.Error naming the field or layer (no AttributeError, re.error or ValueError from deep
+    inside), and a control character from the file reaches the message escaped."""
     _, path = _checkpoint(work, "llama", "FP8_DYNAMIC")
     bad = tmp_path / "bad"
     shutil.copytree(path, bad)

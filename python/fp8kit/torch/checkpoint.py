@@ -244,16 +244,20 @@ class _Config:
         """(input scaling, static) for the FP8 weight of module_name; static None: as the file says
         (a stored input_scale beside the weight makes it static)."""
         if self.method == "compressed-tensors":
-            if len(self.groups) == 1 or len({json.dumps(a, sort_keys=True) for _, a in self.groups}) == 1:
-                args = self.groups[0][1] if self.groups else None
-            else:
-                from compressed_tensors.utils.match import is_match
-                hits = [a for targets, a in self.groups if is_match(module_name, module, targets)]
-                if not hits:
-                    raise fp8kit.Error(f"{where}: stored in FP8, but no config group of quantization_config targets "
-                                       f"module '{module_name}'")
-                args = hits[0]
-            return _activation_of_args(args, weight_scaling, where)
+            # An nn.Linear's group is the one whose targets match it (compressed-tensors' own
+            # matcher, by name or class): one that none targets would not be quantized by
+            # compressed-tensors, so its FP8 weight contradicts the config. A fused experts
+            # module's projections (no nn.Linear of their own) by name, or the groups' one
+            # activation scheme.
+            from compressed_tensors.utils.match import is_match
+            linear = isinstance(module, nn.Linear)
+            hits = [a for targets, a in self.groups if is_match(module_name, module if linear else None, targets)]
+            if not hits and not linear and len({json.dumps(a, sort_keys=True) for _, a in self.groups}) == 1:
+                hits = [self.groups[0][1]]
+            if not hits:
+                raise fp8kit.Error(f"{where}: stored in FP8, but no config group of quantization_config targets "
+                                   f"module '{module_name}'")
+            return _activation_of_args(hits[0], weight_scaling, where)
         if self.method == "fp8":  # transformers FineGrainedFP8 / DeepSeek-V3
             if self.qc.get("activation_scheme", "dynamic") != "dynamic":
                 raise fp8kit.Error(f"{where}: activation_scheme '{self.qc.get('activation_scheme')}'; fp8kit runs "
