@@ -2,14 +2,15 @@
 // [--policy FILE] [--keep-nonfinite] [--force] [--quiet] [--json]` - quantizes the 2-D floating
 // weights of a safetensors checkpoint (a file or a directory of shards) to FP8 and writes the
 // quantization_config a loader parses (in the metadata, and config.json for a directory):
-//   compressed-tensors  quant_method compressed-tensors, format float-quantized, one config group
-//                       per scheme with its modules as targets, `ignore` the kept modules;
-//                       W_scale in the weight's dtype ([1], [out, 1] or the 128x128 block grid)
+//   compressed-tensors  quant_method compressed-tensors, format float-quantized (mx32: its MXFP8,
+//                       mxfp8-quantized), one config group per scheme with its modules as
+//                       targets, `ignore` the kept modules; W_scale in the weight's dtype ([1],
+//                       [out, 1] or the 128x128 block grid; mx32: the e8m0 codes as U8)
 //   hf-fp8              transformers' FineGrainedFP8 / DeepSeek-V3: quant_method fp8,
 //                       weight_block_size [128, 128], W_scale_inv, modules_to_not_convert
 //   fp8kit              any scheme and format, quant_method fp8kit (what no other loader reads:
-//                       mx32, e5m2)
-// auto picks hf-fp8 for block128, compressed-tensors for tensor / channel, fp8kit otherwise.
+//                       e5m2, and any shape)
+// auto picks hf-fp8 for block128, compressed-tensors for tensor / channel / mx32, fp8kit for e5m2.
 // Before any work: the options, OUT (never IN, compared as files; an existing OUT only with
 // --force), IN's weights (FP8 ones refused: IN must be high precision; NaN / Inf refused naming
 // tensor and index, or with --keep-nonfinite kept in high precision and listed). A run that
@@ -21,6 +22,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -73,6 +75,15 @@ Json ct_args(const std::string& strategy, bool dynamic) {
               {"observer", nullptr}, {"observer_kwargs", Json::object()}};
 }
 
+// compressed-tensors' MXFP8 arguments (its MXFP8 preset): groups of 32 whose uint8 scale_dtype
+// makes their scales e8m0 codes.
+Json ct_mx_args(bool dynamic) {
+    Json a = ct_args("group", dynamic);
+    a["group_size"] = 32;
+    a["scale_dtype"] = "torch.uint8";
+    return a;
+}
+
 // compressed-tensors keeps scales in the weight's dtype (a bf16 model has bf16 weight_scale
 // parameters, which transformers loads a f32 scale into, rounding it): so the file holds them so,
 // and every reader - fp8kit, transformers, vLLM - dequantizes with the same numbers. The codes
@@ -109,6 +120,12 @@ std::string transformers_pattern(const std::string& module, const std::map<std::
     return out + "$";
 }
 
+// e8m0 scales as compressed-tensors' MXFP8 stores them: the same bytes, dtype U8.
+Tensor as_u8(const Tensor& e8m0) {
+    const auto keep = std::make_shared<const Tensor>(e8m0.contiguous());
+    return Tensor::view_of(keep, keep->data<const uint8_t>(), keep->shape(), DType::u8);
+}
+
 std::string quantization_config(Layout layout, Format format, const std::map<std::string, Scheme>& plan,
                                  const std::vector<std::string>& kept) {
     Json ignore = Json::array();
@@ -121,18 +138,23 @@ std::string quantization_config(Layout layout, Format format, const std::map<std
         std::map<Scheme, Json> targets;
         for (const auto& [name, scheme] : plan) targets[scheme].push_back(module_name(name));
         Json groups = Json::object();
+        std::set<std::string> formats;
         for (auto& [scheme, t] : targets) {
-            Json w = ct_args(scheme == Scheme::block128 ? "block" : std::string(to_string(scheme)), false);
-            Json in = ct_args(scheme == Scheme::block128 ? "group" : "token", true);
+            const bool mx = scheme == Scheme::mx32;
+            Json w = mx ? ct_mx_args(false) : ct_args(scheme == Scheme::block128 ? "block" : std::string(to_string(scheme)), false);
+            Json in = mx ? ct_mx_args(true) : ct_args(scheme == Scheme::block128 ? "group" : "token", true);
             if (scheme == Scheme::block128) {
                 w["block_structure"] = {128, 128};
                 in["group_size"] = 128;
             }
+            const char* format_name = mx ? "mxfp8-quantized" : "float-quantized";
+            formats.insert(format_name);
             groups["group_" + std::to_string(groups.size())] = {{"targets", std::move(t)}, {"weights", std::move(w)},
                                                                  {"input_activations", std::move(in)},
-                                                                 {"output_activations", nullptr}, {"format", "float-quantized"}};
+                                                                 {"output_activations", nullptr}, {"format", format_name}};
         }
-        return Json{{"quant_method", "compressed-tensors"}, {"format", "float-quantized"}, {"quantization_status", "compressed"},
+        return Json{{"quant_method", "compressed-tensors"}, {"format", formats.size() == 1 ? *formats.begin() : "mixed-precision"},
+                    {"quantization_status", "compressed"},
                     {"config_groups", std::move(groups)}, {"ignore", ignore}, {"kv_cache_scheme", nullptr},
                     {"global_compression_ratio", nullptr}, {"sparsity_config", Json::object()}}.dump();
     }
@@ -204,23 +226,22 @@ void run_quantize(const QuantizeArgs& a) {
         }
     });
     // The layout: what loaders of each accept.
-    bool all_block = !plan.empty(), any_mx = false;
-    for (const auto& [_, s] : plan) {
-        all_block = all_block && s == Scheme::block128;
-        any_mx = any_mx || s == Scheme::mx32;
-    }
-    if (!layout) layout = any_mx || format != Format::e4m3fn ? Layout::fp8kit : all_block ? Layout::hf_fp8 : Layout::compressed_tensors;
+    bool all_block = !plan.empty();
+    for (const auto& [_, s] : plan) all_block = all_block && s == Scheme::block128;
+    if (!layout) layout = format != Format::e4m3fn ? Layout::fp8kit : all_block ? Layout::hf_fp8 : Layout::compressed_tensors;
     if (*layout != Layout::fp8kit && format != Format::e4m3fn) throw Error("--layout " + a.layout + " stores e4m3fn only; --format e5m2 needs --layout fp8kit");
-    if (*layout == Layout::compressed_tensors && any_mx) throw Error("--layout compressed-tensors: mx32 is written only as --layout fp8kit");
     if (*layout == Layout::hf_fp8 && !plan.empty() && !all_block)
         throw Error("--layout hf-fp8 (transformers FineGrainedFP8) stores 128x128 blocks only: use --scheme block128");
     if (*layout != Layout::fp8kit) {
-        // Block loaders (transformers' FP8Linear, vLLM) need whole 128x128 blocks.
+        // Block loaders (transformers' FP8Linear, vLLM) need whole 128x128 blocks; compressed-tensors'
+        // MXFP8 whole groups of 32 along a row.
         for (auto it = plan.begin(); it != plan.end();) {
             const Shape& sh = in->entry(it->first).shape;
-            if (it->second == Scheme::block128 && (sh[0] % 128 != 0 || sh[1] % 128 != 0)) {
+            const bool block = it->second == Scheme::block128 && (sh[0] % 128 != 0 || sh[1] % 128 != 0);
+            if (block || (it->second == Scheme::mx32 && sh[1] % 32 != 0)) {
                 notes.push_back("kept in high precision: " + quote_printable(it->first) + " " + to_string(sh) +
-                                " is not whole 128x128 blocks, which block loaders need");
+                                (block ? " is not whole 128x128 blocks, which block loaders need"
+                                       : " is not whole groups of 32 along its rows, which compressed-tensors' MXFP8 needs"));
                 kept.push_back(it->first);
                 it = plan.erase(it);
             } else {
@@ -262,7 +283,7 @@ void run_quantize(const QuantizeArgs& a) {
                 const QTensor q = quantize(t, opts);
                 // The layout's scale shape: [1] per tensor, [out, 1] per channel, the groups otherwise.
                 Tensor scale = scheme == Scheme::tensor ? q.scale_inv.reshape({1}) : q.scale_inv;
-                if (*layout == Layout::compressed_tensors) scale = in_weight_dtype(scale, t.dtype());
+                if (*layout == Layout::compressed_tensors) scale = scheme == Scheme::mx32 ? as_u8(scale) : in_weight_dtype(scale, t.dtype());
                 out.emplace_back(name, q.data);
                 out.emplace_back(layout_scale_name(name, scheme, *layout), scale);
                 rows.push_back({name, scheme, t.nbytes(), q.data.nbytes() + scale.nbytes(),

@@ -136,7 +136,7 @@ want = sorted(f'model.layers.{i}.{w}.weight' for i in range(2) for w in ('self_a
 assert names == want, names
 assert all(x['fp8'] is True and x['recipe'] == 'mxfp8' for x in l), l
 \""
-"$fp8kit" quantize m.safetensors pm.safetensors --scheme tensor --policy pmodel.json >/dev/null 2>&1; rc=$?
+"$fp8kit" quantize m.safetensors pm.safetensors --scheme tensor --policy pmodel.json --layout fp8kit >/dev/null 2>&1; rc=$?
 check "quantize --policy (names): every layer mx32 with e8m0 scales" "[ $rc -eq 0 ] &&
     '$fp8kit' inspect pm.safetensors | grep -Eq '^model.layers.0.self_attn.o_proj.weight_scale +F8_E8M0 +\[96, 3\]'"
 torch_check "quantize --policy (names): torch checks the mx32 layout" "'$python' '$src/tests/e2e/check_checkpoint.py' m.safetensors pm.safetensors mx32"

@@ -14,8 +14,8 @@ A 3-D MoE expert tensor [experts, out, in] with [experts, out, 1] scales, stacke
 llm-compressor's per-expert output, dequantizes to the stack of the per-expert results.
 
 Writing what loaders read. `fp8kit quantize` of the random Llama with --scheme channel and tensor
-(compressed-tensors layout), block128 (hf-fp8: transformers FineGrainedFP8 / DeepSeek-V3) and
-block128 --layout compressed-tensors; for each:
+(compressed-tensors layout), block128 (hf-fp8: transformers FineGrainedFP8 / DeepSeek-V3),
+block128 --layout compressed-tensors and mx32 (compressed-tensors' MXFP8); for each:
   - compressed-tensors parses the quantization_config (its models forbid extra keys);
   - transformers from_pretrained loads it on the CPU (decompressing / dequantizing), and its logits
     (activation quantization off: the dequantized model has none) equal, exactly, those of the
@@ -275,6 +275,7 @@ def main():
         for scheme, layout, method in (("channel", "compressed-tensors", "compressed-tensors"),
                                        ("tensor", "compressed-tensors", "compressed-tensors"),
                                        ("block128", "compressed-tensors", "compressed-tensors"),
+                                       ("mx32", "compressed-tensors", "compressed-tensors"),
                                        ("block128", "hf-fp8", "fp8")):
             check_write(tmp, base, scheme, layout, method)
     if errors:
