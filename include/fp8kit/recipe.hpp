@@ -6,7 +6,9 @@
 //   delayed     the same formats, one scale per tensor from an amax history
 //   rowwise     e4m3fn throughout, one power-of-two scale per row of each GEMM operand
 //   block       e4m3fn throughout, activations and gradients 1x128, weights 128x128
-//   mxfp8       e4m3fn throughout (e5m2 gradients optional), 1x32 blocks with e8m0 scales
+//   mxfp8       e4m3fn throughout (e5m2 gradients optional), 1x32 blocks with e8m0 scales, the
+//               MX spec's shared exponent (MxRounding::floor); parse_recipe's "mxfp8_rceil" is
+//               the same with MxRounding::up (torchao's RCEIL, TransformerEngine's rule)
 // Pure e5m2 training (e5m2 forward) is refused: its 2 mantissa bits lose the forward pass.
 #pragma once
 
@@ -51,7 +53,7 @@ struct Recipe {
 };
 
 std::string_view to_string(RecipeKind k) noexcept;  // "tensorwise", "delayed", "rowwise", "block", "mxfp8"
-Recipe parse_recipe(std::string_view name);         // the defaults of that kind; fp8kit::Error otherwise
+Recipe parse_recipe(std::string_view name);         // the defaults of that kind, or mxfp8_rceil; fp8kit::Error otherwise
 
 // Delayed scaling state of one tensor (TransformerEngine's DelayedScaling): quantize() uses the
 // scale derived from earlier steps and records this step's amax; step() - once per training

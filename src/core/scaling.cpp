@@ -165,7 +165,12 @@ Recipe parse_recipe(std::string_view name) {
     if (name == "rowwise") return Recipe::rowwise();
     if (name == "block") return Recipe::block();
     if (name == "mxfp8") return Recipe::mxfp8();
-    throw Error("unknown recipe '" + std::string(name) + "', expected tensorwise, delayed, rowwise, block or mxfp8");
+    if (name == "mxfp8_rceil") {  // torchao's RCEIL, TransformerEngine's rule: no block saturates
+        Recipe r = Recipe::mxfp8();
+        r.mx_rounding = MxRounding::up;
+        return r;
+    }
+    throw Error("unknown recipe '" + std::string(name) + "', expected tensorwise, delayed, rowwise, block, mxfp8 or mxfp8_rceil");
 }
 
 // ---- DelayedScaling ----

@@ -206,6 +206,7 @@ PARITY = [  # each with recipe, FP8 all-gather, precomputed scales, reshard_afte
     dict(recipe="rowwise", fp8_all_gather=True),
     dict(recipe="rowwise_with_gw_hp", fp8_all_gather=True, reshard_after_forward=False),
     dict(recipe="mxfp8", fp8_all_gather=True),
+    dict(recipe="mxfp8_rceil", fp8_all_gather=True),
     dict(recipe="rowwise", fp8_all_gather=True, checkpoint=True),
     dict(recipe="mxfp8", fp8_all_gather=True, checkpoint=True),
     dict(recipe="block", wide=True),

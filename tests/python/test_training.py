@@ -42,6 +42,7 @@ SPEC = {
     "mxfp8": {"input": ("e4m3fn", "mx32"), "weight": ("e4m3fn", "mx32"), "grad_output": ("e4m3fn", "mx32")},
 }
 SPEC["rowwise_with_gw_hp"] = SPEC["rowwise"]
+SPEC["mxfp8_rceil"] = SPEC["mxfp8"]  # the shared exponent rounded up where the spec's would saturate
 POWER_OF_TWO = {"rowwise", "rowwise_with_gw_hp"}  # rowwise scales are powers of two (torchao's rowwise)
 
 
@@ -62,7 +63,8 @@ def cast64(t, recipe, role, fmt=None):
     """float64 values of t [rows, cols] cast as the recipe casts this role (fmt overrides the format)."""
     spec_fmt, scaling = SPEC[recipe][role]
     return values64(fp8kit.quantize(np.ascontiguousarray(t, np.float32), fmt or spec_fmt, scaling,
-                                    power_of_two=recipe in POWER_OF_TWO))
+                                    power_of_two=recipe in POWER_OF_TWO,
+                                    mx_rounding="up" if recipe == "mxfp8_rceil" else "floor"))
 
 
 def within(got, a64, b64):
@@ -90,7 +92,7 @@ def run(layer, x, dy):
     return y.detach(), x.grad, layer.weight.grad, layer.bias.grad
 
 
-@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "rowwise_with_gw_hp", "block", "mxfp8"])
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "rowwise_with_gw_hp", "block", "mxfp8", "mxfp8_rceil"])
 def test_three_gemms_match_float64_of_the_recipes_casts(recipe):
     lin, x, dy = layer_and_data(1)
     w = lin.weight.detach().numpy().copy()
@@ -103,6 +105,9 @@ def test_three_gemms_match_float64_of_the_recipes_casts(recipe):
     # output y = q(x) . q(W)^T + b: the bias adds one rounding.
     ok, want, tol = within(y - torch.from_numpy(b).float(), cast64(xn, recipe, "input"), cast64(w, recipe, "weight"))
     assert np.all(np.abs(y.double().numpy() - (want + b)) <= tol + 2 * U * np.abs(want + b))
+    if recipe == "mxfp8_rceil":  # Nearest wrong answer: the spec's exponent (mxfp8's), which saturates
+        wrong = cast64(xn, "mxfp8", "input") @ cast64(w, "mxfp8", "weight").T
+        assert np.any(np.abs(wrong - want) > tol)
     # grad_input dX = q(dY) . q(W^T)^T
     ok, want, tol = within(dx, cast64(dyn, recipe, "grad_output"), cast64(w.T, recipe, "weight"))
     assert ok

@@ -416,6 +416,14 @@ TEST(Recipe, ParseNames) {
     EXPECT_EQ(parse_recipe("rowwise").options(Role::input).scaling, Scaling::row());
     EXPECT_EQ(parse_recipe("block").options(Role::weight).scaling, Scaling::block(128, 128));
     EXPECT_EQ(parse_recipe("mxfp8").options(Role::input).scaling, Scaling::mx32());
+    // mxfp8_rceil: mxfp8 with the exponent rounded up (torchao's RCEIL): each operand's options.
+    const Recipe rceil = parse_recipe("mxfp8_rceil");
+    EXPECT_EQ(rceil.kind, RecipeKind::mxfp8);
+    for (Role role : {Role::input, Role::weight, Role::grad_output}) {
+        EXPECT_EQ(rceil.options(role).scaling, Scaling::mx32());
+        EXPECT_EQ(rceil.options(role).mx_rounding, MxRounding::up);
+        EXPECT_EQ(parse_recipe("mxfp8").options(role).mx_rounding, MxRounding::floor);
+    }
     expect_error([] { (void)parse_recipe("fp8"); }, "'fp8'");
     expect_error([] { (void)parse_recipe("Tensorwise"); }, "'Tensorwise'");
 }

@@ -22,7 +22,7 @@ W^T cast is the gathered codes transposed: one byte per element is gathered.
 - rowwise, rowwise_with_gw_hp: W's row scales are each row's own (a rank casts its rows alone),
   but W^T's rows are W's columns, which span every rank: their amaxes are all-reduced (max, one
   vector) and each rank casts its rows with them too.
-- mxfp8: W's 1x32 blocks run along its rows (a rank's own), W^T's along W's columns, 32 rows of W
+- mxfp8 (and mxfp8_rceil): W's 1x32 blocks run along its rows (a rank's own), W^T's along W's columns, 32 rows of W
   each: where every rank's share of rows is a multiple of 32 (FSDP2's ceil(out / ranks)) each block
   lies in one shard, so each rank casts both for its rows alone. Any other split is refused,
   naming the layer, on every rank.
@@ -52,7 +52,9 @@ from .ops import cast
 aten = torch.ops.aten
 
 # The library recipes whose weight cast all-gathers in FP8 (the module's docstring says how).
-FP8_ALL_GATHER_RECIPES = ("tensorwise", "block", "rowwise", "mxfp8")
+FP8_ALL_GATHER_RECIPES = ("tensorwise", "block", "rowwise", "mxfp8", "mxfp8_rceil")
+# The recipes whose W^T has a cast of its own (its groups run along W's columns), gathered apart.
+_SEPARATE_T = ("rowwise", "mxfp8", "mxfp8_rceil")
 
 # What FSDP2 does to a weight to shard, pad and copy it: the result stays a Float8WeightShard.
 _PRESERVED = {aten.empty_like.default, aten.new_zeros.default, aten.slice.Tensor, aten.copy_.default,
@@ -112,7 +114,7 @@ class Float8WeightShard(torch.Tensor):
                 torch.distributed.all_reduce(amax, torch.distributed.ReduceOp.MAX, group=mesh.get_group())
             codes, scale_inv = _cast_with_amax(w, amax)
             return (_pad_rows(codes, padded),), (rows, scale_inv)
-        if self._recipe in ("rowwise", "mxfp8"):
+        if self._recipe in _SEPARATE_T:
             # One cast crosses per all-gather: W's for the forward, W^T's (as W's rows) for the
             # backward's re-gather (reshard_after_forward), each one byte an element. The forward's
             # gathers W^T's too, beside FSDP2's, until the layer has seen a re-gather - and always
@@ -162,9 +164,9 @@ class Float8WeightShard(torch.Tensor):
         # W's e8m0 scales [rows, K / 32] and W^T's [K, rows / 32] (its blocks' rows as W's 32-row
         # groups), gathered; 127 is e8m0's 1 (padding only).
         if part == "w":
-            codes, scale_inv = cast(w, "mxfp8", "weight", False)
+            codes, scale_inv = cast(w, self._recipe, "weight", False)
             return _pad_rows(codes, padded), _gather_rows(scale_inv, padded, 127, mesh)[:rows]
-        _, _, codes_t, scale_inv_t = cast(w, "mxfp8", "weight", True)
+        _, _, codes_t, scale_inv_t = cast(w, self._recipe, "weight", True)
         scales_t = _gather_rows(scale_inv_t.t(), padded // 32, 127, mesh)[:-(-rows // 32)].t().contiguous()
         return _pad_rows(codes_t.t(), padded), scales_t
 
@@ -181,7 +183,7 @@ class Float8WeightShard(torch.Tensor):
         w = w_t = source = None
         if self._recipe == "tensorwise":
             w = outputs[0][:rows], metadata[1]
-        elif self._recipe in ("rowwise", "mxfp8"):
+        elif self._recipe in _SEPARATE_T:
             _, part, scale_inv, other, source = metadata
             if part == "w":
                 w, w_t = (outputs[0][:rows], scale_inv), other
@@ -193,7 +195,7 @@ class Float8WeightShard(torch.Tensor):
         if out is not None:  # FSDP2 refilled the storage it gathers into: out takes the new views and metadata
             out._w, out._w_t, out._source = w, w_t, source
             return None
-        separate = self._recipe in ("rowwise", "mxfp8")
+        separate = self._recipe in _SEPARATE_T
         return Float8GatheredWeight(rows, w, w_t, param_dtype, separate, source), tuple(outputs)
 
 
@@ -330,7 +332,7 @@ def shard_weight(linear, layer):
     if recipe not in FP8_ALL_GATHER_RECIPES:
         raise fp8kit.Error(f"fp8kit.torch: layer '{layer}': enable_fsdp_float8_all_gather with recipe "
                            f"'{linear.config}': its amax history is each rank's own; FP8 all-gather takes "
-                           f"tensorwise, rowwise, rowwise_with_gw_hp, block and mxfp8")
+                           f"tensorwise, rowwise, rowwise_with_gw_hp, block, mxfp8 and mxfp8_rceil")
     w = linear.weight
     linear.weight = torch.nn.Parameter(Float8WeightShard(w.data, recipe, layer), requires_grad=w.requires_grad)
 

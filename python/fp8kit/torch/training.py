@@ -19,12 +19,14 @@ from .ops import autocast_input, cast, check_input, check_model_args, mm, qtenso
 
 _log = logging.getLogger(__name__)
 
-# torchao's recipe names, plus block, mxfp8 and delayed: the library's recipe (fp8kit::Recipe:
-# formats and scalings per operand) and whether grad_weight runs in FP8 (rowwise_with_gw_hp keeps
+# torchao's recipe names, plus block, mxfp8 (the MX spec's shared exponent), mxfp8_rceil (its
+# exponent rounded up where a block's largest value would saturate: torchao's RCEIL,
+# TransformerEngine's rule) and delayed: the library's recipe (fp8kit::Recipe: formats and
+# scalings per operand) and whether grad_weight runs in FP8 (rowwise_with_gw_hp keeps
 # dW = dY^T x in the input's precision: torchao's choice for the GEMM with the largest K).
 TRAINING_RECIPES = {"tensorwise": ("tensorwise", True), "rowwise": ("rowwise", True),
                     "rowwise_with_gw_hp": ("rowwise", False), "block": ("block", True), "mxfp8": ("mxfp8", True),
-                    "delayed": ("delayed", True)}
+                    "mxfp8_rceil": ("mxfp8_rceil", True), "delayed": ("delayed", True)}
 
 
 class _Casts:
