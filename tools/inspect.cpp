@@ -40,6 +40,7 @@ void run_inspect(const std::string& path, bool json) {
     std::set<std::string> schemes;
     size_t total = 0;
     std::optional<std::string> qc;
+    bool comfy = false;  // the file holds ComfyUI's scaled_fp8 marker
     reading_inputs([&] {
         c = std::make_unique<Checkpoint>(path);
         qc = c->quantization_config();
@@ -53,6 +54,7 @@ void run_inspect(const std::string& path, bool json) {
                 schemes.insert(std::string(to_string(w->scheme)));
             } else if (is_comfy_marker(*c, name)) {
                 t["quantization"] = "marker (ComfyUI scaled fp8)";
+                comfy = true;
             } else if (is_scale_name(*c, name)) {
                 t["quantization"] = "scale";
             } else if (is_fp8(e.dtype) && e.dtype != DType::e8m0fnu) {
@@ -65,9 +67,11 @@ void run_inspect(const std::string& path, bool json) {
         }
     });
     const Json q = qc ? Json::parse(*qc, nullptr, false) : Json(nullptr);
+    // Who wrote it: the config's producer, else ComfyUI where its marker says so.
+    const Json who = q.is_object() ? Json(producer(q)) : comfy ? Json("ComfyUI (scaled fp8)") : Json(nullptr);
     if (json) {
         std::printf("%s\n", Json{{"path", path}, {"files", c->shard_files()}, {"tensors", tensors}, {"total_bytes", total},
-                                 {"detected", schemes}, {"producer", q.is_object() ? Json(producer(q)) : Json(nullptr)},
+                                 {"detected", schemes}, {"producer", who},
                                  {"quantization_config", q}}.dump().c_str());
         return;
     }
@@ -89,6 +93,7 @@ void run_inspect(const std::string& path, bool json) {
     std::string detected = schemes.empty() ? "none (not an FP8 checkpoint)" : "";
     for (const std::string& s : schemes) detected += (detected.empty() ? "" : " + ") + s;
     std::printf("total bytes: %zu\ndetected quantization: %s\n", total, detected.c_str());
+    if (!qc && comfy) std::printf("producer: ComfyUI (scaled fp8), no quantization_config\n");
     if (qc) std::printf("quantization_config (%s): %s\n", q.is_object() ? printable(producer(q)).c_str() : "not JSON", printable(*qc).c_str());
 }
 

@@ -900,6 +900,7 @@ def test_diffusers_fp8_single_file_dequantized_by_the_command(tmp_path):
                                   text=True).stdout)
     kinds = {t["name"]: t["quantization"] for t in j["tensors"]}
     assert kinds["scaled_fp8"] == "marker (ComfyUI scaled fp8)" and j["detected"] == ["tensor"]
+    assert j["producer"] == "ComfyUI (scaled fp8)" and j["quantization_config"] is None
     assert kinds["transformer_blocks.0.ff.net.2.scale_input"] == "scale"
 
 
