@@ -816,13 +816,14 @@ def _flux_inputs(dtype, tokens=64, txt=16):
                 img_ids=ids.reshape(-1, 3).to(dtype), txt_ids=torch.zeros(txt, 3, dtype=dtype), return_dict=False)
 
 
-def _flux_fp8_file(path, scaled):
-    """A Flux transformer's state_dict as the hub's FP8 single files store it (Diffusers' names): each
-    Linear weight of the blocks in float8_e4m3fn - scaled: per tensor, amax / 448, with ComfyUI's
-    `<module>.scale_weight` (a 0-d float32), a `scale_input` on one layer and the `scaled_fp8`
-    marker; else the weight cast as it is (its values are small enough). Returns the tensors."""
+def _flux_fp8_file(path, scaled, config=FLUX):
+    """A Flux transformer's state_dict (config) as the hub's FP8 single files store it (Diffusers'
+    names): each Linear weight of the blocks in float8_e4m3fn - scaled: per tensor, amax / 448, with
+    ComfyUI's `<module>.scale_weight` (a 0-d float32), a `scale_input` on one layer and the
+    `scaled_fp8` marker; else the weight cast as it is (its values are small enough). Returns the
+    tensors."""
     tensors = {}
-    for k, v in _flux().state_dict().items():
+    for k, v in _diffusers_model("FluxTransformer2DModel", config).state_dict().items():
         if v.dim() == 2 and k.endswith(".weight") and "blocks." in k:
             scale = v.abs().amax() / E4M3_MAX if scaled else torch.tensor(1.0)
             tensors[k] = (v / scale).to(torch.float8_e4m3fn)
@@ -1026,17 +1027,7 @@ def test_flux_pipeline_with_an_fp8_single_file_transformer(tmp_path):
     diffusers = pytest.importorskip("diffusers", reason="diffusers is not installed (scripts/setup.sh)")
     flux = dict(FLUX, in_channels=64)  # the pipeline packs 2x2 latent patches of 16 channels
     path = tmp_path / "flux-fp8.safetensors"
-    torch.manual_seed(0)
-    tensors = {}
-    for k, v in diffusers.FluxTransformer2DModel(**flux).state_dict().items():
-        if v.dim() == 2 and k.endswith(".weight") and "blocks." in k:
-            scale = v.abs().amax() / E4M3_MAX
-            tensors[k] = (v / scale).to(torch.float8_e4m3fn)
-            tensors[k.removesuffix(".weight") + ".scale_weight"] = scale.reshape(())
-        else:
-            tensors[k] = v
-    tensors["scaled_fp8"] = torch.zeros(2, dtype=torch.float8_e4m3fn)
-    save_file(tensors, str(path))
+    tensors = _flux_fp8_file(path, scaled=True, config=flux)
     fp8 = fp8kit.torch.load_fp8_checkpoint(_diffusers_model("FluxTransformer2DModel", flux, meta=True), path,
                                            torch_dtype=torch.bfloat16)
     torch.manual_seed(1)
@@ -1064,7 +1055,8 @@ def test_flux_pipeline_with_an_fp8_single_file_transformer(tmp_path):
     reference = _diffusers_model("FluxTransformer2DModel", flux)
     reference.load_state_dict({k: (v.to(torch.float64) * tensors[k.removesuffix(".weight") + ".scale_weight"]
                                    .to(torch.float64)).float() if v.dtype == torch.float8_e4m3fn else v
-                               for k, v in tensors.items() if k != "scaled_fp8" and not k.endswith(".scale_weight")})
+                               for k, v in tensors.items()
+                               if k != "scaled_fp8" and not k.endswith((".scale_weight", ".scale_input"))})
     pipe.transformer = reference
     assert sqnr(image(), got) >= 50
 

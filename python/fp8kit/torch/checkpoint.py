@@ -123,9 +123,14 @@ class _Checkpoint:
         """An unscaled FP8 tensor whose module stores a tensor named like a scale that fp8kit does
         not read: refused, for the codes would run as values where that scale says they are not."""
         module, _, leaf = name.rpartition(".")
-        for other in self.file_of:
-            o_module, _, o_leaf = other.rpartition(".")
-            if o_module == module and o_leaf != leaf and "scale" in o_leaf and other not in self.layout:
+        if not hasattr(self, "_leaves"):  # module -> its tensors' leaf names, once a checkpoint
+            self._leaves = {}
+            for n in self.file_of:
+                m, _, lf = n.rpartition(".")
+                self._leaves.setdefault(m, []).append(lf)
+        for o_leaf in self._leaves.get(module, ()):
+            other = f"{module}.{o_leaf}" if module else o_leaf
+            if o_leaf != leaf and "scale" in o_leaf and other not in self.layout:
                 raise fp8kit.Error(f"{self.where(name)} is FP8 without a scale fp8kit reads, and its module stores "
                                    f"'{other}', a scale in no layout fp8kit knows (docs/CHECKPOINTS.md): the codes "
                                    "would run as values")
