@@ -94,7 +94,7 @@ void block_portable(int rows, int nj, const uint16_t* a, int64_t lda, const void
     }
 }
 
-constexpr GemmKernels portable_kernels{&expand_portable, &widen_bf16<&expand_portable>, 2, 8, 32, 2, 0,
+constexpr GemmKernels portable_kernels{&expand_portable, &widen_bf16<&expand_portable>, 2, 8, 32, 32, 2, 0,
                                        &block_then_promote<&block_portable>, &no_tile_state, &no_tile_state, nullptr, 0,
                                        &matmul_f32_portable, &scale_store_loop, &fold_loop,
                                        &widen_then_fold<&expand_portable>, 1, &pack_group_loop, "portable"};
@@ -296,12 +296,13 @@ struct Task {
     const uint16_t* a_row(int64_t r) const { return r >= tail_row ? tail + (r - tail_row) * lda : apk + r * lda; }
 };
 
-// The chunks of K in one window of run_tiles: whole K groups, up to the kernel's window_chunks
-// (one group may be longer: then the window is that group, in pieces accumulated in the tiles);
-// folded, K is one group.
+// The chunks of K in one window of run_tiles: all of K where it is at most the kernel's
+// one_window_chunks, else whole K groups, up to the kernel's window_chunks (one group may be
+// longer: then the window is that group, in pieces accumulated in the tiles); folded, K is one group.
 int64_t window_chunks(const KLayout& kl, const GemmKernels& kern, bool fold) {
-    const int64_t cpg = kl.chunks_per_group();
-    return kl.groups == 1 || fold ? std::min(kern.window_chunks, kl.padded / gemm_chunk)
+    const int64_t cpg = kl.chunks_per_group(), chunks = kl.padded / gemm_chunk;
+    if (chunks <= kern.one_window_chunks) return chunks;
+    return kl.groups == 1 || fold ? std::min(kern.window_chunks, chunks)
                                   : std::max<int64_t>(1, kern.window_chunks / cpg) * cpg;
 }
 

@@ -282,18 +282,27 @@ bool amx_usable() {
 // runs each (2026-11-25): 2048^3 1544-1663 GFLOP/s with 32, 2033-2091 with 64, 1936-2014 with 128;
 // 2048 x 4096 x 4096 1598-1698 / 2007-2063 / 1453-1485; M = 128 1568-1640 / 1764-1847 / 1810-1822;
 // 8 and 16 chunks slower than 32 (2048^3: 1244, 1395).
+// K up to 96 chunks (3072) is one window (GemmKernels::one_window_chunks): over a window of 64 and
+// one of the rest, each task keeps all its rows' sums (1 MiB for 2048 rows of a panel) between the
+// windows and finishes them from L2 and beyond. 2 threads, e4m3 tensorwise, median of paired calls,
+// 64-chunk windows' time over one window's (2026-12-01): 4096 x 512 x 2560 1.14-1.17, 2048 x 2048 x
+// 2560 1.24, 2048 x 4096 x 3072 1.17, 2048 x 11008 x 2560 1.24; bf16 A weight-only 4096 x 512 x 2560
+// 1.13-1.19, 4096 x 3072 x 3072 1.10; the block recipe 1.01-1.02. Two windows of 40 at K = 2560
+// were 1.14 too. At K = 4096 one window and two were within the noise (0.98-1.01), at K = 11008
+// windows of 128 0.985 of 64s.
+constexpr int64_t amx_one_window_chunks = 96;
 // Row bands while B's codes are at most 1 MiB (GemmKernels::row_band_max_b). 2 threads, e4m3
 // tensorwise, best call of 3 s, bands against panels (2026-11-28): 512^3 118-124 us against 177-194,
 // 1024^3 1055 against 1284, 256 x 1024 x 1024 262 against 302; even at 1536^3 (2.25 MiB of
 // codes); 2048^3 and 2048 x 1024 x 4096 (4 MiB) 8053 / 10504 against 7641 / 7945.
 constexpr int64_t amx_row_band_max_b = int64_t(1) << 20;
-constexpr GemmKernels amx_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 64, 2, amx_row_band_max_b, &block_then_promote<&block_dispatch>,
+constexpr GemmKernels amx_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 64, amx_one_window_chunks, 2, amx_row_band_max_b, &block_then_promote<&block_dispatch>,
                                   &amx_begin, &amx_end, &small_amx<false>, amx_small_m_max, &matmul_f32_avx2,
                                   &scale_store_loop, &fold_amx, &widen_fold_amx, 1, &pack_group_avx512, "amx"};
 // With AVX512-BF16: its bf16 conversion in the epilogue (scale_store_avx512), and M = 1 on
 // src/cpu/gemm_avx512.cpp's small kernel, two strips at once (small_strips_for), which does not
 // fold (so folding starts at M = 2); 2 <= M <= 128 streams through the tiles (small_amx).
-constexpr GemmKernels amx_bf16_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 64, 2, amx_row_band_max_b,
+constexpr GemmKernels amx_bf16_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 64, amx_one_window_chunks, 2, amx_row_band_max_b,
                                        &block_then_promote<&block_dispatch>, &amx_begin, &amx_end, &small_amx<true>,
                                        amx_small_m_max, &matmul_f32_avx2, &scale_store_avx512, &fold_amx, &widen_fold_amx, 2,
                                        &pack_group_avx512, "amx"};

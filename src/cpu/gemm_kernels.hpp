@@ -175,8 +175,11 @@ struct GemmKernels {
     // work: 16 strips over a 4-chunk window (16 strips of float32 B, 128 KiB: an AVX2 machine's L2 is
     // 256-512 KiB) ran 4096^3 at 0.94-0.97x OpenBLAS sgemm where 8 strips over 16 chunks ran
     // 0.91-0.93x (alternating in one process, Zen 5); and 3 row tiles, 48 rows = 8 x 6 rows of its
-    // micro kernel (32 rows took two 6-row and four slower 5-row calls).
-    int64_t panel_strips, window_chunks, block_tiles;
+    // micro kernel (32 rows took two 6-row and four slower 5-row calls). K of at most
+    // one_window_chunks is one window whatever window_chunks says: run_tiles then keeps one block's
+    // sums and finishes each block from L1, where over two windows it keeps every row's sums of the
+    // task (AMX: 96, src/cpu/gemm_amx.cpp says why; the other sets: window_chunks, not measured).
+    int64_t panel_strips, window_chunks, one_window_chunks, block_tiles;
     // The most bytes of B's codes for which gemm() gives each thread a band of rows (every panel)
     // rather than panels (every row); 0: panels. In a band a thread reads only the rows of packed A
     // it packed itself and writes whole rows of D, where over panels each thread reads every row,

@@ -548,6 +548,20 @@ TEST(GemmOps, WideBlockGroupsWithinTheFloat64Bound) {
              {Mnk{64, 48, 512}, Mnk{37, 140, 1100}, Mnk{130, 257, 129}}, check_gemm);
 }
 
+// K past one window of B on the cpu tiles (AMX: 3072 is one window, src/cpu/gemm_amx.cpp; the
+// avx512-bf16 tiles: 1024; AVX2: 128) with M past the small-M kernels, so that each task keeps all
+// its rows' sums between windows and finishes them after the last: tensorwise, block (each group
+// promoted into the sums the windows carry) and block_pow2 (folded: K summed as one group across
+// windows). A window's sums written over instead of added to fails the bound.
+TEST(GemmOps, KPastOneWindowWithinTheFloat64Bound) {
+    for (const GranCase& g : gran_cases()) {
+        if (g.name == "tensor" || g.name == "block" || g.name == "block_pow2") {
+            SCOPED_TRACE(g.name);
+            run_grid(g, {Mnk{136, 20, 3100}}, check_gemm);
+        }
+    }
+}
+
 // Power-of-two scales past the fold's range (2^+-32): A rows of magnitude 2^-120 and 2^100 get
 // scale_inv of about 2^-128 and 2^92, so the cpu backend packs A again unfolded and promotes each
 // group (src/cpu/gemm.cpp, "Folding"); folded anyway, row 0's small codes would fall below bf16's
@@ -1090,7 +1104,7 @@ TEST(GemmOps, ThreadCountDoesNotChangeD) {
 // D in bfloat16 is D in float32 rounded once, to nearest even (fp8kit::bf16, NaN kept), on every
 // ISA path: where the epilogue only scales and adds a float32 bias, the cpu kernels store D from
 // their own vectors (GemmKernels::scale_store). Shapes through the small-M kernels, the tiles with
-// K in one window and K past it (AMX: 2048), one row of B all NaN; a truncating or ties-away store
+// K in one window and K past it (the avx512-bf16 and AVX2 tiles; on AMX M = 64 streams), one row of B all NaN; a truncating or ties-away store
 // fails. And a float32 bias gives the D that the same values as a bf16 bias give through the
 // general epilogue (product, then + bias: a product and bias fused into one FMA fails).
 TEST(GemmOps, Bf16DIsTheFloat32DRoundedOnce) {
