@@ -20,6 +20,7 @@
 // group: the same products, summed in one float32 sum over K instead of a sum per group and a
 // promotion (an error bound of K roundings, as tensor scaling's, in place of group + groups), at
 // the tensorwise speed where promoting each 128-wide group out of the tiles cost 20-35%.
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <cmath>
@@ -94,7 +95,7 @@ void block_portable(int rows, int nj, const uint16_t* a, int64_t lda, const void
     }
 }
 
-constexpr GemmKernels portable_kernels{&expand_portable, &widen_bf16<&expand_portable>, 2, 8, 32, 32, 2, 0,
+constexpr GemmKernels portable_kernels{&expand_portable, &widen_bf16<&expand_portable>, 2, 8, 32, 32, 0, 2, 0,
                                        &block_then_promote<&block_portable>, &no_tile_state, &no_tile_state, nullptr, 0,
                                        &matmul_f32_portable, &scale_store_loop, &fold_loop,
                                        &widen_then_fold<&expand_portable>, 1, &pack_group_loop, "portable"};
@@ -640,7 +641,10 @@ void gemm(GemmJob& job) {
     const int threads = threads_for(work);
     const bool bands = int64_t(b.code_bytes()) <= kern.row_band_max_b;
     const int64_t all_strips_window = b.strips * window_chunks(kl, kern, fold) * gemm_chunk_codes * kern.widened_bytes;
-    const int64_t panel_strips = bands && !small && all_strips_window <= kern.row_band_max_b ? b.strips : kern.panel_strips;
+    const int64_t window_strips = kern.panel_window_bytes / (window_chunks(kl, kern, fold) * gemm_chunk_codes * kern.widened_bytes);
+    const int64_t panel_strips = bands && !small && all_strips_window <= kern.row_band_max_b
+                                     ? b.strips
+                                     : std::clamp<int64_t>(window_strips, kern.panel_strips, b.strips);
     const int64_t panels = (b.strips + panel_strips - 1) / panel_strips;
     const int64_t row_splits = small   ? 1
                                : bands ? std::min<int64_t>(row_blocks, threads)

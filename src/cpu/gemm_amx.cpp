@@ -291,18 +291,26 @@ bool amx_usable() {
 // were 1.14 too. At K = 4096 one window and two were within the noise (0.98-1.01), at K = 11008
 // windows of 128 0.985 of 64s.
 constexpr int64_t amx_one_window_chunks = 96;
+// A panel's window held at what 8 strips of 64 chunks take (512 KiB of bf16, GemmKernels::
+// panel_window_bytes): where K is short, a panel takes more strips, so that A's rows, read again
+// for each panel, are read fewer times. Paired calls, 2 threads (2026-12-01), 8-strip panels' time
+// over the wider ones': K = 512 (32 strips) 4096 x 2048 1.18-1.21 (e4m3, bf16 A, fused rowwise cast),
+// 4096 x 4096 1.24-1.29, 2048 x 8192 1.20, 512 x 2048 1.06, 256 x 4096 1.07; K = 1024 (16 strips)
+// 4096 x 2048 1.08, 4096 x 3072 1.09, 2048 x 4096 1.10, 1024^2 1.02. 32 strips at K = 2048 and 4096
+// (2 MiB windows): 0.78-0.86, and 64 strips at K = 512 were no faster than 32.
+constexpr int64_t amx_panel_window_bytes = int64_t(512) << 10;
 // Row bands while B's codes are at most 1 MiB (GemmKernels::row_band_max_b). 2 threads, e4m3
 // tensorwise, best call of 3 s, bands against panels (2026-11-28): 512^3 118-124 us against 177-194,
 // 1024^3 1055 against 1284, 256 x 1024 x 1024 262 against 302; even at 1536^3 (2.25 MiB of
 // codes); 2048^3 and 2048 x 1024 x 4096 (4 MiB) 8053 / 10504 against 7641 / 7945.
 constexpr int64_t amx_row_band_max_b = int64_t(1) << 20;
-constexpr GemmKernels amx_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 64, amx_one_window_chunks, 2, amx_row_band_max_b, &block_then_promote<&block_dispatch>,
+constexpr GemmKernels amx_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 64, amx_one_window_chunks, amx_panel_window_bytes, 2, amx_row_band_max_b, &block_then_promote<&block_dispatch>,
                                   &amx_begin, &amx_end, &small_amx<false>, amx_small_m_max, &matmul_f32_avx2,
                                   &scale_store_loop, &fold_amx, &widen_fold_amx, 1, &pack_group_avx512, "amx"};
 // With AVX512-BF16: its bf16 conversion in the epilogue (scale_store_avx512), and M = 1 on
 // src/cpu/gemm_avx512.cpp's small kernel, two strips at once (small_strips_for), which does not
 // fold (so folding starts at M = 2); 2 <= M <= 128 streams through the tiles (small_amx).
-constexpr GemmKernels amx_bf16_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 64, amx_one_window_chunks, 2, amx_row_band_max_b,
+constexpr GemmKernels amx_bf16_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 64, amx_one_window_chunks, amx_panel_window_bytes, 2, amx_row_band_max_b,
                                        &block_then_promote<&block_dispatch>, &amx_begin, &amx_end, &small_amx<true>,
                                        amx_small_m_max, &matmul_f32_avx2, &scale_store_avx512, &fold_amx, &widen_fold_amx, 2,
                                        &pack_group_avx512, "amx"};

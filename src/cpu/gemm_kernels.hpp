@@ -179,7 +179,10 @@ struct GemmKernels {
     // one_window_chunks is one window whatever window_chunks says: run_tiles then keeps one block's
     // sums and finishes each block from L1, where over two windows it keeps every row's sums of the
     // task (AMX: 96, src/cpu/gemm_amx.cpp says why; the other sets: window_chunks, not measured).
-    int64_t panel_strips, window_chunks, one_window_chunks, block_tiles;
+    // Where panel_window_bytes is nonzero, a panel takes as many more strips as its window (of
+    // window_chunks, or all of a shorter K) leaves room for in those bytes (AMX: 512 KiB, src/cpu/
+    // gemm_amx.cpp says why; 0 elsewhere: panel_strips, not measured there).
+    int64_t panel_strips, window_chunks, one_window_chunks, panel_window_bytes, block_tiles;
     // The most bytes of B's codes for which gemm() gives each thread a band of rows (every panel)
     // rather than panels (every row); 0: panels. In a band a thread reads only the rows of packed A
     // it packed itself and writes whole rows of D, where over panels each thread reads every row,

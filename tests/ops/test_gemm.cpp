@@ -356,17 +356,26 @@ std::vector<double> add(const std::vector<double>& a, const std::vector<double>&
 
 // Runs gemm(a, qb, call) on ref and on cpu (every ISA path) and checks each against the float64
 // model, and cpu against ref.
+// gemm() into an [m, n] output filled with NaN beforehand: D returned in a new tensor may take a
+// block of memory that the previous call (another ISA path's) freed with the same D in it, and then
+// a kernel that left part of D unwritten would pass.
+Tensor gemm_into_nan(const GemmA& qa, const QTensor& qb, const GemmOptions& opts, int64_t m, int64_t n) {
+    const Tensor d = Tensor::full({m, n}, std::nanf(""), opts.out_dtype);
+    gemm(qa, qb, opts, d);
+    return d;
+}
+
 void check_gemm(const GemmA& qa, const QTensor& qb, const Product64& p, const Call& call) {
     const DType out = call.opts.out_dtype;
     const Expect e = expect(p, call, out);
-    const Tensor ref = on_backend(Backend::ref, [&] { return gemm(qa, qb, call.opts); });
+    const Tensor ref = on_backend(Backend::ref, [&] { return gemm_into_nan(qa, qb, call.opts, p.m, p.n); });
     ASSERT_TRUE(is_output(ref, p.m, p.n, out));
     const std::vector<double> r = values(ref);
     EXPECT_TRUE(within(r, e.d, e.bound_ref, p.n)) << "ref vs float64";
     const std::vector<double> both = add(e.bound_cpu, e.bound_ref);
     on_backend(Backend::cpu, [&] {
         for_each_isa([&](Isa) {
-            const Tensor got = gemm(qa, qb, call.opts);
+            const Tensor got = gemm_into_nan(qa, qb, call.opts, p.m, p.n);
             ASSERT_TRUE(is_output(got, p.m, p.n, out));
             const std::vector<double> g = values(got);
             EXPECT_TRUE(within(g, e.d, e.bound_cpu, p.n)) << "cpu vs float64";
@@ -552,14 +561,21 @@ TEST(GemmOps, WideBlockGroupsWithinTheFloat64Bound) {
 // avx512-bf16 tiles: 1024; AVX2: 128) with M past the small-M kernels, so that each task keeps all
 // its rows' sums between windows and finishes them after the last: tensorwise, block (each group
 // promoted into the sums the windows carry) and block_pow2 (folded: K summed as one group across
-// windows). A window's sums written over instead of added to fails the bound.
-TEST(GemmOps, KPastOneWindowWithinTheFloat64Bound) {
+// windows). A window's sums written over instead of added to fails the bound. And, tensorwise, a
+// short K (16 chunks) over N = 1060 (67 strips): the AMX tiles' panels widen to 32 strips where their
+// window leaves room (GemmKernels::panel_window_bytes), here two such panels and a last of 3 strips.
+TEST(GemmOps, KPastOneWindowAndWidePanelsWithinTheFloat64Bound) {
     for (const GranCase& g : gran_cases()) {
         if (g.name == "tensor" || g.name == "block" || g.name == "block_pow2") {
             SCOPED_TRACE(g.name);
             run_grid(g, {Mnk{136, 20, 3100}}, check_gemm);
         }
     }
+    const Mnk s{136, 1060, 500};
+    const QuantizeOptions o = qopts(Scaling::tensor(), Format::e4m3fn);
+    const QTensor qa = quantize(as_tensor(gaussian(s.m, s.k, 31), s.m, s.k, DType::f32), o);
+    const QTensor qb = quantize(as_tensor(gaussian(s.n, s.k, 32), s.n, s.k, DType::f32), o);
+    check_gemm(qa, qb, product64(qa, qb), make_call(epilogues[0], s.m, s.n, DType::bf16, 33));
 }
 
 // Power-of-two scales past the fold's range (2^+-32): A rows of magnitude 2^-120 and 2^100 get
