@@ -644,7 +644,7 @@ void gemm(GemmJob& job) {
     const int64_t window_strips = kern.panel_window_bytes / (window_chunks(kl, kern, fold) * gemm_chunk_codes * kern.widened_bytes);
     const int64_t panel_strips = bands && !small && all_strips_window <= kern.row_band_max_b
                                      ? b.strips
-                                     : std::clamp<int64_t>(window_strips, kern.panel_strips, b.strips);
+                                     : std::max(kern.panel_strips, std::min(window_strips, b.strips));
     const int64_t panels = (b.strips + panel_strips - 1) / panel_strips;
     const int64_t row_splits = small   ? 1
                                : bands ? std::min<int64_t>(row_blocks, threads)
