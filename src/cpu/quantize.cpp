@@ -226,11 +226,20 @@ void cast_tiles(const detail::QuantizeJob& job, const float* mult, const float* 
         if (ha > 0 && wa > 0) {
             float* mr = multipliers.get() + slot * per_slot;
             float* mt = mr + TR * TC / W;
+            // The multipliers by each row's (column's) group and each register's group along it,
+            // found once each: by m(i, j) and m_t(j, i) element by element, the integer divisions
+            // took 3/4 of a 2048 x 2048 cast with its transposed copy (2.4-2.7 ms against 0.7 for
+            // the cast alone).
+            int64_t group_of_block[TC];  // of register b along a row (mr) or column (mt)
+            for (int64_t b = 0; b < wa / W; ++b) group_of_block[b] = (j0 + b * W) / g.cols;
             for (int64_t r = 0; r < ha; ++r) {
-                for (int64_t b = 0; b < wa / W; ++b) mr[r * (wa / W) + b] = m(i0 + r, j0 + b * W);
+                const float* along = mult + (i0 + r) / g.rows * gc;
+                for (int64_t b = 0; b < wa / W; ++b) mr[r * (wa / W) + b] = along[group_of_block[b]];
             }
+            for (int64_t b = 0; b < ha / W; ++b) group_of_block[b] = (i0 + b * W) / gt.cols;
             for (int64_t c = 0; c < wa; ++c) {
-                for (int64_t b = 0; b < ha / W; ++b) mt[c * (ha / W) + b] = m_t(j0 + c, i0 + b * W);
+                const float* along = mult_t + (j0 + c) / gt.rows * gct;
+                for (int64_t b = 0; b < ha / W; ++b) mt[c * (ha / W) + b] = along[group_of_block[b]];
             }
             tile_kernel(row<T>(x, i0) + j0, size_t(x.ld), size_t(ha), size_t(wa), job.data + i0 * x.cols + j0,
                         size_t(x.cols), job.data_t + j0 * x.rows + i0, size_t(x.rows), mr, mt, &a);
