@@ -63,6 +63,7 @@ is imported, so that torch's weights stream from the same kind of pages (a decod
 each weight once; from 4 KiB pages 5-15% slower here).
 """
 import argparse
+import contextlib
 import copy
 import importlib
 import itertools
@@ -147,10 +148,27 @@ def scaled_mm_linear(linear):
     return forward
 
 
-def peer(name):
-    """A seed project's module, or None (said once) where it is not installed."""
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """This process's stdout (file descriptor 1) sent to stderr meanwhile: llm-compressor's logger
+    writes to the stdout it was given, which --json keeps for JSON lines."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
     try:
-        return importlib.import_module(name)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def peer(name):
+    """A seed project's module, or None (said once) where it is not installed; what its import
+    prints goes to stderr (llm-compressor logs as it is imported)."""
+    try:
+        with _stdout_to_stderr():
+            return importlib.import_module(name)
     except ImportError:
         if name not in MISSING:
             MISSING.add(name)
@@ -541,8 +559,9 @@ def _make_checkpoints(model):
         from llmcompressor import oneshot
         from llmcompressor.modifiers.quantization import QuantizationModifier
         model = transformers.AutoModelForCausalLM.from_pretrained(bf16, dtype=torch.bfloat16)
-        oneshot(model=model, recipe=QuantizationModifier(targets="Linear", scheme="FP8_DYNAMIC", ignore=["lm_head"]))
-        model.save_pretrained(fp8, save_compressed=True)
+        with _stdout_to_stderr():
+            oneshot(model=model, recipe=QuantizationModifier(targets="Linear", scheme="FP8_DYNAMIC", ignore=["lm_head"]))
+            model.save_pretrained(fp8, save_compressed=True)
     return bf16, fp8
 
 
