@@ -640,9 +640,9 @@ void gemm(GemmJob& job) {
     const size_t work = size_t(job.m * terms) * size_t(job.n) * size_t(std::max<int64_t>(job.k, 1));
     const int threads = threads_for(work);
     const bool bands = int64_t(b.code_bytes()) <= kern.row_band_max_b;
-    const int64_t all_strips_window = b.strips * window_chunks(kl, kern, fold) * gemm_chunk_codes * kern.widened_bytes;
-    const int64_t window_strips = kern.panel_window_bytes / (window_chunks(kl, kern, fold) * gemm_chunk_codes * kern.widened_bytes);
-    const int64_t panel_strips = bands && !small && all_strips_window <= kern.row_band_max_b
+    const int64_t strip_window = window_chunks(kl, kern, fold) * gemm_chunk_codes * kern.widened_bytes;  // bytes
+    const int64_t window_strips = kern.panel_window_bytes / strip_window;
+    const int64_t panel_strips = bands && !small && b.strips * strip_window <= kern.row_band_max_b
                                      ? b.strips
                                      : std::max(kern.panel_strips, std::min(window_strips, b.strips));
     const int64_t panels = (b.strips + panel_strips - 1) / panel_strips;

@@ -354,8 +354,6 @@ std::vector<double> add(const std::vector<double>& a, const std::vector<double>&
     return ::testing::AssertionSuccess();
 }
 
-// Runs gemm(a, qb, call) on ref and on cpu (every ISA path) and checks each against the float64
-// model, and cpu against ref.
 // gemm() into an [m, n] output filled with NaN beforehand: D returned in a new tensor may take a
 // block of memory that the previous call (another ISA path's) freed with the same D in it, and then
 // a kernel that left part of D unwritten would pass.
@@ -365,6 +363,8 @@ Tensor gemm_into_nan(const GemmA& qa, const QTensor& qb, const GemmOptions& opts
     return d;
 }
 
+// Runs gemm(a, qb, call) on ref and on cpu (every ISA path) and checks each against the float64
+// model, and cpu against ref.
 void check_gemm(const GemmA& qa, const QTensor& qb, const Product64& p, const Call& call) {
     const DType out = call.opts.out_dtype;
     const Expect e = expect(p, call, out);
@@ -1120,9 +1120,10 @@ TEST(GemmOps, ThreadCountDoesNotChangeD) {
 // D in bfloat16 is D in float32 rounded once, to nearest even (fp8kit::bf16, NaN kept), on every
 // ISA path: where the epilogue only scales and adds a float32 bias, the cpu kernels store D from
 // their own vectors (GemmKernels::scale_store). Shapes through the small-M kernels, the tiles with
-// K in one window and K past it (the avx512-bf16 and AVX2 tiles; on AMX M = 64 streams), one row of B all NaN; a truncating or ties-away store
-// fails. And a float32 bias gives the D that the same values as a bf16 bias give through the
-// general epilogue (product, then + bias: a product and bias fused into one FMA fails).
+// K in one window and K past it (the avx512-bf16 and AVX2 tiles; on AMX M = 64 streams), one row
+// of B all NaN; a truncating or ties-away store fails. And a float32 bias gives the D that the
+// same values as a bf16 bias give through the general epilogue (product, then + bias: a product
+// and bias fused into one FMA fails).
 TEST(GemmOps, Bf16DIsTheFloat32DRoundedOnce) {
     uint32_t seed = 950;
     for (const Mnk s : {Mnk{1, 40, 1100}, Mnk{16, 48, 256}, Mnk{130, 257, 129}, Mnk{64, 300, 2100}}) {
