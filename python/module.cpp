@@ -650,7 +650,8 @@ NB_MODULE(_fp8kit, m) {
         }, "The output dtypes' names, by the index call_into takes.")
         .def("__init__",
              [](FusedLinear* self, const PackedWeight& b, const std::string& format, const std::string& scaling,
-                const std::string& overflow, const std::optional<Array>& bias, const std::optional<Array>& scale) {
+                const std::string& overflow, const std::optional<Array>& bias, const std::optional<Array>& scale,
+                const std::string& activation) {
                  std::optional<QuantizeOptions> q;  // scaling "none": weight-only
                  if (scaling != "none") q = quantize_options(format, scaling, overflow, false, 0.0f, "floor", "propagate");
                  if (scale) {  // a static input scale: checked now, not at the first call
@@ -668,12 +669,14 @@ NB_MODULE(_fp8kit, m) {
                  }
                  auto* f = new (self) FusedLinear{b, q, bias, scale, {}};
                  for (int i = 0; i < 3; ++i) {
-                     f->o[i] = gemm_options(fused_out_dtypes[i], 1.0f, 0.0f, std::nullopt, f->bias, "none");
+                     f->o[i] = gemm_options(fused_out_dtypes[i], 1.0f, 0.0f, std::nullopt, f->bias, activation);
                  }
              },
              "b"_a, "format"_a, "scaling"_a, "overflow"_a, "bias"_a.none(), "scale"_a = nb::none(),
+             "activation"_a = "none",
              "scale: a static input scale (one float32 value, x * scale is cast; tensor scaling only), as a "
-             "checkpoint's input_scale gives it (scale = 1 / input_scale); None: the scale of each call's amax.")
+             "checkpoint's input_scale gives it (scale = 1 / input_scale); None: the scale of each call's amax. "
+             "activation: 'none', or 'gelu' (tanh form) applied to y in the GEMM's epilogue.")
         // fp8kit.torch's eager forward: a torch tensor reaches nanobind only through DLPack (a
         // capsule a tensor, costlier than a decode step's small GEMM) or numpy (which would pin its
         // storage), so its Linear passes the addresses of x and of the y it allocated instead. The

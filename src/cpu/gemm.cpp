@@ -319,13 +319,13 @@ void finish_rows(const Task& t, int64_t p0, int64_t rows, int64_t s0, int64_t s1
     const int64_t j0 = s0 * gemm_tile, cols = std::min(job.n, s1 * gemm_tile) - j0;
     const float* sb = t.sb + j0;
     const bool summed = t.b.kl.groups == 1 || t.fold;  // the sums still to be scaled by sa * sb
-    if (t.terms == 1 && summed && job.c.data == nullptr && job.activation == Activation::none &&
-        (job.out_dtype == DType::f32 || job.out_dtype == DType::bf16)) {
+    const bool gelu = job.activation == Activation::gelu;
+    if (t.terms == 1 && summed && job.c.data == nullptr && (job.out_dtype == DType::f32 || job.out_dtype == DType::bf16)) {
         const bool bf16_out = job.out_dtype == DType::bf16;
         const float* bias = t.bias == nullptr ? nullptr : t.bias + j0;
         auto* out = static_cast<std::byte*>(job.out) + (p0 * job.n + j0) * (bf16_out ? 2 : 4);
         for (int64_t i = 0; i < rows; ++i, out += job.n * (bf16_out ? 2 : 4)) {
-            t.kern.scale_store(acc + i * ldacc, job.alpha, t.sa[p0 + i], sb, bias, out, bf16_out, cols);
+            t.kern.scale_store(acc + i * ldacc, job.alpha, t.sa[p0 + i], sb, bias, gelu, out, bf16_out, cols);
         }
         return;
     }
@@ -345,7 +345,7 @@ void finish_rows(const Task& t, int64_t p0, int64_t rows, int64_t s0, int64_t s1
         } else {
             for (int64_t j = 0; j < cols; ++j) v[j] = job.alpha * v[j];
         }
-        detail::gemm_epilogue(job, gi, j0, v, cols);
+        detail::gemm_epilogue(job, gi, j0, v, cols, gelu_epilogue);
         detail::gemm_store(job, gi, j0, v, cols);
     }
 }

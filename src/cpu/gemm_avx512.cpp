@@ -298,16 +298,23 @@ void pack_group_avx512(const uint8_t* row0, int64_t ld, int64_t cols, int64_t le
     pack_group_loop(row0 + e, ld, cols, len - e, dst);
 }
 
-// GemmKernels::scale_store on AVX512-BF16: the same float32 products as scale_store_loop (each
-// multiply and the bias add rounded on its own), and a bf16 D by VCVTNE2PS2BF16 - round to
-// nearest even and NaN made quiet, as fp8kit::bf16 - where no value is a float32 subnormal, which
-// the instruction flushes to zero: 32 values with one are rounded by bf16_round_bits.
-void scale_store_avx512(float* v, float alpha, float sa, const float* sb, const float* bias, void* out, bool bf16_out,
-                        int64_t cols) {
-    if (!bf16_out) return scale_store_loop(v, alpha, sa, sb, bias, out, false, cols);
+// GemmKernels::scale_store on AVX512-BF16: the same float32 values as scale_store_loop (each
+// multiply and the bias add rounded on its own; GELU by scale_values' loop, which this TU
+// vectorizes), and a bf16 D by VCVTNE2PS2BF16 - round to nearest even and NaN made quiet, as
+// fp8kit::bf16 - where no value is a float32 subnormal, which the instruction flushes to zero: 32
+// values with one are rounded by bf16_round_bits.
+void scale_store_avx512(float* v, float alpha, float sa, const float* sb, const float* bias, bool gelu, void* out,
+                        bool bf16_out, int64_t cols) {
+    if (!bf16_out) return scale_store_loop(v, alpha, sa, sb, bias, gelu, out, false, cols);
+    if (gelu) {
+        scale_values(v, alpha, sa, sb, bias, true, cols);
+        alpha = sa = 1.0f;
+        sb = bias = nullptr;
+    }
     auto* o = static_cast<uint16_t*>(out);
     const __m512 va = _mm512_set1_ps(alpha), vs = _mm512_set1_ps(sa);
     const auto d = [&](int64_t j) {
+        if (sb == nullptr) return _mm512_loadu_ps(v + j);
         const __m512 x = _mm512_mul_ps(va, _mm512_mul_ps(_mm512_loadu_ps(v + j), _mm512_mul_ps(vs, _mm512_loadu_ps(sb + j))));
         return bias != nullptr ? _mm512_add_ps(x, _mm512_loadu_ps(bias + j)) : x;
     };
@@ -329,7 +336,11 @@ void scale_store_avx512(float* v, float alpha, float sa, const float* sb, const 
         const __m512bh h = _mm512_cvtne2ps_pbh(d1, d0);  // d0 in the low half
         std::memcpy(o + j, &h, sizeof h);
     }
-    scale_store_loop(v + j, alpha, sa, sb + j, bias == nullptr ? nullptr : bias + j, o + j, true, cols - j);
+    if (sb == nullptr) {
+        for (; j < cols; ++j) o[j] = bf16_round_bits(v[j]);
+    } else {
+        scale_store_loop(v + j, alpha, sa, sb + j, bias == nullptr ? nullptr : bias + j, false, o + j, true, cols - j);
+    }
 }
 
 template void small_bf16<avx512_one_row>(int64_t, const uint16_t*, int64_t, const PackedB&, int64_t, int64_t,

@@ -222,13 +222,13 @@ struct GemmKernels {
     // order (src/cpu/matmul_kernel.hpp; on AVX2 the FP8 tiles' float32 kernel).
     void (*matmul_f32)(float* c, const float* a, bool ta, const float* b, bool tb, int64_t m, int64_t n, int64_t k,
                        bool accumulate);
-    // The GEMM's epilogue where it only scales and adds a float32 bias or none (gemm.cpp's
-    // finish_rows: one K group, no C or activation): D's row segment out[j] = alpha * (v[j] * (sa *
-    // sb[j])) (+ bias[j]), j < cols, as float32 or bf16 (scale_store_loop; in the kernel TU's
-    // vectors: built with baseline flags, the loop and the store after it took a third of a 512^3
-    // GEMM on the AMX tiles). v may be overwritten.
-    void (*scale_store)(float* v, float alpha, float sa, const float* sb, const float* bias, void* out, bool bf16_out,
-                        int64_t cols);
+    // The GEMM's epilogue where it only scales, adds a float32 bias or none and applies GELU or
+    // not (gemm.cpp's finish_rows: one K group, no C): D's row segment out[j] = alpha * (v[j] *
+    // (sa * sb[j])) (+ bias[j]), then gelu_epilogue where gelu, j < cols, as float32 or bf16
+    // (scale_store_loop; in the kernel TU's vectors: built with baseline flags, the loop and the
+    // store after it took a third of a 512^3 GEMM on the AMX tiles). v may be overwritten.
+    void (*scale_store)(float* v, float alpha, float sa, const float* sb, const float* bias, bool gelu, void* out,
+                        bool bf16_out, int64_t cols);
     // Power-of-two scales folded into the operands (gemm.cpp, "Folding"; null where the set does
     // not fold). fold: x[i] (bf16 bits, n a multiple of 32) gets add[i % 32] added where it is
     // nonzero and finite - fold_loop, in the set's vectors (A's packed rows). widen_fold: widen_b
@@ -358,6 +358,42 @@ void widen_bf16(const uint8_t* codes, int64_t n, const ExpandTable& t, bool, voi
 // begin / end for kernels that keep no per-thread state.
 inline void no_tile_state() {}
 
+// GELU of the GEMM epilogue (tanh form) on the host, as 0.5 x (1 + tanh z) = x / (1 + exp(-2z)),
+// z = s (x + c x^3): one exp and one division, written for the kernel TUs to vectorize (no
+// branch or select, no call, no float -> int conversion; every multiply-add an explicit fma, so
+// that a TU built with FMA contracts nothing the baseline TU rounds twice: every path computes
+// the same bits). w = -2z = x (-2s - 2sc x^2), clamped to [-86, 88.8]; n = w log2(e) rounded (by
+// adding 1.5 * 2^23, whose low bits are then n), r = w - n ln2 by Cody and Waite's two constants
+// (n ln2_hi exact, |r| <= ln2 / 2), exp(r) by its Taylor polynomial of degree 7 (the next term,
+// (ln2 / 2)^8 / 8!, is 0.09 u), 2^n put in the exponent field.
+// Ends: exp(-86) is a float32 normal, and 1 + exp(-86) rounds to 1 as 1 + exp(w) does below it.
+// Above w = 88.38, n = 128 makes 2^n +Inf: the quotient is -0 where the true value is below
+// |x| e^-88 (and -Inf / Inf = NaN for x = -Inf, as 0.5 x (1 + tanh z) = -Inf x 0). NaN stays NaN.
+// Error against gelu(x) exactly, u = 2^-24, first order: w 4u (x^2, the fma, the two constants, the
+// product); exp(r) 2u (truncation 0.09u, Horner's roundings 1.5u, r's rounding 0.35u, ln2's split
+// 0.03u); 1 + exp one rounding, the quotient one. With g = sigmoid(-w), the result is off by
+// g (1 - g)(4 |w| + 2) u + 2 g u of |x|: at most 2.85 u |x| (at w = -1.68).
+// Checked against float64 by tests/ops/test_gemm.cpp (GemmOps.GeluEpilogueWithinItsBound).
+inline float gelu_epilogue(float x) {
+    constexpr float two_s = 1.59576917f, two_sc = 0.0713548139f;  // 2 sqrt(2 / pi), times 0.044715
+    constexpr float log2e = 1.44269502f, round_add = 12582912.0f;  // 1.5 * 2^23
+    constexpr float ln2_hi = 0.693359375f, ln2_lo = -2.12194442e-4f;
+    const float w = std::min(std::max(x * std::fma(x * x, -two_sc, -two_s), -86.0f), 88.8f);
+    const float t = std::fma(w, log2e, round_add), n = t - round_add;
+    const float r = std::fma(n, -ln2_lo, std::fma(n, -ln2_hi, w));
+    float q = 1.98412701e-4f;  // 1 / 7!, then 1 / 6!, ..., 1 / 2!, 1, 1
+    q = std::fma(q, r, 1.38888892e-3f);
+    q = std::fma(q, r, 8.33333377e-3f);
+    q = std::fma(q, r, 4.16666679e-2f);
+    q = std::fma(q, r, 0.166666672f);
+    q = std::fma(q, r, 0.5f);
+    q = std::fma(q, r, 1.0f);
+    q = std::fma(q, r, 1.0f);
+    // 2^n from n's bits (in uint32: no overflow; n = 128 gives Inf's bits)
+    const float two_n = std::bit_cast<float>((std::bit_cast<uint32_t>(t) - std::bit_cast<uint32_t>(round_add) + 127u) << 23);
+    return x / std::fma(q, two_n, 1.0f);
+}
+
 // GemmKernels::scale_store as loops the kernel TU vectorizes: the products rounded as finish_rows
 // rounds them, and a bf16 D rounded to nearest even with NaN kept quiet, fp8kit::bf16's rounding
 // written out on the bits (so that no inline function is compiled with this TU's ISA; checked
@@ -369,12 +405,25 @@ inline uint16_t bf16_round_bits(float x) {
     return (b & 0x7fffffffu) > 0x7f800000u ? uint16_t((b >> 16) | 0x40u) : uint16_t((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
 }
 
-inline void scale_store_loop(float* v, float alpha, float sa, const float* sb, const float* bias, void* out,
-                             bool bf16_out, int64_t cols) {
+// D's float32 values of a row segment in v: alpha * (v[j] * (sa * sb[j])) (+ bias[j]), then GELU.
+inline void scale_values(float* v, float alpha, float sa, const float* sb, const float* bias, bool gelu, int64_t cols) {
+    for (int64_t j = 0; j < cols; ++j) v[j] = alpha * (v[j] * (sa * sb[j]));
     if (bias != nullptr) {
-        for (int64_t j = 0; j < cols; ++j) v[j] = alpha * (v[j] * (sa * sb[j]));
+        for (int64_t j = 0; j < cols; ++j) v[j] = v[j] + bias[j];
     }
-    const auto d = [&](int64_t j) { return bias != nullptr ? v[j] + bias[j] : alpha * (v[j] * (sa * sb[j])); };
+    if (gelu) {
+        for (int64_t j = 0; j < cols; ++j) v[j] = gelu_epilogue(v[j]);
+    }
+}
+
+inline void scale_store_loop(float* v, float alpha, float sa, const float* sb, const float* bias, bool gelu, void* out,
+                             bool bf16_out, int64_t cols) {
+    if (bias != nullptr || gelu) {
+        scale_values(v, alpha, sa, sb, bias, gelu, cols);
+        alpha = sa = 1.0f;
+        sb = nullptr;
+    }
+    const auto d = [&](int64_t j) { return sb == nullptr ? v[j] : alpha * (v[j] * (sa * sb[j])); };
     if (!bf16_out) {
         float* o = static_cast<float*>(out);
         for (int64_t j = 0; j < cols; ++j) o[j] = d(j);
@@ -391,8 +440,8 @@ inline void scale_store_loop(float* v, float alpha, float sa, const float* sb, c
 // small_bf16<P>: a single row streams B as P says (src/cpu/gemm_avx512.cpp measures both).
 void expand_vbmi(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t* out);
 void pack_group_avx512(const uint8_t* row0, int64_t ld, int64_t cols, int64_t len, uint8_t* dst);
-void scale_store_avx512(float* v, float alpha, float sa, const float* sb, const float* bias, void* out, bool bf16_out,
-                        int64_t cols);
+void scale_store_avx512(float* v, float alpha, float sa, const float* sb, const float* bias, bool gelu, void* out,
+                        bool bf16_out, int64_t cols);
 // How the small-M kernel streams B for a single row (M = 1): strips at once, and how many chunks
 // ahead in its thread's stream it prefetches each strip's lines into L1 and into L2 (0: none).
 // arith: whether normal codes widen by shifts (widen_vbmi.hpp) instead of byte tables.

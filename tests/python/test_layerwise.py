@@ -11,6 +11,7 @@ report's remove(), the original model itself: its modules, Parameters and output
 Run by scripts/test.sh (pytest, on the package scripts/setup.sh installed into .venv).
 """
 import copy
+import math
 
 import numpy as np
 import pytest
@@ -163,3 +164,92 @@ def test_embedding_decodes_only_the_rows_it_reads(scaled):
         rows = fp8kit.decode(q.data, "e4m3fn")[ids.numpy()] * q.scale_inv[0, 0]
         assert torch.equal(got, torch.from_numpy(rows).to(torch.bfloat16))
         assert torch.equal(got[0, 0], torch.zeros(64, dtype=torch.bfloat16))  # the padding row stays zero
+
+
+class MlpBlock(torch.nn.Module):
+    """Flux's single-block MLP as Diffusers writes it - self.act_mlp(self.proj_mlp(x)): the GELU
+    (tanh form) reads the Linear's output alone - beside GELUs that must stay modules: one its
+    forward also calls on x (act_b), one in the erf form (act_c)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj_mlp, self.act_mlp = torch.nn.Linear(64, 128), torch.nn.GELU(approximate="tanh")
+        self.proj_b, self.act_b = torch.nn.Linear(64, 128), torch.nn.GELU(approximate="tanh")
+        self.proj_c, self.act_c = torch.nn.Linear(64, 128), torch.nn.GELU()
+
+    def forward(self, x):  # x [..., 64] -> [..., 128]
+        h = self.act_mlp(self.proj_mlp(x))
+        return h + self.act_b(self.proj_b(x)) + self.act_b(torch.cat([x, x], -1)) + self.act_c(self.proj_c(x))
+
+
+def gelu64(x):
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def test_gelu_after_a_linear_runs_in_its_gemm():
+    # The fused layer's output is GELU (tanh form) of the float64 product of its operands: the
+    # float32 sums' bound times max |gelu'| (1.13), plus the epilogue's float32 GELU (3u |pre|,
+    # src/cpu/gemm_kernels.hpp) and one rounding to bfloat16. The nearest wrong answers fail it:
+    # the Linear's output rounded to bfloat16 before GELU (Diffusers' two ops, which fusing
+    # removes) and the erf form. The GELUs that read something else or are not the tanh form stay.
+    torch.manual_seed(8)
+    model = MlpBlock().to(torch.bfloat16)
+    x = torch.randn(96, 64).to(torch.bfloat16)
+    report = f8.enable_layerwise_casting(model, skip_modules_pattern=None)
+    assert report.native == ["proj_mlp", "proj_b", "proj_c"] and report.fused_gelu == ["proj_mlp"]
+    assert type(model.act_mlp) is torch.nn.Identity and type(model.act_b) is torch.nn.GELU
+    assert model.proj_mlp.activation == "gelu" and model.proj_b.activation == "none"
+    assert "GELU in the GEMM (1): proj_mlp" in str(report) and "activation=gelu" in repr(model.proj_mlp)
+    layer = model.proj_mlp
+    with torch.no_grad():
+        y = layer(x).double().numpy()
+        unfused = torch.nn.functional.gelu(_unfused(layer, x), approximate="tanh").double().numpy()
+    a64 = x.double().numpy()
+    b64 = fp8kit.decode(layer.weight.view(torch.uint8).numpy(), "e4m3fn").astype(np.float64) * layer.weight_scale_inv.item()
+    pre = a64 @ b64.T + layer.bias.double().numpy()
+    want = gelu64(pre)
+    tol = 1.13 * (bound(a64, b64, pre) + 2 * U * np.abs(pre)) + 3 * U * np.abs(pre) + 2.0 ** -8 * np.abs(want) + 2.0 ** -133
+    assert np.all(np.abs(y - want) <= tol)
+    assert np.any(np.abs(unfused - want) > tol)
+    erf = 0.5 * pre * (1 + np.vectorize(math.erf)(pre / np.sqrt(2)))
+    assert np.any(np.abs(erf - want) > tol)
+
+
+def _unfused(layer, x):
+    """The layer's Linear alone (no GELU): its output in bfloat16, as Diffusers' Linear gives it."""
+    plain = f8.Float8InferenceLinear(layer.in_features, layer.out_features, True, "layerwise")
+    plain.weight, plain.weight_scale_inv, plain.bias = layer.weight, layer.weight_scale_inv, layer.bias
+    return plain(x)
+
+
+def test_diffusers_feedforward_gelu_and_remove():
+    # Diffusers' FeedForward with "gelu-approximate" (Flux's and SD3's): its GELU module (proj, then
+    # F.gelu) becomes a Float8GELUProjection whose proj computes both, under the original's
+    # state_dict names; the block as a whole stays within the FP8 storage's error of Diffusers' own
+    # bfloat16 block and of fp8kit's unfused one (fuse_gelu=False: no rounding to bfloat16 between
+    # the Linear and GELU is the only difference, below 1% here). remove() gives back the original
+    # modules and outputs bit for bit, the nn.GELU that an nn.Identity replaced included.
+    attention = pytest.importorskip("diffusers.models.attention")  # the peer (tests/requirements-peers.txt)
+    torch.manual_seed(9)
+    model = torch.nn.ModuleDict({"ff": attention.FeedForward(64, activation_fn="gelu-approximate"),
+                                 "mlp": MlpBlock()}).to(torch.bfloat16)
+    x = torch.randn(2, 40, 64).to(torch.bfloat16)
+    run = lambda m: m["ff"](x) + m["mlp"](x).sum(-1, keepdim=True)  # noqa: E731
+    modules = dict(model.named_modules())
+    with torch.no_grad():
+        before = run(model)
+    unfused = copy.deepcopy(model)
+    f8.enable_layerwise_casting(unfused, skip_modules_pattern=None, fuse_gelu=False)
+    keys = set(unfused.state_dict())
+    report = f8.enable_layerwise_casting(model, skip_modules_pattern=None)
+    assert report.fused_gelu == ["ff.net.0.proj", "mlp.proj_mlp"]
+    assert type(model["ff"].net[0]) is f8.Float8GELUProjection and set(model.state_dict()) == keys
+    with torch.no_grad():
+        fused, plain = run(model).double(), run(unfused).double()
+    ref = before.double()
+    assert (fused - plain).norm() < 0.01 * plain.norm()
+    assert 10 * torch.log10(ref.square().sum() / (fused - ref).square().sum()) > 15
+    report.remove()
+    with torch.no_grad():
+        assert torch.equal(run(model).view(torch.int16), before.view(torch.int16))
+    assert dict(model.named_modules()) == modules

@@ -29,8 +29,9 @@ says why (torchao's _auto_filter_for_recipe, on fp8kit's measurements).
 
 Layerwise casting: enable_layerwise_casting(model, storage_dtype, compute_dtype, ...) with Diffusers'
 signature and default skip patterns stores weights in FP8; Linear layers then compute on the FP8
-weight directly (no upcast copy) and embeddings decode only the rows they read; convolutions are
-upcast per forward as Diffusers does.
+weight directly (no upcast copy), a GELU (tanh form) that only reads a Linear's output in that
+Linear's GEMM, and embeddings decode only the rows they read; convolutions are upcast per forward
+as Diffusers does.
 
 advise(model, example_inputs, path): per Linear, FP8 or not and which recipe, from paired timings
 on this machine and SQNR; writes the policy file the C++ side reads.
@@ -47,7 +48,7 @@ The modules, one feature each (the names above are the API; the modules' other n
     siblings.py           Linear layers called in a row on one input, run in one call
     inference.py          quantize_, Float8InferenceLinear, torchao's inference configs
     training.py           convert_to_float8_training, Float8Linear and its autograd Function
-    layerwise_casting.py  enable_layerwise_casting, Float8Embedding
+    layerwise_casting.py  enable_layerwise_casting, Float8Embedding, Float8GELUProjection
     advice.py             advise
     checkpoint.py         from_pretrained, load_fp8_checkpoint: FP8 checkpoints run as stored
     attention.py          register_attention: transformers' "fp8kit" attention (decode over the KV cache)
@@ -63,12 +64,12 @@ from .checkpoint import Float8Experts, Float8StaticInputLinear, from_pretrained,
 from .fsdp import precompute_float8_dynamic_scale_for_fsdp
 from .inference import RECIPES, Float8InferenceLinear, quantize_
 from .layerwise_casting import (CASTABLE_LAYERS, DEFAULT_SKIP_MODULES_PATTERN, Float8Embedding,
-                                LayerwiseCastingReport, enable_layerwise_casting)
+                                Float8GELUProjection, LayerwiseCastingReport, enable_layerwise_casting)
 from .ops import linear
 from .training import TRAINING_RECIPES, Float8Linear, auto_filter, convert_to_float8_training
 
 __all__ = ["CASTABLE_LAYERS", "DEFAULT_SKIP_MODULES_PATTERN", "RECIPES", "TRAINING_RECIPES", "Float8Embedding",
-           "Float8Experts", "Float8InferenceLinear", "Float8Linear", "Float8StaticInputLinear", "LayerwiseCastingReport",
+           "Float8Experts", "Float8GELUProjection", "Float8InferenceLinear", "Float8Linear", "Float8StaticInputLinear", "LayerwiseCastingReport",
            "advise", "auto_filter", "convert_to_float8_training", "enable_layerwise_casting", "from_pretrained", "linear",
            "load_fp8_checkpoint", "precompute_float8_dynamic_scale_for_fsdp", "quantize_", "register_attention"]
 

@@ -80,6 +80,9 @@ class Float8InferenceLinear(nn.Module):
     _siblings = None  # (_Siblings, this layer's index there): set by quantize_ / enable_layerwise_casting
     _released = False  # whether the codes are to be held by the packed weight alone (release_codes)
     _stored_as = None  # "compressed-tensors": state_dict names the scale as that layout does (_record_in_config)
+    # "gelu": GELU (tanh form) applied in the GEMM's epilogue, to the float32 sums (a Linear fused
+    # with the GELU after it: enable_layerwise_casting); "none": y as nn.Linear gives it
+    activation = "none"
 
     def __init__(self, in_features, out_features, bias=True, recipe="rowwise", format="e4m3fn"):
         super().__init__()
@@ -117,9 +120,11 @@ class Float8InferenceLinear(nn.Module):
         x = autocast_input(x)
         if _plain_eager(x):
             return _linear(x, buffers["weight"], buffers["weight_scale_inv"], self._parameters["bias"],
-                           self.input_scaling, self.weight_scaling, buffers.get("input_scale"), self._siblings)
+                           self.input_scaling, self.weight_scaling, buffers.get("input_scale"), self._siblings,
+                           self.activation)
         return torch.ops.fp8kit.linear(x, buffers["weight"], buffers["weight_scale_inv"], self._parameters["bias"],
-                                       self.input_scaling, self.weight_scaling, buffers.get("input_scale"))
+                                       self.input_scaling, self.weight_scaling, buffers.get("input_scale"),
+                                       self.activation)
 
     @property
     def weight(self):
@@ -138,9 +143,11 @@ class Float8InferenceLinear(nn.Module):
         static = self._buffers.get("input_scale")
         self._released = True
         if w.is_cpu and not ops.is_stand_in(w):
-            self._buffers["weight"] = ops.release_codes(w, s, self.weight_scaling, bias, self.input_scaling, static)
+            self._buffers["weight"] = ops.release_codes(w, s, self.weight_scaling, bias, self.input_scaling, static,
+                                                        self.activation)
         elif not w.is_cpu and not w.is_meta:
-            _fused(w, s, self.weight_scaling, bias, self.input_scaling, static)  # packed now; on a GPU the GEMM reads the codes
+            # packed now; on a GPU the GEMM reads the codes
+            _fused(w, s, self.weight_scaling, bias, self.input_scaling, static, self.activation)
 
     def _restore_codes(self):
         """The codes back in the buffer, where they were released (the packed weight is kept)."""
@@ -186,7 +193,8 @@ class Float8InferenceLinear(nn.Module):
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"recipe={self.recipe}, format={str(self._buffers['weight'].dtype).removeprefix('torch.float8_')}")
+                f"recipe={self.recipe}, format={str(self._buffers['weight'].dtype).removeprefix('torch.float8_')}"
+                + ("" if self.activation == "none" else f", activation={self.activation}"))
 
 
 class _Buffers(dict):

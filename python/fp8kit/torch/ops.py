@@ -51,9 +51,10 @@ class _Cached(tuple):
         return (_dropped, ())
 
 
-def _fused_linear(q, input_scaling, bias, input_scale=None):
+def _fused_linear(q, input_scaling, bias, input_scale=None, activation="none"):
     """The extension's FusedLinear over the QTensor q: its PackedWeight, the input's e4m3fn
-    saturating cast with input_scaling ("none": no cast, weight-only) and the bias (or None). With a
+    saturating cast with input_scaling ("none": no cast, weight-only), the bias (or None) and the
+    activation of its epilogue ("none" or "gelu", the tanh form). With a
     static input_scale (tensor scaling; compressed-tensors' dequantization multiplier, one value)
     x is cast as encode(float32(x * s)), s = 1 / input_scale computed in float64 and rounded once to
     float32: the multiplier as the stored scale's reciprocal, not the stored value rounded twice."""
@@ -64,23 +65,23 @@ def _fused_linear(q, input_scaling, bias, input_scale=None):
     # the GEMM then reads the packing as it is, also once its codes are released.
     packed = fp8kit.PackedWeight(q) if input_scaling == "none" else fp8kit.PackedWeight(q, input_scaling)
     return fp8kit._fp8kit.FusedLinear(packed, "e4m3fn", input_scaling, "saturate",
-                                      None if bias is None else fp8kit._to_extension(bias), static)
+                                      None if bias is None else fp8kit._to_extension(bias), static, activation)
 
 
-def _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling, input_scale=None):
+def _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling, input_scale=None, activation="none"):
     """The FusedLinear of a Float8InferenceLinear, made on first use and again only after a buffer
     or the bias is written (load_state_dict, copy_) or replaced: kept on the weight tensor, keyed by
     the version counters, and holding the scales and bias it read - a tensor assigned in their place
     has a counter of its own, so they are compared by identity. Returns (the FusedLinear,
     out_features)."""
     key = (weight._version, weight_scale_inv._version, weight_scaling, input_scaling,
-           None if bias is None else bias._version, None if input_scale is None else input_scale._version)
+           None if bias is None else bias._version, None if input_scale is None else input_scale._version, activation)
     cached = getattr(weight, "_fp8kit_fused", None)
     if (cached is None or cached[0] != key or cached[2] is not bias or cached[3] is not weight_scale_inv
             or cached[4] is not input_scale):
         codes = codes_of(weight)  # a stand-in's (a scale or bias written since): read back from its packing
         fused = _fused_linear(fp8kit.qtensor(codes, weight_scale_inv, weight_scaling), input_scaling, bias,
-                              input_scale)
+                              input_scale, activation)
         if codes is not weight:
             fused.weight.release_codes()
         cached = _Cached((key, (fused, weight.shape[0]), bias, weight_scale_inv, input_scale))
@@ -97,10 +98,10 @@ def _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling, input_
 # operator's calls in torch.compile's graphs alike. What reads it as codes reads NaN, never a
 # plausible weight. codes_of reads the codes back where they are needed as a tensor.
 
-def release_codes(weight, weight_scale_inv, weight_scaling, bias, input_scaling, input_scale=None):
+def release_codes(weight, weight_scale_inv, weight_scaling, bias, input_scaling, input_scale=None, activation="none"):
     """The stand-in for a host weight's codes, its FusedLinear made (or the cached one) with the
     codes released; the caller puts it in the weight's place, so the codes go."""
-    _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling, input_scale)
+    _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling, input_scale, activation)
     weight._fp8kit_fused[1][0].weight.release_codes()
     nan = torch.full((1,), float("nan")).to(weight.dtype)  # the format's NaN code
     return _carry(weight, nan.expand(weight.shape))
@@ -222,14 +223,16 @@ def _call_into(fused, n, x, dtype_index):
     return y
 
 
-def _linear(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling, input_scale=None, siblings=None):
-    """y[..., N] = deq(fp8(x))[..., K] . deq(weight)[N, K]^T (+ bias[N]), x float32 / bfloat16 /
+def _linear(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling, input_scale=None, siblings=None,
+            activation="none"):
+    """y[..., N] = act(deq(fp8(x))[..., K] . deq(weight)[N, K]^T (+ bias[N])), x float32 / bfloat16 /
     float16 with any leading dimensions, y in x's dtype: x quantized with input_scaling (e4m3fn,
     saturating) inside the GEMM - with a static input_scale (tensor scaling) by 1 / input_scale,
     else by each call's amax; with "none" not quantized (weight-only) - float32 sums. The
     extension is called directly, with the bias's view cached beside the packed weight:
     fp8kit.gemm's argument handling costs more than the GEMM of a decode step's small layer.
-    siblings: the layer's (_Siblings, index), which may serve its output from a GEMM of its run."""
+    siblings: the layer's (_Siblings, index), which may serve its output from a GEMM of its run.
+    activation: "none", or "gelu" (tanh form) in the GEMM's epilogue, on the float32 sums."""
     index = check_input(x, weight.shape[1], "Float8InferenceLinear")[1]
     # The extension reads x by address: C-contiguous rows where the weight is.
     if x.device != weight.device:
@@ -244,19 +247,20 @@ def _linear(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling, in
         y = siblings[0](siblings[1], x, index)
         if y is not None:
             return y
-    fused, n = _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling, input_scale)
+    fused, n = _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling, input_scale, activation)
     return _call_into(fused, n, x, index)
 
 
 @torch.library.custom_op("fp8kit::linear", mutates_args=())
 def linear(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor, bias: Optional[torch.Tensor],
-           input_scaling: str, weight_scaling: str, input_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+           input_scaling: str, weight_scaling: str, input_scale: Optional[torch.Tensor] = None,
+           activation: str = "none") -> torch.Tensor:
     """_linear as a torch operator, x [..., K]: what torch.compile and torch.export see."""
-    return _linear(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling, input_scale)
+    return _linear(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling, input_scale, activation=activation)
 
 
 @linear.register_fake
-def _(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling, input_scale=None):
+def _(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling, input_scale=None, activation="none"):
     check_input(x, weight.shape[1], "Float8InferenceLinear")  # a bad input fails at trace time, as in eager
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 

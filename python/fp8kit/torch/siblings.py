@@ -101,7 +101,7 @@ class _Siblings:
         for p in plan:  # one loop, not four comprehensions
             m = self.members[p]
             state = _state(m)  # before _fused: the tensors and versions the FusedLinear is made of
-            fused, n = _fused(state[0], state[1], m.weight_scaling, state[2], m.input_scaling)
+            fused, n = _fused(state[0], state[1], m.weight_scaling, state[2], m.input_scaling, activation=m.activation)
             y = x.new_empty(*lead, n)  # C-contiguous, written by the extension
             layers.append(fused)
             addresses.append(y.data_ptr())
