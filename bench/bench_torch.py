@@ -617,8 +617,8 @@ def run_checkpoint(rows, threads, quick, model):
 # 2 double- and 4 single-stream blocks; a 4-block SD3), bf16, one forward at each image-token
 # count, each way in a fresh process a round (DIFFUSION_ROUNDS): plain bf16, Diffusers' own
 # layerwise casting (e4m3 storage, upcast per forward), fp8kit.torch.enable_layerwise_casting (the
-# Linear layers computing on the FP8 weight, the activation as Diffusers computes it), both with
-# their default skip patterns; and
+# Linear layers computing on the FP8 weight, the activation as Diffusers computes it; fused_gelu:
+# how many compute the GELU after them in their GEMM), both with their default skip patterns; and
 # fp8file: the model as a ComfyUI scaled fp8 single file (the blocks' Linear weights e4m3 with a
 # per-tensor scale_weight, written here by torch) run as stored by load_fp8_checkpoint into the
 # model built on the meta device (weight-only, as ComfyUI computes it; no bf16 weight is made).
@@ -673,13 +673,14 @@ def diffusion_child(kind, name, tokens, path=None):
     else:
         model = getattr(diffusers, cls)(**cfg).to(torch.bfloat16).eval()
     params = sum(p.numel() for p in model.parameters())  # before FP8 storage makes weights buffers
-    native = None
+    native = fused_gelu = None
     if kind == "fp8file":
         f8.load_fp8_checkpoint(model, path, torch_dtype=torch.bfloat16)
         native = sum(isinstance(m, f8.Float8InferenceLinear) for m in model.modules())
+        fused_gelu = sum(isinstance(m, f8.Float8InferenceLinear) and m.activation == "gelu" for m in model.modules())
     elif kind == "fp8kit":
         report = f8.enable_layerwise_casting(model, torch.float8_e4m3fn, torch.bfloat16)
-        native = len(report.native)
+        native, fused_gelu = len(report.native), len(report.fused_gelu)
         del report  # the originals it holds for remove() go
     elif kind == "diffusers":
         model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
@@ -701,7 +702,7 @@ def diffusion_child(kind, name, tokens, path=None):
             t0 = time.perf_counter()
             model(**inp)
             best = min(best, time.perf_counter() - t0)
-    print(json.dumps({"kind": kind, "model": name, "tokens": tokens, "native_linears": native,
+    print(json.dumps({"kind": kind, "model": name, "tokens": tokens, "native_linears": native, "fused_gelu": fused_gelu,
                       "params_m": round(params / 1e6, 1),
                       "rss_mb": round(rss() - base), "forward_s": round(best, 4), "out_norm": round(float(out.float().norm()), 3)}))
 
@@ -861,7 +862,7 @@ def main():
                                    "an FP8 checkpoint (llm-compressor FP8_DYNAMIC of a 169M Llama) and the bf16 one "
                                    "quantize_d, each in a fresh process: RSS above the imports' (MB), tokens/s with a "
                                    "StaticCache"),
-              "torch_diffusion": ("impl tokens params_m native_linears rss_mb rss_vs_bf16 forward_s vs_bf16 out_norm note",
+              "torch_diffusion": ("impl tokens params_m native_linears fused_gelu rss_mb rss_vs_bf16 forward_s vs_bf16 out_norm note",
                                   "Diffusers transformers from configs, bf16 / Diffusers' layerwise casting / fp8kit's, "
                                   "each in a fresh process: one forward (s), RSS above the imports' (MB)"),
               "torch_attention": ("impl dtype l us gb_per_s vs_sdpa max_err_vs_f64",

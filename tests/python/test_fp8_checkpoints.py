@@ -859,9 +859,10 @@ def test_diffusers_fp8_single_file_runs_as_stored(tmp_path, scaled):
     `scale_input` for its optional FP8 matmuls). load_fp8_checkpoint runs each Linear from the
     stored codes, weight-only - as Diffusers and ComfyUI compute these files (the weight upcast) -
     the codes and scale as stored; the output in float32 against float64 with the weights
-    dequantized (codes x scale_weight): 129.6 dB, float32's sums; the floor is 100 dB. The nearest
-    wrong answers: activations cast per tensor (what a tensor scale with no config runs) score
-    52.7 dB, scale_weight ignored (Diffusers' from_single_file, which upcasts the codes) -2.5 dB."""
+    dequantized (codes x scale_weight): 128.2-128.4 dB (GELU in the GEMM), float32 sums; the floor
+    is 100 dB. The nearest wrong answers: activations cast per tensor (what a tensor scale with no
+    config runs) score 52.7 dB, scale_weight ignored (Diffusers' from_single_file, which upcasts the
+    codes) -2.5 dB."""
     path = tmp_path / "flux-fp8.safetensors"
     tensors = _flux_fp8_file(path, scaled)
     model = fp8kit.torch.load_fp8_checkpoint(_flux(meta=True), path, torch_dtype=torch.float32)
@@ -874,6 +875,11 @@ def test_diffusers_fp8_single_file_runs_as_stored(tmp_path, scaled):
     assert layer.weight_scale_inv.reshape(()) == want
     assert sum(isinstance(m, fp8kit.torch.Float8InferenceLinear) for m in model.modules()) == \
         sum(v.dtype == torch.float8_e4m3fn and v.dim() == 2 for v in tensors.values())
+    # GELU in the GEMM (fuse_gelu): the feed-forward's GELU module and the single blocks' act_mlp
+    assert type(model.transformer_blocks[0].ff.net[0]) is fp8kit.torch.Float8GELUProjection
+    assert model.transformer_blocks[0].ff.net[0].proj.activation == "gelu"
+    assert model.single_transformer_blocks[0].proj_mlp.activation == "gelu"
+    assert type(model.single_transformer_blocks[0].act_mlp) is torch.nn.Identity
     with torch.no_grad():
         got = model(**_flux_inputs(torch.float32))[0]
     assert sqnr(_flux_emulated(tensors), got) >= 100

@@ -48,7 +48,8 @@ The modules, one feature each (the names above are the API; the modules' other n
     siblings.py           Linear layers called in a row on one input, run in one call
     inference.py          quantize_, Float8InferenceLinear, torchao's inference configs
     training.py           convert_to_float8_training, Float8Linear and its autograd Function
-    layerwise_casting.py  enable_layerwise_casting, Float8Embedding, Float8GELUProjection
+    layerwise_casting.py  enable_layerwise_casting, Float8Embedding
+    gelu_fusion.py        a GELU after an FP8 Linear in its GEMM (Float8GELUProjection)
     advice.py             advise
     checkpoint.py         from_pretrained, load_fp8_checkpoint: FP8 checkpoints run as stored
     attention.py          register_attention: transformers' "fp8kit" attention (decode over the KV cache)
@@ -63,8 +64,9 @@ from .attention import register_attention
 from .checkpoint import Float8Experts, Float8StaticInputLinear, from_pretrained, load_fp8_checkpoint
 from .fsdp import precompute_float8_dynamic_scale_for_fsdp
 from .inference import RECIPES, Float8InferenceLinear, quantize_
+from .gelu_fusion import Float8GELUProjection
 from .layerwise_casting import (CASTABLE_LAYERS, DEFAULT_SKIP_MODULES_PATTERN, Float8Embedding,
-                                Float8GELUProjection, LayerwiseCastingReport, enable_layerwise_casting)
+                                LayerwiseCastingReport, enable_layerwise_casting)
 from .ops import linear
 from .training import TRAINING_RECIPES, Float8Linear, auto_filter, convert_to_float8_training
 

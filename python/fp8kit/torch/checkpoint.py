@@ -57,6 +57,7 @@ from torch import nn
 import fp8kit
 
 from . import attention
+from .gelu_fusion import fuse_gelu as _fuse_gelu
 from .inference import Float8InferenceLinear as _InferenceLinear, _block_of, _group_siblings, _record_in_config
 from .memory import release_pages
 
@@ -866,7 +867,7 @@ def _diffusers_names(model, ckpt):
     return _Converted(ckpt, model, SINGLE_FILE_LOADABLE_CLASSES[mapping_class]["checkpoint_mapping_fn"])
 
 
-def load_fp8_checkpoint(model, path, *, torch_dtype=None, strict=True, fuse_siblings=True):
+def load_fp8_checkpoint(model, path, *, torch_dtype=None, strict=True, fuse_siblings=True, fuse_gelu=True):
     """Loads an FP8 checkpoint (a .safetensors file, or a directory of shards with its config.json)
     into model, any nn.Module whose parameter names match the checkpoint's - or a Diffusers model
     whose single file keeps the original names, which Diffusers' own conversion gives it
@@ -874,12 +875,13 @@ def load_fp8_checkpoint(model, path, *, torch_dtype=None, strict=True, fuse_sibl
     inference layer holding the stored codes and scales as they are (see the module's docstring;
     plain float8_e4m3fn and ComfyUI's scaled fp8 weight-only); every other tensor goes to the
     parameter or buffer of its name (in torch_dtype, if given). strict: a tensor the model has no place for, or a
-    parameter left on the meta device, is an error. fuse_siblings: as quantize_'s. Each
+    parameter left on the meta device, is an error. fuse_siblings: as quantize_'s; fuse_gelu: as
+    enable_layerwise_casting's (Diffusers' GELU modules, Flux's single blocks). Each
     layer's weight is packed at load as the codes' only copy, and the file pages the packing read
     handed back (_pack). Returns model."""
     ckpt = _diffusers_names(model, _Checkpoint(path))
     _load(model, ckpt, torch_dtype, strict)
-    _finish(model, ckpt, fuse_siblings, strict)
+    _finish(model, ckpt, fuse_siblings, strict, fuse_gelu)
     return model
 
 
@@ -912,10 +914,11 @@ def _tie(model, ckpt):
     model.tie_weights(missing_keys=missing, recompute_mapping=False)
 
 
-def _finish(model, ckpt, fuse_siblings, strict):
+def _finish(model, ckpt, fuse_siblings, strict, fuse_gelu=False):
     """After _load, what both loaders do: tied parameters pointed at the loaded ones again (_tie);
     strict: a parameter or buffer left on the meta device an error; the FP8 layers recorded for
-    save_pretrained, grouped into siblings, and packed (_pack)."""
+    save_pretrained, a GELU after one put in its GEMM (fuse_gelu), grouped into siblings, and
+    packed (_pack)."""
     path = ckpt.path
     _tie(model, ckpt)
     left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
@@ -923,6 +926,8 @@ def _finish(model, ckpt, fuse_siblings, strict):
         raise fp8kit.Error(f"{path}: the checkpoint has no tensor for {', '.join(left[:8])}"
                            + (f" and {len(left) - 8} more" if len(left) > 8 else ""))
     _record_in_config(model, _fused_expert_layers(model))
+    if fuse_gelu:
+        _fuse_gelu(model)
     if fuse_siblings:
         _group_siblings(model)
     _pack(_fp8_layers(model))

@@ -1,14 +1,14 @@
 """fp8kit.torch.layerwise_casting: enable_layerwise_casting - Diffusers' API and default skip
-patterns: weights stored in FP8; Linear layers compute on the FP8 weight directly (a GELU after
-one in its GEMM's epilogue), embeddings decode only the rows they read, convolutions are upcast
-per forward as Diffusers does. The report it returns restores the model (remove()).
+patterns: weights stored in FP8; Linear layers compute on the FP8 weight directly (a GELU that
+only reads one's output in its GEMM: gelu_fusion.py), embeddings decode only the rows they read,
+convolutions are upcast per forward as Diffusers does. The report it returns restores the model
+(remove()).
 
 Checked by tests/python/test_layerwise.py (against Diffusers' apply_layerwise_casting on the same
 model, the native Linear against float64, the restore against the original model) and
 test_torch.py (its siblings).
 """
 import functools
-import inspect
 import re
 
 import torch
@@ -17,6 +17,7 @@ from torch import nn
 import fp8kit
 
 from . import memory
+from .gelu_fusion import fuse_gelu as _fuse_gelu
 from .inference import Float8InferenceLinear, _fp8_weight, _group_siblings
 from .ops import check_model_args
 
@@ -83,14 +84,12 @@ def _cast_hooks(module, storage_dtype, compute_dtype, non_blocking):
     return undo
 
 
-def _native_linear(linear_module, storage_dtype, compute_dtype, scaled, activation="none"):
+def _native_linear(linear_module, storage_dtype, compute_dtype, scaled):
     """A Float8InferenceLinear (recipe layerwise: the input not quantized) holding the Linear's
     weight in storage_dtype: with a per-tensor scale (scaled), or cast as it is, scale 1 (Diffusers'
-    storage). The bias stays in compute_dtype (N values; Diffusers rounds it to FP8 too).
-    activation "gelu": the GELU after the Linear, in its GEMM's epilogue."""
+    storage). The bias stays in compute_dtype (N values; Diffusers rounds it to FP8 too)."""
     m = Float8InferenceLinear(linear_module.in_features, linear_module.out_features, linear_module.bias is not None,
                               "layerwise", str(storage_dtype).removeprefix("torch.float8_"))
-    m.activation = activation
     m.weight, m.weight_scale_inv = _fp8_weight(linear_module.weight, storage_dtype, "tensor", scaled)
     if linear_module.bias is not None:
         m.bias = nn.Parameter(linear_module.bias.detach().to(compute_dtype), requires_grad=False)
@@ -124,64 +123,12 @@ class Float8Embedding(nn.Module):
         return f"{self.weight.shape[0]}, {self.weight.shape[1]}, weight={self.weight.dtype}, compute={self.compute_dtype}"
 
 
-class Float8GELUProjection(nn.Module):
-    """Diffusers' GELU module (diffusers.models.activations.GELU: its Linear `proj`, then GELU) in
-    its tanh form, with proj a Float8InferenceLinear whose GEMM applies the GELU: forward is
-    proj(x). Its child keeps the name proj, so the module's state_dict keys are the original's."""
-
-    def __init__(self, proj):
-        super().__init__()
-        self.proj = proj
-
-    def forward(self, x):  # x [..., in] -> gelu(x W^T + b) [..., out]
-        return self.proj(x)
-
-
-def _diffusers_gelu(module):
-    """Whether module is Diffusers' GELU module (its own class, not a subclass) in the tanh form
-    over an nn.Linear, without hooks: its forward is proj, then F.gelu(approximate="tanh")."""
-    cls = type(module)
-    return (cls.__name__ == "GELU" and cls.__module__ == "diffusers.models.activations"
-            and getattr(module, "approximate", None) == "tanh" and type(module._modules.get("proj")) is nn.Linear
-            and not _hooked(module) and not _hooked(module.proj))
-
-
-def _hooked(module):
-    """Whether module has forward hooks of its own (a fused layer would skip what they see)."""
-    return bool(module._forward_hooks or module._forward_pre_hooks)
-
-
-@functools.cache
-def _forward_source(cls):
-    """The source of cls.forward, or "" where Python has none (a compiled or generated class)."""
-    try:
-        return inspect.getsource(cls.forward)
-    except (OSError, TypeError):
-        return ""
-
-
-def _gelu_after_linear(module):
-    """{Linear child's name: GELU child's name} for each nn.Linear child of module whose output
-    only an nn.GELU(approximate="tanh") child reads: the forward of module's class calls
-    self.<gelu>(self.<linear>(...)) and names neither child anywhere else (Diffusers' Flux single
-    blocks: self.act_mlp(self.proj_mlp(norm_hidden_states))). Neither child may have hooks."""
-    source = _forward_source(type(module))
-    pairs = {}
-    for act, lin in re.findall(r"self\.(\w+)\(self\.(\w+)\(", source):
-        a, linear = module._modules.get(act), module._modules.get(lin)
-        if (type(a) is nn.GELU and a.approximate == "tanh" and type(linear) is nn.Linear
-                and not _hooked(a) and not _hooked(linear)
-                and len(re.findall(rf"self\.{act}\b", source)) == 1 and len(re.findall(rf"self\.{lin}\b", source)) == 1):
-            pairs[lin] = act
-    return pairs
-
-
-def _native(module, storage_dtype, compute_dtype, scaled, activation="none"):
+def _native(module, storage_dtype, compute_dtype, scaled):
     """The layer that computes on module's weight stored in FP8 directly, to take its place: for an
-    nn.Linear a Float8InferenceLinear (activation: as _native_linear's), for an nn.Embedding (not
-    sparse, no max_norm) a Float8Embedding; None for any other module."""
+    nn.Linear a Float8InferenceLinear, for an nn.Embedding (not sparse, no max_norm) a
+    Float8Embedding; None for any other module."""
     if type(module) is nn.Linear:
-        return _native_linear(module, storage_dtype, compute_dtype, scaled, activation)
+        return _native_linear(module, storage_dtype, compute_dtype, scaled)
     if type(module) is nn.Embedding and module.max_norm is None and not module.sparse:
         return Float8Embedding.from_embedding(module, storage_dtype, compute_dtype, scaled)
     return None
@@ -200,12 +147,12 @@ def enable_layerwise_casting(model, storage_dtype=torch.float8_e4m3fn, compute_d
     rows it reads.
     scaled: weights stored with a per-tensor scale (fp8_max / amax), or False as Diffusers stores
     them (cast as they are: small weights lose bits in FP8's subnormals). fuse_siblings: as
-    quantize_'s, for the native Linear layers. fuse_gelu: a native Linear whose output only a GELU
-    in its tanh form reads - Diffusers' GELU module (FeedForward's "gelu-approximate"), or an
-    nn.GELU(approximate="tanh") that the parent's forward calls on it alone (Flux's single blocks:
-    self.act_mlp(self.proj_mlp(x))) - computes the GELU in its GEMM's epilogue, on the float32
-    sums, rounded once to compute_dtype (Diffusers rounds the Linear's output to compute_dtype
-    first); the GELU module becomes a Float8GELUProjection, the nn.GELU an nn.Identity.
+    quantize_'s, for the native Linear layers. fuse_gelu: a GELU in the tanh form that only reads a
+    native Linear's output - Diffusers' GELU module (FeedForward's "gelu-approximate"), or an
+    nn.GELU(approximate="tanh") the parent's forward calls on it alone (Flux's single blocks:
+    self.act_mlp(self.proj_mlp(x))) - runs in that Linear's GEMM epilogue, on the float32 sums,
+    rounded once to compute_dtype (Diffusers rounds the Linear's output to compute_dtype first);
+    the GELU module becomes a Float8GELUProjection, the nn.GELU an nn.Identity.
     Returns a LayerwiseCastingReport saying which layer went which way, whose remove() restores
     the model."""
     check_model_args("fp8kit.torch.enable_layerwise_casting", model)
@@ -219,50 +166,30 @@ def enable_layerwise_casting(model, storage_dtype=torch.float8_e4m3fn, compute_d
     classes = tuple(skip_modules_classes or ())
     report = LayerwiseCastingReport()
 
-    def skip(module, prefix):
-        """Why module (at prefix) stays as it is, or None."""
+    def visit(module, prefix, parent, child):
         if classes and isinstance(module, classes):
-            return f"class {type(module).__name__}"
+            report.skipped.append((prefix, f"class {type(module).__name__}"))
+            return
         hit = next((p for p in patterns if re.search(p, prefix)), None)
-        return None if hit is None else f"pattern {hit!r}"
-
-    def put(parent, child, new, old):
-        setattr(parent, child, new)
-        report._undo.append(functools.partial(setattr, parent, child, old))  # the original, untouched
-
-    def visit(module, prefix, parent, child, activation="none"):
-        """Stores module (at prefix, parent's child) in FP8 as the arguments say; returns whether
-        it became a native Linear."""
-        why = skip(module, prefix)
-        if why is not None:
-            report.skipped.append((prefix, why))
-            return False
-        fuse = fuse_gelu and native_fp8
-        if fuse and parent is not None and _diffusers_gelu(module) and skip(module.proj, f"{prefix}.proj") is None:
-            put(parent, child, Float8GELUProjection(_native_linear(module.proj, storage_dtype, compute_dtype, scaled,
-                                                                   "gelu")), module)
-            report.native.append(f"{prefix}.proj")
-            report.fused_gelu.append(f"{prefix}.proj")
-            return False
-        native = _native(module, storage_dtype, compute_dtype, scaled, activation) if native_fp8 and parent is not None else None
+        if hit is not None:
+            report.skipped.append((prefix, f"pattern {hit!r}"))
+            return
+        native = _native(module, storage_dtype, compute_dtype, scaled) if native_fp8 and parent is not None else None
         if native is not None:
-            put(parent, child, native, module)
+            setattr(parent, child, native)
+            report._undo.append(functools.partial(setattr, parent, child, module))  # the original, untouched
             report.native.append(prefix)
-            return isinstance(native, Float8InferenceLinear)
-        if isinstance(module, CASTABLE_LAYERS):
+        elif isinstance(module, CASTABLE_LAYERS):
             report._undo.append(_cast_hooks(module, storage_dtype, compute_dtype, non_blocking))
             report.cast.append(prefix or "(model)")
-            return False
-        gelu_of = _gelu_after_linear(module) if fuse else {}
-        for name, sub in list(module.named_children()):
-            path = f"{prefix}.{name}" if prefix else name
-            act = gelu_of.get(name)
-            if visit(sub, path, module, name, "gelu" if act else "none") and act:
-                put(module, act, nn.Identity(), module._modules[act])
-                report.fused_gelu.append(path)
-        return False
+        else:
+            for name, sub in list(module.named_children()):
+                visit(sub, f"{prefix}.{name}" if prefix else name, module, name)
 
     visit(model, "", None, None)
+    if fuse_gelu and native_fp8:
+        report.fused_gelu, undo = _fuse_gelu(model)
+        report._undo += undo
     memory.give_back()
     if fuse_siblings:
         _group_siblings(model)

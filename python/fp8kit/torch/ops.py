@@ -51,39 +51,46 @@ class _Cached(tuple):
         return (_dropped, ())
 
 
-def _fused_linear(q, input_scaling, bias, input_scale=None, activation="none"):
-    """The extension's FusedLinear over the QTensor q: its PackedWeight, the input's e4m3fn
+def _fused_linear(packed, input_scaling, bias, input_scale=None, activation="none"):
+    """The extension's FusedLinear over the PackedWeight packed (_packed): the input's e4m3fn
     saturating cast with input_scaling ("none": no cast, weight-only), the bias (or None) and the
-    activation of its epilogue ("none" or "gelu", the tanh form). With a
-    static input_scale (tensor scaling; compressed-tensors' dequantization multiplier, one value)
-    x is cast as encode(float32(x * s)), s = 1 / input_scale computed in float64 and rounded once to
-    float32: the multiplier as the stored scale's reciprocal, not the stored value rounded twice."""
+    activation of its epilogue ("none" or "gelu", the tanh form). With a static input_scale (tensor
+    scaling; compressed-tensors' dequantization multiplier, one value) x is cast as
+    encode(float32(x * s)), s = 1 / input_scale computed in float64 and rounded once to float32: the
+    multiplier as the stored scale's reciprocal, not the stored value rounded twice."""
     static = None
     if input_scale is not None:
         static = fp8kit._to_extension((1.0 / input_scale.detach().to(torch.float64)).to(torch.float32).reshape(1))
-    # Packed for x's K groups where x is cast (an activation group narrower than the weight's):
-    # the GEMM then reads the packing as it is, also once its codes are released.
-    packed = fp8kit.PackedWeight(q) if input_scaling == "none" else fp8kit.PackedWeight(q, input_scaling)
     return fp8kit._fp8kit.FusedLinear(packed, "e4m3fn", input_scaling, "saturate",
                                       None if bias is None else fp8kit._to_extension(bias), static, activation)
+
+
+def _packed(q, input_scaling):
+    """The PackedWeight of the QTensor q for a FusedLinear casting x with input_scaling: packed for
+    x's K groups where x is cast (an activation group narrower than the weight's), so that the GEMM
+    reads the packing as it is, also once its codes are released."""
+    return fp8kit.PackedWeight(q) if input_scaling == "none" else fp8kit.PackedWeight(q, input_scaling)
 
 
 def _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling, input_scale=None, activation="none"):
     """The FusedLinear of a Float8InferenceLinear, made on first use and again only after a buffer
     or the bias is written (load_state_dict, copy_) or replaced: kept on the weight tensor, keyed by
     the version counters, and holding the scales and bias it read - a tensor assigned in their place
-    has a counter of its own, so they are compared by identity. Returns (the FusedLinear,
-    out_features)."""
+    has a counter of its own, so they are compared by identity. Another activation alone (fusion,
+    gelu_fusion.py) takes the cached packing as it is. Returns (the FusedLinear, out_features)."""
     key = (weight._version, weight_scale_inv._version, weight_scaling, input_scaling,
            None if bias is None else bias._version, None if input_scale is None else input_scale._version, activation)
     cached = getattr(weight, "_fp8kit_fused", None)
-    if (cached is None or cached[0] != key or cached[2] is not bias or cached[3] is not weight_scale_inv
-            or cached[4] is not input_scale):
-        codes = codes_of(weight)  # a stand-in's (a scale or bias written since): read back from its packing
-        fused = _fused_linear(fp8kit.qtensor(codes, weight_scale_inv, weight_scaling), input_scaling, bias,
-                              input_scale, activation)
-        if codes is not weight:
-            fused.weight.release_codes()
+    same = cached is not None and cached[2] is bias and cached[3] is weight_scale_inv and cached[4] is input_scale
+    if not same or cached[0] != key:
+        if same and cached[0][:-1] == key[:-1]:
+            fused = _fused_linear(cached[1][0].weight, input_scaling, bias, input_scale, activation)
+        else:
+            codes = codes_of(weight)  # a stand-in's (a scale or bias written since): read back from its packing
+            fused = _fused_linear(_packed(fp8kit.qtensor(codes, weight_scale_inv, weight_scaling), input_scaling),
+                                  input_scaling, bias, input_scale, activation)
+            if codes is not weight:
+                fused.weight.release_codes()
         cached = _Cached((key, (fused, weight.shape[0]), bias, weight_scale_inv, input_scale))
         weight._fp8kit_fused = cached
     return cached[1]
