@@ -405,25 +405,22 @@ inline uint16_t bf16_round_bits(float x) {
     return (b & 0x7fffffffu) > 0x7f800000u ? uint16_t((b >> 16) | 0x40u) : uint16_t((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
 }
 
-// D's float32 values of a row segment in v: alpha * (v[j] * (sa * sb[j])) (+ bias[j]), then GELU.
+// v[j] = alpha * (v[j] * (sa * sb[j])), stored, then (GELU) v[j] = gelu_epilogue(v[j] (+ bias[j])).
 inline void scale_values(float* v, float alpha, float sa, const float* sb, const float* bias, bool gelu, int64_t cols) {
     for (int64_t j = 0; j < cols; ++j) v[j] = alpha * (v[j] * (sa * sb[j]));
-    if (bias != nullptr) {
-        for (int64_t j = 0; j < cols; ++j) v[j] = v[j] + bias[j];
-    }
-    if (gelu) {
+    if (gelu && bias != nullptr) {
+        for (int64_t j = 0; j < cols; ++j) v[j] = gelu_epilogue(v[j] + bias[j]);
+    } else if (gelu) {
         for (int64_t j = 0; j < cols; ++j) v[j] = gelu_epilogue(v[j]);
     }
 }
 
 inline void scale_store_loop(float* v, float alpha, float sa, const float* sb, const float* bias, bool gelu, void* out,
                              bool bf16_out, int64_t cols) {
-    if (bias != nullptr || gelu) {
-        scale_values(v, alpha, sa, sb, bias, gelu, cols);
-        alpha = sa = 1.0f;
-        sb = nullptr;
-    }
-    const auto d = [&](int64_t j) { return sb == nullptr ? v[j] : alpha * (v[j] * (sa * sb[j])); };
+    if (bias != nullptr || gelu) scale_values(v, alpha, sa, sb, bias, gelu, cols);
+    const auto d = [&](int64_t j) {
+        return gelu ? v[j] : bias != nullptr ? v[j] + bias[j] : alpha * (v[j] * (sa * sb[j]));
+    };
     if (!bf16_out) {
         float* o = static_cast<float*>(out);
         for (int64_t j = 0; j < cols; ++j) o[j] = d(j);
