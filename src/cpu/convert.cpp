@@ -58,7 +58,7 @@ struct Portable {
                 const float x = float(in[i * ld + j]);
                 m = std::max(m, abs_bits(x));
                 out[i * ld_out + j] = fp8kit::encode(x * mrow[i * cols + j], F, O);
-                out_t[j * ld_t + i] = fp8kit::encode(x * mcol[j * rows + i], F, O);
+                out_t[j * ld_t + i] = mcol == nullptr ? out[i * ld_out + j] : fp8kit::encode(x * mcol[j * rows + i], F, O);
             }
         }
         if (amax != nullptr) *amax = std::max(*amax, m);

@@ -32,6 +32,8 @@ using DecodeKernel = void (*)(const uint8_t* in, Out* out, size_t n, size_t grou
 // cast_tile_cols) - see Kernels::cast_transpose_tile in convert_simd.hpp. Tiles are wide so that
 // each input row is read in long runs (1 KiB of float32), and 64 rows tall so that each row of
 // the transposed copy is written in whole 64-byte lines; both staged code tiles fit in L1.
+// mcol null: the transposed copy's codes are the codes transposed (each element's multiplier the
+// same in both copies).
 inline constexpr size_t cast_tile_rows = 64, cast_tile_cols = 256;
 template <class In>
 using CastTransposeKernel = void (*)(const In* in, size_t ld, size_t rows, size_t cols, uint8_t* out, size_t ld_out,

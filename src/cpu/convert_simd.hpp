@@ -42,6 +42,55 @@ namespace {
 constexpr uint32_t abs_mask = 0x7fffffffu, inf_bits = 0x7f800000u, qnan_bits = 0x7fc00000u;
 constexpr float pow2(int e) { return detail::f32_from_bits(uint32_t(127 + e) << 23); }
 
+// The W x W bytes at src (row stride ls) into dst (row stride ld) transposed, W = 8 or 16: SSE2
+// unpacks in rounds of bytes, then 16-, 32- (and 64-) bit pairs, each round pairing the registers
+// whose rows are next to each other: after round b, a lane of 2^b bytes holds 2^b rows at one column.
+template <size_t W>
+inline void transpose_bytes(const uint8_t* src, size_t ls, uint8_t* dst, size_t ld) {
+    const auto at = [](const uint8_t* p) { return reinterpret_cast<const __m128i*>(p); };
+    const auto to = [](uint8_t* p) { return reinterpret_cast<__m128i*>(p); };
+    if constexpr (W == 8) {
+        __m128i r[8], t[4], u[4];
+        for (size_t i = 0; i < 8; ++i) r[i] = _mm_loadl_epi64(at(src + i * ls));
+        for (int k = 0; k < 4; ++k) t[k] = _mm_unpacklo_epi8(r[2 * k], r[2 * k + 1]);  // rows 2k, 2k + 1; columns 0-7
+        for (int m = 0; m < 2; ++m) {  // rows 4m to 4m + 3: columns 0-3, 4-7
+            u[2 * m] = _mm_unpacklo_epi16(t[2 * m], t[2 * m + 1]);
+            u[2 * m + 1] = _mm_unpackhi_epi16(t[2 * m], t[2 * m + 1]);
+        }
+        for (int c = 0; c < 2; ++c) {  // rows 0-7: columns 4c, 4c + 1 (lo) and 4c + 2, 4c + 3 (hi)
+            const __m128i lo = _mm_unpacklo_epi32(u[c], u[2 + c]), hi = _mm_unpackhi_epi32(u[c], u[2 + c]);
+            _mm_storel_epi64(to(dst + size_t(4 * c) * ld), lo);
+            _mm_storel_epi64(to(dst + size_t(4 * c + 1) * ld), _mm_srli_si128(lo, 8));
+            _mm_storel_epi64(to(dst + size_t(4 * c + 2) * ld), hi);
+            _mm_storel_epi64(to(dst + size_t(4 * c + 3) * ld), _mm_srli_si128(hi, 8));
+        }
+    } else {
+        static_assert(W == 16);
+        __m128i r[16], t[16];
+        for (size_t i = 0; i < 16; ++i) r[i] = _mm_loadu_si128(at(src + i * ls));
+        for (int k = 0; k < 8; ++k) {  // rows 2k, 2k + 1: columns 0-7 (t[2k]), 8-15 (t[2k + 1])
+            t[2 * k] = _mm_unpacklo_epi8(r[2 * k], r[2 * k + 1]);
+            t[2 * k + 1] = _mm_unpackhi_epi8(r[2 * k], r[2 * k + 1]);
+        }
+        for (int m = 0; m < 4; ++m) {  // rows 4m to 4m + 3: r[4m + c] columns 4c to 4c + 3
+            for (int h = 0; h < 2; ++h) {
+                r[4 * m + 2 * h] = _mm_unpacklo_epi16(t[4 * m + h], t[4 * m + 2 + h]);
+                r[4 * m + 2 * h + 1] = _mm_unpackhi_epi16(t[4 * m + h], t[4 * m + 2 + h]);
+            }
+        }
+        for (int h = 0; h < 2; ++h) {  // rows 8h to 8h + 7: t[8h + e] columns 2e, 2e + 1
+            for (int c = 0; c < 4; ++c) {
+                t[8 * h + 2 * c] = _mm_unpacklo_epi32(r[8 * h + c], r[8 * h + 4 + c]);
+                t[8 * h + 2 * c + 1] = _mm_unpackhi_epi32(r[8 * h + c], r[8 * h + 4 + c]);
+            }
+        }
+        for (size_t e = 0; e < 8; ++e) {  // all 16 rows: columns 2e, 2e + 1
+            _mm_storeu_si128(to(dst + 2 * e * ld), _mm_unpacklo_epi64(t[e], t[8 + e]));
+            _mm_storeu_si128(to(dst + (2 * e + 1) * ld), _mm_unpackhi_epi64(t[e], t[8 + e]));
+        }
+    }
+}
+
 template <class V, Format F, Overflow O>
 inline typename V::I encode_vec(typename V::F x) {
     using I = typename V::I;
@@ -370,6 +419,10 @@ struct Kernels {
         if (lines) V::fence();
     }
 
+    // mcol null: the transposed copy's multiplier of each element is the row copy's (tensor
+    // scaling, square blocks: its groups are the copy's, transposed), so its codes are the codes
+    // transposed - W x W blocks of bytes (transpose_bytes) instead of the floats transposed and
+    // encoded a second time.
     template <class In, Format F, Overflow O>
     static void cast_transpose_tile(const In* in, size_t ld, size_t rows, size_t cols, uint8_t* out, size_t ld_out,
                                     uint8_t* out_t, size_t ld_t, const float* mrow, const float* mcol, uint32_t* amax) {
@@ -386,6 +439,10 @@ struct Kernels {
                     acc = V::max_u(acc, abs_bits<V>(r[k]));
                     V::store_u8(stage + (bi + k) * TC + bj,
                                 encode_vec<V, F, O>(V::mul(r[k], V::set1f(mrow[(bi + k) * (cols / W) + bj / W]))));
+                }
+                if (mcol == nullptr) {
+                    transpose_bytes<W>(stage + bi * TC + bj, TC, stage_t + bj * TR + bi, TR);
+                    continue;
                 }
                 V::transpose(r);
                 for (size_t k = 0; k < W; ++k) {

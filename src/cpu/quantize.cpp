@@ -210,6 +210,9 @@ void cast_tiles(const detail::QuantizeJob& job, const float* mult, const float* 
     const auto tile_kernel = k.cast_transpose<T>(job.rule.format, job.overflow);
     const int64_t W = int64_t(k.width);
     const bool uniform = (g.cols % W == 0 || g.cols >= x.cols) && (gt.cols % W == 0 || gt.cols >= x.rows);
+    // The transposed copy's groups the copy's, transposed (tensor scaling, square blocks): each
+    // element has the same multiplier in both, and the tile kernel transposes the codes (mcol null).
+    const bool same = gt.rows == g.cols && gt.cols == g.rows;
     const int64_t gc = ceil_div(x.cols, g.cols), gct = ceil_div(x.rows, gt.cols);
     const auto m = [&](int64_t i, int64_t j) { return mult[i / g.rows * gc + j / g.cols]; };
     const auto m_t = [&](int64_t j, int64_t i) { return mult_t[j / gt.rows * gct + i / gt.cols]; };
@@ -236,13 +239,15 @@ void cast_tiles(const detail::QuantizeJob& job, const float* mult, const float* 
                 const float* along = mult + (i0 + r) / g.rows * gc;
                 for (int64_t b = 0; b < wa / W; ++b) mr[r * (wa / W) + b] = along[group_of_block[b]];
             }
-            for (int64_t b = 0; b < ha / W; ++b) group_of_block[b] = (i0 + b * W) / gt.cols;
-            for (int64_t c = 0; c < wa; ++c) {
-                const float* along = mult_t + (j0 + c) / gt.rows * gct;
-                for (int64_t b = 0; b < ha / W; ++b) mt[c * (ha / W) + b] = along[group_of_block[b]];
+            if (!same) {
+                for (int64_t b = 0; b < ha / W; ++b) group_of_block[b] = (i0 + b * W) / gt.cols;
+                for (int64_t c = 0; c < wa; ++c) {
+                    const float* along = mult_t + (j0 + c) / gt.rows * gct;
+                    for (int64_t b = 0; b < ha / W; ++b) mt[c * (ha / W) + b] = along[group_of_block[b]];
+                }
             }
             tile_kernel(row<T>(x, i0) + j0, size_t(x.ld), size_t(ha), size_t(wa), job.data + i0 * x.cols + j0,
-                        size_t(x.cols), job.data_t + j0 * x.rows + i0, size_t(x.rows), mr, mt, &a);
+                        size_t(x.cols), job.data_t + j0 * x.rows + i0, size_t(x.rows), mr, same ? nullptr : mt, &a);
         }
         for (int64_t i = i0; i < i0 + h; ++i) {
             const T* src = row<T>(x, i);
