@@ -125,16 +125,21 @@ void add_scaled_row(T* v, const void* x, DType t, int64_t at, T w, int64_t cols)
     }
 }
 
+// GELU of a row segment in place, element by element (detail::gelu).
+template <class T>
+void gelu_row(T* v, int64_t cols) noexcept {
+    for (int64_t n = 0; n < cols; ++n) v[n] = gelu(v[n]);
+}
+
 // Row i, columns [j0, j0 + cols), in place: v = alpha * (scaled product) on entry. (The bias is
-// added as 1 * bias: exact, the same sum.) GELU is gelu_of: detail::gelu, or the cpu backend's
-// float32 evaluation (src/cpu/gemm_kernels.hpp, gelu_epilogue).
-template <class T, class Gelu = T (*)(T) noexcept>
-void gemm_epilogue(const GemmJob& j, int64_t i, int64_t j0, T* v, int64_t cols, Gelu gelu_of = &gelu<T>) noexcept {
+// added as 1 * bias: exact, the same sum.) GELU by gelu_row_of: detail::gelu's, or the cpu
+// backend's kernel set's (GemmKernels::gelu_row: src/cpu/gemm_kernels.hpp, gelu_epilogue).
+template <class T>
+void gemm_epilogue(const GemmJob& j, int64_t i, int64_t j0, T* v, int64_t cols,
+                   void (*gelu_row_of)(T*, int64_t) noexcept = &gelu_row<T>) noexcept {
     if (j.c.data != nullptr) add_scaled_row(v, j.c.data, j.c.dtype, i * j.c.ld + j0, T(j.beta), cols);
     if (j.bias != nullptr) add_scaled_row(v, j.bias, j.bias_dtype, j0, T(1), cols);
-    if (j.activation == Activation::gelu) {
-        for (int64_t n = 0; n < cols; ++n) v[n] = gelu_of(v[n]);
-    }
+    if (j.activation == Activation::gelu) gelu_row_of(v, cols);
 }
 
 // out[i, j0 + n] = v[n], rounded once (through float32 when T is double).

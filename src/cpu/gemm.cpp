@@ -97,7 +97,7 @@ void block_portable(int rows, int nj, const uint16_t* a, int64_t lda, const void
 
 constexpr GemmKernels portable_kernels{&expand_portable, &widen_bf16<&expand_portable>, 2, 8, 32, 32, 0, 2, 0,
                                        &block_then_promote<&block_portable>, &no_tile_state, &no_tile_state, nullptr, 0,
-                                       &matmul_f32_portable, &scale_store_loop, &fold_loop,
+                                       &matmul_f32_portable, &scale_store_loop, &gelu_row_loop, &fold_loop,
                                        &widen_then_fold<&expand_portable>, 1, &pack_group_loop, "portable"};
 
 // ---- packing A ----
@@ -345,7 +345,7 @@ void finish_rows(const Task& t, int64_t p0, int64_t rows, int64_t s0, int64_t s1
         } else {
             for (int64_t j = 0; j < cols; ++j) v[j] = job.alpha * v[j];
         }
-        detail::gemm_epilogue(job, gi, j0, v, cols, gelu_epilogue);
+        detail::gemm_epilogue(job, gi, j0, v, cols, t.kern.gelu_row);
         detail::gemm_store(job, gi, j0, v, cols);
     }
 }

@@ -229,6 +229,10 @@ struct GemmKernels {
     // store after it took a third of a 512^3 GEMM on the AMX tiles). v may be overwritten.
     void (*scale_store)(float* v, float alpha, float sa, const float* sb, const float* bias, bool gelu, void* out,
                         bool bf16_out, int64_t cols);
+    // gelu_epilogue of v[j], j < cols, in place, in the kernel TU's vectors (gelu_row_loop): the
+    // general epilogue's GELU (gemm.cpp's finish_rows), so that it takes the same FMA as
+    // scale_store's - the hardware's, not the C library's fmaf, which MinGW's rounds 1 ulp off.
+    void (*gelu_row)(float* v, int64_t cols) noexcept;
     // Power-of-two scales folded into the operands (gemm.cpp, "Folding"; null where the set does
     // not fold). fold: x[i] (bf16 bits, n a multiple of 32) gets add[i % 32] added where it is
     // nonzero and finite - fold_loop, in the set's vectors (A's packed rows). widen_fold: widen_b
@@ -362,7 +366,8 @@ inline void no_tile_state() {}
 // z = s (x + c x^3): one exp and one division, written for the kernel TUs to vectorize (no
 // branch or select, no call, no float -> int conversion; every multiply-add an explicit fma, so
 // that a TU built with FMA contracts nothing the baseline TU rounds twice: every path computes
-// the same bits). w = -2z = x (-2s - 2sc x^2), clamped to [-86, 88.8]; n = w log2(e) rounded (by
+// the same bits where fma is exact - the hardware's, glibc's fmaf; a kernel set's epilogues all
+// take its TU's, GemmKernels::gelu_row). w = -2z = x (-2s - 2sc x^2), clamped to [-86, 88.8]; n = w log2(e) rounded (by
 // adding 1.5 * 2^23, whose low bits are then n), r = w - n ln2 by Cody and Waite's two constants
 // (n ln2_hi exact, |r| <= ln2 / 2), exp(r) by its Taylor polynomial of degree 7 (the next term,
 // (ln2 / 2)^8 / 8!, is 0.09 u), 2^n put in the exponent field.
@@ -405,13 +410,18 @@ inline uint16_t bf16_round_bits(float x) {
     return (b & 0x7fffffffu) > 0x7f800000u ? uint16_t((b >> 16) | 0x40u) : uint16_t((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
 }
 
+// GemmKernels::gelu_row: v[j] = gelu_epilogue(v[j]), j < cols.
+inline void gelu_row_loop(float* v, int64_t cols) noexcept {
+    for (int64_t j = 0; j < cols; ++j) v[j] = gelu_epilogue(v[j]);
+}
+
 // v[j] = alpha * (v[j] * (sa * sb[j])), stored, then (GELU) v[j] = gelu_epilogue(v[j] (+ bias[j])).
 inline void scale_values(float* v, float alpha, float sa, const float* sb, const float* bias, bool gelu, int64_t cols) {
     for (int64_t j = 0; j < cols; ++j) v[j] = alpha * (v[j] * (sa * sb[j]));
     if (gelu && bias != nullptr) {
         for (int64_t j = 0; j < cols; ++j) v[j] = gelu_epilogue(v[j] + bias[j]);
     } else if (gelu) {
-        for (int64_t j = 0; j < cols; ++j) v[j] = gelu_epilogue(v[j]);
+        gelu_row_loop(v, cols);
     }
 }
 
