@@ -81,7 +81,7 @@ class Float8InferenceLinear(nn.Module):
     _released = False  # whether the codes are to be held by the packed weight alone (release_codes)
     _stored_as = None  # "compressed-tensors": state_dict names the scale as that layout does (_record_in_config)
     # "gelu": GELU (tanh form) applied in the GEMM's epilogue, to the float32 sums (a Linear fused
-    # with the GELU after it: enable_layerwise_casting); "none": y as nn.Linear gives it
+    # with the GELU after it: gelu_fusion.py); "none": y as nn.Linear gives it
     activation = "none"
 
     def __init__(self, in_features, out_features, bias=True, recipe="rowwise", format="e4m3fn"):
