@@ -319,6 +319,8 @@ def test_filter_fn_picks_layers_by_name():
     (lambda m: f8.quantize_(torch.nn.Linear(4, 4)), "itself an nn.Linear"),
     (lambda m: (f8.quantize_(m), m(torch.randn(2, 96, dtype=torch.float64))), "float64"),
     (lambda m: (f8.quantize_(m), m(torch.randn(2, 95))), r"\[2, 95\].*in_features 96"),
+    (lambda m: (f8.quantize_(m), setattr(m[0], "activation", "relu"), m(torch.randn(2, 96))),
+     "Float8InferenceLinear: activation is 'relu'"),
 ])
 def test_bad_use_raises_fp8kit_error_naming_it(call, needle):
     with pytest.raises(fp8kit.Error, match=needle):

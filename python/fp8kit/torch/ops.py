@@ -83,6 +83,9 @@ def _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling, input_
     cached = getattr(weight, "_fp8kit_fused", None)
     same = cached is not None and cached[2] is bias and cached[3] is weight_scale_inv and cached[4] is input_scale
     if not same or cached[0] != key:
+        if activation not in ("none", "gelu"):
+            raise fp8kit.Error(f"fp8kit.torch.Float8InferenceLinear: activation is {activation!r}, expected 'none' or "
+                               "'gelu' (the tanh form)")
         if same and cached[0][:-1] == key[:-1]:
             fused = _fused_linear(cached[1][0].weight, input_scaling, bias, input_scale, activation)
         else:
