@@ -85,6 +85,7 @@ def main():
                    "vs_bf16": round(best["torch.bf16"] / seconds, 3)}
             print(json.dumps(row) if args.json else "  ".join(f"{k} {v}" for k, v in row.items()))
     dist.destroy_process_group()
+    time.sleep(0.1)  # gloo's workers let go of their last tensors first (examples/fsdp2_fp8.py says why)
 
 
 if __name__ == "__main__":
