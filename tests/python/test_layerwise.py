@@ -5,8 +5,10 @@ Oracles: Diffusers itself (which layers are stored in FP8 under its default skip
 upcast layers' outputs, bit for bit), and for the Linear layers that compute on their FP8 weight
 directly, the float64 product of the activation as it is (bfloat16, not quantized: Diffusers'
 compute_dtype) and the stored weight, within the float32 sum bound of test_gemm.py. The nearest
-wrong answer - the activation cast to FP8, as an FP8 GEMM would - fails that bound. After the
-report's remove(), the original model itself: its modules, Parameters and outputs, bit for bit.
+wrong answer - the activation cast to FP8, as an FP8 GEMM would - fails that bound. A GELU fused
+into a Linear's GEMM (gelu_fusion.py): the float64 tanh GELU of that product, which the GELU of
+the output rounded to bfloat16 first (Diffusers' two ops) fails. After the report's remove(), the
+original model itself: its modules, Parameters and outputs, bit for bit.
 
 Run by scripts/test.sh (pytest, on the package scripts/setup.sh installed into .venv).
 """
@@ -187,9 +189,10 @@ def gelu64(x):
 
 
 def test_gelu_after_a_linear_runs_in_its_gemm():
-    # The fused layer's output is GELU (tanh form) of the float64 product of its operands: the
-    # float32 sums' bound times max |gelu'| (1.13), plus the epilogue's float32 GELU (3u |pre|,
-    # src/cpu/gemm_kernels.hpp) and one rounding to bfloat16. The nearest wrong answers fail it:
+    # The fused layer's output is GELU (tanh form) of the float64 product of its operands plus the
+    # bias: the float32 sums' bound and the bias add's rounding (2u |pre|) times max |gelu'|
+    # (1.13), plus the epilogue's float32 GELU (3u |pre|, src/cpu/gemm_kernels.hpp) and one
+    # rounding to bfloat16. The nearest wrong answers fail it:
     # the Linear's output rounded to bfloat16 before GELU (Diffusers' two ops, which fusing
     # removes) and the erf form. The GELUs that read something else or are not the tanh form stay.
     torch.manual_seed(8)
