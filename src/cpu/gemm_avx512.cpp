@@ -306,15 +306,11 @@ void pack_group_avx512(const uint8_t* row0, int64_t ld, int64_t cols, int64_t le
 void scale_store_avx512(float* v, float alpha, float sa, const float* sb, const float* bias, bool gelu, void* out,
                         bool bf16_out, int64_t cols) {
     if (!bf16_out) return scale_store_loop(v, alpha, sa, sb, bias, gelu, out, false, cols);
-    if (gelu) {
-        scale_values(v, alpha, sa, sb, bias, true, cols);
-        alpha = sa = 1.0f;
-        sb = bias = nullptr;
-    }
+    if (gelu) scale_values(v, alpha, sa, sb, bias, true, cols);  // v holds D's float32 values then
     auto* o = static_cast<uint16_t*>(out);
     const __m512 va = _mm512_set1_ps(alpha), vs = _mm512_set1_ps(sa);
     const auto d = [&](int64_t j) {
-        if (sb == nullptr) return _mm512_loadu_ps(v + j);
+        if (gelu) return _mm512_loadu_ps(v + j);
         const __m512 x = _mm512_mul_ps(va, _mm512_mul_ps(_mm512_loadu_ps(v + j), _mm512_mul_ps(vs, _mm512_loadu_ps(sb + j))));
         return bias != nullptr ? _mm512_add_ps(x, _mm512_loadu_ps(bias + j)) : x;
     };
@@ -336,7 +332,7 @@ void scale_store_avx512(float* v, float alpha, float sa, const float* sb, const 
         const __m512bh h = _mm512_cvtne2ps_pbh(d1, d0);  // d0 in the low half
         std::memcpy(o + j, &h, sizeof h);
     }
-    if (sb == nullptr) {
+    if (gelu) {
         for (; j < cols; ++j) o[j] = bf16_round_bits(v[j]);
     } else {
         scale_store_loop(v + j, alpha, sa, sb + j, bias == nullptr ? nullptr : bias + j, false, o + j, true, cols - j);

@@ -367,10 +367,10 @@ inline void no_tile_state() {}
 // branch or select, no call, no float -> int conversion; every multiply-add an explicit fma, so
 // that a TU built with FMA contracts nothing the baseline TU rounds twice: every path computes
 // the same bits where fma is exact - the hardware's, glibc's fmaf; a kernel set's epilogues all
-// take its TU's, GemmKernels::gelu_row). w = -2z = x (-2s - 2sc x^2), clamped to [-86, 88.8]; n = w log2(e) rounded (by
-// adding 1.5 * 2^23, whose low bits are then n), r = w - n ln2 by Cody and Waite's two constants
-// (n ln2_hi exact, |r| <= ln2 / 2), exp(r) by its Taylor polynomial of degree 7 (the next term,
-// (ln2 / 2)^8 / 8!, is 0.09 u), 2^n put in the exponent field.
+// take its TU's, GemmKernels::gelu_row). w = -2z = x (-2s - 2sc x^2), clamped to [-86, 88.8];
+// n = w log2(e) rounded (by adding 1.5 * 2^23, whose low bits are then n), r = w - n ln2 by Cody
+// and Waite's two constants (n ln2_hi exact, |r| <= ln2 / 2), exp(r) by its Taylor polynomial of
+// degree 7 (the next term, (ln2 / 2)^8 / 8!, is 0.09 u), 2^n put in the exponent field.
 // Ends: exp(-86) is a float32 normal, and 1 + exp(-86) rounds to 1 as 1 + exp(w) does below it.
 // Above w = 88.38, n = 128 makes 2^n +Inf: the quotient is -0 where the true value is below
 // |x| e^-88 (and -Inf / Inf = NaN for x = -Inf, as 0.5 x (1 + tanh z) = -Inf x 0). NaN stays NaN.
