@@ -17,6 +17,8 @@
 //    the row-major codes transposed, not encoded again - 2 otherwise (row, column, 1xN blocks,
 //    mx32: each direction has its own groups).
 #include <algorithm>
+#include <initializer_list>
+#include <numeric>
 #include <vector>
 
 #include "core/host_memory.hpp"
@@ -79,36 +81,51 @@ uint32_t total_amax_bits(const MatrixRef& x) {
     return acc.max();
 }
 
-// Max |x| bits of every group into acc [ceil(rows / g.rows), ceil(cols / g.cols)] (zeroed here).
-// With several group rows, each thread owns whole group rows; with one (column, tall blocks),
-// each thread takes a range of rows into its own array and the arrays are merged.
+// Max |x| bits of every group of each shape in `shapes` (one or two) into its `acc` [ceil(rows /
+// g.rows), ceil(cols / g.cols)] (zeroed here), from one read of x: a cast_transpose's two copies
+// have groups of their own (row scaling: x's rows and x's columns), and a second pass over an
+// x larger than the caches cost as much as the cast (2048 x 2048 float32 rowwise: three reads).
+// Each thread takes a range of rows, whole group rows of every shape whose groups are shorter
+// than x (their entries are the thread's own) and reads each row once from memory, again from L1
+// for the second shape; a shape whose groups span every row (column scaling, tall blocks) gathers
+// into the thread's own array, merged after.
 template <class T>
-void group_amax_bits(const MatrixRef& x, GroupShape g, std::vector<uint32_t>& acc) {
+void group_amax_bits(const MatrixRef& x, std::initializer_list<GroupShape> shapes,
+                     std::initializer_list<std::vector<uint32_t>*> accs) {
     const auto kernel = active_kernels().amax<T>();
-    const int64_t gr = ceil_div(x.rows, g.rows), gc = ceil_div(x.cols, g.cols);
-    acc.assign(size_t(gr * gc), 0);
-    if (gr == 1 && g.cols >= x.cols) {  // one group: the whole matrix
-        acc[0] = total_amax_bits<T>(x);
-        return;
+    const GroupShape* g = shapes.begin();
+    std::vector<uint32_t>* const* acc = accs.begin();
+    const size_t n = shapes.size();
+    int64_t gc[2], align = 1;
+    bool spans[2];
+    for (size_t s = 0; s < n; ++s) {
+        gc[s] = ceil_div(x.cols, g[s].cols);
+        spans[s] = g[s].rows >= x.rows;
+        acc[s]->assign(size_t(ceil_div(x.rows, g[s].rows) * gc[s]), 0);
+        if (!spans[s]) align = std::lcm(align, g[s].rows);
     }
-    if (gr > 1) {
-        parallel_tasks(gr, elements(x), [&](int64_t b, int) {
-            for (int64_t i = b * g.rows; i < std::min(x.rows, (b + 1) * g.rows); ++i) {
-                kernel(row<T>(x, i), size_t(x.cols), size_t(g.cols), 0, &acc[size_t(b * gc)]);
-            }
-        });
+    if (n == 1 && spans[0] && g[0].cols >= x.cols) {  // one group: the whole matrix
+        (*acc[0])[0] = total_amax_bits<T>(x);
         return;
     }
     const int threads = threads_for(elements(x));
-    std::vector<std::vector<uint32_t>> part(size_t(threads), std::vector<uint32_t>(size_t(gc), 0));
-    const int64_t per = ceil_div(x.rows, threads);
-    parallel_tasks(threads, elements(x), [&](int64_t t, int) {
+    const int64_t per = ceil_div(ceil_div(x.rows, threads), align) * align, tasks = ceil_div(x.rows, per);
+    std::vector<uint32_t> part[2];  // [tasks, gc]: a spanning shape's maxima of each task's rows
+    for (size_t s = 0; s < n; ++s) {
+        if (spans[s]) part[s].assign(size_t(tasks * gc[s]), 0);
+    }
+    parallel_tasks(tasks, elements(x), [&](int64_t t, int) {
         for (int64_t i = t * per; i < std::min(x.rows, (t + 1) * per); ++i) {
-            kernel(row<T>(x, i), size_t(x.cols), size_t(g.cols), 0, part[size_t(t)].data());
+            for (size_t s = 0; s < n; ++s) {
+                uint32_t* into = spans[s] ? &part[s][size_t(t * gc[s])] : acc[s]->data() + i / g[s].rows * gc[s];
+                kernel(row<T>(x, i), size_t(x.cols), size_t(g[s].cols), 0, into);
+            }
         }
     });
-    for (const auto& p : part) {
-        for (size_t k = 0; k < acc.size(); ++k) acc[k] = std::max(acc[k], p[k]);
+    for (size_t s = 0; s < n; ++s) {
+        for (int64_t t = 0; spans[s] && t < tasks; ++t) {
+            for (int64_t k = 0; k < gc[s]; ++k) (*acc[s])[size_t(k)] = std::max((*acc[s])[size_t(k)], part[s][size_t(t * gc[s] + k)]);
+        }
     }
 }
 
@@ -278,7 +295,7 @@ void quantize_typed(detail::QuantizeJob& job) {
             if (g.rows < x.rows || g.cols > 1) {  // (a decode step's row with 1x128 or 1x32 groups too)
                 total = quantize_tiles<T>(job);
             } else {  // column scaling: groups one column wide, as tall as the matrix
-                group_amax_bits<T>(x, g, acc);
+                group_amax_bits<T>(x, {g}, {&acc});
                 total = make_scales(acc, job.rule, job.scale_inv, mult);
                 encode_rows<T>(x, g, mult.data(), job, job.data, nullptr);
             }
@@ -303,21 +320,21 @@ void quantize_typed(detail::QuantizeJob& job) {
         *job.amax = amax_value(total);
         return;
     }
-    group_amax_bits<T>(x, g, acc);
-    total = make_scales(acc, job.rule, job.scale_inv, mult);
     // The transposed copy's group (r, c) on x^T is the block of c rows by r columns of x.
-    std::vector<uint32_t> acc_t(size_t(grt * gct));
-    if (GroupShape{gt.cols, gt.rows} == g) {
+    const GroupShape gx{gt.cols, gt.rows};
+    std::vector<uint32_t> acc_x, acc_t(size_t(grt * gct));
+    if (gx == g) {
+        group_amax_bits<T>(x, {g}, {&acc});
         for (int64_t a = 0; a < gr; ++a) {
             for (int64_t b = 0; b < gc; ++b) acc_t[size_t(b * gct + a)] = acc[size_t(a * gc + b)];
         }
     } else {
-        std::vector<uint32_t> acc_x;
-        group_amax_bits<T>(x, {gt.cols, gt.rows}, acc_x);  // [gct, grt]
+        group_amax_bits<T>(x, {g, gx}, {&acc, &acc_x});  // acc_x [gct, grt]
         for (int64_t a = 0; a < gct; ++a) {
             for (int64_t b = 0; b < grt; ++b) acc_t[size_t(b * gct + a)] = acc_x[size_t(a * grt + b)];
         }
     }
+    total = make_scales(acc, job.rule, job.scale_inv, mult);
     make_scales(acc_t, job.rule, job.scale_inv_t, mult_t);
     cast_tiles<T>(job, mult.data(), mult_t.data(), nullptr);
     *job.amax = amax_value(total);
@@ -357,7 +374,7 @@ void amax(const ExecContext&, const MatrixRef& x, float* out) {
 
 void group_amax(const ExecContext&, const MatrixRef& x, GroupShape g, float* out) {
     std::vector<uint32_t> acc;
-    detail::with_storage_type(x.dtype, [&]<class T>(T) { group_amax_bits<T>(x, g, acc); });
+    detail::with_storage_type(x.dtype, [&]<class T>(T) { group_amax_bits<T>(x, {g}, {&acc}); });
     for (size_t k = 0; k < acc.size(); ++k) out[k] = amax_value(acc[k]);
 }
 
