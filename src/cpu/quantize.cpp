@@ -12,10 +12,10 @@
 //    cast while it is still in L1/L2. (A row longer than the L2 is read twice from memory.)
 //  - column, and blocks taller than the matrix: 2 - like tensor, a group spans every row.
 //  - cast_transpose: 1 for the cast itself, which writes both copies from one read of each 64x64
-//    tile, after the amax passes the scales need: none with a given scale, 1 when the transposed
-//    copy's groups are those of the row-major copy (tensor; square blocks) - whose codes are then
-//    the row-major codes transposed, not encoded again - 2 otherwise (row, column, 1xN blocks,
-//    mx32: each direction has its own groups).
+//    tile, after the amax pass the scales need (none with a given scale): 1, also where each
+//    direction has its own groups (row, column, 1xN blocks, mx32), whose maxima that pass finds
+//    together. Where the transposed copy's groups are those of the row-major copy (tensor; square
+//    blocks), its codes are the row-major codes transposed, not encoded again.
 #include <algorithm>
 #include <initializer_list>
 #include <numeric>
