@@ -63,6 +63,15 @@ void store_c(float* c, int64_t ldc) {
 }
 
 template <int MI, int NJ>
+void load_c(const float* c, int64_t ldc) {
+    const int64_t sc = ldc * 4;
+    _tile_loadd(0, c, sc);
+    if constexpr (NJ > 1) _tile_loadd(1, c + gemm_tile, sc);
+    if constexpr (MI > 1) _tile_loadd(2, c + gemm_tile * ldc, sc);
+    if constexpr (MI > 1 && NJ > 1) _tile_loadd(3, c + gemm_tile * ldc + gemm_tile, sc);
+}
+
+template <int MI, int NJ>
 void step_c(const uint16_t* a0, const uint16_t* a1, int64_t sa, const uint16_t* b0, const uint16_t* b1) {
     _tile_loadd(4, a0, sa);
     _tile_loadd(6, b0, 64);
@@ -77,15 +86,11 @@ void step_c(const uint16_t* a0, const uint16_t* a1, int64_t sa, const uint16_t* 
 template <int MI, int NJ>
 void block_amx(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t b_strip, int64_t chunks, float* c,
                int64_t ldc, bool accumulate) {
-    const int64_t sa = lda * 2, sc = ldc * 4;
+    const int64_t sa = lda * 2;
     const uint16_t* a1 = a + gemm_tile * lda;
     const uint16_t* b1 = b + b_strip;
-    float* c1 = c + gemm_tile * ldc;
     if (accumulate) {
-        _tile_loadd(0, c, sc);
-        if constexpr (NJ > 1) _tile_loadd(1, c + gemm_tile, sc);
-        if constexpr (MI > 1) _tile_loadd(2, c1, sc);
-        if constexpr (MI > 1 && NJ > 1) _tile_loadd(3, c1 + gemm_tile, sc);
+        load_c<MI, NJ>(c, ldc);
     } else {
         zero_c<MI, NJ>();
     }
@@ -152,20 +157,68 @@ void widen_fold_amx(const uint8_t* codes, int64_t n, const ExpandTable& t, bool 
     }
 }
 
-// ---- small M on the tiles: B widened in L1 chunk by chunk, straight into the tile unit ----
-// Up to 32 packed rows of A (one or two A tiles) against two strips of B. run_tiles widens a window
-// of B (64 chunks of 8 strips) into L2 and tile-loads it back for each block of rows, which made
-// M = 16 read its codes at half the rate of M = 1; here each 512-code chunk of the two strips is
-// widened into a 2 KiB buffer in L1 and tile-loaded at once. The sums are the tiles': TDPBF16PS over the
-// chunks in K order into zeroed C tiles, each K group's sums promoted by promote_loop (one group:
-// the raw sums, scaled in the epilogue), so D is bit for bit what run_tiles gives; folded, every
-// chunk's widened codes are folded as run_tiles folds its window and K is summed as one group.
+// GemmKernels::small of the AMX sets: a single row on the AVX512-BF16 small-M kernel where the CPU
+// has it (two VDPBF16PS per 64 codes, src/cpu/gemm_avx512.cpp), else strip pairs through
+// stream_strips. 2 threads, e4m3 rowwise A cast in the call, 4 x 4096 x 4096 weights in turn (L3),
+// GFLOP/s, two runs each, against run_tiles (2026-11-26, each block of 32 rows widening the pair
+// again): M = 2 125-130 (VDPBF16PS 95-99, tiles 92-95), M = 4 248-258 (97-108), 16 842-879
+// (288-399), 32 1395-1413 (633-667), 48 1265-1333 (849-927), 64 1389-1654 (1054-1098), 96 1691-1702
+// (1265-1350), 128 1670-1678 (1406-1605); at 256 alike (1523-1711 against 1575-1730), at 512 the
+// tiles' window wins (1709-1871 against 1305-1351): up to 128 rows here (with one widening for all
+// the blocks, 256 rows were still 1.1-1.4x slower than the window, 2026-12-02). At M = 1 VDPBF16PS
+// keeps ~1.3x the streaming tiles' rate (12 cycles per 64 codes against 13.5-16, docs/PERF.md).
+constexpr int64_t amx_small_m_max = 128;
+
+// ---- small M on the tiles: B widened into L1 a slice at a time, straight into the tile unit ----
+// Up to 128 packed rows of A (blocks of 32: one or two A tiles) against two strips of B. run_tiles
+// widens a window of B (64 chunks of 8 strips) into L2 and tile-loads it back for each block of
+// rows, which made M = 16 read its codes at half the rate of M = 1; here a slice of the two strips'
+// chunks is widened into L1 and every block of rows takes it from there. The sums are the tiles':
+// TDPBF16PS over the chunks in K order into zeroed C tiles, each K group's sums promoted by
+// promote_loop (one group: the raw sums, scaled in the epilogue), so D is bit for bit what
+// run_tiles gives; folded, every chunk's widened codes are folded as run_tiles folds its window and
+// K is summed as one group. A single block (Hold) keeps its C tiles over all of its K, a slice
+// being one chunk; with more, each block's C goes to acc (or to its rows of part) between slices
+// and is loaded back.
+// Widened once for every block, not once per block: 2 threads, e4m3 tensorwise A, weights in L3,
+// the best call of 1.2 s, the two builds alternated (2026-12-02), us: 48 x 4096 x 4096 1079-1091
+// -> 858-861, 128 x 4096 x 4096 2407-2550 -> 1922-1952, 128 x 11008 x 4096 6366-6435 -> 5231-5268,
+// 128 x 2048 x 2048 639-656 -> 511-517; block scaling 128 x 4096 x 4096 3159-3217 -> 2499-2587;
+// 16 rows (one block) 470-472 -> 476-478. Slices of 2, 4, 8 and 16 chunks tried: 4 was best or
+// within 3% of it at M = 48-128 (8 and 16 crowd L1 with A's rows; 2 loads and stores C too often).
+constexpr int64_t stream_slice_chunks = 4;
+// The rows of a band, whose A each strip pair reads: held where their A fits 1.5 MiB of a Sapphire
+// Rapids core's 2 MiB L2 beside the strips, so that A is read from memory once a band, not once a
+// strip pair. 128 x 4096 x 11008 (2.75 MiB of A): all 128 rows together 7984-8500 us, against
+// 7217-7245 before this slicing; two bands of 64, band by band, 6390-6756.
+constexpr int64_t amx_stream_a_bytes = int64_t(3) << 19;
+
+// One block of rows over a widened slice (wide[i]: chunk q0 + i of the NJ strips): C zeroed where
+// the slice starts the block's sum (first), else loaded from c unless held in the tiles; stored to
+// c where the sum ends (last) or is not held.
 template <int MI, int NJ>
-void stream_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, int rows, const float* sa,
+void rows_over_slice(const uint16_t* a, int64_t sa_bytes, const uint16_t (*wide)[NJ][gemm_chunk_codes], int64_t q0,
+                     int64_t chunks, bool first, bool last, bool hold, float* c, int64_t ldc) {
+    if (first) {
+        zero_c<MI, NJ>();
+    } else if (!hold) {
+        load_c<MI, NJ>(c, ldc);
+    }
+    const uint16_t* a1 = a + gemm_tile * (sa_bytes / 2);
+    for (int64_t i = 0; i < chunks; ++i) {
+        const int64_t q = q0 + i;
+        step_c<MI, NJ>(a + q * gemm_chunk, a1 + q * gemm_chunk, sa_bytes, wide[i][0], wide[i][NJ - 1]);
+    }
+    if (last || !hold) store_c<MI, NJ>(c, ldc);
+}
+
+template <int NJ, bool Hold>
+void stream_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, int64_t rows, const float* sa,
                    const Widen& widen, bool fold, float* acc, int64_t ldacc) {
     const KLayout& kl = b.kl;
-    const int64_t cpg = kl.chunks_per_group(), sa_bytes = lda * 2;
-    const uint16_t* a1 = a + gemm_tile * lda;
+    const int64_t cpg = kl.chunks_per_group(), total = kl.padded / gemm_chunk, sa_bytes = lda * 2;
+    const int64_t blocks = Hold ? 1 : (rows + 2 * gemm_tile - 1) / (2 * gemm_tile);
+    constexpr int64_t slice = Hold ? 1 : stream_slice_chunks;
     const uint8_t* codes[NJ];
     const uint8_t* specials[NJ];  // the strips' chunk_specials
     bool nan[NJ];
@@ -174,8 +227,9 @@ void stream_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, 
         specials[j] = &b.specials(s + j, 0);
         nan[j] = widen.neg_zero_is_nan && b.strip_nonfinite[size_t(s + j)] != 0;
     }
-    alignas(64) uint16_t wide[2][NJ][gemm_chunk_codes];  // by chunk parity: widening the next while the tiles load this
-    alignas(64) float part[2 * gemm_tile][2 * gemm_tile];
+    // Two slices' room, by slice parity: widening the next slice while the tiles load this one.
+    alignas(64) uint16_t wide[2 * stream_slice_chunks][NJ][gemm_chunk_codes];
+    alignas(64) float part[amx_small_m_max][2 * gemm_tile];  // a group's sums, row by row
     const bool summed = kl.groups == 1 || fold;  // one sum over K: into acc, unpromoted
     // Folded, every group's scales of the strips are read before its first chunk is widened; they
     // are group-major, strips * 64 bytes apart, past what the hardware prefetchers follow, so with B
@@ -185,59 +239,62 @@ void stream_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, 
             _mm_prefetch(reinterpret_cast<const char*>(b.scales.data() + g * b.strips * gemm_tile + (s + j) * gemm_tile), _MM_HINT_T0);
         }
     }
+    int64_t slices = 0;
     for (int64_t g = 0; g < kl.groups; ++g) {
         __m512i add[NJ], arith_add[NJ];
         for (int j = 0; fold && j < NJ; ++j) {
             add[j] = fold_add_lanes(b.scales.data() + g * b.strips * gemm_tile + (s + j) * gemm_tile);
             arith_add[j] = widen.arith_fold_add(add[j]);
         }
-        if (g == 0 || !summed) zero_c<MI, NJ>();
-        for (int64_t q = g * cpg; q < (g + 1) * cpg; ++q) {
-            // 8 chunks (4 KiB a strip) ahead into L1, as the small-M kernel does.
-            for (int j = 0; j < NJ; ++j) {
-                for (int line = 0; line < gemm_chunk_codes / 64; ++line) {
-                    _mm_prefetch(reinterpret_cast<const char*>(codes[j] + (q + 8) * gemm_chunk_codes + line * 64), _MM_HINT_T0);
-                }
-            }
-            uint16_t (*w)[gemm_chunk_codes] = wide[q & 1];
-            for (int j = 0; j < NJ; ++j) {
-                const unsigned special = fold ? specials[j][q] : 0u;
-                for (int line = 0; line < gemm_chunk_codes / 64; ++line) {
-                    __m512i w0, w1;
-                    const uint8_t* c = codes[j] + q * gemm_chunk_codes + 64 * line;
-                    if (fold) {
-                        widen_fold_line(widen, c, (special >> line) & 1u, nan[j], add[j], arith_add[j], w0, w1);
-                    } else {
-                        widen(c, w0, w1, nan[j]);
+        for (int64_t q0 = g * cpg; q0 < (g + 1) * cpg; q0 += slice) {
+            const int64_t chunks = std::min(slice, (g + 1) * cpg - q0);
+            uint16_t (*w)[NJ][gemm_chunk_codes] = wide + (slices++ & 1) * slice;
+            for (int64_t i = 0; i < chunks; ++i) {
+                const int64_t q = q0 + i;
+                // 8 chunks (4 KiB a strip) ahead into L1, as the small-M kernel does.
+                for (int j = 0; j < NJ; ++j) {
+                    for (int line = 0; line < gemm_chunk_codes / 64; ++line) {
+                        _mm_prefetch(reinterpret_cast<const char*>(codes[j] + (q + 8) * gemm_chunk_codes + line * 64), _MM_HINT_T0);
                     }
-                    _mm512_store_si512(w[j] + 64 * line, w0);
-                    _mm512_store_si512(w[j] + 64 * line + 32, w1);
+                }
+                for (int j = 0; j < NJ; ++j) {
+                    const unsigned special = fold ? specials[j][q] : 0u;
+                    for (int line = 0; line < gemm_chunk_codes / 64; ++line) {
+                        __m512i w0, w1;
+                        const uint8_t* c = codes[j] + q * gemm_chunk_codes + 64 * line;
+                        if (fold) {
+                            widen_fold_line(widen, c, (special >> line) & 1u, nan[j], add[j], arith_add[j], w0, w1);
+                        } else {
+                            widen(c, w0, w1, nan[j]);
+                        }
+                        _mm512_store_si512(w[i][j] + 64 * line, w0);
+                        _mm512_store_si512(w[i][j] + 64 * line + 32, w1);
+                    }
                 }
             }
-            step_c<MI, NJ>(a + q * gemm_chunk, a1 + q * gemm_chunk, sa_bytes, w[0], w[NJ - 1]);
-        }
-        // One group (or folded): the raw sums into acc after the last. Groups: this one's sums,
-        // promoted as run_tiles does.
-        if (summed && g + 1 < kl.groups) continue;
-        store_c<MI, NJ>(summed ? acc : &part[0][0], summed ? ldacc : 2 * gemm_tile);
-        if (!summed) {
-            promote_loop(&part[0][0], rows, NJ * gemm_tile, sa + g, kl.groups,
-                         b.scales.data() + g * b.strips * gemm_tile + s * gemm_tile, acc, ldacc, g == 0);
+            // Summed, a block's C runs over all of K in acc; else over the group, in part, then
+            // promoted into acc as run_tiles does.
+            const bool first = summed ? q0 == 0 : q0 == g * cpg;
+            const bool last = summed ? q0 + chunks == total : q0 + chunks == (g + 1) * cpg;
+            for (int64_t blk = 0; blk < blocks; ++blk) {
+                const int64_t r0 = blk * 2 * gemm_tile;
+                const uint16_t* ar = a + r0 * lda;
+                float* c = summed ? acc + r0 * ldacc : &part[r0][0];
+                const int64_t ldc = summed ? ldacc : 2 * gemm_tile;
+                if (rows - r0 > gemm_tile) {
+                    rows_over_slice<2, NJ>(ar, sa_bytes, w, q0, chunks, first, last, Hold, c, ldc);
+                } else {
+                    rows_over_slice<1, NJ>(ar, sa_bytes, w, q0, chunks, first, last, Hold, c, ldc);
+                }
+                if (!summed && last) {
+                    promote_loop(c, std::min<int64_t>(2 * gemm_tile, rows - r0), NJ * gemm_tile, sa + r0 * kl.groups + g,
+                                 kl.groups, b.scales.data() + g * b.strips * gemm_tile + s * gemm_tile, acc + r0 * ldacc,
+                                 ldacc, g == 0);
+                }
+            }
         }
     }
 }
-
-// GemmKernels::small of the AMX sets: a single row on the AVX512-BF16 small-M kernel where the CPU
-// has it (two VDPBF16PS per 64 codes, src/cpu/gemm_avx512.cpp), else strip pairs through
-// stream_strips, in blocks of 32 rows (the pair's codes read again from L2 for each block).
-// 2 threads, e4m3 rowwise A cast in the call, 4 x 4096 x 4096 weights in turn (L3), GFLOP/s, two
-// runs each, against run_tiles (2026-11-26): M = 2 125-130 (VDPBF16PS 95-99, tiles 92-95), M = 4
-// 248-258 (97-108), 16 842-879 (288-399), 32 1395-1413 (633-667), 48 1265-1333 (849-927), 64
-// 1389-1654 (1054-1098), 96 1691-1702 (1265-1350), 128 1670-1678 (1406-1605); at 256 alike
-// (1523-1711 against 1575-1730), at 512 the tiles' window wins (1709-1871 against 1305-1351): up
-// to 128 rows here. At M = 1 VDPBF16PS keeps ~1.3x the streaming tiles' rate (12 cycles per 64
-// codes against 13.5-16, docs/PERF.md).
-constexpr int64_t amx_small_m_max = 128;
 
 template <bool Bf16Rows>
 void small_amx(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,
@@ -245,19 +302,18 @@ void small_amx(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, i
     if (Bf16Rows && rows <= 1) return small_bf16<amx_one_row>(rows, a, lda, b, s0, s1, sa, t, false, acc, ldacc);
     const Widen widen(t);
     amx_begin();
-    for (int64_t s = s0; s < s1; s += 2) {
-        for (int64_t r0 = 0; r0 < rows; r0 += 2 * gemm_tile) {  // row blocks of 32: the strip pair again from L2
-            const uint16_t* ar = a + r0 * lda;
-            const float* sar = sa + r0 * b.kl.groups;
+    // Bands of rows, as even as blocks of 32 allow, whose A fits amx_stream_a_bytes.
+    const int64_t block = 2 * gemm_tile, a_row = b.kl.padded * 2;
+    const int64_t most = std::max(block, amx_stream_a_bytes / a_row / block * block);
+    const int64_t bands = (rows + most - 1) / most;
+    const int64_t band = ((rows + bands - 1) / bands + block - 1) / block * block;
+    for (int64_t r0 = 0; r0 < rows; r0 += band) {
+        const int64_t r = std::min(band, rows - r0);
+        for (int64_t s = s0; s < s1; s += 2) {
             float* c = acc + r0 * ldacc + (s - s0) * gemm_tile;
-            const int r = int(std::min<int64_t>(2 * gemm_tile, rows - r0));
-            if (s + 1 < s1) {
-                r > gemm_tile ? stream_strips<2, 2>(ar, lda, b, s, r, sar, widen, fold, c, ldacc)
-                              : stream_strips<1, 2>(ar, lda, b, s, r, sar, widen, fold, c, ldacc);
-            } else {
-                r > gemm_tile ? stream_strips<2, 1>(ar, lda, b, s, r, sar, widen, fold, c, ldacc)
-                              : stream_strips<1, 1>(ar, lda, b, s, r, sar, widen, fold, c, ldacc);
-            }
+            const auto run = s + 1 < s1 ? (r > block ? &stream_strips<2, false> : &stream_strips<2, true>)
+                                        : (r > block ? &stream_strips<1, false> : &stream_strips<1, true>);
+            run(a + r0 * lda, lda, b, s, r, sa + r0 * b.kl.groups, widen, fold, c, ldacc);
         }
     }
     amx_end();

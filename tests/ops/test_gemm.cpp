@@ -1243,14 +1243,15 @@ TEST(GemmOps, GeluEpilogueWithinItsBound) {
 // do: the first M rows of A give the first M rows of the tiles' D (M = 160) bit for bit, for one K
 // group (row) and for many (block, mx32; each group's partial sum promoted in turn). On the
 // avx512-bf16 kernels that is the VDPBF16PS kernel at 2 <= M <= 32; on AMX the streaming tile
-// kernel at 2 <= M <= 128 (one and two A tiles, blocks of 32 rows, one strip left over at n = 130;
-// the tiles' D from M = 160); on the AVX2 kernels, M <= 24 in passes of 3 to 6 rows (7 = 4 + 3,
+// kernel at 2 <= M <= 128 (one and two A tiles, blocks of 32 rows, one strip left over at n = 130,
+// slices of K cut by the groups' ends; K = 6200 puts M = 100 and 128 in two bands of rows; the
+// tiles' D from M = 160); on the AVX2 kernels, M <= 24 in passes of 3 to 6 rows (7 = 4 + 3,
 // 9 = 5 + 4, 16 = 6 + 5 + 5, 17 = 6 + 6 + 5, 24 = 6 x 4). M = 1 is the stated exception (pairs in
 // four lanes, NUMERICS.md), and on AVX2 M = 2 (one pass of 2 rows), which sums elements 0 and 1 of
 // the pairs in lanes apart. Rowwise and blockwise A scales depend on their own row only, so the rows'
 // codes and scales are the same in both products.
 TEST(GemmOps, SmallMKernelsSumAsTheTiles) {
-    const int64_t big = 160, n = 130, k = 1100;
+    const int64_t big = 160, n = 130, k = 6200;
     bool ran = false;
     uint32_t seed = 900;
     const std::vector<float> xv = gaussian(big, k, seed++);
