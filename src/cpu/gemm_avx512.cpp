@@ -113,13 +113,18 @@ void small_block(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, co
             // prefetch 48-96 chunks ahead besides: 10% slower), while two strips 16 ahead each
             // (M = 2-8) streamed 2% slower than 8 (gemm() on rotating weight copies, the settings
             // alternated in one process). Sapphire Rapids (amx_one_row, two strips): 4 ahead into
-            // L1 and 32 into L2, past the strips' end into the next block's, against 16 into L1
-            // (which spilled into the next strip in memory, for one of the two the wrong one):
-            // gemm() from f32 x on 708 MB of 1536 x 1536 copies 19.5-20.4 -> 23.4 GB/s, 403 MB of
-            // 4096 x 4096 copies 22.6-23.4 -> 25.6-25.7, 451 MB of 11008 x 4096 20.0-23.3 ->
-            // 25.2-25.7 (2 threads, the two builds alternated; of the plans tried, 8 + 24 and
-            // 16 + 48 came close, 4 + 64 no better, NTA for the near ones halved the stream).
-            // (M > 1 keeps its addresses as they were: see the caution above.)
+            // L1, past the strips' end into the next block's, against 16 (which spilled into the
+            // next strip in memory, for one of the two the wrong one): gemm() from f32 x on 708 MB
+            // of 1536 x 1536 copies 19.5-20.4 -> 23.4 GB/s, 403 MB of 4096 x 4096 copies
+            // 22.6-23.4 -> 25.6-25.7 (2 threads, the two builds alternated; NTA halved the
+            // stream). A further PREFETCHT1 32 chunks ahead into L2, kept from then to 2026-12-02,
+            // cost more than it gave: without it e4m3 weights in turn out of cache (the best call
+            // of 1.5-2 s, the settings alternated in one process) 1 x 4096 x 4096 605-634 -> 511-516
+            // us, 11008 x 4096 1669-1671 -> 1292-1347, 4096 x 11008 1647-1678 -> 1299-1309, 1536 x
+            // 1536 57 -> 53-54, 32000 x 1536 1809-1816 -> 1563-1568; 2, 6 and 8 into L1 no better
+            // than 4, none 4% slower. The software prefetches each hold one of the core's 16 L1
+            // fill buffers until their line arrives, while the L2 streamer follows the strips by
+            // itself. (M > 1 keeps its addresses as they were: see the caution above.)
             for (int j = 0; j < S; ++j) {
                 if constexpr (R > 1) {
                     for (int line = 0; line < gemm_chunk_codes / 64; ++line) {
@@ -129,11 +134,6 @@ void small_block(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, co
                     // a chunk's lines are contiguous: its address once, then 64 bytes a line
                     if (const char* p = stream_chunk(j, q, P.l1_ahead)) {
                         for (int line = 0; line < gemm_chunk_codes / 64; ++line) _mm_prefetch(p + 64 * line, _MM_HINT_T0);
-                    }
-                    if constexpr (P.l2_ahead > 0) {
-                        if (const char* p = stream_chunk(j, q, P.l2_ahead)) {
-                            for (int line = 0; line < gemm_chunk_codes / 64; ++line) _mm_prefetch(p + 64 * line, _MM_HINT_T1);
-                        }
                     }
                 }
             }

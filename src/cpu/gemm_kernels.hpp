@@ -450,15 +450,15 @@ void pack_group_avx512(const uint8_t* row0, int64_t ld, int64_t cols, int64_t le
 void scale_store_avx512(float* v, float alpha, float sa, const float* sb, const float* bias, bool gelu, void* out,
                         bool bf16_out, int64_t cols);
 // How the small-M kernel streams B for a single row (M = 1): strips at once, and how many chunks
-// ahead in its thread's stream it prefetches each strip's lines into L1 and into L2 (0: none).
+// ahead in its thread's stream it prefetches each strip's lines into L1.
 // arith: whether normal codes widen by shifts (widen_vbmi.hpp) instead of byte tables.
 struct OneRowStream {
     int strips;
-    int l1_ahead, l2_ahead;
+    int l1_ahead;
     bool arith;
 };
-inline constexpr OneRowStream avx512_one_row{1, 16, 0, false};  // the avx512-bf16 set (Zen 4 and 5)
-inline constexpr OneRowStream amx_one_row{2, 4, 32, true};      // AMX CPUs (Sapphire Rapids)
+inline constexpr OneRowStream avx512_one_row{1, 16, false};  // the avx512-bf16 set (Zen 4 and 5)
+inline constexpr OneRowStream amx_one_row{2, 4, true};       // AMX CPUs (Sapphire Rapids)
 template <OneRowStream P>
 void small_bf16(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,
                 const float* sa, const ExpandTable& t, bool fold, float* acc, int64_t ldacc);
