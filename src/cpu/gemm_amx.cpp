@@ -227,6 +227,14 @@ void stream_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, 
         specials[j] = &b.specials(s + j, 0);
         nan[j] = widen.neg_zero_is_nan && b.strip_nonfinite[size_t(s + j)] != 0;
     }
+    // The strips' lines prefetched into L1 this many chunks ahead: with one A tile (at most 16
+    // rows) the codes stream fastest, and a prefetch that waits long for its line holds one of the
+    // core's 16 fill buffers the while (weights out of cache, the best call of 1.5 s, the settings
+    // alternated in one process, 2026-12-02): 8 x 4096 x 4096 584-586 us with 8 ahead, 510-518
+    // with 4, 506-518 with 2, 584-598 with none, 626-661 with 16; 16 rows 584-597 / 536-540;
+    // 8 x 11008 x 4096 1613-1627 / 1420-1515. With more rows 8 (128 x 4096 x 4096 2154-2254
+    // against 2366-2416 with 4; 32 rows alike).
+    const int64_t ahead = rows <= gemm_tile ? 4 : 8;
     // Two slices' room, by slice parity: widening the next slice while the tiles load this one.
     alignas(64) uint16_t wide[2 * stream_slice_chunks][NJ][gemm_chunk_codes];
     alignas(64) float part[amx_small_m_max][2 * gemm_tile];  // a group's sums, row by row
@@ -251,10 +259,9 @@ void stream_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, 
             uint16_t (*w)[NJ][gemm_chunk_codes] = wide + (slices++ & 1) * slice;
             for (int64_t i = 0; i < chunks; ++i) {
                 const int64_t q = q0 + i;
-                // 8 chunks (4 KiB a strip) ahead into L1, as the small-M kernel does.
                 for (int j = 0; j < NJ; ++j) {
                     for (int line = 0; line < gemm_chunk_codes / 64; ++line) {
-                        _mm_prefetch(reinterpret_cast<const char*>(codes[j] + (q + 8) * gemm_chunk_codes + line * 64), _MM_HINT_T0);
+                        _mm_prefetch(reinterpret_cast<const char*>(codes[j] + (q + ahead) * gemm_chunk_codes + line * 64), _MM_HINT_T0);
                     }
                 }
                 for (int j = 0; j < NJ; ++j) {
