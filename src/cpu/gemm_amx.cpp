@@ -194,14 +194,14 @@ constexpr int64_t stream_slice_chunks = 4;
 constexpr int64_t amx_stream_a_bytes = int64_t(3) << 19;
 
 // One block of rows over a widened slice (wide[i]: chunk q0 + i of the NJ strips): C zeroed where
-// the slice starts the block's sum (first), else loaded from c unless held in the tiles; stored to
-// c where the sum ends (last) or is not held.
-template <int MI, int NJ>
+// the slice starts the block's sum (first), else loaded from c unless held in the tiles (Hold);
+// stored to c where the sum ends (last) or is not held.
+template <int MI, int NJ, bool Hold>
 void rows_over_slice(const uint16_t* a, int64_t sa_bytes, const uint16_t (*wide)[NJ][gemm_chunk_codes], int64_t q0,
-                     int64_t chunks, bool first, bool last, bool hold, float* c, int64_t ldc) {
+                     int64_t chunks, bool first, bool last, float* c, int64_t ldc) {
     if (first) {
         zero_c<MI, NJ>();
-    } else if (!hold) {
+    } else if (!Hold) {
         load_c<MI, NJ>(c, ldc);
     }
     const uint16_t* a1 = a + gemm_tile * (sa_bytes / 2);
@@ -209,7 +209,7 @@ void rows_over_slice(const uint16_t* a, int64_t sa_bytes, const uint16_t (*wide)
         const int64_t q = q0 + i;
         step_c<MI, NJ>(a + q * gemm_chunk, a1 + q * gemm_chunk, sa_bytes, wide[i][0], wide[i][NJ - 1]);
     }
-    if (last || !hold) store_c<MI, NJ>(c, ldc);
+    if (last || !Hold) store_c<MI, NJ>(c, ldc);
 }
 
 template <int NJ, bool Hold>
@@ -289,9 +289,9 @@ void stream_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, 
                 float* c = summed ? acc + r0 * ldacc : &part[r0][0];
                 const int64_t ldc = summed ? ldacc : 2 * gemm_tile;
                 if (rows - r0 > gemm_tile) {
-                    rows_over_slice<2, NJ>(ar, sa_bytes, w, q0, chunks, first, last, Hold, c, ldc);
+                    rows_over_slice<2, NJ, Hold>(ar, sa_bytes, w, q0, chunks, first, last, c, ldc);
                 } else {
-                    rows_over_slice<1, NJ>(ar, sa_bytes, w, q0, chunks, first, last, Hold, c, ldc);
+                    rows_over_slice<1, NJ, Hold>(ar, sa_bytes, w, q0, chunks, first, last, c, ldc);
                 }
                 if (!summed && last) {
                     promote_loop(c, std::min<int64_t>(2 * gemm_tile, rows - r0), NJ * gemm_tile, sa + r0 * kl.groups + g,
