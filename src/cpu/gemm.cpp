@@ -98,7 +98,7 @@ void block_portable(int rows, int nj, const uint16_t* a, int64_t lda, const void
 constexpr GemmKernels portable_kernels{&expand_portable, &widen_bf16<&expand_portable>, 2, 8, 32, 32, 0, 2, 0,
                                        &block_then_promote<&block_portable>, &no_tile_state, &no_tile_state, nullptr, 0,
                                        &matmul_f32_portable, &scale_store_loop, &gelu_row_loop, &fold_loop,
-                                       &widen_then_fold<&expand_portable>, 1, &pack_group_loop, "portable"};
+                                       &widen_then_fold<&expand_portable>, 1, &pack_group_loop, &mark_strip_loop, "portable"};
 
 // ---- packing A ----
 
@@ -514,23 +514,6 @@ std::shared_ptr<const void> pack_weight(const ExecContext&, const GemmOperand& b
     pb.strip_nonfinite.assign(size_t(pb.strips), 0);
     const int64_t chunks = kl.padded / gemm_chunk;
     pb.chunk_specials.assign(size_t(pb.strips * chunks), 0);
-    const auto row_nonfinite = [f = b.format](const uint8_t* row, int64_t k) {
-        return with_format(f, [&](auto format) {
-            uint8_t any = 0;
-            for (int64_t e = 0; e < k; ++e) any |= uint8_t(!finite_code(row[e], decltype(format)::value));
-            return any != 0;
-        });
-    };
-    // A packed strip's chunk_specials: bit l of chunk q where a code of its line l is not normal.
-    const auto mark_specials = [f = b.format, chunks](const uint8_t* strip, uint8_t* flags) {
-        with_format(f, [&](auto format) {
-            for (int64_t line = 0; line < chunks * (gemm_chunk_codes / 64); ++line) {
-                uint8_t special = 0;
-                for (int e = 0; e < 64; ++e) special |= uint8_t(!normal_code(strip[64 * line + e], decltype(format)::value));
-                flags[line / 8] |= uint8_t(special << (line % 8));
-            }
-        });
-    };
     const GemmKernels& kern = gemm_kernels();
     parallel_tasks(pb.strips, size_t(b.rows * b.k), [&](int64_t s, int) {
         // One strip: B's rows 16 s ... 16 s + 15 (fewer in the last). The packed K position of group
@@ -539,11 +522,7 @@ std::shared_ptr<const void> pack_weight(const ExecContext&, const GemmOperand& b
         uint8_t* out = reinterpret_cast<uint8_t*>(pb.codes.get()) + s * kl.padded * gemm_tile;
         const int64_t cols = std::min(gemm_tile, b.rows - s * gemm_tile);
         const uint8_t* rows[gemm_tile];
-        bool nonfinite = false;
-        for (int64_t c = 0; c < cols; ++c) {
-            rows[c] = b.data + (s * gemm_tile + c) * b.ld;
-            nonfinite = nonfinite || row_nonfinite(rows[c], b.k);
-        }
+        for (int64_t c = 0; c < cols; ++c) rows[c] = b.data + (s * gemm_tile + c) * b.ld;
         for (int64_t g = 0; g < kl.groups; ++g) {
             for (int64_t c = 0; c < cols; ++c) {
                 const int64_t j = s * gemm_tile + c;
@@ -556,8 +535,8 @@ std::shared_ptr<const void> pack_weight(const ExecContext&, const GemmOperand& b
             if (len < kl.group_padded || cols < gemm_tile) std::memset(dst, 0, size_t(kl.group_padded * gemm_tile));
             kern.pack_group(rows[0] + k0, b.ld, cols, len, dst);
         }
-        pb.strip_nonfinite[size_t(s)] = nonfinite ? 1 : 0;
-        mark_specials(pb.strip(s), pb.chunk_specials.data() + s * chunks);
+        const int64_t lines = chunks * (gemm_chunk_codes / 64);
+        pb.strip_nonfinite[size_t(s)] = uint8_t(kern.mark_strip(pb.strip(s), lines, b.format, pb.chunk_specials.data() + s * chunks));
     });
     pb.scales_fold = true;  // over B's columns (padding columns' scales are 0)
     for (int64_t g = 0; g < kl.groups; ++g) {

@@ -95,9 +95,10 @@ struct PackedB {
 // Whether a code is a nonzero finite normal of its format (PackedB::chunk_specials): its
 // magnitude bits at least the smallest normal's and below the first Inf or NaN (e4m3fn 0x7f,
 // e5m2 0x7c; the fnuz formats' NaN 0x80 has magnitude 0) - two byte compares, which vectorize.
+constexpr uint32_t code_top(Format f) { return f == Format::e4m3fn ? 0x7fu : f == Format::e5m2 ? 0x7cu : 0x80u; }
 constexpr bool normal_code(uint8_t code, Format f) {
-    const uint32_t mag = code & 0x7fu, top = f == Format::e4m3fn ? 0x7fu : f == Format::e5m2 ? 0x7cu : 0x80u;
-    return mag >= (1u << format_info(f).mantissa_bits) && mag < top;
+    const uint32_t mag = code & 0x7fu;
+    return mag >= (1u << format_info(f).mantissa_bits) && mag < code_top(f);
 }
 // Whether a code is a number (PackedB::strip_nonfinite): not NaN, nor e5m2's Inf.
 constexpr bool finite_code(uint8_t code, Format f) {
@@ -250,6 +251,10 @@ struct GemmKernels {
     // zeroed by the caller where len or cols leave padding): byte 32 (e / 2) + 2 c + e % 2 of dst is
     // row c's element e - pack_group_loop, or AVX-512 gathers of 16 rows' element pairs.
     void (*pack_group)(const uint8_t* row0, int64_t ld, int64_t cols, int64_t len, uint8_t* dst);
+    // pack_weight's scan of one packed strip of `lines` 64-code lines in format f (padding is +0):
+    // sets PackedB::chunk_specials' bits (specials: the strip's bytes, zeroed by the caller) and
+    // returns whether a code is NaN or Inf (PackedB::strip_nonfinite) - mark_strip_loop.
+    bool (*mark_strip)(const uint8_t* strip, int64_t lines, Format f, uint8_t* specials);
     const char* name;  // what gemm_kernels_name() reports: amx, avx512-bf16, avx2, portable
 };
 
@@ -339,6 +344,27 @@ inline void pack_group_loop(const uint8_t* row0, int64_t ld, int64_t cols, int64
     if (e < len) {
         for (int64_t c = 0; c < cols; ++c) dst[2 * c] = row0[c * ld + e];
     }
+}
+
+// GemmKernels::mark_strip as one loop over the strip: a line's specials bit and the strip's
+// nonfinite flag from each byte as it is read once.
+template <Format F>
+bool mark_strip_format(const uint8_t* strip, int64_t lines, uint8_t* specials) {
+    uint8_t nonfinite = 0;
+    for (int64_t line = 0; line < lines; ++line) {
+        uint8_t special = 0;
+        for (int e = 0; e < 64; ++e) {
+            const uint8_t code = strip[64 * line + e];
+            special |= uint8_t(!normal_code(code, F));
+            nonfinite |= uint8_t(!finite_code(code, F));
+        }
+        specials[line / 8] |= uint8_t(special << (line % 8));
+    }
+    return nonfinite != 0;
+}
+
+inline bool mark_strip_loop(const uint8_t* strip, int64_t lines, Format f, uint8_t* specials) {
+    return with_format(f, [&](auto format) { return mark_strip_format<decltype(format)::value>(strip, lines, specials); });
 }
 
 // GemmKernels::block for a kernel set whose Block does not promote: a K group's sums into a 32 x 32
@@ -447,6 +473,7 @@ inline void scale_store_loop(float* v, float alpha, float sa, const float* sb, c
 // small_bf16<P>: a single row streams B as P says (src/cpu/gemm_avx512.cpp measures both).
 void expand_vbmi(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t* out);
 void pack_group_avx512(const uint8_t* row0, int64_t ld, int64_t cols, int64_t len, uint8_t* dst);
+bool mark_strip_avx512(const uint8_t* strip, int64_t lines, Format f, uint8_t* specials);
 void scale_store_avx512(float* v, float alpha, float sa, const float* sb, const float* bias, bool gelu, void* out,
                         bool bf16_out, int64_t cols);
 // How the small-M kernel streams B for a single row (M = 1): strips at once, and how many chunks
