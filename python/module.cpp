@@ -428,11 +428,19 @@ private:
 
 // D = gemm(a, b, o): into the caller's `out` [M, N] when given (device GEMMs: torch allocates it),
 // returning None; else a new host array.
-nb::object gemm_array(const GemmA& a, const PackedWeight& b, const GemmOptions& o, const std::optional<nb::ndarray<>>& out) {
+int64_t b_rows(const PackedWeight& b) { return b.n(); }
+int64_t b_rows(const QTensor& b) {
+    if (b.data.dim() != 2) throw Error("fp8kit.gemm: b is " + to_string(b.data.shape()) + ", expected [N, K]");
+    return b.data.size(0);
+}
+
+// B: a PackedWeight, or a QTensor for this call alone (fp8kit::gemm's overloads).
+template <class B>
+nb::object gemm_array(const GemmA& a, const B& b, const GemmOptions& o, const std::optional<nb::ndarray<>>& out) {
     if (out) {
         const Tensor& at = a.fp8 ? a.fp8->data : *a.hp;
         if (at.dim() != 2) throw Error("fp8kit.gemm: a is " + to_string(at.shape()) + ", expected [M, K]");
-        const Tensor d = out_view(*out, "out", o.out_dtype, {at.size(0), b.n()});
+        const Tensor d = out_view(*out, "out", o.out_dtype, {at.size(0), b_rows(b)});
         nb::gil_scoped_release nogil;
         gemm(a, b, o, d);
         return nb::none();
@@ -443,6 +451,42 @@ nb::object gemm_array(const GemmA& a, const PackedWeight& b, const GemmOptions& 
         d = gemm(a, b, o);
     }
     return nb::cast(to_numpy(d));
+}
+
+// gemm, gemm_fused and gemm_weight_only for one type of b.
+template <class B>
+void def_gemms(nb::module_& m) {
+    m.def("gemm", [](const QTensor& a, const B& b, const std::string& out_dtype, float alpha, float beta,
+                     const std::optional<Array>& c, const std::optional<Array>& bias, const std::string& activation,
+                     const std::optional<nb::ndarray<>>& out) {
+              return gemm_array(a, b, gemm_options(out_dtype, alpha, beta, c, bias, activation), out);
+          },
+          "a"_a, "b"_a, "out_dtype"_a = "float32", "alpha"_a = 1.0f, "beta"_a = 0.0f, "c"_a = nb::none(),
+          "bias"_a = nb::none(), "activation"_a = "none", "out"_a = nb::none(),
+          "D[M, N] = act(alpha * deq(a) . deq(b)^T (+ beta * c) (+ bias)), a an FP8 QTensor [M, K], b a PackedWeight or "
+          "a QTensor [N, K] for this call alone; written into out (returning None) when given.");
+    m.def("gemm_fused", [](const Array& a, const B& b, const std::string& format, const std::string& scaling,
+                           const std::string& overflow, bool power_of_two, float amax_epsilon,
+                           const std::string& mx_rounding, const std::string& non_finite, const std::string& out_dtype,
+                           float alpha, float beta, const std::optional<Array>& c, const std::optional<Array>& bias,
+                           const std::string& activation, const std::optional<nb::ndarray<>>& out) {
+              const QuantizeOptions q = quantize_options(format, scaling, overflow, power_of_two, amax_epsilon,
+                                                         mx_rounding, non_finite);
+              return gemm_array(GemmA(view(a, "a"), q), b, gemm_options(out_dtype, alpha, beta, c, bias, activation), out);
+          },
+          "a"_a, "b"_a, "format"_a, "scaling"_a, "overflow"_a, "power_of_two"_a, "amax_epsilon"_a, "mx_rounding"_a,
+          "non_finite"_a, "out_dtype"_a, "alpha"_a, "beta"_a, "c"_a.none(), "bias"_a.none(), "activation"_a,
+          "out"_a = nb::none(),
+          "The GEMM with a given in float32 / bfloat16 / float16 [M, K] and cast to FP8 inside it.");
+    m.def("gemm_weight_only", [](const Array& a, const B& b, const std::string& out_dtype, float alpha,
+                                 float beta, const std::optional<Array>& c, const std::optional<Array>& bias,
+                                 const std::string& activation, const std::optional<nb::ndarray<>>& out) {
+              return gemm_array(GemmA(view(a, "a")), b, gemm_options(out_dtype, alpha, beta, c, bias, activation), out);
+          },
+          "a"_a, "b"_a, "out_dtype"_a, "alpha"_a, "beta"_a, "c"_a.none(), "bias"_a.none(), "activation"_a,
+          "out"_a = nb::none(),
+          "The GEMM with a given in float32 / bfloat16 / float16 [M, K], not quantized: taken as the sum of "
+          "two bfloat16 terms (weight-only FP8, fp8kit::GemmA).");
 }
 
 }  // namespace
@@ -611,37 +655,8 @@ NB_MODULE(_fp8kit, m) {
         });
     nb::implicitly_convertible<QTensor, PackedWeight>();
 
-    m.def("gemm", [](const QTensor& a, const PackedWeight& b, const std::string& out_dtype, float alpha, float beta,
-                     const std::optional<Array>& c, const std::optional<Array>& bias, const std::string& activation,
-                     const std::optional<nb::ndarray<>>& out) {
-              return gemm_array(a, b, gemm_options(out_dtype, alpha, beta, c, bias, activation), out);
-          },
-          "a"_a, "b"_a, "out_dtype"_a = "float32", "alpha"_a = 1.0f, "beta"_a = 0.0f, "c"_a = nb::none(),
-          "bias"_a = nb::none(), "activation"_a = "none", "out"_a = nb::none(),
-          "D[M, N] = act(alpha * deq(a) . deq(b)^T (+ beta * c) (+ bias)), a an FP8 QTensor [M, K]; written into "
-          "out (returning None) when given.");
-    m.def("gemm_fused", [](const Array& a, const PackedWeight& b, const std::string& format, const std::string& scaling,
-                           const std::string& overflow, bool power_of_two, float amax_epsilon,
-                           const std::string& mx_rounding, const std::string& non_finite, const std::string& out_dtype,
-                           float alpha, float beta, const std::optional<Array>& c, const std::optional<Array>& bias,
-                           const std::string& activation, const std::optional<nb::ndarray<>>& out) {
-              const QuantizeOptions q = quantize_options(format, scaling, overflow, power_of_two, amax_epsilon,
-                                                         mx_rounding, non_finite);
-              return gemm_array(GemmA(view(a, "a"), q), b, gemm_options(out_dtype, alpha, beta, c, bias, activation), out);
-          },
-          "a"_a, "b"_a, "format"_a, "scaling"_a, "overflow"_a, "power_of_two"_a, "amax_epsilon"_a, "mx_rounding"_a,
-          "non_finite"_a, "out_dtype"_a, "alpha"_a, "beta"_a, "c"_a.none(), "bias"_a.none(), "activation"_a,
-          "out"_a = nb::none(),
-          "The GEMM with a given in float32 / bfloat16 / float16 [M, K] and cast to FP8 inside it.");
-    m.def("gemm_weight_only", [](const Array& a, const PackedWeight& b, const std::string& out_dtype, float alpha,
-                                 float beta, const std::optional<Array>& c, const std::optional<Array>& bias,
-                                 const std::string& activation, const std::optional<nb::ndarray<>>& out) {
-              return gemm_array(GemmA(view(a, "a")), b, gemm_options(out_dtype, alpha, beta, c, bias, activation), out);
-          },
-          "a"_a, "b"_a, "out_dtype"_a, "alpha"_a, "beta"_a, "c"_a.none(), "bias"_a.none(), "activation"_a,
-          "out"_a = nb::none(),
-          "The GEMM with a given in float32 / bfloat16 / float16 [M, K], not quantized: taken as the sum of "
-          "two bfloat16 terms (weight-only FP8, fp8kit::GemmA).");
+    def_gemms<QTensor>(m);  // first: a QTensor b is taken for the call, not converted to a PackedWeight
+    def_gemms<PackedWeight>(m);
     nb::class_<FusedLinear>(m, "FusedLinear",
                             "y = deq(fp8(x)) . deq(b)^T (+ bias) with everything but x fixed (fp8kit.torch's Linear); "
                             "scaling 'none': y = x . deq(b)^T, x not quantized (weight-only).")

@@ -71,8 +71,8 @@ namespace detail { struct PackedAccess; }
 
 // B packed once for the backend of its device, for many GEMMs (inference reuses a weight every call).
 // Holds the codes in the backend's blocked layout (FP8, one byte per weight) plus the scales, and
-// shares - never copies - the source QTensor. Implicit from a QTensor: a GEMM handed a plain
-// QTensor packs it for that one call.
+// shares - never copies - the source QTensor. A GEMM handed a plain QTensor (the overloads below)
+// takes it for that one call: the backend packs what it must inside the call, or reads B as it is.
 class PackedWeight {
 public:
     PackedWeight(const QTensor& b);  // NOLINT: implicit; [N, K], fp8kit::Error if not a GEMM operand
@@ -102,6 +102,8 @@ public:
 
 private:
     friend struct detail::PackedAccess;  // the backend's layout, for src/core/gemm.cpp
+    struct ForOneCall {};
+    PackedWeight(const QTensor& b, ForOneCall);  // b checked, nothing packed: the GEMM packs in its call
     QTensor source_;
     int64_t n_ = 0, k_ = 0, k_group_ = 0;
     Format format_;
@@ -122,6 +124,13 @@ void gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, const 
 // so out.scaling / out.scale (delayed) apply and the result carries D's amax.
 QTensor gemm_quantized(const GemmA& a, const PackedWeight& b, const GemmOptions& opts,
                        const QuantizeOptions& out);
+
+// The same with B a QTensor for this call alone (a training step's GEMMs: each B serves one):
+// not packed ahead into memory of its own; the cpu backend widens B's windows straight from its
+// codes where its kernels can, else packs it inside the call.
+Tensor gemm(const GemmA& a, const QTensor& b, const GemmOptions& opts = {});
+void gemm(const GemmA& a, const QTensor& b, const GemmOptions& opts, const Tensor& out);
+QTensor gemm_quantized(const GemmA& a, const QTensor& b, const GemmOptions& opts, const QuantizeOptions& out);
 
 // The K group over which partial sums are scaled, for two operand scalings along K: the
 // narrower of their K extents (K itself for tensor/row). fp8kit::Error if they do not nest

@@ -116,6 +116,7 @@ int64_t gemm_k_group(const Scaling& a, const Scaling& b, int64_t k) {
 
 struct detail::PackedAccess {
     static const void* packed(const PackedWeight& w) noexcept { return w.packed_.get(); }
+    static PackedWeight for_one_call(const QTensor& b) { return PackedWeight(b, PackedWeight::ForOneCall{}); }
 };
 
 // Packed for the widest K group B allows; a GEMM whose A needs narrower groups repacks.
@@ -131,6 +132,16 @@ PackedWeight::PackedWeight(const QTensor& b, const Scaling& a_scaling) : source_
     k_group_ = gemm_k_group(a_scaling, b.scaling, k_);
     // K = 0: nothing to pack, and no scale to read (scale_inv has no columns).
     if (k_ > 0) packed_ = d.ops.pack_weight(d.ctx, op, k_group_, true, &packed_bytes_);
+}
+
+// K group 0 matches no GEMM's: run_gemm packs B for the call, for the K group its A needs.
+PackedWeight::PackedWeight(const QTensor& b, ForOneCall) : source_(b) {
+    const detail::Dispatch d = detail::dispatch("gemm", {{"B", &b.data}, {"B's scale_inv", &b.scale_inv}});
+    backend_ = d.backend;
+    const GemmOperand op = operand(b, "B");
+    n_ = op.rows;
+    k_ = op.k;
+    format_ = op.format;
 }
 
 size_t PackedWeight::packed_bytes() const noexcept { return packed_bytes_; }
@@ -326,7 +337,8 @@ void run_gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, co
         return;
     }
 
-    // A PackedWeight made for another backend, or for wider K groups than A allows, is repacked.
+    // A PackedWeight made for another backend, or for wider K groups than A allows, is repacked;
+    // a QTensor B (k_group 0) is packed here, for this call (pack_weight, not lasting).
     std::shared_ptr<const void> packed;
     size_t bytes = 0;
     if (b.backend() == d.backend && b.k_group() == kgroup) {
@@ -368,6 +380,18 @@ QTensor gemm_quantized(const GemmA& a, const PackedWeight& b, const GemmOptions&
     GemmOptions f32 = opts;
     f32.out_dtype = DType::f32;
     return quantize(gemm(a, b, f32), out);
+}
+
+Tensor gemm(const GemmA& a, const QTensor& b, const GemmOptions& opts) {
+    return gemm(a, detail::PackedAccess::for_one_call(b), opts);
+}
+
+void gemm(const GemmA& a, const QTensor& b, const GemmOptions& opts, const Tensor& out) {
+    gemm(a, detail::PackedAccess::for_one_call(b), opts, out);
+}
+
+QTensor gemm_quantized(const GemmA& a, const QTensor& b, const GemmOptions& opts, const QuantizeOptions& out) {
+    return gemm_quantized(a, detail::PackedAccess::for_one_call(b), opts, out);
 }
 
 }  // namespace fp8kit

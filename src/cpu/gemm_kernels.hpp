@@ -87,6 +87,12 @@ struct PackedB {
     // Whether every scale of B's columns is a power of two that folds (fold_log2): its K groups may
     // then be summed as one (gemm.cpp, "Folding").
     bool scales_fold;
+    // A pack for one GEMM call (pack_weight, not lasting) leaves B's codes where they are: row j
+    // at rows + j * ld (the caller's, alive for the call); codes is null, strip_nonfinite and
+    // chunk_specials say "may be" everywhere. gemm() widens run_tiles' windows straight from the
+    // rows where it can (GemmKernels::widen_rows) and packs the strips first where it cannot.
+    const uint8_t* rows = nullptr;
+    int64_t ld = 0;
     const uint8_t& specials(int64_t s, int64_t chunk) const { return chunk_specials[size_t(s * (kl.padded / gemm_chunk) + chunk)]; }
     const uint8_t* strip(int64_t s) const { return reinterpret_cast<const uint8_t*>(codes.get()) + s * kl.padded * gemm_tile; }
     size_t code_bytes() const { return size_t(strips * kl.padded * gemm_tile); }
@@ -255,6 +261,12 @@ struct GemmKernels {
     // sets PackedB::chunk_specials' bits (specials: the strip's bytes, zeroed by the caller) and
     // returns whether a code is NaN or Inf (PackedB::strip_nonfinite) - mark_strip_loop.
     bool (*mark_strip)(const uint8_t* strip, int64_t lines, Format f, uint8_t* specials);
+    // widen_b of B's rows as packed, for a window of B left where it is (PackedB::rows): rows
+    // row0 + c * ld (c < cols <= 16), elements [e0, e0 + 32 chunks) of each - those at or past k
+    // are padding, +0 - into `chunks` tiles at out, what widen_b writes from the same chunks of
+    // the packed strip. Null where the set's window is not bf16 tiles (gemm() then packs B).
+    void (*widen_rows)(const uint8_t* row0, int64_t ld, int64_t cols, int64_t e0, int64_t chunks, int64_t k,
+                       const ExpandTable& t, void* out);
     const char* name;  // what gemm_kernels_name() reports: amx, avx512-bf16, avx2, portable
 };
 
@@ -474,6 +486,8 @@ inline void scale_store_loop(float* v, float alpha, float sa, const float* sb, c
 void expand_vbmi(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t* out);
 void pack_group_avx512(const uint8_t* row0, int64_t ld, int64_t cols, int64_t len, uint8_t* dst);
 bool mark_strip_avx512(const uint8_t* strip, int64_t lines, Format f, uint8_t* specials);
+void widen_rows_vbmi(const uint8_t* row0, int64_t ld, int64_t cols, int64_t e0, int64_t chunks, int64_t k,
+                     const ExpandTable& t, void* out);
 void scale_store_avx512(float* v, float alpha, float sa, const float* sb, const float* bias, bool gelu, void* out,
                         bool bf16_out, int64_t cols);
 // How the small-M kernel streams B for a single row (M = 1): strips at once, and how many chunks

@@ -45,7 +45,11 @@ struct Widen {
     // bf16 of codes[0..32) into w0, of codes[32..64) into w1. may_have_nan80: whether a code
     // may be an fnuz format's NaN 0x80 (false skips the fix-up).
     void operator()(const uint8_t* codes, __m512i& w0, __m512i& w1, bool may_have_nan80) const {
-        const __m512i x = _mm512_permutexvar_epi8(perm, _mm512_loadu_si512(codes));
+        (*this)(_mm512_loadu_si512(codes), w0, w1, may_have_nan80);
+    }
+    // The same of 64 codes in a register.
+    void operator()(__m512i codes, __m512i& w0, __m512i& w1, bool may_have_nan80) const {
+        const __m512i x = _mm512_permutexvar_epi8(perm, codes);
         __m512i l = _mm512_permutex2var_epi8(lo[0], x, lo[1]);
         // hi[x & 0x7f] | (x & 0x80): VPTERNLOG's truth table 0xF8 is a | (b & c).
         __m512i h = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(hi[0], x, hi[1]), x,

@@ -1017,6 +1017,37 @@ TEST(GemmPackedWeight, ReuseEqualsAFreshPack) {
     }
 }
 
+// A QTensor B is taken for its one call: on the cpu backend its windows are widened straight from
+// B's codes (the tiles, M past the small-M kernels), else B is packed inside the call. Either way D
+// is bit for bit what B packed ahead into a PackedWeight gives: shapes with a partial last strip,
+// K not a multiple of 32 and K over two windows, row, block and mx32 (folded) scaling, NaN codes of
+// each format kind in B (e4m3fnuz's is 0x80, which the widening fixes up): the last strip's last
+// code, and row 1's first - the code right after row 0's last, which K's padding must not read.
+TEST(GemmPackedWeight, AQTensorBForOneCallEqualsItsPackedWeight) {
+    const Mnk shapes[] = {{150, 70, 300}, {136, 40, 3100}, {200, 48, 512}, {20, 70, 300}};
+    uint32_t seed = 900;
+    for (const Mnk s : shapes) {
+        for (const GranCase& g : gran_cases()) {
+            for (const auto& [format, nan] : {std::pair{Format::e4m3fn, uint8_t(0xff)}, std::pair{Format::e4m3fnuz, uint8_t(0x80)}}) {
+                SCOPED_TRACE(g.name + " " + std::to_string(s.m) + " x " + std::to_string(s.n) + " x " + std::to_string(s.k) +
+                             " " + std::string(to_string(format)));
+                const QTensor qa =
+                    quantize(as_tensor(gaussian(s.m, s.k, seed++), s.m, s.k, DType::f32), qopts(g.a, format, g.power_of_two));
+                QTensor qb = quantize(as_tensor(gaussian(s.n, s.k, seed++), s.n, s.k, DType::f32), qopts(g.b, format, g.power_of_two));
+                qb.data = qb.data.clone();
+                qb.data.data<uint8_t>()[(s.n - 1) * s.k + s.k - 1] = nan;
+                qb.data.data<uint8_t>()[s.k] = nan;
+                for_each_backend([&] {
+                    const Tensor packed = gemm(qa, PackedWeight(qb, qa.scaling)), one_call = gemm(qa, qb);
+                    EXPECT_TRUE(identical(one_call, packed));
+                    EXPECT_TRUE(std::isnan(one_call.get({0, s.n - 1})) && std::isnan(one_call.get({0, 1})));
+                    EXPECT_FALSE(std::isnan(one_call.get({0, 0}))) << "row 0 of B holds no NaN";
+                });
+            }
+        }
+    }
+}
+
 // release_codes leaves the packed layout as the weight's only copy: the codes read back from it
 // are the source's byte for byte (shapes with a partial last strip, K not a multiple of 32, an odd
 // last K group), every GEMM the packing serves (FP8, fused-cast and weight-only A) is the same bit
@@ -1305,7 +1336,7 @@ TEST(GemmNaN, NanCodePoisonsOnlyItsRowOrColumn) {
         uint8_t nan_a, nan_b;
     } formats[] = {{Format::e4m3fn, 0x7f, 0xff}, {Format::e4m3fnuz, 0x80, 0x80}};
     for (const auto& f : formats) {
-        for (const int64_t m : {int64_t(37), int64_t(3)}) {
+        for (const int64_t m : {int64_t(37), int64_t(3), int64_t(150)}) {  // 150: the tiles' window (past small M)
             const int64_t ni = m / 2;
             for (const GranCase& g : gran_cases()) {
                 SCOPED_TRACE(g.name + " m=" + std::to_string(m) + " " + std::string(to_string(f.format)));
