@@ -122,21 +122,19 @@ struct detail::PackedAccess {
 // Packed for the widest K group B allows; a GEMM whose A needs narrower groups repacks.
 PackedWeight::PackedWeight(const QTensor& b) : PackedWeight(b, b.scaling) {}
 
-PackedWeight::PackedWeight(const QTensor& b, const Scaling& a_scaling) : source_(b) {
-    const detail::Dispatch d = detail::dispatch("PackedWeight", {{"data", &b.data}, {"scale_inv", &b.scale_inv}});
-    backend_ = d.backend;
-    const GemmOperand op = operand(b, "B");
-    n_ = op.rows;
-    k_ = op.k;
-    format_ = op.format;
+PackedWeight::PackedWeight(const QTensor& b, const Scaling& a_scaling) : PackedWeight(b, ForOneCall{}) {
     k_group_ = gemm_k_group(a_scaling, b.scaling, k_);
     // K = 0: nothing to pack, and no scale to read (scale_inv has no columns).
-    if (k_ > 0) packed_ = d.ops.pack_weight(d.ctx, op, k_group_, true, &packed_bytes_);
+    if (k_ > 0) {
+        const detail::Dispatch d = detail::dispatch("PackedWeight", {{"data", &b.data}, {"scale_inv", &b.scale_inv}});
+        packed_ = d.ops.pack_weight(d.ctx, operand(b, "B"), k_group_, true, &packed_bytes_);
+    }
 }
 
-// K group 0 matches no GEMM's: run_gemm packs B for the call, for the K group its A needs.
+// b checked and described, nothing packed: K group 0 matches no GEMM's, so run_gemm packs B for
+// its call, for the K group its A needs.
 PackedWeight::PackedWeight(const QTensor& b, ForOneCall) : source_(b) {
-    const detail::Dispatch d = detail::dispatch("gemm", {{"B", &b.data}, {"B's scale_inv", &b.scale_inv}});
+    const detail::Dispatch d = detail::dispatch("PackedWeight", {{"data", &b.data}, {"scale_inv", &b.scale_inv}});
     backend_ = d.backend;
     const GemmOperand op = operand(b, "B");
     n_ = op.rows;
