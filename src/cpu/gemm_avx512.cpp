@@ -333,10 +333,11 @@ void widen_rows_vbmi(const uint8_t* row0, int64_t ld, int64_t cols, int64_t e0, 
 }
 
 // GemmKernels::mark_strip on AVX-512BW: mark_strip_loop's tests as byte compares, a line at a
-// time. A 512 x 2048 x 2048 GEMM packing its B in the call (as every training GEMM does), 2
-// threads: 2.03-2.05 ms with the two loops in gemm.cpp's baseline build (B's rows for the NaN /
-// Inf flag, then the packed strip: 3x the packing itself), the same with mark_strip_loop built
-// here, 1.94 with this (1.64 with B packed ahead).
+// time. A 512 x 2048 x 2048 GEMM whose B was packed into a PackedWeight in the call (as a QTensor
+// B was until gemm() took one for its call), 2 threads: 2.03-2.05 ms with the two loops in
+// gemm.cpp's baseline build (B's rows for the NaN / Inf flag, then the packed strip: 3x the
+// packing itself), the same with mark_strip_loop built here, 1.94 with this (1.64 with B packed
+// ahead).
 bool mark_strip_avx512(const uint8_t* strip, int64_t lines, Format f, uint8_t* specials) {
     const __m512i mag_bits = _mm512_set1_epi8(0x7f), top = _mm512_set1_epi8(char(code_top(f)));
     const __m512i lo = _mm512_set1_epi8(char(1 << format_info(f).mantissa_bits));

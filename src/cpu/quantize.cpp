@@ -260,7 +260,7 @@ void cast_tiles(const detail::QuantizeJob& job, const float* mult, const float* 
                 int64_t group_of_block[cast_tile_cols];  // of register b along a line
                 const bool one = first / group_len == (first + regs * W - 1) / group_len;
                 for (int64_t b = 0; b < regs; ++b) group_of_block[b] = (first + b * W) / group_len;
-                // Line r's group across the lines, counted on (a division per line cost as much as the fill).
+                // Line r's group, counted on from line0's.
                 int64_t group = line0 / lines_per_group, left = lines_per_group - line0 % lines_per_group;
                 for (int64_t r = 0; r < lines; ++r) {
                     const float* along = mults + group * groups_along;
