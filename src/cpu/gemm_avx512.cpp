@@ -277,50 +277,48 @@ void small_bf16(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, 
     }
 }
 
-// The word permute of a gather of 4 elements of each of 16 rows (dword c: row c's two K pairs)
-// into a line of the packed strip: every row's first pair, then every row's second.
+// Lines of a packed strip made from B's 16 rows (ld apart, ld <= INT32_MAX / 16): one gather
+// takes the next 4 elements (two K pairs) of each row as a dword, and a word permute puts the
+// first pair of every row before the second - the strip's 64-byte line for those 4 elements.
 alignas(64) constexpr std::array<uint16_t, 32> pairs_apart = [] {
     std::array<uint16_t, 32> order{};
     for (int c = 0; c < 16; ++c) order[size_t(c)] = uint16_t(2 * c), order[size_t(16 + c)] = uint16_t(2 * c + 1);
     return order;
 }();
+struct StripLines {
+    __m512i order, rows;
+    explicit StripLines(int64_t ld)
+        : order(_mm512_load_si512(pairs_apart.data())),
+          rows(_mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                  _mm512_set1_epi32(int(ld)))) {}
+    __m512i line(const uint8_t* at) const { return _mm512_permutexvar_epi16(order, _mm512_i32gather_epi32(rows, at, 1)); }
+};
 
-// GemmKernels::pack_group for whole strips: one gather takes the next 4 elements (two K pairs) of
-// each of the 16 rows as a dword, and a word permute puts the first pair of every row before the
-// second - two 32-byte rows of dst in one store, where the loop made 32 two-byte copies. A partial
-// strip, and the last pair or element, go through pack_group_loop.
+// GemmKernels::pack_group for whole strips: a line of dst a StripLines gather, where the loop made
+// 32 two-byte copies. A partial strip, and the last pair or element, go through pack_group_loop.
 void pack_group_avx512(const uint8_t* row0, int64_t ld, int64_t cols, int64_t len, uint8_t* dst) {
     if (cols < gemm_tile || ld > INT32_MAX / gemm_tile) return pack_group_loop(row0, ld, cols, len, dst);
-    const __m512i order = _mm512_load_si512(pairs_apart.data());
-    const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                            _mm512_set1_epi32(int(ld)));
+    const StripLines lines(ld);
     int64_t e = 0;
-    for (; e + 3 < len; e += 4, dst += 4 * gemm_tile) {
-        const __m512i four = _mm512_i32gather_epi32(rows, row0 + e, 1);
-        _mm512_storeu_si512(dst, _mm512_permutexvar_epi16(order, four));
-    }
+    for (; e + 3 < len; e += 4, dst += 4 * gemm_tile) _mm512_storeu_si512(dst, lines.line(row0 + e));
     pack_group_loop(row0 + e, ld, cols, len - e, dst);
 }
 
-// GemmKernels::widen_rows on VBMI: each line of the packed strip made in a register as
-// pack_group_avx512 makes it (a gather of the next 4 elements of the 16 rows, a word permute) and
-// widened as expand_vbmi widens it; a chunk with padding (a strip of fewer than 16 rows, K's end)
-// is packed into a zeroed chunk first.
+// GemmKernels::widen_rows on VBMI: each line of the packed strip made in a register (StripLines,
+// as pack_group_avx512 makes it) and widened as expand_vbmi widens it; a chunk with padding (a
+// strip of fewer than 16 rows, K's end) is packed into a zeroed chunk first.
 void widen_rows_vbmi(const uint8_t* row0, int64_t ld, int64_t cols, int64_t e0, int64_t chunks, int64_t k,
                      const ExpandTable& t, void* out_v) {
     auto* out = static_cast<uint16_t*>(out_v);
     const Widen widen(t);
-    const __m512i order = _mm512_load_si512(pairs_apart.data());
-    const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                            _mm512_set1_epi32(int(ld)));
+    const StripLines lines(ld);
     const bool gather = cols == gemm_tile && ld <= INT32_MAX / gemm_tile;
     for (int64_t q = 0; q < chunks; ++q, out += gemm_chunk_codes) {
         const int64_t e = e0 + q * gemm_chunk;
         if (gather && e + gemm_chunk <= k) {
             for (int64_t l = 0; l < gemm_chunk_codes / 64; ++l) {
                 __m512i w0, w1;
-                widen(_mm512_permutexvar_epi16(order, _mm512_i32gather_epi32(rows, row0 + e + 4 * l, 1)), w0, w1,
-                      widen.neg_zero_is_nan);
+                widen(lines.line(row0 + e + 4 * l), w0, w1, widen.neg_zero_is_nan);
                 _mm512_storeu_si512(out + 64 * l, w0);
                 _mm512_storeu_si512(out + 64 * l + 32, w1);
             }
