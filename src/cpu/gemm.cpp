@@ -316,7 +316,9 @@ struct Task {
     const uint16_t* tail;
     int64_t tail_row;
     const float* sa;
-    const float* sb;  // B's column scales for the epilogue: group 0's with one group, 1s when folded
+    // B's column scales for the epilogue: group 0's with one group; 1s with several (the
+    // promotion scaled the sums) and when folded.
+    const float* sb;
     const ExpandTable& table;
     int64_t terms;     // packed rows per row of A (a_terms)
     int64_t packed_m;  // job.m * terms
@@ -352,12 +354,13 @@ void finish_rows(const Task& t, int64_t p0, int64_t rows, int64_t s0, int64_t s1
     const float* sb = t.sb + j0;
     const bool summed = t.b.kl.groups == 1 || t.fold;  // the sums still to be scaled by sa * sb
     const bool gelu = job.activation == Activation::gelu;
-    if (t.terms == 1 && summed && job.c.data == nullptr && (job.out_dtype == DType::f32 || job.out_dtype == DType::bf16)) {
+    if (t.terms == 1 && job.c.data == nullptr && (job.out_dtype == DType::f32 || job.out_dtype == DType::bf16)) {
+        // Promoted sums are scaled already: sa = 1 and sb's 1s leave alpha * v, as below.
         const bool bf16_out = job.out_dtype == DType::bf16;
         const float* bias = t.bias == nullptr ? nullptr : t.bias + j0;
         auto* out = static_cast<std::byte*>(job.out) + (p0 * job.n + j0) * (bf16_out ? 2 : 4);
         for (int64_t i = 0; i < rows; ++i, out += job.n * (bf16_out ? 2 : 4)) {
-            t.kern.scale_store(acc + i * ldacc, job.alpha, t.sa[p0 + i], sb, bias, gelu, out, bf16_out, cols);
+            t.kern.scale_store(acc + i * ldacc, job.alpha, summed ? t.sa[p0 + i] : 1.0f, sb, bias, gelu, out, bf16_out, cols);
         }
         return;
     }
@@ -632,8 +635,9 @@ void gemm(GemmJob& job) {
         fold = false;
         pack_a(job, kl, kern, terms, apk.get(), lda, sa.get(), false);
     }
-    Scratch<float> ones(fold ? b.strips * gemm_tile : 0);
-    std::fill(ones.get(), ones.get() + (fold ? b.strips * gemm_tile : 0), 1.0f);
+    const int64_t unit_sb = kl.groups > 1 ? b.strips * gemm_tile : 0;  // Task::sb's 1s (folding needs groups)
+    Scratch<float> ones(unit_sb);
+    std::fill(ones.get(), ones.get() + unit_sb, 1.0f);
     const uint16_t* a_rows = in_place ? static_cast<const uint16_t*>(job.a_hp.data) : apk.get();
 
     // Tasks: row ranges x panels of strips, row-major, so that a thread's tasks (scheduled
@@ -676,7 +680,7 @@ void gemm(GemmJob& job) {
     std::optional<PackedB> packed;
     if (b.rows != nullptr && !from_rows) packed.emplace(packed_strips(b, kern));
     const PackedB& bt = packed ? *packed : b;
-    const Task task{job,   bt,   kern,  a_rows, lda, apk.get(), tail_row, sa.get(), fold ? ones.get() : bt.scales.data(),
+    const Task task{job,   bt,   kern,  a_rows, lda, apk.get(), tail_row, sa.get(), unit_sb > 0 ? ones.get() : bt.scales.data(),
                     expand_table(b.format), terms, job.m * terms, bias, small, fold};
     parallel_tasks(panels * row_splits, work, [&](int64_t t, int) {
         const int64_t r = t / panels, p = t % panels;
