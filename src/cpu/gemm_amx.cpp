@@ -180,6 +180,12 @@ constexpr int64_t amx_small_m_max = 128;
 // K is summed as one group. A single block (Hold) keeps its C tiles over all of its K, a slice
 // being one chunk; with more, each block's C goes to acc (or to its rows of part) between slices
 // and is loaded back.
+// A B left as its rows (PackedB::rows: a QTensor B taken for one call) is widened from them a
+// slice at a time (widen_rows_vbmi), where gemm() packed it in the call first - a pass over B and
+// a copy of it. QTensor B, 2 threads, B in L3, the two builds alternated (2026-12-02), ms: 128 x
+// 4096 x 4096 2.87-2.96 -> 2.30-2.35 (B packed ahead: 2.0), 16 x 4096 x 4096 1.30-1.34 -> 0.89-0.96,
+// 64 x 2048 x 2048 0.49-0.51 -> 0.35-0.36; a software prefetch of the rows one, two or four slices
+// ahead changed nothing beyond the noise.
 // Widened once for every block, not once per block: 2 threads, e4m3 tensorwise A, weights in L3,
 // the best call of 1.2 s, the two builds alternated (2026-12-02), us: 48 x 4096 x 4096 1079-1091
 // -> 858-861, 128 x 4096 x 4096 2407-2550 -> 1922-1952, 128 x 11008 x 4096 6366-6435 -> 5231-5268,
@@ -193,11 +199,11 @@ constexpr int64_t stream_slice_chunks = 4;
 // 7217-7245 before this slicing; two bands of 64, band by band, 6390-6756.
 constexpr int64_t amx_stream_a_bytes = int64_t(3) << 19;
 
-// One block of rows over a widened slice (wide[i]: chunk q0 + i of the NJ strips): C zeroed where
-// the slice starts the block's sum (first), else loaded from c unless held in the tiles (Hold);
-// stored to c where the sum ends (last) or is not held.
+// One block of rows over a widened slice (b0, b1: chunk q0 of the first and last strip, the next
+// chunks gemm_chunk_codes apart): C zeroed where the slice starts the block's sum (first), else
+// loaded from c unless held in the tiles (Hold); stored to c where the sum ends (last) or is not held.
 template <int MI, int NJ, bool Hold>
-void rows_over_slice(const uint16_t* a, int64_t sa_bytes, const uint16_t (*wide)[NJ][gemm_chunk_codes], int64_t q0,
+void rows_over_slice(const uint16_t* a, int64_t sa_bytes, const uint16_t* b0, const uint16_t* b1, int64_t q0,
                      int64_t chunks, bool first, bool last, float* c, int64_t ldc) {
     if (first) {
         zero_c<MI, NJ>();
@@ -207,14 +213,14 @@ void rows_over_slice(const uint16_t* a, int64_t sa_bytes, const uint16_t (*wide)
     const uint16_t* a1 = a + gemm_tile * (sa_bytes / 2);
     for (int64_t i = 0; i < chunks; ++i) {
         const int64_t q = q0 + i;
-        step_c<MI, NJ>(a + q * gemm_chunk, a1 + q * gemm_chunk, sa_bytes, wide[i][0], wide[i][NJ - 1]);
+        step_c<MI, NJ>(a + q * gemm_chunk, a1 + q * gemm_chunk, sa_bytes, b0 + i * gemm_chunk_codes, b1 + i * gemm_chunk_codes);
     }
     if (last || !Hold) store_c<MI, NJ>(c, ldc);
 }
 
 template <int NJ, bool Hold>
 void stream_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, int64_t rows, const float* sa,
-                   const Widen& widen, bool fold, float* acc, int64_t ldacc) {
+                   const ExpandTable& t, const Widen& widen, bool fold, float* acc, int64_t ldacc) {
     const KLayout& kl = b.kl;
     const int64_t cpg = kl.chunks_per_group(), total = kl.padded / gemm_chunk, sa_bytes = lda * 2;
     const int64_t blocks = Hold ? 1 : (rows + 2 * gemm_tile - 1) / (2 * gemm_tile);
@@ -223,7 +229,7 @@ void stream_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, 
     const uint8_t* specials[NJ];  // the strips' chunk_specials
     bool nan[NJ];
     for (int j = 0; j < NJ; ++j) {
-        codes[j] = b.strip(s + j);
+        codes[j] = b.rows == nullptr ? b.strip(s + j) : nullptr;
         specials[j] = &b.specials(s + j, 0);
         nan[j] = widen.neg_zero_is_nan && b.strip_nonfinite[size_t(s + j)] != 0;
     }
@@ -236,7 +242,7 @@ void stream_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, 
     // against 2366-2416 with 4; 32 rows alike).
     const int64_t ahead = rows <= gemm_tile ? 4 : 8;
     // Two slices' room, by slice parity: widening the next slice while the tiles load this one.
-    alignas(64) uint16_t wide[2 * stream_slice_chunks][NJ][gemm_chunk_codes];
+    alignas(64) uint16_t wide[2][NJ][stream_slice_chunks][gemm_chunk_codes];
     alignas(64) float part[amx_small_m_max][2 * gemm_tile];  // a group's sums, row by row
     const bool summed = kl.groups == 1 || fold;  // one sum over K: into acc, unpromoted
     // Folded, every group's scales of the strips are read before its first chunk is widened; they
@@ -256,8 +262,13 @@ void stream_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, 
         }
         for (int64_t q0 = g * cpg; q0 < (g + 1) * cpg; q0 += slice) {
             const int64_t chunks = std::min(slice, (g + 1) * cpg - q0);
-            uint16_t (*w)[NJ][gemm_chunk_codes] = wide + (slices++ & 1) * slice;
-            for (int64_t i = 0; i < chunks; ++i) {
+            uint16_t (&w)[NJ][stream_slice_chunks][gemm_chunk_codes] = wide[slices++ & 1];
+            for (int j = 0; b.rows != nullptr && j < NJ; ++j) {  // B left as its rows (gemm() says when)
+                const int64_t j0 = (s + j) * gemm_tile;
+                widen_rows_vbmi(b.rows + j0 * b.ld, b.ld, std::min(gemm_tile, b.n - j0), q0 * gemm_chunk, chunks, kl.k, t,
+                                w[j][0]);
+            }
+            for (int64_t i = 0; b.rows == nullptr && i < chunks; ++i) {
                 const int64_t q = q0 + i;
                 for (int j = 0; j < NJ; ++j) {
                     for (int line = 0; line < gemm_chunk_codes / 64; ++line) {
@@ -274,8 +285,8 @@ void stream_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, 
                         } else {
                             widen(c, w0, w1, nan[j]);
                         }
-                        _mm512_store_si512(w[i][j] + 64 * line, w0);
-                        _mm512_store_si512(w[i][j] + 64 * line + 32, w1);
+                        _mm512_store_si512(w[j][i] + 64 * line, w0);
+                        _mm512_store_si512(w[j][i] + 64 * line + 32, w1);
                     }
                 }
             }
@@ -289,9 +300,9 @@ void stream_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, 
                 float* c = summed ? acc + r0 * ldacc : &part[r0][0];
                 const int64_t ldc = summed ? ldacc : 2 * gemm_tile;
                 if (rows - r0 > gemm_tile) {
-                    rows_over_slice<2, NJ, Hold>(ar, sa_bytes, w, q0, chunks, first, last, c, ldc);
+                    rows_over_slice<2, NJ, Hold>(ar, sa_bytes, w[0][0], w[NJ - 1][0], q0, chunks, first, last, c, ldc);
                 } else {
-                    rows_over_slice<1, NJ, Hold>(ar, sa_bytes, w, q0, chunks, first, last, c, ldc);
+                    rows_over_slice<1, NJ, Hold>(ar, sa_bytes, w[0][0], w[NJ - 1][0], q0, chunks, first, last, c, ldc);
                 }
                 if (!summed && last) {
                     promote_loop(c, std::min<int64_t>(2 * gemm_tile, rows - r0), NJ * gemm_tile, sa + r0 * kl.groups + g,
@@ -320,7 +331,7 @@ void small_amx(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, i
             float* c = acc + r0 * ldacc + (s - s0) * gemm_tile;
             const auto run = s + 1 < s1 ? (r > block ? &stream_strips<2, false> : &stream_strips<2, true>)
                                         : (r > block ? &stream_strips<1, false> : &stream_strips<1, true>);
-            run(a + r0 * lda, lda, b, s, r, sa + r0 * b.kl.groups, widen, fold, c, ldacc);
+            run(a + r0 * lda, lda, b, s, r, sa + r0 * b.kl.groups, t, widen, fold, c, ldacc);
         }
     }
     amx_end();
@@ -368,14 +379,14 @@ constexpr int64_t amx_panel_window_bytes = int64_t(512) << 10;
 // codes); 2048^3 and 2048 x 1024 x 4096 (4 MiB) 8053 / 10504 against 7641 / 7945.
 constexpr int64_t amx_row_band_max_b = int64_t(1) << 20;
 constexpr GemmKernels amx_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 64, amx_one_window_chunks, amx_panel_window_bytes, 2, amx_row_band_max_b, &block_then_promote<&block_dispatch>,
-                                  &amx_begin, &amx_end, &small_amx<false>, amx_small_m_max, &matmul_f32_avx2,
+                                  &amx_begin, &amx_end, &small_amx<false>, amx_small_m_max, 1, &matmul_f32_avx2,
                                   &scale_store_loop, &gelu_row_loop, &fold_amx, &widen_fold_amx, 1, &pack_group_avx512, &mark_strip_avx512, &widen_rows_vbmi, "amx"};
 // With AVX512-BF16: its bf16 conversion in the epilogue (scale_store_avx512), and M = 1 on
 // src/cpu/gemm_avx512.cpp's small kernel, two strips at once (small_strips_for), which does not
 // fold (so folding starts at M = 2); 2 <= M <= 128 streams through the tiles (small_amx).
 constexpr GemmKernels amx_bf16_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 64, amx_one_window_chunks, amx_panel_window_bytes, 2, amx_row_band_max_b,
                                        &block_then_promote<&block_dispatch>, &amx_begin, &amx_end, &small_amx<true>,
-                                       amx_small_m_max, &matmul_f32_avx2, &scale_store_avx512, &gelu_row_loop, &fold_amx, &widen_fold_amx, 2,
+                                       amx_small_m_max, 2, &matmul_f32_avx2, &scale_store_avx512, &gelu_row_loop, &fold_amx, &widen_fold_amx, 2,
                                        &pack_group_avx512, &mark_strip_avx512, &widen_rows_vbmi, "amx"};
 
 }  // namespace

@@ -521,7 +521,7 @@ bool vbmi_and_bf16() {
 // The layer ops' float32 matmul stays AVX2's (VDPBF16PS would round its float32 inputs to bf16).
 constexpr GemmKernels avx512_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 32, 32, 0, 2, 0, &block_avx512,
                                      &no_tile_state, &no_tile_state, &small_bf16<avx512_one_row>,
-                                     avx512_small_m_max, &matmul_f32_avx2, &scale_store_avx512, &gelu_row_loop, nullptr, nullptr, 0,
+                                     avx512_small_m_max, 0, &matmul_f32_avx2, &scale_store_avx512, &gelu_row_loop, nullptr, nullptr, 0,
                                      &pack_group_avx512, &mark_strip_avx512, &widen_rows_vbmi, "avx512-bf16"};
 
 }  // namespace
