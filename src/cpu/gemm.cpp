@@ -670,14 +670,14 @@ void gemm(GemmJob& job) {
     }
     const float* bias = convert_bias ? bias32.get() : static_cast<const float*>(job.bias);
     // B left as its rows (PackedB::rows): run_tiles widens its windows straight from them where the
-    // set can (K groups of whole chunks, not folded), and so does the small kernel from
-    // small_rows_min_m rows, with no pass of their own over B and no copy; the other small-M
+    // set can (K groups of whole chunks, not folded), and so does the small kernel up to
+    // small_rows_max_m rows, with no pass of their own over B and no copy; the other small-M
     // kernels and folding read packed strips, packed here first. A QTensor B, 2 threads, the two
     // ways switched in one process (2026-12-02, Sapphire Rapids), ms: 512 x 2048 x 2048 1.93-2.01
     // packed first, 1.83-1.84 from the rows; 2048 x 4096 x 4096 28.8-29.3 and 27.8-28.4; 2048 x
     // 2048 x 512 (two row bands, each widening all of B) 1.79-1.91 and 1.83.
     const bool from_rows = b.rows != nullptr && !fold && kern.widen_rows != nullptr &&
-                           (!small || (kern.small_rows_min_m > 0 && job.m * terms >= kern.small_rows_min_m)) &&
+                           (!small || job.m * terms <= kern.small_rows_max_m) &&
                            (kl.groups == 1 || kl.group % gemm_chunk == 0);
     std::optional<PackedB> packed;
     if (b.rows != nullptr && !from_rows) packed.emplace(packed_strips(b, kern));

@@ -43,6 +43,23 @@ void expand_vbmi(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t
 
 namespace {
 
+// Lines of a packed strip made from B's 16 rows (ld apart, ld <= INT32_MAX / 16): one gather
+// takes the next 4 elements (two K pairs) of each row as a dword, and a word permute puts the
+// first pair of every row before the second - the strip's 64-byte line for those 4 elements.
+alignas(64) constexpr std::array<uint16_t, 32> pairs_apart = [] {
+    std::array<uint16_t, 32> order{};
+    for (int c = 0; c < 16; ++c) order[size_t(c)] = uint16_t(2 * c), order[size_t(16 + c)] = uint16_t(2 * c + 1);
+    return order;
+}();
+struct StripLines {
+    __m512i order, rows;
+    explicit StripLines(int64_t ld)
+        : order(_mm512_load_si512(pairs_apart.data())),
+          rows(_mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                  _mm512_set1_epi32(int(ld)))) {}
+    __m512i line(const uint8_t* at) const { return _mm512_permutexvar_epi16(order, _mm512_i32gather_epi32(rows, at, 1)); }
+};
+
 // ---- small M: AVX512-BF16 dot products of bf16 pairs on codes widened in registers ----
 // A 64-code line of a packed strip holds two K pairs p, p + 1 for the strip's 16 columns (byte
 // 32 p + 2 c + e); widened, each is 16 lanes of (B[c, 2p], B[c, 2p + 1]), and VDPBF16PS adds
@@ -59,17 +76,28 @@ namespace {
 // threads from L3: 90 -> 155 GB/s; Zen 5); two strips at once streamed the codes 4-8% slower out of
 // cache. VDPBF16PS flushes subnormal products to zero; a product of two FP8 values as bf16 is never
 // subnormal in float32 (the smallest, 2^-17 * 2^-17 of e5m2fnuz, is 2^-34).
-template <OneRowStream P, int R, int S>
+// Rows: B left as its rows (PackedB::rows, a single row: small_bf16), each line of a strip made
+// in a register from its 16 rows (StripLines) - a chunk with padding (a strip of fewer than 16
+// rows, K's end) packed into a zeroed chunk first - and widened by the tables. The gather bounds
+// it, and still beats packing B in the call first: a QTensor B at M = 1, 2 threads, rotating
+// copies out of cache, the median call's GB/s of codes (2026-12-02, Sapphire Rapids): 4096 x
+// 4096 11.7 -> 17.2 (B packed ahead: 29.4), 11008 x 4096 10.6 -> 17.3, 1536 x 1536 7.7 -> 10.8.
+template <OneRowStream P, int R, int S, bool Rows>
 void small_block(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, const float* sa, const Widen& widen,
                  bool arith, float* acc, int64_t ldacc) {
     const KLayout& kl = b.kl;
     const int64_t cpg = kl.chunks_per_group();
-    const uint8_t* codes[S];
+    const uint8_t* codes[S];  // the packed strips; Rows: the strips' first rows
+    int64_t cols[S];          // Rows: the strips' rows of B
     bool nan80[S];
     for (int j = 0; j < S; ++j) {
-        codes[j] = b.strip(s + j);
+        cols[j] = std::min(gemm_tile, b.n - (s + j) * gemm_tile);
+        codes[j] = Rows ? b.rows + (s + j) * gemm_tile * b.ld : b.strip(s + j);
         nan80[j] = widen.neg_zero_is_nan && b.strip_nonfinite[size_t(s + j)] != 0;
     }
+    const StripLines lines(Rows && b.ld <= INT32_MAX / gemm_tile ? b.ld : 0);
+    bool whole[S] = {};  // Rows: whether the chunk has no padding
+    alignas(64) uint8_t padded[S][gemm_chunk_codes];  // Rows: a chunk with padding, packed
     constexpr int lanes = R == 1 ? 4 : 1;  // accumulators per row and strip: pair p goes to p % lanes
     // M = 1: strip j's chunk `ahead` chunks past q in this thread's stream - past the strip's
     // end, of the next block's strip j (the caller's next block: strips s + S on, in memory
@@ -127,7 +155,14 @@ void small_block(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, co
             // fill buffers until their line arrives, while the L2 streamer follows the strips by
             // itself. (M > 1 keeps its addresses as they were: see the caution above.)
             for (int j = 0; j < S; ++j) {
-                if constexpr (R > 1) {
+                if constexpr (Rows) {  // no prefetch: the hardware prefetchers follow B's rows
+                    const int64_t e = q * gemm_chunk;
+                    whole[j] = cols[j] == gemm_tile && b.ld <= INT32_MAX / gemm_tile && e + gemm_chunk <= kl.k;
+                    if (!whole[j]) {
+                        std::memset(padded[j], 0, sizeof padded[j]);
+                        pack_group_loop(codes[j] + e, b.ld, cols[j], std::clamp<int64_t>(kl.k - e, 0, gemm_chunk), padded[j]);
+                    }
+                } else if constexpr (R > 1) {
                     for (int line = 0; line < gemm_chunk_codes / 64; ++line) {
                         _mm_prefetch(reinterpret_cast<const char*>(codes[j] + (q + 8) * gemm_chunk_codes + line * 64), _MM_HINT_T0);
                     }
@@ -146,11 +181,16 @@ void small_block(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, co
                 const int e0 = (2 * l) % lanes, e1 = (2 * l + 1) % lanes;
                 for (int j = 0; j < S; ++j) {
                     __m512i w0, w1;
-                    const uint8_t* line = codes[j] + q * gemm_chunk_codes + 64 * l;
-                    if (P.arith && (specials[j] >> l & 1) == 0) {
-                        widen.arith(line, w0, w1);
+                    if constexpr (Rows) {
+                        widen(whole[j] ? lines.line(codes[j] + q * gemm_chunk + 4 * l) : _mm512_load_si512(padded[j] + 64 * l),
+                              w0, w1, nan80[j]);
                     } else {
-                        widen(line, w0, w1, nan80[j]);
+                        const uint8_t* line = codes[j] + q * gemm_chunk_codes + 64 * l;
+                        if (P.arith && (specials[j] >> l & 1) == 0) {
+                            widen.arith(line, w0, w1);
+                        } else {
+                            widen(line, w0, w1, nan80[j]);
+                        }
                     }
                     for (int r = 0; r < R; ++r) {
                         int32_t p0, p1;
@@ -196,11 +236,11 @@ void small_block(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, co
 }
 
 // Strips [s, s1) for R rows: blocks of S strips, then of S / 2, ... for the rest.
-template <OneRowStream P, int R, int S>
+template <OneRowStream P, int R, int S, bool Rows = false>
 void small_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, int64_t s1, const float* sa,
                   const Widen& widen, bool arith, float* acc, int64_t ldacc) {
-    for (; s + S <= s1; s += S, acc += S * gemm_tile) small_block<P, R, S>(a, lda, b, s, sa, widen, arith, acc, ldacc);
-    if constexpr (S > 1) small_strips<P, R, S / 2>(a, lda, b, s, s1, sa, widen, arith, acc, ldacc);
+    for (; s + S <= s1; s += S, acc += S * gemm_tile) small_block<P, R, S, Rows>(a, lda, b, s, sa, widen, arith, acc, ldacc);
+    if constexpr (S > 1) small_strips<P, R, S / 2, Rows>(a, lda, b, s, s1, sa, widen, arith, acc, ldacc);
 }
 
 // Strips per block for R rows (see small_block); a single row streams P.strips at once. One
@@ -250,6 +290,11 @@ template <OneRowStream P>
 void small_bf16(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,
                 const float* sa, const ExpandTable& t, bool /*fold: never asked (no GemmKernels::fold here)*/, float* acc,
                 int64_t ldacc) {
+    // B left as its rows: gemm() gives them a single row here (GemmKernels::small_rows_max_m; the
+    // AMX sets take more rows on the tiles), its lines widened by the tables.
+    if (b.rows != nullptr) {
+        return small_strips<P, 1, small_strips_for<P>(1), true>(a, lda, b, s0, s1, sa, Widen(t), false, acc, ldacc);
+    }
     // With the arithmetic widening, A times 2^arith_unit_log2 and the tables' values (for lines
     // of other codes) divided by it, so that every product is the same.
     bool arith = false;
@@ -276,23 +321,6 @@ void small_bf16(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, 
         }
     }
 }
-
-// Lines of a packed strip made from B's 16 rows (ld apart, ld <= INT32_MAX / 16): one gather
-// takes the next 4 elements (two K pairs) of each row as a dword, and a word permute puts the
-// first pair of every row before the second - the strip's 64-byte line for those 4 elements.
-alignas(64) constexpr std::array<uint16_t, 32> pairs_apart = [] {
-    std::array<uint16_t, 32> order{};
-    for (int c = 0; c < 16; ++c) order[size_t(c)] = uint16_t(2 * c), order[size_t(16 + c)] = uint16_t(2 * c + 1);
-    return order;
-}();
-struct StripLines {
-    __m512i order, rows;
-    explicit StripLines(int64_t ld)
-        : order(_mm512_load_si512(pairs_apart.data())),
-          rows(_mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                  _mm512_set1_epi32(int(ld)))) {}
-    __m512i line(const uint8_t* at) const { return _mm512_permutexvar_epi16(order, _mm512_i32gather_epi32(rows, at, 1)); }
-};
 
 // GemmKernels::pack_group for whole strips: a line of dst a StripLines gather, where the loop made
 // 32 two-byte copies. A partial strip, and the last pair or element, go through pack_group_loop.

@@ -224,9 +224,9 @@ struct GemmKernels {
     // weight-only f32 / f16 A - never by a task's rows, so which kernel rounds D does not depend
     // on the thread split).
     int64_t small_m_max;
-    // The least M (packed rows of A) from which the small kernel reads a B left as its rows
-    // (PackedB::rows, widened a slice at a time by widen_rows); 0: never, gemm() packs B first.
-    int64_t small_rows_min_m;
+    // The most M (packed rows of A) for which the small kernel reads a B left as its rows
+    // (PackedB::rows); 0: never, gemm() packs B first.
+    int64_t small_rows_max_m;
     // The layer ops' float32 matmul (src/cpu/matmul.cpp): c[m, n] (+)= op(a)[m, k] . op(b)[k, n],
     // a stored [m, k] or [k, m] (ta), b [k, n] or [n, k] (tb); each element one float32 sum in k
     // order (src/cpu/matmul_kernel.hpp; on AVX2 the FP8 tiles' float32 kernel).

@@ -1018,9 +1018,9 @@ TEST(GemmPackedWeight, ReuseEqualsAFreshPack) {
 }
 
 // A QTensor B is taken for its one call: on the cpu backend its windows are widened straight from
-// B's codes (the tiles; on AMX the small-M tiles too, from M = 2: one A tile held over K, M = 5,
-// and blocks of 32 rows over slices of K, M = 20 and 100), else B is packed inside the call (M = 1
-// on AVX512-BF16's kernel, folding). Either way D is bit for bit what B packed ahead into a
+// B's codes (the tiles; on AMX every small M too: one row on VDPBF16PS, M = 1; the tiles with one
+// A tile held over K, M = 5, and blocks of 32 rows over slices of K, M = 20 and 100), else B is
+// packed inside the call (the AVX512-BF16 set's small-M kernel, folding). Either way D is bit for bit what B packed ahead into a
 // PackedWeight gives: shapes with a partial last strip, K not a multiple of 32 and K over two
 // windows, row, block and mx32 (folded) scaling, NaN codes of each format kind in B (e4m3fnuz's
 // is 0x80, which the widening fixes up): the last strip's last code, and row 1's first - the code
