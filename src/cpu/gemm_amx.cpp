@@ -181,11 +181,13 @@ constexpr int64_t amx_small_m_max = 128;
 // being one chunk; with more, each block's C goes to acc (or to its rows of part) between slices
 // and is loaded back.
 // A B left as its rows (PackedB::rows: a QTensor B taken for one call) is widened from them a
-// slice at a time (widen_rows_vbmi), where gemm() packed it in the call first - a pass over B and
+// slice at a time (widen_vbmi.hpp's widen_rows), where gemm() packed it in the call first - a pass over B and
 // a copy of it. QTensor B, 2 threads, B in L3, the two builds alternated (2026-12-02), ms: 128 x
 // 4096 x 4096 2.87-2.96 -> 2.30-2.35 (B packed ahead: 2.0), 16 x 4096 x 4096 1.30-1.34 -> 0.89-0.96,
 // 64 x 2048 x 2048 0.49-0.51 -> 0.35-0.36; a software prefetch of the rows one, two or four slices
-// ahead changed nothing beyond the noise.
+// ahead changed nothing beyond the noise. The slices are widened with the kernel's Widen, not one
+// built per slice (its tables loaded again each time): 16 x 4096 x 4096 out of cache 1.10-1.13 ->
+// 0.94-0.95 ms, 128 x 4096 x 4096 in L3 2.55-2.60 -> 2.45.
 // Widened once for every block, not once per block: 2 threads, e4m3 tensorwise A, weights in L3,
 // the best call of 1.2 s, the two builds alternated (2026-12-02), us: 48 x 4096 x 4096 1079-1091
 // -> 858-861, 128 x 4096 x 4096 2407-2550 -> 1922-1952, 128 x 11008 x 4096 6366-6435 -> 5231-5268,
@@ -220,7 +222,7 @@ void rows_over_slice(const uint16_t* a, int64_t sa_bytes, const uint16_t* b0, co
 
 template <int NJ, bool Hold>
 void stream_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, int64_t rows, const float* sa,
-                   const ExpandTable& t, const Widen& widen, bool fold, float* acc, int64_t ldacc) {
+                   const Widen& widen, bool fold, float* acc, int64_t ldacc) {
     const KLayout& kl = b.kl;
     const int64_t cpg = kl.chunks_per_group(), total = kl.padded / gemm_chunk, sa_bytes = lda * 2;
     const int64_t blocks = Hold ? 1 : (rows + 2 * gemm_tile - 1) / (2 * gemm_tile);
@@ -265,8 +267,8 @@ void stream_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, 
             uint16_t (&w)[NJ][stream_slice_chunks][gemm_chunk_codes] = wide[slices++ & 1];
             for (int j = 0; b.rows != nullptr && j < NJ; ++j) {  // B left as its rows (gemm() says when)
                 const int64_t j0 = (s + j) * gemm_tile;
-                widen_rows_vbmi(b.rows + j0 * b.ld, b.ld, std::min(gemm_tile, b.n - j0), q0 * gemm_chunk, chunks, kl.k, t,
-                                w[j][0]);
+                widen_rows(widen, b.rows + j0 * b.ld, b.ld, std::min(gemm_tile, b.n - j0), q0 * gemm_chunk, chunks, kl.k,
+                           w[j][0]);
             }
             for (int64_t i = 0; b.rows == nullptr && i < chunks; ++i) {
                 const int64_t q = q0 + i;
@@ -331,7 +333,7 @@ void small_amx(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, i
             float* c = acc + r0 * ldacc + (s - s0) * gemm_tile;
             const auto run = s + 1 < s1 ? (r > block ? &stream_strips<2, false> : &stream_strips<2, true>)
                                         : (r > block ? &stream_strips<1, false> : &stream_strips<1, true>);
-            run(a + r0 * lda, lda, b, s, r, sa + r0 * b.kl.groups, t, widen, fold, c, ldacc);
+            run(a + r0 * lda, lda, b, s, r, sa + r0 * b.kl.groups, widen, fold, c, ldacc);
         }
     }
     amx_end();

@@ -43,23 +43,6 @@ void expand_vbmi(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t
 
 namespace {
 
-// Lines of a packed strip made from B's 16 rows (ld apart, ld <= INT32_MAX / 16): one gather
-// takes the next 4 elements (two K pairs) of each row as a dword, and a word permute puts the
-// first pair of every row before the second - the strip's 64-byte line for those 4 elements.
-alignas(64) constexpr std::array<uint16_t, 32> pairs_apart = [] {
-    std::array<uint16_t, 32> order{};
-    for (int c = 0; c < 16; ++c) order[size_t(c)] = uint16_t(2 * c), order[size_t(16 + c)] = uint16_t(2 * c + 1);
-    return order;
-}();
-struct StripLines {
-    __m512i order, rows;
-    explicit StripLines(int64_t ld)
-        : order(_mm512_load_si512(pairs_apart.data())),
-          rows(_mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                  _mm512_set1_epi32(int(ld)))) {}
-    __m512i line(const uint8_t* at) const { return _mm512_permutexvar_epi16(order, _mm512_i32gather_epi32(rows, at, 1)); }
-};
-
 // ---- small M: AVX512-BF16 dot products of bf16 pairs on codes widened in registers ----
 // A 64-code line of a packed strip holds two K pairs p, p + 1 for the strip's 16 columns (byte
 // 32 p + 2 c + e); widened, each is 16 lanes of (B[c, 2p], B[c, 2p + 1]), and VDPBF16PS adds
@@ -95,9 +78,9 @@ void small_block(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, co
         codes[j] = Rows ? b.rows + (s + j) * gemm_tile * b.ld : b.strip(s + j);
         nan80[j] = widen.neg_zero_is_nan && b.strip_nonfinite[size_t(s + j)] != 0;
     }
-    const StripLines lines(Rows && b.ld <= INT32_MAX / gemm_tile ? b.ld : 0);
-    bool whole[S] = {};  // Rows: whether the chunk has no padding
-    alignas(64) uint8_t padded[S][gemm_chunk_codes];  // Rows: a chunk with padding, packed
+    const StripLines lines(b.ld);
+    bool gathers[S] = {};  // Rows: the chunk's lines by gathers (chunk_gathers), else from padded
+    alignas(64) uint8_t padded[S][gemm_chunk_codes];
     constexpr int lanes = R == 1 ? 4 : 1;  // accumulators per row and strip: pair p goes to p % lanes
     // M = 1: strip j's chunk `ahead` chunks past q in this thread's stream - past the strip's
     // end, of the next block's strip j (the caller's next block: strips s + S on, in memory
@@ -156,12 +139,7 @@ void small_block(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, co
             // itself. (M > 1 keeps its addresses as they were: see the caution above.)
             for (int j = 0; j < S; ++j) {
                 if constexpr (Rows) {  // no prefetch: the hardware prefetchers follow B's rows
-                    const int64_t e = q * gemm_chunk;
-                    whole[j] = cols[j] == gemm_tile && b.ld <= INT32_MAX / gemm_tile && e + gemm_chunk <= kl.k;
-                    if (!whole[j]) {
-                        std::memset(padded[j], 0, sizeof padded[j]);
-                        pack_group_loop(codes[j] + e, b.ld, cols[j], std::clamp<int64_t>(kl.k - e, 0, gemm_chunk), padded[j]);
-                    }
+                    gathers[j] = chunk_gathers(codes[j], b.ld, cols[j], q * gemm_chunk, kl.k, padded[j]);
                 } else if constexpr (R > 1) {
                     for (int line = 0; line < gemm_chunk_codes / 64; ++line) {
                         _mm_prefetch(reinterpret_cast<const char*>(codes[j] + (q + 8) * gemm_chunk_codes + line * 64), _MM_HINT_T0);
@@ -182,7 +160,7 @@ void small_block(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, co
                 for (int j = 0; j < S; ++j) {
                     __m512i w0, w1;
                     if constexpr (Rows) {
-                        widen(whole[j] ? lines.line(codes[j] + q * gemm_chunk + 4 * l) : _mm512_load_si512(padded[j] + 64 * l),
+                        widen(gathers[j] ? lines.line(codes[j] + q * gemm_chunk + 4 * l) : _mm512_load_si512(padded[j] + 64 * l),
                               w0, w1, nan80[j]);
                     } else {
                         const uint8_t* line = codes[j] + q * gemm_chunk_codes + 64 * l;
@@ -332,30 +310,10 @@ void pack_group_avx512(const uint8_t* row0, int64_t ld, int64_t cols, int64_t le
     pack_group_loop(row0 + e, ld, cols, len - e, dst);
 }
 
-// GemmKernels::widen_rows on VBMI: each line of the packed strip made in a register (StripLines,
-// as pack_group_avx512 makes it) and widened as expand_vbmi widens it; a chunk with padding (a
-// strip of fewer than 16 rows, K's end) is packed into a zeroed chunk first.
+// GemmKernels::widen_rows on VBMI (widen_vbmi.hpp's widen_rows, with the tables of t).
 void widen_rows_vbmi(const uint8_t* row0, int64_t ld, int64_t cols, int64_t e0, int64_t chunks, int64_t k,
-                     const ExpandTable& t, void* out_v) {
-    auto* out = static_cast<uint16_t*>(out_v);
-    const Widen widen(t);
-    const StripLines lines(ld);
-    const bool gather = cols == gemm_tile && ld <= INT32_MAX / gemm_tile;
-    for (int64_t q = 0; q < chunks; ++q, out += gemm_chunk_codes) {
-        const int64_t e = e0 + q * gemm_chunk;
-        if (gather && e + gemm_chunk <= k) {
-            for (int64_t l = 0; l < gemm_chunk_codes / 64; ++l) {
-                __m512i w0, w1;
-                widen(lines.line(row0 + e + 4 * l), w0, w1, widen.neg_zero_is_nan);
-                _mm512_storeu_si512(out + 64 * l, w0);
-                _mm512_storeu_si512(out + 64 * l + 32, w1);
-            }
-            continue;
-        }
-        alignas(64) uint8_t chunk[gemm_chunk_codes] = {};
-        pack_group_loop(row0 + e, ld, cols, std::clamp<int64_t>(k - e, 0, gemm_chunk), chunk);
-        expand_vbmi(chunk, gemm_chunk_codes, t, out);
-    }
+                     const ExpandTable& t, void* out) {
+    widen_rows(Widen(t), row0, ld, cols, e0, chunks, k, static_cast<uint16_t*>(out));
 }
 
 // GemmKernels::mark_strip on AVX-512BW: mark_strip_loop's tests as byte compares, a line at a

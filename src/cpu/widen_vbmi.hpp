@@ -8,7 +8,10 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <array>
+#include <cstdint>
+#include <cstring>
 
 #include "cpu/gemm_kernels.hpp"
 
@@ -137,6 +140,52 @@ private:
         return order;
     }();
 };
+
+// Lines of a packed strip made from B's 16 rows (ld apart, ld <= INT32_MAX / 16): one gather
+// takes the next 4 elements (two K pairs) of each row as a dword, and a word permute puts the
+// first pair of every row before the second - the strip's 64-byte line for those 4 elements.
+alignas(64) constexpr std::array<uint16_t, 32> pairs_apart = [] {
+    std::array<uint16_t, 32> order{};
+    for (int c = 0; c < 16; ++c) order[size_t(c)] = uint16_t(2 * c), order[size_t(16 + c)] = uint16_t(2 * c + 1);
+    return order;
+}();
+struct StripLines {
+    __m512i order, rows;
+    explicit StripLines(int64_t ld)
+        : order(_mm512_load_si512(pairs_apart.data())),
+          rows(_mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                  _mm512_set1_epi32(int(ld)))) {}
+    __m512i line(const uint8_t* at) const { return _mm512_permutexvar_epi16(order, _mm512_i32gather_epi32(rows, at, 1)); }
+};
+
+// Chunk K elements [e, e + 32) of a strip of B's rows (row0, ld apart, `cols` of them; k
+// elements a row): true where its lines come by StripLines gathers (a whole strip, no padding);
+// else false, the chunk packed into `chunk` (zeroed first: padding codes are +0).
+inline bool chunk_gathers(const uint8_t* row0, int64_t ld, int64_t cols, int64_t e, int64_t k, uint8_t* chunk) {
+    if (cols == gemm_tile && ld <= INT32_MAX / gemm_tile && e + gemm_chunk <= k) return true;
+    std::memset(chunk, 0, gemm_chunk_codes);
+    pack_group_loop(row0 + e, ld, cols, std::clamp<int64_t>(k - e, 0, gemm_chunk), chunk);
+    return false;
+}
+
+// GemmKernels::widen_rows with a Widen the caller holds: `chunks` chunks of a strip of B's rows
+// from K element e0, each line of the packed strip made in a register (StripLines, as
+// pack_group_avx512 makes it) or read from the chunk packed with its padding, then widened.
+inline void widen_rows(const Widen& widen, const uint8_t* row0, int64_t ld, int64_t cols, int64_t e0, int64_t chunks,
+                       int64_t k, uint16_t* out) {
+    const StripLines lines(ld);
+    for (int64_t q = 0; q < chunks; ++q, out += gemm_chunk_codes) {
+        alignas(64) uint8_t chunk[gemm_chunk_codes];
+        const bool gathers = chunk_gathers(row0, ld, cols, e0 + q * gemm_chunk, k, chunk);
+        for (int64_t l = 0; l < gemm_chunk_codes / 64; ++l) {
+            __m512i w0, w1;
+            widen(gathers ? lines.line(row0 + e0 + q * gemm_chunk + 4 * l) : _mm512_load_si512(chunk + 64 * l), w0, w1,
+                  widen.neg_zero_is_nan);
+            _mm512_storeu_si512(out + 64 * l, w0);
+            _mm512_storeu_si512(out + 64 * l + 32, w1);
+        }
+    }
+}
 
 }  // namespace
 }  // namespace fp8kit::cpu
