@@ -195,21 +195,27 @@ constexpr int64_t amx_small_m_max = 128;
 // 16 rows (one block) 470-472 -> 476-478. Slices of 2, 4, 8 and 16 chunks tried: 4 was best or
 // within 3% of it at M = 48-128 (8 and 16 crowd L1 with A's rows; 2 loads and stores C too often).
 constexpr int64_t stream_slice_chunks = 4;
-// The rows of a band, whose A each strip pair reads: held where their A fits 1.5 MiB of a Sapphire
-// Rapids core's 2 MiB L2 beside the strips, so that A is read from memory once a band, not once a
-// strip pair. 128 x 4096 x 11008 (2.75 MiB of A): all 128 rows together 7984-8500 us, against
-// 7217-7245 before this slicing; two bands of 64, band by band, 6390-6756.
-constexpr int64_t amx_stream_a_bytes = int64_t(3) << 19;
+// A slice of K whose A (all the rows) each strip pair reads, held in a quarter of a Sapphire Rapids
+// core's 2 MiB L2 beside the strips' widened slices, B's lines streaming through and the sums:
+// A is read from memory once a slice, not once a strip pair, and B once. Bands of rows whose A
+// fitted 1.5 MiB (before 2026-12-02) read B and widened it once a band. 2 threads, e4m3
+// tensorwise, weights in L3, the best call of 20-40, the two builds alternated twice (2026-12-02),
+// us: 128 x 4096 x 11008 7762-7970 -> 6885-7101, 96 x 4096 x 11008 5778-6354 -> 5353-5476, 128 x
+// 4096 x 14336 12570-12586 -> 9419-9424, 128 x 4096 x 4096 (one slice before) 2393-2404 ->
+// 2135-2237, 100 x 2048 x 2048 539-560 -> 497-510; block scaling 128 x 4096 x 11008 9368-9717 ->
+// 9061-9192; 16 x 4096 x 11008 alike. Slices whose A fits 1.5 MiB, 1 MiB, 768, 512, 384 and 256
+// KiB: 512 was best or within the noise of it at M = 48-128.
+constexpr int64_t amx_stream_a_bytes = int64_t(512) << 10;
 
 // One block of rows over a widened slice (b0, b1: chunk q0 of the first and last strip, the next
-// chunks gemm_chunk_codes apart): C zeroed where the slice starts the block's sum (first), else
-// loaded from c unless held in the tiles (Hold); stored to c where the sum ends (last) or is not held.
-template <int MI, int NJ, bool Hold>
+// chunks gemm_chunk_codes apart): C zeroed where the slice starts the block's sum (zero), else
+// loaded from c where the tiles do not hold it (load); stored to c where asked (store).
+template <int MI, int NJ>
 void rows_over_slice(const uint16_t* a, int64_t sa_bytes, const uint16_t* b0, const uint16_t* b1, int64_t q0,
-                     int64_t chunks, bool first, bool last, float* c, int64_t ldc) {
-    if (first) {
+                     int64_t chunks, bool zero, bool load, bool store, float* c, int64_t ldc) {
+    if (zero) {
         zero_c<MI, NJ>();
-    } else if (!Hold) {
+    } else if (load) {
         load_c<MI, NJ>(c, ldc);
     }
     const uint16_t* a1 = a + gemm_tile * (sa_bytes / 2);
@@ -217,12 +223,14 @@ void rows_over_slice(const uint16_t* a, int64_t sa_bytes, const uint16_t* b0, co
         const int64_t q = q0 + i;
         step_c<MI, NJ>(a + q * gemm_chunk, a1 + q * gemm_chunk, sa_bytes, b0 + i * gemm_chunk_codes, b1 + i * gemm_chunk_codes);
     }
-    if (last || !Hold) store_c<MI, NJ>(c, ldc);
+    if (store) store_c<MI, NJ>(c, ldc);
 }
 
+// Chunks [q_begin, q_end) of K (whole K groups) of the strips s and s + 1 (NJ = 2) for `rows` rows
+// of A; the sums over K continue in acc from one such call to the next.
 template <int NJ, bool Hold>
 void stream_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, int64_t rows, const float* sa,
-                   const Widen& widen, bool fold, float* acc, int64_t ldacc) {
+                   const Widen& widen, bool fold, int64_t q_begin, int64_t q_end, float* acc, int64_t ldacc) {
     const KLayout& kl = b.kl;
     const int64_t cpg = kl.chunks_per_group(), total = kl.padded / gemm_chunk, sa_bytes = lda * 2;
     const int64_t blocks = Hold ? 1 : (rows + 2 * gemm_tile - 1) / (2 * gemm_tile);
@@ -250,20 +258,22 @@ void stream_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, 
     // Folded, every group's scales of the strips are read before its first chunk is widened; they
     // are group-major, strips * 64 bytes apart, past what the hardware prefetchers follow, so with B
     // streamed from memory each group would wait for its line: all of them are asked for at once.
-    for (int64_t g = 0; fold && g < kl.groups; ++g) {
+    const int64_t g_end = (q_end + cpg - 1) / cpg;
+    for (int64_t g = q_begin / cpg; fold && g < g_end; ++g) {
         for (int j = 0; j < NJ; ++j) {
             _mm_prefetch(reinterpret_cast<const char*>(b.scales.data() + g * b.strips * gemm_tile + (s + j) * gemm_tile), _MM_HINT_T0);
         }
     }
     int64_t slices = 0;
-    for (int64_t g = 0; g < kl.groups; ++g) {
+    for (int64_t g = q_begin / cpg; g < g_end; ++g) {
         __m512i add[NJ], arith_add[NJ];
         for (int j = 0; fold && j < NJ; ++j) {
             add[j] = fold_add_lanes(b.scales.data() + g * b.strips * gemm_tile + (s + j) * gemm_tile);
             arith_add[j] = widen.arith_fold_add(add[j]);
         }
-        for (int64_t q0 = g * cpg; q0 < (g + 1) * cpg; q0 += slice) {
-            const int64_t chunks = std::min(slice, (g + 1) * cpg - q0);
+        const int64_t g_last = std::min((g + 1) * cpg, q_end);
+        for (int64_t q0 = std::max(g * cpg, q_begin); q0 < g_last; q0 += slice) {
+            const int64_t chunks = std::min(slice, g_last - q0);
             uint16_t (&w)[NJ][stream_slice_chunks][gemm_chunk_codes] = wide[slices++ & 1];
             for (int j = 0; b.rows != nullptr && j < NJ; ++j) {  // B left as its rows (gemm() says when)
                 const int64_t j0 = (s + j) * gemm_tile;
@@ -294,17 +304,19 @@ void stream_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, 
             }
             // Summed, a block's C runs over all of K in acc; else over the group, in part, then
             // promoted into acc as run_tiles does.
+            // Held in the tiles (one block), C is loaded and stored only at the ends of [q_begin, q_end).
             const bool first = summed ? q0 == 0 : q0 == g * cpg;
             const bool last = summed ? q0 + chunks == total : q0 + chunks == (g + 1) * cpg;
+            const bool load = !first && (!Hold || q0 == q_begin), store = !Hold || last || q0 + chunks == q_end;
             for (int64_t blk = 0; blk < blocks; ++blk) {
                 const int64_t r0 = blk * 2 * gemm_tile;
                 const uint16_t* ar = a + r0 * lda;
                 float* c = summed ? acc + r0 * ldacc : &part[r0][0];
                 const int64_t ldc = summed ? ldacc : 2 * gemm_tile;
                 if (rows - r0 > gemm_tile) {
-                    rows_over_slice<2, NJ, Hold>(ar, sa_bytes, w[0][0], w[NJ - 1][0], q0, chunks, first, last, c, ldc);
+                    rows_over_slice<2, NJ>(ar, sa_bytes, w[0][0], w[NJ - 1][0], q0, chunks, first, load, store, c, ldc);
                 } else {
-                    rows_over_slice<1, NJ, Hold>(ar, sa_bytes, w[0][0], w[NJ - 1][0], q0, chunks, first, last, c, ldc);
+                    rows_over_slice<1, NJ>(ar, sa_bytes, w[0][0], w[NJ - 1][0], q0, chunks, first, load, store, c, ldc);
                 }
                 if (!summed && last) {
                     promote_loop(c, std::min<int64_t>(2 * gemm_tile, rows - r0), NJ * gemm_tile, sa + r0 * kl.groups + g,
@@ -322,18 +334,20 @@ void small_amx(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, i
     if (Bf16Rows && rows <= 1) return small_bf16<amx_one_row>(rows, a, lda, b, s0, s1, sa, t, false, acc, ldacc);
     const Widen widen(t);
     amx_begin();
-    // Bands of rows, as even as blocks of 32 allow, whose A fits amx_stream_a_bytes.
-    const int64_t block = 2 * gemm_tile, a_row = b.kl.padded * 2;
-    const int64_t most = std::max(block, amx_stream_a_bytes / a_row / block * block);
-    const int64_t bands = (rows + most - 1) / most;
-    const int64_t band = ((rows + bands - 1) / bands + block - 1) / block * block;
-    for (int64_t r0 = 0; r0 < rows; r0 += band) {
-        const int64_t r = std::min(band, rows - r0);
+    // K in slices whose A (all the rows) fits amx_stream_a_bytes, as even as their unit allows:
+    // whole K groups where each group's sums are promoted, else whole widened slices; every strip
+    // pair runs over one slice before the next.
+    const int64_t block = 2 * gemm_tile, total = b.kl.padded / gemm_chunk;
+    const int64_t unit = b.kl.groups == 1 || fold ? stream_slice_chunks : b.kl.chunks_per_group();
+    const int64_t a_chunk = round_up(rows, block) * gemm_chunk * 2;  // bytes of A in one chunk of K
+    const int64_t most = std::max(unit, amx_stream_a_bytes / a_chunk / unit * unit);
+    const int64_t slices = (total + most - 1) / most;
+    const int64_t per = round_up((total + slices - 1) / slices, unit);
+    for (int64_t q0 = 0; q0 < total; q0 += per) {
         for (int64_t s = s0; s < s1; s += 2) {
-            float* c = acc + r0 * ldacc + (s - s0) * gemm_tile;
-            const auto run = s + 1 < s1 ? (r > block ? &stream_strips<2, false> : &stream_strips<2, true>)
-                                        : (r > block ? &stream_strips<1, false> : &stream_strips<1, true>);
-            run(a + r0 * lda, lda, b, s, r, sa + r0 * b.kl.groups, widen, fold, c, ldacc);
+            const auto run = s + 1 < s1 ? (rows > block ? &stream_strips<2, false> : &stream_strips<2, true>)
+                                        : (rows > block ? &stream_strips<1, false> : &stream_strips<1, true>);
+            run(a, lda, b, s, rows, sa, widen, fold, q0, std::min(total, q0 + per), acc + (s - s0) * gemm_tile, ldacc);
         }
     }
     amx_end();

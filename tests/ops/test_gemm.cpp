@@ -552,10 +552,13 @@ TEST_P(GemmGrid, BackendsWithinTheFloat64Bound) {
 
 // K groups wider than the avx512-bf16 tiles' 256-wide slice of K (their promotion then goes through
 // a partial-sum buffer; a 128 group is promoted as the tiles store): 512, over K = 512 (one group),
-// 1100 (two and a cut one) and 129 (one, cut), M past the small-M kernels.
+// 1100 (two and a cut one) and 129 (one, cut), M past the small-M kernels; and M = 100 over K =
+// 8300 (17 groups), which the AMX small-M tiles take in slices of K of four whole groups each,
+// and with power-of-two scales (folded: K summed as one group), in slices that cut groups.
 TEST(GemmOps, WideBlockGroupsWithinTheFloat64Bound) {
     run_grid({"block_512", Scaling::block(1, 512), Scaling::block(512, 512), false},
-             {Mnk{64, 48, 512}, Mnk{37, 140, 1100}, Mnk{130, 257, 129}}, check_gemm);
+             {Mnk{64, 48, 512}, Mnk{37, 140, 1100}, Mnk{130, 257, 129}, Mnk{100, 40, 8300}}, check_gemm);
+    run_grid({"block_512_pow2", Scaling::block(1, 512), Scaling::block(512, 512), true}, {Mnk{100, 40, 8300}}, check_gemm);
 }
 
 // K past one window of B on the cpu tiles (AMX: 3072 is one window, src/cpu/gemm_amx.cpp; the
@@ -1278,14 +1281,15 @@ TEST(GemmOps, GeluEpilogueWithinItsBound) {
 // group (row) and for many (block, mx32; each group's partial sum promoted in turn). On the
 // avx512-bf16 kernels that is the VDPBF16PS kernel at 2 <= M <= 32; on AMX the streaming tile
 // kernel at 2 <= M <= 128 (one and two A tiles, blocks of 32 rows, one strip left over at n = 130,
-// slices of K cut by the groups' ends; K = 6200 puts M = 100 and 128 in two bands of rows; the
-// tiles' D from M = 160); on the AVX2 kernels, M <= 24 in passes of 3 to 6 rows (7 = 4 + 3,
+// slices of K cut by the groups' ends; K = 8300 is cut into slices whose A fits the kernel's 512
+// KiB: 2 at M <= 32, one block whose C the tiles hold and store at a slice's end, 3 at M = 33 and
+// 48, 5 at M = 100 and 128; the tiles' D from M = 160); on the AVX2 kernels, M <= 24 in passes of 3 to 6 rows (7 = 4 + 3,
 // 9 = 5 + 4, 16 = 6 + 5 + 5, 17 = 6 + 6 + 5, 24 = 6 x 4). M = 1 is the stated exception (pairs in
 // four lanes, NUMERICS.md), and on AVX2 M = 2 (one pass of 2 rows), which sums elements 0 and 1 of
 // the pairs in lanes apart. Rowwise and blockwise A scales depend on their own row only, so the rows'
 // codes and scales are the same in both products.
 TEST(GemmOps, SmallMKernelsSumAsTheTiles) {
-    const int64_t big = 160, n = 130, k = 6200;
+    const int64_t big = 160, n = 130, k = 8300;
     bool ran = false;
     uint32_t seed = 900;
     const std::vector<float> xv = gaussian(big, k, seed++);
