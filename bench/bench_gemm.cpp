@@ -408,6 +408,16 @@ private:
 #endif
     }
 
+#if defined(FP8KIT_BENCH_DNNL)
+    // The linked oneDNN's version, in each row's kernel: the system's (Debian 12: 2.6.3) may be
+    // older than the one torch bundles (2.15: 3.13), whose bf16 matmul is the stronger peer
+    // (bench/bench_torch.py's torch.bf16 rows).
+    static std::string onednn_version() {
+        const dnnl_version_t* v = dnnl_version();
+        return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
+    }
+#endif
+
     // oneDNN matmul: src [M, K] x weights [K, N] (W^T: W [N, K] row-major is [K, N] in format
     // "ba"), weights reordered once into the layout the primitive picks; f32, and bf16 inputs
     // (converted once, outside the timing) with f32 output.
@@ -449,7 +459,7 @@ private:
                 // The call holds the primitive, its memories (handles) and the weights' buffers.
                 auto next = std::make_shared<size_t>(0);
                 dnnl::stream stream = stream_;
-                add(bf16_inputs ? "onednn.bf16" : "onednn.f32", pd.impl_info_str(), bytes,
+                add(bf16_inputs ? "onednn.bf16" : "onednn.f32", onednn_version() + " " + pd.impl_info_str(), bytes,
                     [prim, src, weis, wei_buffers, dst, next, stream]() mutable {
                         const memory& wei = weis[(*next)++ % weis.size()];
                         prim.execute(stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}});

@@ -3,6 +3,7 @@
 the same weights and inputs, at the same threads.
 
     .venv/bin/python3 bench/bench_torch.py [--quick] [--json] [--threads 2] [--flush team|one-thread]
+                                           [--shapes MxNxK,...]
 
 Rows, per Linear shape y[M, N] = x[M, K] W[N, K]^T + b (x float32):
   torch.f32           nn.Linear in float32
@@ -31,7 +32,9 @@ call on a 16 x 16 layer at M = 1, where the arithmetic is negligible: what a cal
 Python, fp8kit's Float8InferenceLinear beside nn.Linear.
 
 Shapes: M in {1, 16, 128, 2048} x (N, K) in {(4096, 4096), (11008, 4096), (4096, 11008)};
---quick: M in {1, 16, 128} x (4096, 4096).
+--quick: M in {1, 16, 128} x (4096, 4096); --shapes: those given (e.g. bench_gemm's squares,
+512x512x512,1024x1024x1024,2048x2048x2048, against torch's bf16 - its own oneDNN build, the
+stronger bf16 peer where bench_gemm links an older system oneDNN).
 
 --section train: one training step (forward, backward, AdamW) of x -> Linear(d, d) -> GELU ->
 Linear(d, d) -> MSE on 512 tokens, d in {1024, 2048, 4096} (--quick: 1024): torch float32, torch's
@@ -797,6 +800,17 @@ def run_attention(budget, rows):
                              "max_err_vs_f64": float(f"{err.max().item():.3g}")})
 
 
+def parse_shapes(text):
+    """--shapes: MxNxK[,MxNxK...], each a positive integer."""
+    shapes = []
+    for item in text.split(","):
+        dims = item.split("x")
+        if len(dims) != 3 or not all(d.isdigit() and int(d) > 0 for d in dims):
+            raise argparse.ArgumentTypeError(f"{item!r} is not MxNxK with three positive integers")
+        shapes.append(tuple(int(d) for d in dims))
+    return shapes
+
+
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--diffusion-child":  # kind name tokens threads path
         threads = int(sys.argv[5])
@@ -817,6 +831,8 @@ def main():
                     help="the checkpoint section's Llama (default 169m; 697m: Linear weights dominate a decode step)")
     ap.add_argument("--flush", choices=("team", "one-thread"), default="team",
                     help="who reads the 256 MiB before a memory-bound call (default: torch's threads)")
+    ap.add_argument("--shapes", type=parse_shapes,
+                    help="the linear section's shapes, MxNxK comma-separated (default: its grid)")
     ap.add_argument("--section", choices=("linear", "train", "model", "checkpoint", "diffusion", "attention"), action="append",
                     help="linear, train, model, checkpoint, diffusion or attention (repeatable; default: all six)")
     a = ap.parse_args()
@@ -828,7 +844,9 @@ def main():
     budget = 0.3 if a.quick else 1.0
     rows = []
     if "linear" in sections:
-        if a.quick:
+        if a.shapes:
+            shapes = a.shapes
+        elif a.quick:
             shapes = [(m, 4096, 4096) for m in (1, 16, 128)]
         else:
             shapes = [(m, n, k) for n, k in ((4096, 4096), (11008, 4096), (4096, 11008)) for m in (1, 16, 128, 2048)]
