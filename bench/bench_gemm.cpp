@@ -29,10 +29,10 @@
 // replacement keeps reused lines against a one-time stream): OpenBLAS's sgemv read 64 MiB of f32
 // weights at 1.3x the read peak. of_bound = weight_bytes / seconds / read bandwidth; of_roofline =
 // gflops / the lower of that bandwidth's rate (2M flops a weight byte) and the arithmetic's peak
-// below (at M = 2-16 on AVX2 the FMAs bind first; no compute peak for AMX tiles). For larger M,
-// of_bound = gflops / the peak of what the kernel multiplies: the bf16 dot-product peak (VDPBF16PS)
-// for oneDNN's bf16 and fp8kit's avx512-bf16 kernels, else the float32 FMA peak. AMX tiles
-// (fp8kit's amx kernels, oneDNN's bf16 where the CPU has AMX) can pass either.
+// below (at M = 2-16 on AVX2 the FMAs bind first). For larger M, of_bound = gflops / the peak of
+// what the kernel multiplies: the AMX bf16 tile peak (TDPBF16PS, operands in tile registers) for
+// fp8kit's amx kernels and oneDNN's AMX bf16, the bf16 dot-product peak (VDPBF16PS) for oneDNN's
+// bf16 elsewhere and fp8kit's avx512-bf16 kernels, else the float32 FMA peak.
 // The implementations of a shape take turns (best_seconds_in_turns: five rounds of a fifth of the
 // budget each), so that a minute of higher memory bandwidth on a shared VM reaches all of them;
 // the time is each one's fastest call. Each one's D is checked after each of its turns.
@@ -174,6 +174,7 @@ public:
 #endif
         fma_ = fma_peak(threads_, budget_);
         dot_gflops_ = dot_bf16_peak(threads_, budget_);
+        amx_gflops_ = amx_bf16_peak(threads_, budget_);
         read_ = read_peak(flush_.raw_data(), flush_bytes, threads_, budget_);
         read_gbps_ = read_.gbps;
         machine_.push_back(Row()
@@ -188,6 +189,13 @@ public:
                                    .add("impl", "dot_bf16_peak")
                                    .add("threads", (long long)threads_)
                                    .add("gflops", dot_gflops_, 4));
+        }
+        if (amx_gflops_ > 0.0) {
+            machine_.push_back(Row()
+                                   .add("bench", "gemm")
+                                   .add("impl", "amx_bf16_peak")
+                                   .add("threads", (long long)threads_)
+                                   .add("gflops", amx_gflops_, 4));
         }
         machine_.push_back(Row()
                                .add("bench", "gemm")
@@ -242,6 +250,7 @@ public:
            << " threads for every implementation.\n"
            << "float32 FMA peak: " << fma_.gflops << " GFLOP/s (" << fma_.isa << ")";
         if (dot_gflops_ > 0.0) os << "; bf16 dot-product peak (VDPBF16PS): " << dot_gflops_ << " GFLOP/s";
+        if (amx_gflops_ > 0.0) os << "; AMX bf16 tile peak (TDPBF16PS): " << amx_gflops_ << " GFLOP/s";
         os << "; read bandwidth: " << read_gbps_
            << " GB/s (" << (flush_bytes >> 20) << " MiB, " << read_.isa << " loads, " << read_.streams
            << " streams per thread; one plain 64-bit sum: " << read_.plain_gbps << " GB/s); last-level cache "
@@ -249,9 +258,9 @@ public:
            << "gflops = 2*M*N*K / seconds; vs_openblas = gflops / OpenBLAS's; weight_bytes: 4 (f32), 2 (bf16), 1 (fp8)\n"
            << "per weight. M <= 16: out of cache (copies of each weight, 8x the last-level cache up to 1 GiB, taken in turn,\n"
            << "and the caches flushed before each call), of_bound = weight_bytes / seconds / read bandwidth,\n"
-           << "of_roofline = gflops / the lower of the read bandwidth's rate and the peak below (none for AMX);\n"
-           << "larger M: of_bound = gflops / the peak of the kernel's arithmetic - the bf16 dot products' for\n"
-           << "onednn.bf16 and the avx512-bf16 kernels, else the f32 FMAs' (AMX tiles can pass 1). rel_err: relative RMS\n"
+           << "of_roofline = gflops / the lower of the read bandwidth's rate and the peak below;\n"
+           << "larger M: of_bound = gflops / the peak of the kernel's arithmetic - the AMX tiles' for AMX kernels, the\n"
+           << "bf16 dot products' for onednn.bf16 and the avx512-bf16 kernels, else the f32 FMAs'. rel_err: relative RMS\n"
            << "error against float64 on 64 entries. Outputs allocated once for every implementation; fp8kit\n"
            << "packs its weight once outside the timing, except fp8kit.e4m3.pack (inside every call).\n\n";
         print_rows(os, rows_, false);
@@ -278,6 +287,7 @@ private:
     unsigned long long sink_ = 0;
     FmaPeak fma_{};
     double dot_gflops_ = 0.0;  // 0: no AVX512-BF16
+    double amx_gflops_ = 0.0;  // 0: fp8kit's GEMM kernels are not "amx"
     ReadPeak read_{};
     double read_gbps_ = 0.0;
     std::vector<Row> machine_, rows_, skipped_;
@@ -341,20 +351,20 @@ private:
             if (openblas_gflops > 0.0) row.add("vs_openblas", gflops / openblas_gflops, 3);
             row.add("weight_bytes", (long long)weight_bytes);
             if (memory_bound) row.add("copies", (long long)weight_copies(p.m, weight_bytes));
-            // Where bf16 pairs are what the kernel multiplies, its arithmetic's peak is the dot
-            // products', else the FMAs'.
-            const bool dots = dot_gflops_ > 0.0 && (c.impl == "onednn.bf16" || c.kernel.ends_with(":avx512-bf16"));
-            const double peak = dots ? dot_gflops_ : fma_.gflops;
+            // The peak of what the kernel multiplies: AMX tiles', bf16 pairs' dot products, or
+            // the float32 FMAs'.
+            const bool tiles = amx_gflops_ > 0.0 && c.kernel.find("amx") != std::string::npos;
+            const bool dots = !tiles && dot_gflops_ > 0.0 && (c.impl == "onednn.bf16" || c.kernel.ends_with(":avx512-bf16"));
+            const double peak = tiles ? amx_gflops_ : dots ? dot_gflops_ : fma_.gflops;
             if (memory_bound) {
                 row.add("bound", "read_bw").add("of_bound", weight_bytes / s * 1e-9 / read_gbps_, 3);
                 // The roofline: the lower of streaming the weight at the read peak and the
                 // arithmetic's peak (at M = 2-16 on AVX2 the FMAs bind, not the bytes).
                 const double streamed = read_gbps_ * 2.0 * double(p.m) * double(p.n) * double(p.k) / weight_bytes;
-                const bool amx = c.kernel.find("amx") != std::string::npos;  // no tile peak measured here
-                const double roof = amx ? streamed : std::min(streamed, peak);
+                const double roof = std::min(streamed, peak);
                 row.add("roofline_gflops", roof, 4).add("of_roofline", gflops / roof, 3);
             } else {
-                row.add("bound", dots ? "dot_bf16" : "fma_f32").add("of_bound", gflops / peak, 3);
+                row.add("bound", tiles ? "amx_bf16" : dots ? "dot_bf16" : "fma_f32").add("of_bound", gflops / peak, 3);
             }
             row.add("rel_err", err[i], 2);
             rows_.push_back(row);

@@ -88,6 +88,13 @@ FmaPeak fma_peak(int threads, double budget);
 // 0: the compute bound of the GEMMs that multiply bf16 pairs, fp8kit's FP8 tiles and oneDNN's bf16.
 double dot_bf16_peak(int threads, double budget);
 
+// The AMX bf16 tile peak of `threads` threads - chains of TDPBF16PS on tiles held in registers,
+// 16 x 16 x 32 products x 2 flops each - where fp8kit's GEMM kernels are "amx", else 0: the
+// compute bound of fp8kit's amx kernels and oneDNN's AMX bf16 matmul (bench/amx_peak.cpp).
+double amx_bf16_peak(int threads, double budget);
+// Runs n iterations of four tile products on the calling thread (bench/amx_peak.cpp).
+float amx_chains(long long n);
+
 // D[m, n] = A[m, k] . W[n, k]^T in float32 by OpenBLAS's cblas_sgemm on `threads` threads: the
 // high-precision baseline of `fp8kit advise`. False, doing nothing, in a build without OpenBLAS.
 bool openblas_sgemm(const float* a, const float* w, float* d, int64_t m, int64_t n, int64_t k, int threads);

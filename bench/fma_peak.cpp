@@ -288,4 +288,13 @@ double dot_bf16_peak(int threads, double budget) {
     return 0.0;
 }
 
+double amx_bf16_peak(int threads, double budget) {
+#if defined(FP8KIT_BENCH_AMX)
+    constexpr int tile_product_flops = 16 * 16 * 32 * 2;
+    if (gemm_kernels_name() == "amx") return chains_gflops(&amx_chains, 4 * tile_product_flops, threads, budget);
+#endif
+    (void)threads, (void)budget;
+    return 0.0;
+}
+
 }  // namespace fp8kit::bench
