@@ -177,30 +177,13 @@ public:
         amx_gflops_ = amx_bf16_peak(threads_, budget_);
         read_ = read_peak(flush_.raw_data(), flush_bytes, threads_, budget_);
         read_gbps_ = read_.gbps;
-        machine_.push_back(Row()
-                               .add("bench", "gemm")
-                               .add("impl", "fma_peak")
-                               .add("threads", (long long)threads_)
-                               .add("isa", fma_.isa)
-                               .add("gflops", fma_.gflops, 4));
-        if (dot_gflops_ > 0.0) {
-            machine_.push_back(Row()
-                                   .add("bench", "gemm")
-                                   .add("impl", "dot_bf16_peak")
-                                   .add("threads", (long long)threads_)
-                                   .add("gflops", dot_gflops_, 4));
-        }
-        if (amx_gflops_ > 0.0) {
-            machine_.push_back(Row()
-                                   .add("bench", "gemm")
-                                   .add("impl", "amx_bf16_peak")
-                                   .add("threads", (long long)threads_)
-                                   .add("gflops", amx_gflops_, 4));
-        }
-        machine_.push_back(Row()
-                               .add("bench", "gemm")
-                               .add("impl", "read_bw")
-                               .add("threads", (long long)threads_)
+        const auto peak_row = [this](const char* impl) {
+            return Row().add("bench", "gemm").add("impl", impl).add("threads", (long long)threads_);
+        };
+        machine_.push_back(peak_row("fma_peak").add("isa", fma_.isa).add("gflops", fma_.gflops, 4));
+        if (dot_gflops_ > 0.0) machine_.push_back(peak_row("dot_bf16_peak").add("gflops", dot_gflops_, 4));
+        if (amx_gflops_ > 0.0) machine_.push_back(peak_row("amx_bf16_peak").add("gflops", amx_gflops_, 4));
+        machine_.push_back(peak_row("read_bw")
                                .add("bytes", (long long)flush_bytes)
                                .add("isa", read_.isa)
                                .add("streams", (long long)read_.streams)
