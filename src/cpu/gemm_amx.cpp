@@ -177,9 +177,9 @@ constexpr int64_t amx_small_m_max = 128;
 // TDPBF16PS over the chunks in K order into zeroed C tiles, each K group's sums promoted by
 // promote_loop (one group: the raw sums, scaled in the epilogue), so D is bit for bit what
 // run_tiles gives; folded, every chunk's widened codes are folded as run_tiles folds its window and
-// K is summed as one group. A single block (Hold) keeps its C tiles over all of its K, a slice
-// being one chunk; with more, each block's C goes to acc (or to its rows of part) between slices
-// and is loaded back.
+// K is summed as one group. A single block (Hold) keeps its C tiles over its slice of K (small_amx
+// cuts K so that A fits L2), a widened slice being one chunk; with more, each block's C goes to
+// acc (or to its rows of part) between widened slices and is loaded back.
 // A B left as its rows (PackedB::rows: a QTensor B taken for one call) is widened from them a
 // slice at a time (widen_vbmi.hpp's widen_rows), where gemm() packed it in the call first - a pass over B and
 // a copy of it. QTensor B, 2 threads, B in L3, the two builds alternated (2026-12-02), ms: 128 x
@@ -226,8 +226,9 @@ void rows_over_slice(const uint16_t* a, int64_t sa_bytes, const uint16_t* b0, co
     if (store) store_c<MI, NJ>(c, ldc);
 }
 
-// Chunks [q_begin, q_end) of K (whole K groups) of the strips s and s + 1 (NJ = 2) for `rows` rows
-// of A; the sums over K continue in acc from one such call to the next.
+// Chunks [q_begin, q_end) of K of the strips s and s + 1 (NJ = 2) for `rows` rows of A - whole K
+// groups where each group's sums are promoted; the sums over K continue in acc from one such call
+// to the next.
 template <int NJ, bool Hold>
 void stream_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, int64_t rows, const float* sa,
                    const Widen& widen, bool fold, int64_t q_begin, int64_t q_end, float* acc, int64_t ldacc) {
@@ -303,8 +304,8 @@ void stream_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, 
                 }
             }
             // Summed, a block's C runs over all of K in acc; else over the group, in part, then
-            // promoted into acc as run_tiles does.
-            // Held in the tiles (one block), C is loaded and stored only at the ends of [q_begin, q_end).
+            // promoted into acc as run_tiles does. Held in the tiles (one block), C is loaded and
+            // stored only at the ends of [q_begin, q_end).
             const bool first = summed ? q0 == 0 : q0 == g * cpg;
             const bool last = summed ? q0 + chunks == total : q0 + chunks == (g + 1) * cpg;
             const bool load = !first && (!Hold || q0 == q_begin), store = !Hold || last || q0 + chunks == q_end;
