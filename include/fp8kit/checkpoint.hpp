@@ -116,6 +116,10 @@ private:
     std::map<std::string, size_t> shard_index_;
     std::vector<std::string> names_;
     std::optional<std::string> config_;
+    // quantization_config(), found once: every stored weight asks for it, and a config of
+    // megabytes parsed for each made loading quadratic.
+    std::optional<std::string> quantization_config_;
+    std::optional<std::string> find_quantization_config() const;
 };
 
 // The rules for an output path, checked before any work; fp8kit::Error naming the path:

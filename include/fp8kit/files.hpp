@@ -31,5 +31,8 @@ std::string printable(std::string_view text);
 // beyond quote_printable_max bytes, its start, "..." and the length of text in bytes.
 inline constexpr size_t quote_printable_max = 200;
 std::string quote_printable(std::string_view text);
+// printable(text) cut as quote_printable cuts it, unquoted: how a message shows a value read from
+// a file (a JSON value, a parser's excerpt), which may be megabytes long.
+std::string printable_cut(std::string_view text);
 
 }  // namespace fp8kit

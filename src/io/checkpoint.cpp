@@ -10,19 +10,21 @@
 #include <cstdio>
 #include <limits>
 
-#include <nlohmann/json.hpp>
-
 #include "fp8kit/error.hpp"
 #include "fp8kit/files.hpp"
+#include "io/json.hpp"
 #include "platform/platform.hpp"
 
 namespace fp8kit {
 
 namespace {
 
-using Json = nlohmann::ordered_json;
+using detail::Json;
+using detail::shown;
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// a / b rounded up, for a >= 0 and b >= 1 - with no overflow where b is near INT64_MAX (a
+// quantization_config's block size is the file's to choose).
+int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
 
 }  // namespace
 
@@ -114,7 +116,7 @@ std::optional<std::vector<int64_t>> block_field(const Json& v, const std::string
         }
     }
     if (b.size() != 2 || b.size() != v.size())
-        throw Error(path + ": quantization_config " + what + " " + printable(v.dump()) + " is not [rows, cols] of positive integers");
+        throw Error(path + ": quantization_config " + what + " " + shown(v) + " is not [rows, cols] of positive integers");
     return b;
 }
 
@@ -135,7 +137,7 @@ void check_format(const Json& f, const std::string& where, bool top) {
         const std::string v = f.get<std::string>();
         if (v == "float-quantized" || v == "naive-quantized" || v == "mxfp8-quantized" || (top && v == "mixed-precision")) return;
     }
-    throw Error(where + " format " + printable(f.dump()) + " is not a format of FP8 codes (float-quantized, naive-quantized, mxfp8-quantized" +
+    throw Error(where + " format " + shown(f) + " is not a format of FP8 codes (float-quantized, naive-quantized, mxfp8-quantized" +
                 (top ? ", mixed-precision" : "") + "), but the checkpoint stores FP8 tensors");
 }
 
@@ -146,12 +148,10 @@ bool is_mx_group(const Json& w, const Json& format) {
            (w.contains("scale_dtype") && w["scale_dtype"] == "torch.uint8" && w.contains("group_size") && w["group_size"] == 32);
 }
 
-ConfigScales config_scales(const TensorLookup& t) {
+ConfigScales read_config_scales(const TensorLookup& t, const std::string& text) {
     ConfigScales c;
-    const auto text = t.quantization_config();
-    if (!text) return c;
     c.present = true;
-    const Json q = Json::parse(*text, nullptr, false);
+    const Json q = detail::parse_json(text, t.path() + ": quantization_config");
     if (!q.is_object()) throw Error(t.path() + ": quantization_config is not a JSON object");
     if (q.contains("weight_block_size")) c.block = block_field(q["weight_block_size"], "weight_block_size", t.path());
     const std::string method = q.contains("quant_method") && q["quant_method"].is_string() ? q["quant_method"].get<std::string>() : "";
@@ -161,7 +161,7 @@ ConfigScales config_scales(const TensorLookup& t) {
         // group (a weight read from compressed-tensors' group strategy): its size is the config's group_size.
         if (q.contains("group_size")) {
             if (!q["group_size"].is_number_integer() || q["group_size"].get<int64_t>() < 1)
-                throw Error(t.path() + ": quantization_config group_size " + printable(q["group_size"].dump()) + " is not a positive integer");
+                throw Error(t.path() + ": quantization_config group_size " + shown(q["group_size"]) + " is not a positive integer");
             c.group_size = q["group_size"].get<int64_t>();
         }
         for (const auto& [module, scheme] : q["schemes"].items()) {
@@ -197,17 +197,17 @@ ConfigScales config_scales(const TensorLookup& t) {
             if (!g.contains("weights") || g["weights"].is_null()) continue;
             const Json& w = g["weights"];
             if ((w.contains("num_bits") && w["num_bits"] != 8) || (w.contains("type") && w["type"] != "float")) {
-                throw Error(where + ".weights are " + printable(w.dump()) + ": not FP8 (num_bits 8, type float), the layouts fp8kit reads");
+                throw Error(where + ".weights are " + shown(w) + ": not FP8 (num_bits 8, type float), the layouts fp8kit reads");
             }
             if (w.contains("strategy") && !w["strategy"].is_null() &&
                 (!w["strategy"].is_string() || scheme_of_strategy(w["strategy"].get<std::string>()).empty())) {
-                throw Error(where + ".weights strategy " + printable(w["strategy"].dump()) + ", expected tensor, channel, group or block");
+                throw Error(where + ".weights strategy " + shown(w["strategy"]) + ", expected tensor, channel, group or block");
             }
             const Json format = g.contains("format") && !g["format"].is_null() ? g["format"] : top_format;
             check_format(g.contains("format") ? g["format"] : Json(), where, false);
             const bool mx = is_mx_group(w, format);
             if (mx && (!w.contains("group_size") || w["group_size"] != 32 || w.value("strategy", Json()) != "group")) {
-                throw Error(where + ".weights are " + printable(w.dump()) + ": MXFP8 (mxfp8-quantized) scales groups of 32 (strategy group, group_size 32)");
+                throw Error(where + ".weights are " + shown(w) + ": MXFP8 (mxfp8-quantized) scales groups of 32 (strategy group, group_size 32)");
             }
             c.mx_u8 = c.mx_u8 || mx;
             const std::string st = mx ? std::string(to_string(Scheme::mx32))
@@ -226,6 +226,22 @@ ConfigScales config_scales(const TensorLookup& t) {
         if (mixed) c.strategy.clear();
     }
     return c;
+}
+
+// What t's quantization_config says, read once for a run of lookups: every stored weight asks, and
+// a config of megabytes (a long modules_to_not_convert) parsed for each made loading quadratic.
+// The last one read is kept, per thread, with the file and text it was read from.
+ConfigScales config_scales(const TensorLookup& t) {
+    const auto text = t.quantization_config();
+    if (!text) return {};
+    thread_local std::string last_path, last_text;
+    thread_local ConfigScales last;
+    if (*text != last_text || t.path() != last_path) {
+        last = read_config_scales(t, *text);
+        last_path = t.path();
+        last_text = *text;
+    }
+    return last;
 }
 
 // A scale tensor's values as float32 (f32, bf16 and f16 convert exactly), or as it is (e8m0);
@@ -494,46 +510,42 @@ Policy read_policy(const std::string& path) {
     Json j;
     {
         const platform::MappedFile f(path);  // names the file when it cannot be read
-        try {
-            j = Json::parse(reinterpret_cast<const char*>(f.data()), reinterpret_cast<const char*>(f.data()) + f.size());
-        } catch (const Json::exception& e) {
-            throw Error(path + ": not valid JSON (" + printable(e.what()) + ")");
-        }
+        j = detail::parse_json(std::string_view(reinterpret_cast<const char*>(f.data()), f.size()), path);
     }
     const auto bad = [&](const std::string& what) { return Error(path + ": " + what + " (see docs/CHECKPOINTS.md)"); };
     // (Fields are type-checked before they are read: nlohmann's value() throws on a mistyped one.)
     if (!j.is_object() || !j.contains("format") || j["format"] != "fp8kit-policy" || !j.contains("layers") || !j["layers"].is_array()) {
         throw bad("not an fp8kit policy: expected {\"format\": \"fp8kit-policy\", \"version\": 1, \"layers\": [...]}");
     }
-    if (!j.contains("version") || j["version"] != 1) throw bad("unsupported version " + (j.contains("version") ? printable(j["version"].dump()) : "(none)"));
+    if (!j.contains("version") || j["version"] != 1) throw bad("unsupported version " + (j.contains("version") ? shown(j["version"]) : "(none)"));
     Policy p;
     for (const Json& l : j["layers"]) {
         PolicyLayer pl;
-        if (!l.is_object() || !l.contains("fp8") || !l["fp8"].is_boolean()) throw bad("layer " + printable(l.dump()) + " has no boolean 'fp8'");
+        if (!l.is_object() || !l.contains("fp8") || !l["fp8"].is_boolean()) throw bad("layer " + shown(l) + " has no boolean 'fp8'");
         pl.fp8 = l["fp8"].get<bool>();
         if (l.contains("name")) {
-            if (!l["name"].is_string()) throw bad("layer " + printable(l.dump()) + ": 'name' is not a string");
+            if (!l["name"].is_string()) throw bad("layer " + shown(l) + ": 'name' is not a string");
             pl.name = l["name"].get<std::string>();
         }
         if (l.contains("weight_shape")) {
             const Json& s = l["weight_shape"];
             if (!s.is_array() || s.size() != 2 || !s[0].is_number_integer() || !s[1].is_number_integer()) {
-                throw bad("layer " + printable(l.dump()) + ": 'weight_shape' is not [out, in]");
+                throw bad("layer " + shown(l) + ": 'weight_shape' is not [out, in]");
             }
             pl.weight_shape = {s[0].get<int64_t>(), s[1].get<int64_t>()};
         }
-        if (pl.name.empty() == pl.weight_shape.empty()) throw bad("layer " + printable(l.dump()) + " needs exactly one of 'name' and 'weight_shape'");
+        if (pl.name.empty() == pl.weight_shape.empty()) throw bad("layer " + shown(l) + " needs exactly one of 'name' and 'weight_shape'");
         if (l.contains("recipe") && !l["recipe"].is_null()) {
-            if (!l["recipe"].is_string()) throw bad("layer " + printable(l.dump()) + ": 'recipe' is not a string");
+            if (!l["recipe"].is_string()) throw bad("layer " + shown(l) + ": 'recipe' is not a string");
             try {
                 pl.set_recipe(l["recipe"].get<std::string>());
             } catch (const Error& e) {
-                throw bad(printable(e.what()));
+                throw bad(printable_cut(e.what()));
             }
         }
-        if (pl.fp8 && !pl.scheme) throw bad("layer " + printable(l.dump()) + " is fp8 but names no recipe");
+        if (pl.fp8 && !pl.scheme) throw bad("layer " + shown(l) + " is fp8 but names no recipe");
         if (l.contains("reason") && !l["reason"].is_null()) {
-            if (!l["reason"].is_string()) throw bad("layer " + printable(l.dump()) + ": 'reason' is not a string");
+            if (!l["reason"].is_string()) throw bad("layer " + shown(l) + ": 'reason' is not a string");
             pl.reason = l["reason"].get<std::string>();
         }
         p.layers.push_back(std::move(pl));

@@ -81,18 +81,31 @@ std::string printable(std::string_view text) {
     return out;
 }
 
-std::string quote_printable(std::string_view text) {
-    // A name from a hostile file can be megabytes long: a message names it by its first
-    // quote_printable_max bytes of escaped text (cut at a character's start) and its length.
+namespace {
+// A name or value from a hostile file can be megabytes long: a message shows its first
+// quote_printable_max bytes of escaped text (cut at a character's start), and in `tail` its length.
+std::string cut_printable(std::string_view text, std::string& tail) {
     std::string p = printable(text);
-    std::string tail;
     if (p.size() > quote_printable_max) {
         size_t cut = quote_printable_max;
         while (cut > 0 && (static_cast<unsigned char>(p[cut]) & 0xC0) == 0x80) --cut;  // not inside a UTF-8 sequence
         p.resize(cut);
         tail = "... (" + std::to_string(text.size()) + " bytes)";
     }
+    return p;
+}
+}  // namespace
+
+std::string quote_printable(std::string_view text) {
+    std::string tail;
+    const std::string p = cut_printable(text, tail);
     return "'" + p + "'" + tail;
+}
+
+std::string printable_cut(std::string_view text) {
+    std::string tail;
+    const std::string p = cut_printable(text, tail);
+    return p + tail;
 }
 
 }  // namespace fp8kit

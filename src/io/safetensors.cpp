@@ -9,13 +9,11 @@
 #include <bit>
 #include <cstring>
 #include <numeric>
-#include <set>
 #include <unordered_map>
-
-#include <nlohmann/json.hpp>
 
 #include "fp8kit/error.hpp"
 #include "fp8kit/files.hpp"
+#include "io/json.hpp"
 #include "platform/platform.hpp"
 
 namespace fp8kit {
@@ -25,7 +23,8 @@ static_assert(std::endian::native == std::endian::little,
 
 namespace {
 
-using Json = nlohmann::ordered_json;  // keeps the header's order: names() is file order
+using detail::Json;  // ordered: names() is file order
+using detail::shown;
 
 struct DTypeName {
     DType dtype;
@@ -38,40 +37,12 @@ constexpr DTypeName dtype_names[] = {
     {DType::i16, "I16"}, {DType::i32, "I32"}, {DType::i64, "I64"}, {DType::u8, "U8"},
     {DType::u16, "U16"}, {DType::u32, "U32"}, {DType::u64, "U64"}, {DType::boolean, "BOOL"}};
 
-constexpr int max_json_depth = 16;  // a valid header nests 3 deep (header, entry, shape)
+constexpr int header_max_depth = 16;  // a valid header nests 3 deep (header, entry, shape)
 
 uint64_t read_le64(const unsigned char* p) {
     uint64_t v = 0;
     for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
     return v;
-}
-
-std::string shown(const Json& v) { return printable(v.dump()); }
-
-// The JSON, with duplicate keys (at any depth) and nesting deeper than max_json_depth refused.
-Json parse_json(const char* begin, const char* end, const std::string& what) {
-    std::vector<std::set<std::string>> keys;  // one set per open object
-    const auto check = [&](int depth, Json::parse_event_t event, Json& parsed) {
-        if (depth > max_json_depth) {
-            throw Error(what + ": header JSON nests deeper than " + std::to_string(max_json_depth) + " levels");
-        }
-        if (event == Json::parse_event_t::object_start) {
-            keys.emplace_back();
-        } else if (event == Json::parse_event_t::object_end) {
-            keys.pop_back();
-        } else if (event == Json::parse_event_t::key) {
-            const std::string& k = parsed.get_ref<const std::string&>();
-            if (!keys.back().insert(k).second) {
-                throw Error(what + ": header JSON has the key " + quote_printable(k) + " twice (duplicate name)");
-            }
-        }
-        return true;
-    };
-    try {
-        return Json::parse(begin, end, check);
-    } catch (const Json::exception& e) {
-        throw Error(what + ": header is not valid JSON (" + printable(e.what()) + ")");
-    }
 }
 
 uint64_t unsigned_field(const Json& v, const std::string& where) {
@@ -165,7 +136,7 @@ SafetensorsHeader parse_safetensors(const void* data, size_t size, const std::st
         throw Error(what + ": header holds a NUL byte at offset " + std::to_string(static_cast<const char*>(nul) - h) +
                     " (JSON allows none; a header is padded with spaces)");
     }
-    const Json j = parse_json(h, h + n, what);
+    const Json j = detail::parse_json(std::string_view(h, n), what + " header", header_max_depth, true);
     if (!j.is_object()) throw Error(what + ": header is a JSON " + std::string(j.type_name()) + ", expected an object");
 
     SafetensorsHeader out;

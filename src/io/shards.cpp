@@ -8,29 +8,21 @@
 #include <algorithm>
 #include <filesystem>
 
-#include <nlohmann/json.hpp>
-
 #include "fp8kit/checkpoint.hpp"
 #include "fp8kit/error.hpp"
 #include "fp8kit/files.hpp"
+#include "io/json.hpp"
 #include "platform/platform.hpp"
 
 namespace fp8kit {
 
 namespace fs = std::filesystem;
-using Json = nlohmann::ordered_json;
+using detail::Json;
 
 namespace {
 
 constexpr const char* index_name = "model.safetensors.index.json";
 
-Json parse_json_text(const std::string& text, const std::string& path) {
-    try {
-        return Json::parse(text);
-    } catch (const Json::exception& e) {
-        throw Error(path + ": not valid JSON (" + printable(e.what()) + ")");
-    }
-}
 
 
 }  // namespace
@@ -47,7 +39,7 @@ Checkpoint::Checkpoint(const std::string& path) : path_(path) {
         const fs::path index = fs::path(path) / index_name;
         std::vector<std::pair<std::string, std::string>> listed;  // the index's (tensor, shard) pairs
         if (fs::exists(index, ec)) {
-            const Json j = parse_json_text(read_file(index.string()), index.string());
+            const Json j = detail::parse_json(read_file(index.string()), index.string());
             if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
                 throw Error(index.string() + ": no weight_map object");
             }
@@ -79,7 +71,7 @@ Checkpoint::Checkpoint(const std::string& path) : path_(path) {
         const fs::path cfg = fs::path(path) / "config.json";
         if (fs::exists(cfg, ec)) {
             config_ = read_file(cfg.string());
-            if (!parse_json_text(*config_, cfg.string()).is_object()) throw Error(cfg.string() + ": not a JSON object");
+            if (!detail::parse_json(*config_, cfg.string()).is_object()) throw Error(cfg.string() + ": not a JSON object");
         }
     }
     for (size_t i = 0; i < shards_.size(); ++i) {
@@ -91,6 +83,7 @@ Checkpoint::Checkpoint(const std::string& path) : path_(path) {
             names_.push_back(n);
         }
     }
+    quantization_config_ = find_quantization_config();
 }
 
 size_t Checkpoint::shard_of(const std::string& tensor) const {
@@ -107,19 +100,21 @@ fs::path sibling_config(const std::string& file) {
 }
 }  // namespace
 
-std::optional<std::string> Checkpoint::quantization_config() const {
+std::optional<std::string> Checkpoint::quantization_config() const { return quantization_config_; }
+
+std::optional<std::string> Checkpoint::find_quantization_config() const {
     if (config_) {
         const Json c = Json::parse(*config_);  // checked when read
         if (c.contains("quantization_config")) return c["quantization_config"].dump();
     }
-    if (auto own = TensorLookup::quantization_config()) return own;
+    if (auto own = TensorLookup::quantization_config()) return own;  // the metadata's
     // A file inside a checkpoint directory (its model.safetensors, one shard): the directory's
     // config.json describes it - a compressed-tensors block scale, a group size, a block size
     // other than 128 are known only from there.
     std::error_code ec;
     if (const fs::path cfg = sibling_config(path_); !directory_ && fs::exists(cfg, ec)) {
         const std::string text = read_file(cfg.string());
-        const Json c = parse_json_text(text, cfg.string());
+        const Json c = detail::parse_json(text, cfg.string());
         if (c.is_object() && c.contains("quantization_config")) return c["quantization_config"].dump();
     }
     return std::nullopt;

@@ -285,6 +285,24 @@ TEST(Checkpoint, FP8OutsideLinearIsDequantizedAndBadFP8IsNamed) {
     msg = message([&] { load_model(path); });
     EXPECT_NE(msg.find("FP8 tensor 'blocks.0.attn.qkv.weight'"), std::string::npos) << msg;
     EXPECT_NE(msg.find("has no scale tensor"), std::string::npos) << msg;
+    // A hostile quantization_config: nested 100,000 deep (printing it recursed off the stack), a
+    // megabyte value (shown cut, with its length), and a block size near INT64_MAX (the scale grid
+    // it implies is one block, [1, 1]: rounding up once overflowed to [0, 0] and [-1, -1]).
+    const auto refused = [&](const std::string& config) {
+        meta["quantization_config"] = config;
+        save_safetensors(path, fp8, meta);
+        return message([&] { load_model(path); });
+    };
+    msg = refused("{\"quant_method\": \"fp8\", \"weight_block_size\": " + std::string(100000, '[') + std::string(100000, ']') + "}");
+    EXPECT_NE(msg.find(path + ": quantization_config: JSON nests deeper than 64 levels"), std::string::npos) << msg;
+    msg = refused(R"({"quant_method": "fp8", "weight_block_size": ")" + std::string(1000000, 'A') + "\"}");
+    EXPECT_NE(msg.find("weight_block_size \"AAAA"), std::string::npos) << msg.substr(0, 300);
+    EXPECT_NE(msg.find("... (1000002 bytes) is not [rows, cols] of positive integers"), std::string::npos) << msg.substr(0, 300);
+    EXPECT_LT(msg.size(), 1000u);
+    msg = refused(R"({"quant_method": "fp8", "weight_block_size": [9223372036854775807, 9223372036854775807]})");
+    EXPECT_NE(msg.find("[1, 1]"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("[0, 0]"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("[-1, -1]"), std::string::npos) << msg;
     fs::remove(path);
 }
 

@@ -12,6 +12,7 @@
 #include <iterator>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "fp8kit/safetensors.hpp"
@@ -260,6 +261,20 @@ TEST_F(Safetensors, MalformedFilesAreRefusedWithTheReason) {
     expect_bad(write_file("meta.safetensors", R"({"__metadata__":{"a":1}})"), "expected a string");
     expect_bad(write_file("entry.safetensors", R"({"x":[1]})"), "tensor 'x' is array, expected an object");
     expect_bad(write_file("deep.safetensors", std::string(40, '[') + std::string(40, ']')), "nests deeper");
+    // A value or a parser's excerpt of a megabyte is shown cut to its start and its length.
+    for (const auto& [name, header, needle] :
+         {std::tuple{"long_dtype.safetensors", R"({"x":{"dtype":")" + std::string(1000000, 'A') + R"(","shape":[2],"data_offsets":[0,8]}})",
+                     "unknown dtype \"AAAA"},
+          std::tuple{"long_text.safetensors", "{\"" + std::string(1000000, 'A'), "not valid JSON"}}) {
+        const std::string p = write_file(name, header, d8);
+        expect_bad(p, needle);
+        expect_bad(p, " bytes)");
+        try {
+            SafetensorsFile f(p);
+        } catch (const Error& e) {
+            EXPECT_LT(std::string(e.what()).size(), 1000u) << name;
+        }
+    }
     expect_error([&] { SafetensorsFile f(path("absent.safetensors")); }, "absent.safetensors");
     // NUL padding (JSON has no NUL; the safetensors package refuses it), while spaces pass.
     expect_bad(write_file("nul_padded.safetensors", ok + std::string(3, '\0'), d8), "header holds a NUL byte at offset " + std::to_string(ok.size()));
