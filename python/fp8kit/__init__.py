@@ -24,6 +24,7 @@ Errors are fp8kit.Error, a ValueError carrying the library's message.
 """
 import contextlib
 import math
+import os
 import sys
 
 import numpy as np
@@ -45,6 +46,15 @@ def _printable_message(error):
 
 
 Error.__str__ = _printable_message
+
+
+def _path(path, argument):
+    """A path argument as the library's C++ side takes it (os.fspath), refused with open()'s
+    ValueError where it holds a null byte: C++ would cut the string there and use another file."""
+    path = os.fspath(path)
+    if ("\0" if isinstance(path, str) else b"\0") in path:
+        raise ValueError(f"{argument}: embedded null byte")
+    return path
 
 __all__ = ["Error", "PackedWeight", "QTensor", "cuda_available", "decode", "dequantize", "encode", "format_max",
            "formats", "gemm", "num_threads", "qtensor", "quantize", "scaled_mm", "set_num_threads"]

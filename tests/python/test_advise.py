@@ -94,3 +94,11 @@ def test_a_bfloat16_model_is_measured_not_converted():
     net = Net().to(torch.bfloat16)
     entries = f8.advise(net, (torch.randn(16, 128).to(torch.bfloat16),), rounds=1, recipes=("tensorwise",))
     assert len(entries) == 3 and all(p.dtype == torch.bfloat16 for p in net.parameters())
+
+
+def test_a_path_with_a_null_byte_is_refused_before_any_work(tmp_path, monkeypatch):
+    # The C++ side would cut the path at the null byte and write another file (victim.json).
+    monkeypatch.setattr(Net, "forward", lambda *_: pytest.fail("advise ran the model"))
+    with pytest.raises(ValueError, match="advise: path: embedded null byte"):
+        f8.advise(Net(), (torch.randn(4, 128),), str(tmp_path / "victim.json\x00.policy"), rounds=1)
+    assert not (tmp_path / "victim.json").exists()

@@ -661,7 +661,7 @@ def test_fp8kit_layout_names_3d_experts_and_groups(tmp_path):
      r"config_groups\['group_0'\]\.weights are .*: MXFP8 \(mxfp8-quantized\) scales groups of 32"),
     (lambda c: c["quantization_config"].update(quant_method="gptq"),
      r"quant_method 'gptq' is not an FP8 layout fp8kit reads"),
-    (lambda c: json.dumps(c)[:-1] + ', "deep": ' + "[" * 100000 + "]" * 100000 + "}", r"config\.json: nested too deep"),
+    (lambda c: json.dumps(c)[:-1] + ', "deep": ' + "[" * 100000 + "]" * 100000 + "}", r"config\.json: JSON nests deeper than 64 levels"),
     (lambda c: "[]", r"config\.json: not a JSON object"),
     (lambda c: "{\"dtype\": \"\x1b[2J", r"config\.json: not valid JSON"),
 ])
@@ -1496,3 +1496,213 @@ def test_transformers_loading_options_are_taken_or_refused(work):
                          ({"torch_dtype": torch.float16, "dtype": torch.float32}, r"two dtypes given")):
         with pytest.raises(fp8kit.Error, match=message):
             fp8kit.torch.from_pretrained(path, **bad)
+
+
+# ---- hostile files: refused naming file and tensor or field, the model untouched ----
+
+def _linear():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 4))
+
+
+def _fp8_codes():
+    return torch.randn(4, 8, generator=torch.Generator().manual_seed(0)).to(torch.float8_e4m3fn)
+
+
+def _saved(tmp_path, tensors, qc=None):
+    """A single file of tensors, quantization_config qc (text) in its metadata; returns its path."""
+    path = str(tmp_path / "bad.safetensors")
+    save_file(tensors, path, metadata=None if qc is None else {"quantization_config": qc})
+    return path
+
+
+def _refused_untouched(model, path, message, **kwargs):
+    """load_fp8_checkpoint refuses path with an fp8kit.Error matching message, short and with no raw
+    control character, and model keeps its modules and tensors as they were."""
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(fp8kit.Error, match=message) as e:
+        fp8kit.torch.load_fp8_checkpoint(model, path, **kwargs)
+    assert len(str(e.value)) < 2000 and not any(ord(c) < 0x20 for c in str(e.value))
+    assert not any(isinstance(m, fp8kit.torch.Float8InferenceLinear) for m in model.modules())
+    after = model.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    return e.value
+
+
+_DEEP = "[" * 10000 + "]" * 10000
+
+
+def test_deeply_nested_json_names_the_file(work, tmp_path):
+    """A quantization_config (no FP8 weight: the library hands its text on) or a
+    generation_config.json nested deeper than Python's parser goes, an index nested deeper than the
+    library reads: an fp8kit.Error naming the file, not a RecursionError or a crash."""
+    plain = {"0.weight": torch.zeros(4, 8), "0.bias": torch.zeros(4)}
+    _refused_untouched(_linear(), _saved(tmp_path, plain, _DEEP), r"bad\.safetensors: quantization_config: nested too deep")
+    d = tmp_path / "dir"
+    d.mkdir()
+    save_file(plain, str(d / "model.safetensors"))
+    (d / "model.safetensors.index.json").write_text('{"weight_map": {"0.weight": "model.safetensors"}, "x": ' + _DEEP + "}")
+    _refused_untouched(_linear(), str(d), r"model\.safetensors\.index\.json: JSON nests deeper than 64 levels")
+    _, path = _checkpoint(work, "llama", "FP8_DYNAMIC")
+    ck = tmp_path / "ck"
+    shutil.copytree(path, ck)
+    (ck / "generation_config.json").write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(fp8kit.Error, match=r"generation_config\.json: transformers does not take it \(RecursionError"):
+        fp8kit.torch.from_pretrained(str(ck))
+
+
+@pytest.mark.parametrize("qc,fp8,message", [
+    ("{not json", False, r"quantization_config: not valid JSON"),
+    ("[1,2]", False, r"quantization_config is not a JSON object"),
+    ('{"quant_method":"compressed-tensors","config_groups":[1]}', False, r"config_groups is not an object of groups"),
+    ('{"quant_method":"compressed-tensors","config_groups":{"g":5}}', False, r"config_groups\['g'\] is not an object"),
+    ('{"quant_method":"compressed-tensors","config_groups":{"g":{"targets":5}}}', True,
+     r"config_groups\['g'\]\.targets is not a list of module names"),
+    ('{"quant_method":"compressed-tensors","config_groups":{"g":{"targets":[5]}}}', True, r"\.targets is not a list"),
+    ('{"quant_method":"compressed-tensors","config_groups":{"g":{"targets":[null]}}}', True, r"\.targets is not a list"),
+    ('{"quant_method":"fp8kit","schemes":[[1]]}', False, r"quantization_config schemes is not an object"),
+])
+def test_a_malformed_quantization_config_names_file_and_field(tmp_path, qc, fp8, message):
+    """A quantization_config of the wrong form, whether or not the file stores FP8 weights (where
+    the library checks the form): an fp8kit.Error naming the file and the field, not a
+    JSONDecodeError, AttributeError or TypeError from inside the loader."""
+    tensors = {"0.weight": _fp8_codes(), "0.weight_scale": torch.ones(1)} if fp8 else {"0.weight": torch.zeros(4, 8)}
+    _refused_untouched(_linear(), _saved(tmp_path, {**tensors, "0.bias": torch.zeros(4)}, qc),
+                       r"bad\.safetensors: .*" + message)
+
+
+def test_a_directory_whose_config_is_not_an_object(tmp_path):
+    save_file({"0.weight": torch.zeros(4, 8), "0.bias": torch.zeros(4)}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text('{"quantization_config": [1]}')
+    _refused_untouched(_linear(), str(tmp_path), r"quantization_config is not a JSON object")
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda t: t.update({"0.input_scale": torch.ones(2)}), r"tensor '0\.input_scale' is F32 \[2\]; a static input "
+     r"scale is one float32, bfloat16 or float16 element"),
+    (lambda t: t.update({"0.bias": torch.ones(4, dtype=torch.int64)}),
+     r"tensor '0\.bias' is stored as I64, but the model's '0\.bias' is float32"),
+    (lambda t: t.update({"0.bias": torch.ones(5)}), r"tensor '0\.bias' has shape \[5\], but the model's '0\.bias' is \[4\]"),
+])
+def test_a_bad_input_scale_or_bias_is_refused_before_the_model_changes(tmp_path, edit, message):
+    """A static input_scale that is not one float element, a bias of integers or of the wrong
+    shape: refused naming the tensor before any layer is replaced (before: the packing after the
+    swap failed - a RuntimeError from a reshape, the model half converted)."""
+    tensors = {"0.weight": _fp8_codes(), "0.weight_scale": torch.ones(1), "0.input_scale": torch.ones(1),
+               "0.bias": torch.zeros(4)}
+    edit(tensors)
+    _refused_untouched(_linear(), _saved(tmp_path, tensors), r"bad\.safetensors: " + message)
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.int8, torch.float64, "int8", "Tensor", 5])
+def test_load_fp8_checkpoint_takes_the_dtypes_from_pretrained_takes(tmp_path, dtype):
+    """torch_dtype as from_pretrained takes it - float32, bfloat16, float16, as torch dtypes or their
+    names, or "auto" - else an fp8kit.Error naming torch_dtype, before the file is read (before:
+    float8_e4m3fn saturated a bias of 1000 to 448, int8 failed after changing the model, a name a
+    RuntimeError from .to())."""
+    path = _saved(tmp_path, {"0.weight": _fp8_codes(), "0.weight_scale": torch.ones(1),
+                             "0.bias": torch.full((4,), 1000.0)})
+    _refused_untouched(_linear(), path, r"load_fp8_checkpoint: torch_dtype '.*', expected float32, bfloat16 or float16",
+                       torch_dtype=dtype)
+    for ok, want in (("bfloat16", torch.bfloat16), (torch.float16, torch.float16), ("auto", torch.float32)):
+        assert fp8kit.torch.load_fp8_checkpoint(_linear(), path, torch_dtype=ok)[0].bias.dtype == want
+    assert torch.equal(fp8kit.torch.load_fp8_checkpoint(_linear(), path, torch_dtype="bfloat16")[0].bias.float(),
+                       torch.full((4,), 1000.0))
+
+
+_LONG = "A" * (1 << 20)
+
+
+@pytest.mark.parametrize("tensors,qc", [
+    ({"0.weight": torch.zeros(4, 8), "0.bias": torch.zeros(4), _LONG: torch.zeros(1)}, None),
+    ({"0.weight": torch.zeros(4, 8), "0.bias": torch.zeros(4)}, json.dumps({"quant_method": _LONG})),
+    ({"0.weight": _fp8_codes(), "0.weight_scale": torch.ones(1), "0.bias": torch.zeros(4)},
+     json.dumps({"quant_method": "compressed-tensors", "config_groups": {"g": {
+         "targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": "tensor"},
+         "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "x": _LONG}, "format": "float-quantized"}},
+         "format": "float-quantized"})),
+], ids=["tensor name", "quant_method", "input_activations field"])
+def test_a_long_value_from_the_file_is_cut_in_the_message(tmp_path, tensors, qc):
+    """A megabyte-long tensor name, quant_method or activation field reaches the message as a short
+    prefix and its length (before: the whole megabyte)."""
+    qc = qc.replace('"token"', '"nope"') if qc and "token" in qc else qc  # an activation strategy refused
+    error = _refused_untouched(_linear(), _saved(tmp_path, tensors, qc), r"A'\.\.\. \(\d+ characters\)")
+    assert len(str(error)) < 1000
+
+
+def test_a_long_dtype_in_config_json_is_cut(work, tmp_path):
+    _, path = _checkpoint(work, "llama", "FP8_DYNAMIC")
+    ck = tmp_path / "ck"
+    shutil.copytree(path, ck)
+    config = json.loads((ck / "config.json").read_text())
+    config["dtype"] = _LONG
+    (ck / "config.json").write_text(json.dumps(config))
+    with pytest.raises(fp8kit.Error, match=r"config\.json: dtype 'A+'\.\.\. \(1048576 characters\), expected") as e:
+        fp8kit.torch.from_pretrained(str(ck))
+    assert len(str(e.value)) < 1000
+
+
+@pytest.mark.parametrize("second", [{"0.weight_scale_inv": torch.tensor([[1.0]])}, {"0.scale_weight": torch.tensor(3.0)}])
+def test_a_second_scale_is_refused_naming_both(tmp_path, second):
+    """A weight stored with two scales (weight_scale and weight_scale_inv, or ComfyUI's scale_weight
+    too): refused naming both (before: one of them silently ignored)."""
+    tensors = {"0.weight": _fp8_codes(), "0.weight_scale": torch.tensor([2.0]), "0.bias": torch.zeros(4), **second}
+    _refused_untouched(_linear(), _saved(tmp_path, tensors),
+                       r"tensor '0\.weight' has two scales, '0\.weight_scale(_inv)?' \(the one fp8kit reads\) and '0\."
+                       + r"(weight_scale|scale_weight)")
+
+
+@pytest.mark.parametrize("weight,kind", [
+    (torch.randn(4, 8).to(torch.float8_e4m3fnuz), "F8_E4M3FNUZ"),
+    (torch.ones(4, 8).to(torch.float8_e8m0fnu), "F8_E8M0"),
+    (torch.ones(4, 8, dtype=torch.int32), "I32"),
+    (torch.ones(4, 8, dtype=torch.float64), "F64"),
+])
+def test_a_plain_tensor_of_another_kind_is_refused(tmp_path, weight, kind):
+    """A tensor without a scale whose dtype the parameter's layers do not compute in (other FP8
+    kinds, integers, float64): refused at load naming tensor and dtype (before: it loaded, and the
+    forward failed on a dtype mismatch)."""
+    _refused_untouched(_linear(), _saved(tmp_path, {"0.weight": weight, "0.bias": torch.zeros(4)}),
+                       rf"tensor '0\.weight' is stored as {kind}, but the model's '0\.weight' is float32")
+
+
+def test_sd3_scale_weight_per_row_under_stabilitys_names(tmp_path):
+    """A scale_weight of shape [out, 1] (ComfyUI's is one element) under Stability's names: an
+    fp8kit.Error naming it (before: a RuntimeError from a reshape)."""
+    stored = _stability_names(_sd3().state_dict(), SD3["num_layers"] - 1)
+    name = "joint_blocks.0.x_block.attn.qkv.weight"
+    stored[name] = stored[name].to(torch.float8_e4m3fn)
+    stored[name.replace(".weight", ".scale_weight")] = torch.ones(stored[name].shape[0], 1)
+    stored["scaled_fp8"] = torch.zeros(2, dtype=torch.float8_e4m3fn)
+    save_file(stored, str(tmp_path / "sd3.safetensors"))
+    with pytest.raises(fp8kit.Error, match=r"tensor 'joint_blocks\.0\.x_block\.attn\.qkv\.scale_weight' has shape "
+                                           r"\[\d+, 1\]: fp8kit carries one scale_weight per tensor"):
+        fp8kit.torch.load_fp8_checkpoint(_sd3(meta=True), tmp_path / "sd3.safetensors")
+
+
+def test_a_path_with_a_null_byte_is_refused(tmp_path):
+    save_file({"0.weight": torch.zeros(4, 8), "0.bias": torch.zeros(4)}, str(tmp_path / "a.safetensors"))
+    for load in (fp8kit.torch.load_fp8_checkpoint, lambda _, p: fp8kit.torch.from_pretrained(p)):
+        with pytest.raises(ValueError, match=r"path: embedded null byte"):
+            load(_linear(), str(tmp_path / "a.safetensors\x00.x"))
+
+
+@pytest.mark.parametrize("file,text,message", [
+    ("config.json", None, r"config\.json: transformers does not take it \(ValueError: .*\\x1b\[31mnope"),
+    ("generation_config.json", "[1]", r"generation_config\.json: transformers does not take it \(TypeError"),
+    ("generation_config.json", '{"max_new_tokens": "x"}', r"generation_config\.json: transformers does not take it"),
+])
+def test_a_file_transformers_refuses_is_named(work, tmp_path, file, text, message):
+    """config.json or generation_config.json that transformers refuses: an fp8kit.Error naming the
+    file, transformers' message quoted (an escape from the file escaped), its error chained."""
+    _, path = _checkpoint(work, "llama", "FP8_DYNAMIC")
+    ck = tmp_path / "ck"
+    shutil.copytree(path, ck)
+    if text is None:
+        config = json.loads((ck / "config.json").read_text())
+        config["model_type"] = "\x1b[31mnope"
+        text = json.dumps(config)
+    (ck / file).write_text(text)
+    with pytest.raises(fp8kit.Error, match=message) as e:
+        fp8kit.torch.from_pretrained(str(ck))
+    assert e.value.__cause__ is not None and "\x1b" not in str(e.value)

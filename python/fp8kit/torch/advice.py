@@ -44,6 +44,8 @@ def advise(model, example_inputs, path=None, *, recipes=("rowwise", "tensorwise"
     layerwise casting runs with the input unquantized and its training conversions refuse).
     Returns the policy entries (docs/CHECKPOINTS.md); path: also written there as the policy file
     that `fp8kit quantize --policy`, `fp8kit train --policy` and the library read."""
+    if path is not None:
+        path = fp8kit._path(path, "fp8kit.torch.advise: path")
     if rounds < 1:
         raise fp8kit.Error(f"fp8kit.torch.advise: rounds is {rounds}, expected >= 1")
     for r in recipes:
@@ -97,5 +99,5 @@ def advise(model, example_inputs, path=None, *, recipes=("rowwise", "tensorwise"
                                       f"{agree}/{rounds} agree; need {min_speedup:.2f}x), sqnr {sqnr:.1f} dB "
                                       f"(floor {sqnr_floor:g})"})
     if path is not None:
-        fp8kit._fp8kit.write_policy(str(path), [(e["name"], e["fp8"], e["recipe"], e["reason"]) for e in entries])
+        fp8kit._fp8kit.write_policy(path, [(e["name"], e["fp8"], e["recipe"], e["reason"]) for e in entries])
     return entries

@@ -47,6 +47,7 @@ plain and ComfyUI scaled, in Diffusers' and Stability's names; weights bit for b
 files, outputs against a float64 emulation of the same scheme, planted wrong answers).
 """
 import json
+import math
 import os
 import re
 import warnings
@@ -64,6 +65,38 @@ from .memory import release_pages
 _E8M0 = getattr(torch, "float8_e8m0fnu", None)
 
 
+def _quoted(value, limit=120):
+    """A value taken from a file (a tensor or module name, a config field) as a message shows it:
+    its repr (control characters escaped), cut to `limit` characters plus its length when longer,
+    so that a file's megabyte-long name never becomes a megabyte-long message."""
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
+
+
+def _json(read, where):
+    """read() (a json.load / json.loads of a file's text), its failures an fp8kit.Error naming
+    where: malformed, or nested deeper than Python's parser goes (RecursionError)."""
+    try:
+        return read()
+    except RecursionError:
+        raise fp8kit.Error(f"{where}: nested too deep to read") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError: positions, not the file's text
+        raise fp8kit.Error(f"{where}: not valid JSON ({e})") from None
+
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _dtype(value, where):
+    """A torch_dtype as both loaders take it: float32, bfloat16 or float16, a torch.dtype or its
+    name (transformers' config.json spelling); else an fp8kit.Error naming where."""
+    dtype = getattr(torch, value, None) if isinstance(value, str) else value
+    if not any(dtype is d for d in _DTYPES):
+        raise fp8kit.Error(f"{where} {_quoted(str(value).removeprefix('torch.'))}, expected float32, bfloat16 or "
+                           "float16 (the dtype of the tensors the checkpoint keeps in high precision)")
+    return dtype
+
+
 class _Checkpoint:
     """A checkpoint (a .safetensors file or a directory of shards) as tensors by name: every tensor
     read with safetensors' safe_open (memory-mapped), plus the FP8 weights the library recognises
@@ -73,7 +106,11 @@ class _Checkpoint:
         from safetensors import safe_open
         self.path = os.fspath(path)
         qc, entries, layout = fp8kit._fp8kit.checkpoint_weights(self.path)
-        self.qconfig = json.loads(qc) if qc else None
+        # The library checks the config's form where the files store FP8 weights; without one it
+        # hands the text on as it is.
+        self.qconfig = _json(lambda: json.loads(qc), f"{self.path}: quantization_config") if qc else None
+        if self.qconfig is not None and not isinstance(self.qconfig, dict):
+            raise fp8kit.Error(f"{self.path}: quantization_config is not a JSON object")
         self.layout = set(layout)  # scales, ComfyUI's scale_input and scaled_fp8 marker: no model tensor
         self.directory = os.path.isdir(self.path)
         self.fp8 = {}  # weight name -> (shape, scheme, scale name, scaling, input_scale name or None, file)
@@ -83,8 +120,8 @@ class _Checkpoint:
         if self.directory:
             index = os.path.join(self.path, "model.safetensors.index.json")
             if os.path.exists(index):
-                with open(index) as f:
-                    files = sorted(set(json.load(f)["weight_map"].values()))
+                with open(index) as f:  # its form checked by the library (checkpoint_weights)
+                    files = sorted(set(_json(lambda: json.load(f), index)["weight_map"].values()))
             else:
                 # The library's list (its shards, checked as regular files): names with the extension,
                 # so not a dotfile named ".safetensors" (which, a FIFO, would block the open forever).
@@ -133,11 +170,11 @@ class _Checkpoint:
             other = f"{module}.{o_leaf}" if module else o_leaf
             if o_leaf != leaf and "scale" in o_leaf and other not in self.layout:
                 raise fp8kit.Error(f"{self.where(name)} is FP8 without a scale fp8kit reads, and its module stores "
-                                   f"'{other}', a scale in no layout fp8kit knows (docs/CHECKPOINTS.md): the codes "
+                                   f"{_quoted(other)}, a scale in no layout fp8kit knows (docs/CHECKPOINTS.md): the codes "
                                    "would run as values")
 
     def where(self, name):
-        return f"{self.file_of.get(name, self.path)}: tensor '{name}'"
+        return f"{self.file_of.get(name, self.path)}: tensor {_quoted(name)}"
 
     def scale_names(self):
         """The scales and static input scales that belong to FP8 weights."""
@@ -157,7 +194,7 @@ def _activation_of_args(args, weight_scaling, where):
     if not args:
         return "none", False
     if args.get("type", "float") != "float" or args.get("num_bits", 8) != 8:
-        raise fp8kit.Error(f"{where}: input_activations {args} are not FP8; fp8kit runs FP8 activations or none")
+        raise fp8kit.Error(f"{where}: input_activations {_quoted(args)} are not FP8; fp8kit runs FP8 activations or none")
     strategy = args.get("strategy", "tensor")
     dynamic = args.get("dynamic", True)
     static = dynamic is False
@@ -170,10 +207,10 @@ def _activation_of_args(args, weight_scaling, where):
     elif strategy == "group" and type(args.get("group_size")) is int and args["group_size"] > 0:
         scaling = f"block(1x{args['group_size']})"
     else:
-        raise fp8kit.Error(f"{where}: input_activations strategy {strategy!r} ({args}): fp8kit casts activations "
+        raise fp8kit.Error(f"{where}: input_activations strategy {_quoted(strategy)} ({_quoted(args)}): fp8kit casts activations "
                            "per token, per tensor or per 1 x group (a positive integer group_size)")
     if static and scaling != "tensor":
-        raise fp8kit.Error(f"{where}: static input_activations with strategy '{strategy}': fp8kit takes a static "
+        raise fp8kit.Error(f"{where}: static input_activations with strategy {_quoted(strategy)}: fp8kit takes a static "
                            "activation scale per tensor only")
     return scaling, static
 
@@ -185,34 +222,50 @@ class _Config:
     def __init__(self, qc, ckpt):
         self.qc = qc or {}
         self.ckpt = ckpt
+
+        def check(ok, field, what):
+            """The library checks the config's form only where the files store FP8 weights; what
+            this class reads is checked here, for every file."""
+            if not ok:
+                raise fp8kit.Error(f"{ckpt.path}: quantization_config {field} is not {what}")
+
+        def names(value):
+            return isinstance(value, list) and all(isinstance(n, str) for n in value)
+
         self.method = self.qc.get("quant_method")
         if self.method not in (None, "compressed-tensors", "fp8", "fbgemm_fp8", "fp8kit"):
-            raise fp8kit.Error(f"{ckpt.path}: quantization_config quant_method {self.method!r} is not an FP8 layout "
-                               "fp8kit reads (compressed-tensors, fp8, fbgemm_fp8, fp8kit)")
+            raise fp8kit.Error(f"{ckpt.path}: quantization_config quant_method {_quoted(self.method)} is not an FP8 "
+                               "layout fp8kit reads (compressed-tensors, fp8, fbgemm_fp8, fp8kit)")
         self.groups = []
-        if self.method == "compressed-tensors":  # the groups' form checked by the library (checkpoint_weights)
-            for g in (self.qc.get("config_groups") or {}).values():
-                self.groups.append((g.get("targets") or [], g.get("input_activations")))
+        if self.method == "compressed-tensors":
+            groups = self.qc.get("config_groups") or {}
+            check(isinstance(groups, dict), "config_groups", "an object of groups")
+            for gname, g in groups.items():
+                field = f"config_groups[{_quoted(gname)}]"
+                check(isinstance(g, dict), field, "an object")
+                targets, acts = g.get("targets", []), g.get("input_activations")
+                check(names(targets), field + ".targets", "a list of module names")
+                check(acts is None or isinstance(acts, dict), field + ".input_activations", "an object")
+                self.groups.append((targets, acts))
         field = "ignore" if self.method == "compressed-tensors" else "modules_to_not_convert"
         self.ignore = self.qc.get(field) or []
-        if not isinstance(self.ignore, list) or not all(isinstance(n, str) for n in self.ignore):
-            raise fp8kit.Error(f"{ckpt.path}: quantization_config {field} is not a list of module names")
+        check(names(self.ignore), field, "a list of module names")
         for name in self.ignore:  # what kept() matches as a regular expression (compressed-tensors: "re:...")
             if self.method != "compressed-tensors" or name.startswith("re:"):
                 try:
                     re.compile(name[3:] if self.method == "compressed-tensors" else name)
                 except re.error as e:
-                    raise fp8kit.Error(f"{ckpt.path}: quantization_config {field} entry {name!r} is not a regular "
+                    raise fp8kit.Error(f"{ckpt.path}: quantization_config {field} entry {_quoted(name)} is not a regular "
                                        f"expression ({e})") from None
         self.activations = {}  # fp8kit's layout: module -> the scaling its activation is cast with
         if self.method == "fp8kit":
             acts = self.qc.get("activations", {})
-            if not isinstance(acts, dict):
-                raise fp8kit.Error(f"{ckpt.path}: quantization_config activations is not an object of module: scaling")
+            check(isinstance(acts, dict), "activations", "an object of module: scaling")
+            check(isinstance(self.qc.get("schemes") or {}, dict), "schemes", "an object of module: scheme")
             for name, scaling in acts.items():
                 if not isinstance(scaling, str) or not re.fullmatch(r"row|tensor|mx32|none|block\(1x[1-9]\d*\)", scaling):
-                    raise fp8kit.Error(f"{ckpt.path}: quantization_config activations[{name!r}] is {scaling!r}, "
-                                       "expected row, tensor, block(1xG), mx32 or none")
+                    raise fp8kit.Error(f"{ckpt.path}: quantization_config activations[{_quoted(name)}] is "
+                                       f"{_quoted(scaling)}, expected row, tensor, block(1xG), mx32 or none")
             self.activations = acts
             # What the layout says of modules holds for the FP8 weights the files store: a module
             # it names that stores none (missing, or kept in high precision) is a contradiction,
@@ -221,17 +274,17 @@ class _Config:
             for field in ("schemes", "activations"):
                 unknown = sorted(set(self.qc.get(field) or {}) - stored)
                 if unknown:
-                    raise fp8kit.Error(f"{ckpt.path}: quantization_config {field} names {unknown[0]!r}"
+                    raise fp8kit.Error(f"{ckpt.path}: quantization_config {field} names {_quoted(unknown[0])}"
                                        + (f" and {len(unknown) - 1} more" if len(unknown) > 1 else "")
                                        + ", for which the checkpoint stores no FP8 weight")
             fmt = self.qc.get("fmt")
             want = {"e4m3": "F8_E4M3", "e4m3fn": "F8_E4M3", "e5m2": "F8_E5M2"}.get(fmt) if isinstance(fmt, str) else None
             if fmt is not None and want is None:
-                raise fp8kit.Error(f"{ckpt.path}: quantization_config fmt {fmt!r}, expected e4m3 or e5m2")
+                raise fp8kit.Error(f"{ckpt.path}: quantization_config fmt {_quoted(fmt)}, expected e4m3 or e5m2")
             for name in ckpt.fp8 if fmt is not None else ():
                 if ckpt.dtype(name) != want:
                     raise fp8kit.Error(f"{ckpt.where(name)} is {ckpt.dtype(name)}, but quantization_config fmt says "
-                                       f"{fmt!r}")
+                                       f"{_quoted(fmt)}")
 
     def kept(self, module_name, module):
         """Whether the config keeps module in high precision."""
@@ -262,11 +315,11 @@ class _Config:
                 hits = [self.groups[0][1]]
             if not hits:
                 raise fp8kit.Error(f"{where}: stored in FP8, but no config group of quantization_config targets "
-                                   f"module '{module_name}'")
+                                   f"module {_quoted(module_name)}")
             return _activation_of_args(hits[0], weight_scaling, where)
         if self.method == "fp8":  # transformers FineGrainedFP8 / DeepSeek-V3
             if self.qc.get("activation_scheme", "dynamic") != "dynamic":
-                raise fp8kit.Error(f"{where}: activation_scheme '{self.qc.get('activation_scheme')}'; fp8kit runs "
+                raise fp8kit.Error(f"{where}: activation_scheme {_quoted(self.qc.get('activation_scheme'))}; fp8kit runs "
                                    "the fine-grained FP8 layout with dynamic activations")
             block = _block_of(weight_scaling)
             return (f"block(1x{block[1]})" if block else "row"), False
@@ -547,14 +600,53 @@ def _check_codes(codes, where):
                            "reaches would be NaN (a damaged file?)")
 
 
+_WIDE = ("F32", "BF16", "F16")  # the stored dtypes of values the layers compute in, as safetensors names them
+
+
+def _check_one_scale(ckpt):
+    """An FP8 weight stored with a second scale beside the one the library reads (weight_scale and
+    weight_scale_inv, or scale_weight): which one its producer meant is not fp8kit's to guess."""
+    for wname, (_, _, scale, _, _, _) in ckpt.fp8.items():
+        module = wname.removesuffix(".weight")
+        others = [wname + "_scale", wname + "_scale_inv"] + ([module + ".scale_weight"] if module != wname else [])
+        for other in others:
+            if other != scale and other in ckpt.file_of:
+                raise fp8kit.Error(f"{ckpt.where(wname)} has two scales, {_quoted(scale)} (the one fp8kit reads) "
+                                   f"and {_quoted(other)}: which one holds is not for fp8kit to guess")
+
+
+def _input_scale(ckpt, name, stored):
+    """A static input_scale, checked before it is read: one float element (a per-tensor scale; the
+    GEMM takes it as [1])."""
+    kind, shape = ckpt.dtype(name), ckpt.shape(name)
+    if kind not in _WIDE or math.prod(shape) != 1:
+        raise fp8kit.Error(f"{ckpt.where(name)} is {kind} {list(shape)}; a static input scale is one float32, "
+                           "bfloat16 or float16 element")
+    return stored(name, cast=False)
+
+
 def _load(model, ckpt, dtype=None, strict=True, ignore=()):
-    """Loads the checkpoint (a _Checkpoint) into model (see load_fp8_checkpoint); ignore: regular
-    expressions of tensor names a strict load may leave unused (transformers' own list for a
-    model class, _keys_to_ignore_on_load_unexpected)."""
+    """Loads the checkpoint (a _Checkpoint) into model (see load_fp8_checkpoint); dtype: checked by
+    _dtype; ignore: regular expressions of tensor names a strict load may leave unused
+    (transformers' own list for a model class, _keys_to_ignore_on_load_unexpected)."""
     cfg = _Config(ckpt.qconfig, ckpt)
+    _check_one_scale(ckpt)
     scale_names = ckpt.scale_names()
     used = set()
     staged = []  # (parent module, name, new module / Parameter / buffer), put in place once all is checked
+
+    def check_fits(name, current, as_named):
+        """A stored tensor for the model's parameter or buffer current (as_named), checked before
+        it is read: its shape, and for a floating one a dtype its layers compute in - unscaled
+        FP8 codes are their values; integers, or other FP8 kinds, would fail only at the forward."""
+        kind, shape = ckpt.dtype(name), ckpt.shape(name)
+        if current.dtype.is_floating_point and kind not in _WIDE and not ckpt.unscaled_fp8(name):
+            raise fp8kit.Error(f"{ckpt.where(name)} is stored as {kind}, but the model's {_quoted(as_named)} is "
+                               f"{str(current.dtype).removeprefix('torch.')}: fp8kit loads float32, bfloat16, "
+                               "float16 or unscaled float8_e4m3fn / float8_e5m2 values into it")
+        if tuple(current.shape) != shape:
+            raise fp8kit.Error(f"{ckpt.where(name)} has shape {list(shape)}, but the model's {_quoted(as_named)} is "
+                               f"{list(current.shape)}")
 
     def stored(name, cast=True, wide=torch.float32):
         """A stored tensor, in torch_dtype where cast; FP8 codes checked. Unscaled FP8 (its codes the
@@ -597,7 +689,7 @@ def _load(model, ckpt, dtype=None, strict=True, ignore=()):
         module = _module(model, mname)
         if cfg.kept(stored_mname, module):
             raise fp8kit.Error(f"{where} is stored in FP8, but the checkpoint's quantization_config keeps module "
-                               f"'{stored_mname}' in high precision (ignore / modules_to_not_convert)")
+                               f"{_quoted(stored_mname)} in high precision (ignore / modules_to_not_convert)")
         if len(shape) == 3 or module is None or not isinstance(module, nn.Linear):
             # 3-D experts [E, out, in], or a per-expert Linear of a fused experts module.
             m3 = re.fullmatch(r"(.*\.experts)\.(\w+)", as_named) if len(shape) == 3 else \
@@ -605,12 +697,12 @@ def _load(model, ckpt, dtype=None, strict=True, ignore=()):
             holder = _module(model, m3[1]) if m3 else None
             if not _is_fused_experts(holder):
                 raise fp8kit.Error(f"{where} {list(shape)} is stored in FP8, but the model has no nn.Linear "
-                                   f"'{mname}' (nor a fused experts module holding it) to run it")
+                                   f"{_quoted(mname)} (nor a fused experts module holding it) to run it")
             key = m3[2] if len(shape) == 3 else (int(m3[2]), m3[3])
             experts.setdefault(m3[1], {})[key] = wname
             continue
         if tuple(module.weight.shape) != shape:
-            raise fp8kit.Error(f"{where} has shape {list(shape)}, but the model's {mname}.weight is "
+            raise fp8kit.Error(f"{where} has shape {list(shape)}, but the model's {_quoted(mname + '.weight')} is "
                                f"{list(module.weight.shape)}")
         codes = stored(wname, cast=False)
         scale_inv = scale_of(wname, codes, scheme, scale, scaling)
@@ -623,11 +715,14 @@ def _load(model, ckpt, dtype=None, strict=True, ignore=()):
             input_scaling, static = cfg.activation(stored_mname, module, scheme, scaling, where)
         _check_k_groups(input_scaling, scaling, shape[1], where)
         bias_name = stored_mname + ".bias"
-        bias = stored(bias_name) if module.bias is not None and bias_name in ckpt.file_of else None
-        if module.bias is not None and bias is None:
-            raise fp8kit.Error(f"{where}: the model's {mname} has a bias, the checkpoint has no '{bias_name}'")
+        if module.bias is not None and bias_name not in ckpt.file_of:
+            raise fp8kit.Error(f"{where}: the model's {_quoted(mname)} has a bias, the checkpoint has no "
+                               f"{_quoted(bias_name)}")
+        if module.bias is not None:
+            check_fits(bias_name, module.bias, mname + ".bias")
+        bias = stored(bias_name) if module.bias is not None else None
         if _static(static, input_scale, input_scaling, ckpt, wname):
-            new = Float8StaticInputLinear.from_stored(codes, scale_inv, scaling, stored(input_scale, cast=False),
+            new = Float8StaticInputLinear.from_stored(codes, scale_inv, scaling, _input_scale(ckpt, input_scale, stored),
                                                       bias)
         else:
             new = _inference_linear(codes, scale_inv, scaling, input_scaling, bias)
@@ -646,7 +741,7 @@ def _load(model, ckpt, dtype=None, strict=True, ignore=()):
             raise fp8kit.Error(f"{ckpt.where(name)}: a scale of an FP8 weight the model does not load")
         scaled = name.removesuffix("_scale_inv") if name.endswith("_scale_inv") else name.removesuffix("_scale")
         if scaled != name and scaled in ckpt.file_of:  # a weight's scale, the weight not FP8: codes as values?
-            raise fp8kit.Error(f"{ckpt.where(name)}: a scale beside '{scaled}', which is stored as "
+            raise fp8kit.Error(f"{ckpt.where(name)}: a scale beside {_quoted(scaled)}, which is stored as "
                                f"{ckpt.dtype(scaled)}, not FP8 (codes stored in a wider dtype would be taken as "
                                "values)")
         as_named = rename(name)
@@ -655,16 +750,14 @@ def _load(model, ckpt, dtype=None, strict=True, ignore=()):
         if target is None and not is_buffer:
             if strict and not any(re.search(p, as_named) for p in ignore):
                 raise fp8kit.Error(f"{ckpt.where(name)}: the model has no parameter or buffer of this name"
-                                   + (f" ({as_named}, as transformers renames it)" if as_named != name else ""))
+                                   + (f" ({_quoted(as_named)}, as transformers renames it)" if as_named != name else ""))
             continue
         current = target if target is not None else buffers[as_named]
         if ckpt.unscaled_fp8(name):  # FP8 without a scale outside an nn.Linear: its values, in the model's dtype
             ckpt.check_no_scale_beside(name)
+        check_fits(name, current, as_named)
         t = stored(name, wide=current.dtype if current.dtype.is_floating_point and current.dtype.itemsize > 1
                    else torch.float32)
-        if tuple(current.shape) != tuple(t.shape):
-            raise fp8kit.Error(f"{ckpt.where(name)} has shape {list(t.shape)}, but the model's is "
-                               f"{list(current.shape)}")
         staged.append((*_parent(model, as_named), t if is_buffer else nn.Parameter(t, requires_grad=False)))
 
     # Applied only now, every tensor checked: a checkpoint refused part way leaves the model as it was.
@@ -692,7 +785,7 @@ def _load_experts(model, ename, parts, ckpt, cfg, stored, scale_of):
     fused_names = [k for k in parts if isinstance(k, str)]
     per_expert = [k for k in parts if not isinstance(k, str)]
     if fused_names and per_expert:
-        raise fp8kit.Error(f"{ckpt.path}: experts '{ename}' are stored both as 3-D tensors ({fused_names}) and per "
+        raise fp8kit.Error(f"{ckpt.path}: experts '{ename}' are stored both as 3-D tensors ({_quoted(fused_names)}) and per "
                            "expert")
     first = "gate_up_proj" if has_gate else "up_proj"
 
@@ -701,19 +794,20 @@ def _load_experts(model, ename, parts, ckpt, cfg, stored, scale_of):
         input_scaling, static = cfg.activation(mname, None, scheme, scaling, ckpt.where(wname))
         _check_k_groups(input_scaling, scaling, codes.shape[1], ckpt.where(wname))
         if _static(static, input_scale, input_scaling, ckpt, wname):  # each expert's stored input_scale
-            return Float8StaticInputLinear.from_stored(codes, scale, scaling, stored(input_scale, cast=False), None)
+            return Float8StaticInputLinear.from_stored(codes, scale, scaling, _input_scale(ckpt, input_scale, stored),
+                                                       None)
         return _inference_linear(codes, scale, scaling, input_scaling, None)
 
     if fused_names:
         if set(fused_names) != {first, "down_proj"}:
-            raise fp8kit.Error(f"{ckpt.path}: experts '{ename}' have FP8 tensors {sorted(fused_names)}, expected "
+            raise fp8kit.Error(f"{ckpt.path}: experts '{ename}' have FP8 tensors {_quoted(sorted(fused_names))}, expected "
                                f"{first} and down_proj")
         for proj in (first, "down_proj"):
             wname = parts[proj]
             shape, scheme, scale, scaling, input_scale, _ = ckpt.fp8[wname]
             want = tuple(getattr(original, proj).shape)
             if shape != want:
-                raise fp8kit.Error(f"{ckpt.where(wname)} has shape {list(shape)}, but the model's {wname} is "
+                raise fp8kit.Error(f"{ckpt.where(wname)} has shape {list(shape)}, but the model's {_quoted(wname)} is "
                                    f"{list(want)}")
             codes = stored(wname, cast=False)
             raw = stored(scale, cast=False)
@@ -733,7 +827,7 @@ def _load_experts(model, ename, parts, ckpt, cfg, stored, scale_of):
         sources = _expert_sources(model, ename)
         if sources is None or first not in sources or "down_proj" not in sources:
             raise fp8kit.Error(f"{ckpt.path}: per-expert FP8 tensors under '{ename}' (e.g. "
-                               f"{parts[per_expert[0]]}), but transformers' conversion mapping for this model type "
+                               f"{_quoted(parts[per_expert[0]])}), but transformers' conversion mapping for this model type "
                                "names no per-expert sources for its fused experts")
         order = {first: sources[first], "down_proj": sources["down_proj"]}
         for e in range(num):
@@ -789,7 +883,7 @@ class _Converted(_Checkpoint):
                 return mapping_fn(checkpoint=tensors, config=getattr(model, "config", None), **kwargs)
             except Exception as e:
                 raise fp8kit.Error(f"{source.path}: stored under other names than the model's, and Diffusers' "
-                                   f"{self._fn} does not convert them ({type(e).__name__}: {e})") from None
+                                   f"{self._fn} does not convert them ({type(e).__name__}: {_quoted(str(e))})") from None
 
         # The scales: a column [rows, 1] per FP8 weight (its scale per row; 1 where unscaled),
         # shape-only (meta) tensors for the rest, through the same conversion.
@@ -797,10 +891,13 @@ class _Converted(_Checkpoint):
         for n in names:
             shape = source.shape(n)
             if n in source.fp8 and not source.weight_only(n):
-                raise fp8kit.Error(f"{source.where(n)}: scaled by '{source.fp8[n][2]}' under the original names; "
+                raise fp8kit.Error(f"{source.where(n)}: scaled by {_quoted(source.fp8[n][2])} under the original names; "
                                    "fp8kit carries ComfyUI's per-tensor scale_weight through Diffusers' conversion")
             if len(shape) == 2 and (n in source.fp8 or source.unscaled_fp8(n)):
-                scale = source.tensor(source.fp8[n][2]).to(torch.float64).reshape(()) if n in source.fp8 else 1.0
+                scale = source.tensor(source.fp8[n][2]).to(torch.float64) if n in source.fp8 else torch.ones(())
+                if scale.numel() != 1:  # ComfyUI's is per tensor; per-row ones would need a per-row layer
+                    raise fp8kit.Error(f"{source.where(source.fp8[n][2])} has shape {list(scale.shape)}: fp8kit "
+                                       "carries one scale_weight per tensor through Diffusers' conversion")
                 columns[n] = torch.full((shape[0], 1), float(scale), dtype=torch.float64)
             else:
                 columns[n] = torch.empty(shape, device="meta")
@@ -839,7 +936,7 @@ class _Converted(_Checkpoint):
         return tuple(self._tensors[name].shape)
 
     def where(self, name):
-        return f"{self.path}: tensor '{name}' (the model's name, from Diffusers' {self._fn} of the file's)"
+        return f"{self.path}: tensor {_quoted(name)} (the model's name, from Diffusers' {self._fn} of the file's)"
 
 
 def _diffusers_names(model, ckpt):
@@ -874,13 +971,18 @@ def load_fp8_checkpoint(model, path, *, torch_dtype=None, strict=True, fuse_sibl
     (_diffusers_names): each nn.Linear the checkpoint stores in FP8 becomes fp8kit.torch's
     inference layer holding the stored codes and scales as they are (see the module's docstring;
     plain float8_e4m3fn and ComfyUI's scaled fp8 weight-only); every other tensor goes to the
-    parameter or buffer of its name (in torch_dtype, if given). strict: a tensor the model has no place for, or a
+    parameter or buffer of its name (in torch_dtype, if given: float32, bfloat16 or float16, or
+    "auto"; as from_pretrained's). strict: a tensor the model has no place for, or a
     parameter left on the meta device, is an error. fuse_siblings: as quantize_'s; fuse_gelu: as
     enable_layerwise_casting's (Diffusers' GELU modules, Flux's single blocks). Each
     layer's weight is packed at load as the codes' only copy, and the file pages the packing read
     handed back (_pack). Returns model."""
+    path = fp8kit._path(path, "fp8kit.torch.load_fp8_checkpoint: path")
+    # "auto" (transformers' idiom, as from_pretrained takes it): the checkpoint's dtypes.
+    dtype = None if torch_dtype is None or isinstance(torch_dtype, str) and torch_dtype == "auto" else \
+        _dtype(torch_dtype, "fp8kit.torch.load_fp8_checkpoint: torch_dtype")
     ckpt = _diffusers_names(model, _Checkpoint(path))
-    _load(model, ckpt, torch_dtype, strict)
+    _load(model, ckpt, dtype, strict)
     _finish(model, ckpt, fuse_siblings, strict, fuse_gelu)
     return model
 
@@ -990,7 +1092,7 @@ def from_pretrained(path, *, model_class=None, torch_dtype=None, fuse_siblings=T
     eval mode."""
     import transformers
     from accelerate import init_empty_weights
-    path = os.fspath(path)
+    path = fp8kit._path(path, "fp8kit.torch.from_pretrained: path")
     _loading_options(kwargs, torch_dtype)
     if not os.path.isdir(path):
         raise fp8kit.Error(f"fp8kit.torch.from_pretrained: {path} is not a checkpoint directory (config.json and "
@@ -1003,18 +1105,11 @@ def from_pretrained(path, *, model_class=None, torch_dtype=None, fuse_siblings=T
     named = asked[0] if asked else None
     config_file = os.path.join(path, "config.json")
     if named is None:  # a JSON object: _Checkpoint read it
-        try:
-            with open(config_file) as f:
-                fields = json.load(f)
-        except RecursionError:  # nested deeper than Python's parser goes (the library's took it)
-            raise fp8kit.Error(f"fp8kit.torch.from_pretrained: {config_file}: nested too deep to read") from None
+        with open(config_file) as f:
+            fields = _json(lambda: json.load(f), f"fp8kit.torch.from_pretrained: {config_file}")
         named = fields.get("dtype") or fields.get("torch_dtype") or "float32"
-    dtype = getattr(torch, named, None) if isinstance(named, str) else named
-    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        where = "dtype" if asked else config_file + ": dtype"
-        raise fp8kit.Error(f"fp8kit.torch.from_pretrained: {where} {str(named).removeprefix('torch.')!r}, expected "
-                           "float32, bfloat16 or float16 (the dtype of the tensors the checkpoint keeps in high precision)")
-    config = transformers.AutoConfig.from_pretrained(path, **kwargs)
+    dtype = _dtype(named, "fp8kit.torch.from_pretrained: " + ("dtype" if asked else config_file + ": dtype"))
+    config = _read_by_transformers(lambda: transformers.AutoConfig.from_pretrained(path, **kwargs), config_file)
     # The quantization is fp8kit's to run: transformers must not apply its own quantizer.
     if hasattr(config, "quantization_config"):
         del config.quantization_config
@@ -1031,9 +1126,20 @@ def from_pretrained(path, *, model_class=None, torch_dtype=None, fuse_siblings=T
     # pass over.
     _load(model, ckpt, dtype if asked else None, ignore=getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ())
     _finish(model, ckpt, fuse_siblings, strict=True)
-    try:
-        model.generation_config = transformers.GenerationConfig.from_pretrained(path)
-    except OSError:
-        pass  # no generation_config.json: the model's default
+    generation_file = os.path.join(path, "generation_config.json")
+    if os.path.exists(generation_file):  # else the model's default
+        model.generation_config = _read_by_transformers(lambda: transformers.GenerationConfig.from_pretrained(path),
+                                                        generation_file)
     model.eval()
     return model
+
+
+def _read_by_transformers(read, file):
+    """read() - transformers reading a file of the checkpoint (config.json, generation_config.json)
+    - its error an fp8kit.Error naming the file, transformers' message quoted (it may hold the
+    file's values, raw), the original chained."""
+    try:
+        return read()
+    except Exception as e:  # noqa: BLE001 - whatever transformers raises on a malformed file
+        raise fp8kit.Error(f"fp8kit.torch.from_pretrained: {file}: transformers does not take it "
+                           f"({type(e).__name__}: {_quoted(str(e), 300)})") from e
