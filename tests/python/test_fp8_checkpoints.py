@@ -135,6 +135,16 @@ def _fp8kit_cli():
     return None
 
 
+def _with_config(path, dest, edit):
+    """A copy of the checkpoint directory path at dest, its config.json passed through edit (which
+    changes the dict in place); returns dest."""
+    shutil.copytree(path, dest)
+    config = json.loads((dest / "config.json").read_text())
+    edit(config)
+    (dest / "config.json").write_text(json.dumps(config))
+    return dest
+
+
 # ---- the stored tensors, read independently (safetensors) ----
 
 def _stored(path):
@@ -1401,11 +1411,7 @@ def test_a_tied_config_over_a_stored_lm_head_runs_the_stored_one(work, tmp_path)
     pair stored on both sides with different values stays untied) - before, lm_head became the
     embedding and the stored one was dropped, every logit another model's."""
     _, path = _checkpoint(work, "llama", "FP8_DYNAMIC")
-    tied = tmp_path / "tied"
-    shutil.copytree(path, tied)
-    config = json.loads((tied / "config.json").read_text())
-    config["tie_word_embeddings"] = True
-    (tied / "config.json").write_text(json.dumps(config))
+    tied = _with_config(path, tmp_path / "tied", lambda c: c.update(tie_word_embeddings=True))
     model = fp8kit.torch.from_pretrained(str(tied))
     stored = _stored(path)["lm_head.weight"]
     assert model.lm_head.weight is not model.model.embed_tokens.weight
@@ -1632,11 +1638,7 @@ def test_a_long_value_from_the_file_is_cut_in_the_message(tmp_path, tensors, qc)
 
 def test_a_long_dtype_in_config_json_is_cut(work, tmp_path):
     _, path = _checkpoint(work, "llama", "FP8_DYNAMIC")
-    ck = tmp_path / "ck"
-    shutil.copytree(path, ck)
-    config = json.loads((ck / "config.json").read_text())
-    config["dtype"] = _LONG
-    (ck / "config.json").write_text(json.dumps(config))
+    ck = _with_config(path, tmp_path / "ck", lambda c: c.update(dtype=_LONG))
     with pytest.raises(fp8kit.Error, match=r"config\.json: dtype 'A+'\.\.\. \(1048576 characters\), expected") as e:
         fp8kit.torch.from_pretrained(str(ck))
     assert len(str(e.value)) < 1000
@@ -1696,13 +1698,9 @@ def test_a_file_transformers_refuses_is_named(work, tmp_path, file, text, messag
     """config.json or generation_config.json that transformers refuses: an fp8kit.Error naming the
     file, transformers' message quoted (an escape from the file escaped), its error chained."""
     _, path = _checkpoint(work, "llama", "FP8_DYNAMIC")
-    ck = tmp_path / "ck"
-    shutil.copytree(path, ck)
-    if text is None:
-        config = json.loads((ck / "config.json").read_text())
-        config["model_type"] = "\x1b[31mnope"
-        text = json.dumps(config)
-    (ck / file).write_text(text)
+    ck = _with_config(path, tmp_path / "ck", lambda c: c.update(model_type="\x1b[31mnope") if text is None else None)
+    if text is not None:
+        (ck / file).write_text(text)
     with pytest.raises(fp8kit.Error, match=message) as e:
         fp8kit.torch.from_pretrained(str(ck))
     assert e.value.__cause__ is not None and "\x1b" not in str(e.value)
