@@ -117,8 +117,11 @@ private:
     std::vector<std::string> names_;
     std::optional<std::string> config_;
     // quantization_config(), found once: every stored weight asks for it, and a config of
-    // megabytes parsed for each made loading quadratic.
+    // megabytes parsed for each made loading quadratic. A config.json beside a single file that
+    // cannot be read is an error when the config is asked for (a file without FP8 weights never
+    // asks), so its message is kept until then.
     std::optional<std::string> quantization_config_;
+    std::string quantization_config_error_;
     std::optional<std::string> find_quantization_config() const;
 };
 

@@ -23,8 +23,6 @@ namespace {
 
 constexpr const char* index_name = "model.safetensors.index.json";
 
-
-
 }  // namespace
 
 // ---- Checkpoint ----
@@ -83,7 +81,11 @@ Checkpoint::Checkpoint(const std::string& path) : path_(path) {
             names_.push_back(n);
         }
     }
-    quantization_config_ = find_quantization_config();
+    try {
+        quantization_config_ = find_quantization_config();
+    } catch (const Error& e) {
+        quantization_config_error_ = e.what();
+    }
 }
 
 size_t Checkpoint::shard_of(const std::string& tensor) const {
@@ -100,7 +102,10 @@ fs::path sibling_config(const std::string& file) {
 }
 }  // namespace
 
-std::optional<std::string> Checkpoint::quantization_config() const { return quantization_config_; }
+std::optional<std::string> Checkpoint::quantization_config() const {
+    if (!quantization_config_error_.empty()) throw Error(quantization_config_error_);
+    return quantization_config_;
+}
 
 std::optional<std::string> Checkpoint::find_quantization_config() const {
     if (config_) {

@@ -306,6 +306,32 @@ TEST(Checkpoint, FP8OutsideLinearIsDequantizedAndBadFP8IsNamed) {
     fs::remove(path);
 }
 
+// A config.json beside a single file that is not JSON: read where the file's FP8 weights ask for
+// its quantization_config, refused there naming it; a file without FP8 weights never asks, and
+// loads (the checkpoint finds its quantization_config once, when opened, and keeps the error).
+TEST(Checkpoint, AConfigBesideAFileIsAnErrorOnlyWhereItsWeightsAskForIt) {
+    const fs::path dir = temp_file("beside");
+    fs::create_directories(dir);
+    std::FILE* f = std::fopen((dir / "config.json").string().c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    std::fputs("{not json", f);
+    std::fclose(f);
+    GPT model(small, 4);
+    auto t = tensors_of(model);
+    const std::string plain = (dir / "plain.safetensors").string();
+    save_safetensors(plain, t, small.to_metadata());
+    EXPECT_EQ(message([&] { load_model(plain); }), "no error");
+    const QTensor qkv = quantize(t[4].second, {});
+    ASSERT_EQ(t[4].first, "blocks.0.attn.qkv.weight");
+    t[4].second = qkv.data;
+    t.emplace_back("blocks.0.attn.qkv.weight_scale", qkv.scale_inv.reshape({1}));
+    const std::string fp8 = (dir / "fp8.safetensors").string();
+    save_safetensors(fp8, t, small.to_metadata());
+    const std::string msg = message([&] { load_model(fp8); });
+    EXPECT_NE(msg.find((dir / "config.json").string() + ": not valid JSON"), std::string::npos) << msg;
+    fs::remove_all(dir);
+}
+
 TEST(Checkpoint, InputQuantizationMatchesTheWeightsScaleGroupsAlongK) {
     QTensor w;
     w.scaling = Scaling::tensor();
