@@ -315,6 +315,13 @@ std::optional<StoredWeight> stored_weight(const TensorLookup& t, const std::stri
                     "), and the quantization_config says the checkpoint is quantized: every FP8 weight needs its scale");
     }
     w.scale = inv ? name + "_scale_inv" : t.contains(name + "_scale") ? name + "_scale" : comfy;
+    // One scale per weight: which of two its producer meant is not for fp8kit to guess.
+    for (const std::string& other : {name + "_scale_inv", name + "_scale", comfy}) {
+        if (other != w.scale && !other.empty() && t.contains(other)) {
+            throw Error(where + " has two scales, " + quote_printable(w.scale) + " (the one fp8kit reads) and " + quote_printable(other) +
+                        ": which one holds is not for fp8kit to guess");
+        }
+    }
     Tensor raw = t.tensor(w.scale);
     if (raw.dtype() == DType::u8 && cfg.mx_u8) {  // compressed-tensors' MXFP8: the e8m0 codes as uint8
         const auto keep = std::make_shared<const Tensor>(raw.contiguous());

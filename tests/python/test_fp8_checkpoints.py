@@ -1647,10 +1647,11 @@ def test_a_long_dtype_in_config_json_is_cut(work, tmp_path):
 @pytest.mark.parametrize("second", [{"0.weight_scale_inv": torch.tensor([[1.0]])}, {"0.scale_weight": torch.tensor(3.0)}])
 def test_a_second_scale_is_refused_naming_both(tmp_path, second):
     """A weight stored with two scales (weight_scale and weight_scale_inv, or ComfyUI's scale_weight
-    too): refused naming both (before: one of them silently ignored)."""
+    too): refused naming both, by the library's reading of the layout that every reader shares
+    (before: one of them silently ignored)."""
     tensors = {"0.weight": _fp8_codes(), "0.weight_scale": torch.tensor([2.0]), "0.bias": torch.zeros(4), **second}
     _refused_untouched(_linear(), _saved(tmp_path, tensors),
-                       r"tensor '0\.weight' has two scales, '0\.weight_scale(_inv)?' \(the one fp8kit reads\) and '0\."
+                       r"FP8 tensor '0\.weight' \[4, 8\] has two scales, '0\.weight_scale(_inv)?' \(the one fp8kit reads\) and '0\."
                        + r"(weight_scale|scale_weight)")
 
 

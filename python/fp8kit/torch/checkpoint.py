@@ -603,18 +603,6 @@ def _check_codes(codes, where):
 _WIDE = ("F32", "BF16", "F16")  # the stored dtypes of values the layers compute in, as safetensors names them
 
 
-def _check_one_scale(ckpt):
-    """An FP8 weight stored with a second scale beside the one the library reads (weight_scale and
-    weight_scale_inv, or scale_weight): which one its producer meant is not fp8kit's to guess."""
-    for wname, (_, _, scale, _, _, _) in ckpt.fp8.items():
-        module = wname.removesuffix(".weight")
-        others = [wname + "_scale", wname + "_scale_inv"] + ([module + ".scale_weight"] if module != wname else [])
-        for other in others:
-            if other != scale and other in ckpt.file_of:
-                raise fp8kit.Error(f"{ckpt.where(wname)} has two scales, {_quoted(scale)} (the one fp8kit reads) "
-                                   f"and {_quoted(other)}: which one holds is not for fp8kit to guess")
-
-
 def _input_scale(ckpt, name, stored):
     """A static input_scale, checked before it is read: one float element (a per-tensor scale; the
     GEMM takes it as [1])."""
@@ -630,7 +618,6 @@ def _load(model, ckpt, dtype=None, strict=True, ignore=()):
     _dtype; ignore: regular expressions of tensor names a strict load may leave unused
     (transformers' own list for a model class, _keys_to_ignore_on_load_unexpected)."""
     cfg = _Config(ckpt.qconfig, ckpt)
-    _check_one_scale(ckpt)
     scale_names = ckpt.scale_names()
     used = set()
     staged = []  # (parent module, name, new module / Parameter / buffer), put in place once all is checked
