@@ -715,6 +715,23 @@ def test_a_fifo_beside_the_shards_is_not_opened(work, tmp_path):
     assert r.returncode == 0 and "loaded" in r.stdout, r.stderr[-2000:]
 
 
+@pytest.mark.parametrize("name", ["generation_config.json", "config.json"])
+def test_a_fifo_for_a_file_transformers_reads_is_refused(work, tmp_path, name):
+    """config.json or generation_config.json a named pipe: refused as what it is, naming it, before
+    anything opens it (an open blocks until a writer comes; transformers took it for a missing file).
+    In a subprocess under a timeout, so that a regression fails and does not hang the suite."""
+    _, path = _checkpoint(work, "llama", "FP8_DYNAMIC")
+    ck = tmp_path / "ck"
+    shutil.copytree(path, ck)
+    (ck / name).unlink(missing_ok=True)
+    os.mkfifo(ck / name)
+    code = (f"import fp8kit, fp8kit.torch\ntry: fp8kit.torch.from_pretrained({str(ck)!r})\n"
+            "except fp8kit.Error as e: print('refused:', e)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "refused:" in r.stdout and name in r.stdout, r.stdout + r.stderr[-2000:]
+    assert "not a regular file" in r.stdout or "FIFO" in r.stdout, r.stdout
+
+
 def test_a_name_from_the_file_reaches_the_message_escaped(work, tmp_path):
     """A tensor name holding terminal escapes (ESC, CSI as the C1 control U+009B) is shown escaped
     in the error, never raw; the rest of the message as it was."""

@@ -50,6 +50,7 @@ import json
 import math
 import os
 import re
+import stat
 import warnings
 
 import torch
@@ -1097,6 +1098,13 @@ def from_pretrained(path, *, model_class=None, torch_dtype=None, fuse_siblings=T
         named = fields.get("dtype") or fields.get("torch_dtype") or "float32"
     dtype = _dtype(named, "fp8kit.torch.from_pretrained: " + ("dtype" if asked else config_file + ": dtype"))
     config = _read_by_transformers(lambda: transformers.AutoConfig.from_pretrained(path, **kwargs), config_file)
+    # Read before any weight is: a file that is there but not a regular file is refused (a FIFO:
+    # transformers 5 reports no such file, an open would block until a writer came); none: the
+    # model's default.
+    generation_file = os.path.join(path, "generation_config.json")
+    generation = None
+    if _regular_file(generation_file, "fp8kit.torch.from_pretrained"):
+        generation = _read_by_transformers(lambda: transformers.GenerationConfig.from_pretrained(path), generation_file)
     # The quantization is fp8kit's to run: transformers must not apply its own quantizer.
     if hasattr(config, "quantization_config"):
         del config.quantization_config
@@ -1113,12 +1121,23 @@ def from_pretrained(path, *, model_class=None, torch_dtype=None, fuse_siblings=T
     # pass over.
     _load(model, ckpt, dtype if asked else None, ignore=getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ())
     _finish(model, ckpt, fuse_siblings, strict=True)
-    generation_file = os.path.join(path, "generation_config.json")
-    if os.path.exists(generation_file):  # else the model's default
-        model.generation_config = _read_by_transformers(lambda: transformers.GenerationConfig.from_pretrained(path),
-                                                        generation_file)
+    if generation is not None:
+        model.generation_config = generation
     model.eval()
     return model
+
+
+def _regular_file(file, where):
+    """Whether file is there: True for a regular file (or a link to one), False where nothing is;
+    anything else (a FIFO, a device, a directory) an fp8kit.Error naming it - opening a FIFO blocks
+    until a writer comes, so it is refused before anything opens it."""
+    try:
+        mode = os.stat(file).st_mode
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISREG(mode):
+        raise fp8kit.Error(f"{where}: {_quoted(file)} is not a regular file (a FIFO, device or directory is never opened)")
+    return True
 
 
 def _read_by_transformers(read, file):
