@@ -215,9 +215,13 @@ ConfigScales read_config_scales(const TensorLookup& t, const std::string& text) 
             if (first) c.strategy = st;
             mixed = mixed || st != c.strategy;
             first = false;
-            if (!st.empty() && g.contains("targets") && g["targets"].is_array()) {
-                for (const Json& target : g["targets"])
-                    if (target.is_string()) c.module_strategy.emplace(target.get<std::string>(), st);
+            if (g.contains("targets")) {  // compressed-tensors: a list of names (or "re:" patterns)
+                const Json& targets = g["targets"];
+                const bool names = targets.is_array() &&
+                                   std::all_of(targets.begin(), targets.end(), [](const Json& n) { return n.is_string(); });
+                if (!names) throw Error(where + ".targets is " + shown(targets) + ", expected a list of module names");
+                for (const Json& target : targets)
+                    if (!st.empty()) c.module_strategy.emplace(target.get<std::string>(), st);
             }
             if (!c.block && w.contains("block_structure")) c.block = block_field(w["block_structure"], "block_structure", t.path());
             if (!c.group_size && w.contains("group_size") && w["group_size"].is_number_integer() && w["group_size"].get<int64_t>() > 0)

@@ -268,6 +268,11 @@ for title, group, needle in [
     ("a config group's unknown strategy", {"targets": ["Linear"], "weights": {"strategy": "banana\x1b[31m"}},
      "config_groups['g'].weights strategy \"banana\\u001b[31m\", expected tensor, channel, group or block"),
     ("a config group that is a number", 7, "quantization_config config_groups['g'] is not an object"),
+    # targets names the modules a group's strategy is for: read past, they would take another's
+    ("a config group's targets null", {"targets": None, "weights": {"strategy": "tensor"}},
+     "config_groups['g'].targets is null, expected a list of module names"),
+    ("a config group's targets holding a number", {"targets": ["Linear", 7], "weights": {"strategy": "tensor"}},
+     "config_groups['g'].targets is [\"Linear\",7], expected a list of module names"),
 ]:
     config = json.dumps({"quant_method": "compressed-tensors", "config_groups": {"g": group}})
     for cmd in (["inspect", "q.safetensors"], ["dequantize", "q.safetensors", "d.safetensors"]):
