@@ -809,6 +809,10 @@ NB_MODULE(_fp8kit, m) {
           "its matrix view [rows, cols], input_scale name or '', the file holding it)], [the names of the tensors "
           "that belong to those weights' layout, not to a model: scales, ComfyUI's scale_input and scaled_fp8 "
           "marker (fp8kit::is_scale_name)]); fp8kit.Error naming the file and tensor for a scale no layout explains.");
+    // fp8kit.torch's messages show what files hold as the library's do (fp8kit/files.hpp): one way.
+    m.def("quote_printable", [](const nb::bytes& text) { return quote_printable(std::string_view(text.c_str(), text.size())); },
+          "text"_a, "UTF-8 bytes (a name or value from a file) quoted as the library's messages show them: control "
+          "characters as \\xHH, \\n, \\t or \\r, cut after 200 bytes with the length in bytes.");
     m.def("first_nonfinite_code", [](const Array& codes, const std::string& format) -> std::optional<int64_t> {
               const Tensor c = view(codes, "codes", nullptr, dtype_of(parse_format(format)));
               if (c.device() != Device::cpu) throw Error("fp8kit.first_nonfinite_code: codes is not a host array");

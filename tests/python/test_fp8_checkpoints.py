@@ -744,7 +744,7 @@ def test_a_name_from_the_file_reaches_the_message_escaped(work, tmp_path):
         model = transformers.LlamaForCausalLM(transformers.AutoConfig.from_pretrained(base))
     with pytest.raises(fp8kit.Error) as e:
         fp8kit.torch.load_fp8_checkpoint(model, str(bad))
-    assert "tensor 'model.\\x1b]0;pwned\\x07\\x9b2J': the model has no parameter or buffer" in str(e.value)
+    assert "tensor 'model.\\x1b]0;pwned\\x07\\xc2\\x9b2J': the model has no parameter or buffer" in str(e.value)
 
 
 def test_a_scale_beside_a_weight_that_is_not_fp8(work, tmp_path):
@@ -1649,14 +1649,14 @@ def test_a_long_value_from_the_file_is_cut_in_the_message(tmp_path, tensors, qc)
     """A megabyte-long tensor name, quant_method or activation field reaches the message as a short
     prefix and its length (before: the whole megabyte)."""
     qc = qc.replace('"token"', '"nope"') if qc and "token" in qc else qc  # an activation strategy refused
-    error = _refused_untouched(_linear(), _saved(tmp_path, tensors, qc), r"A'\.\.\. \(\d+ characters\)")
+    error = _refused_untouched(_linear(), _saved(tmp_path, tensors, qc), r"A'\.\.\. \(\d+ bytes\)")
     assert len(str(error)) < 1000
 
 
 def test_a_long_dtype_in_config_json_is_cut(work, tmp_path):
     _, path = _checkpoint(work, "llama", "FP8_DYNAMIC")
     ck = _with_config(path, tmp_path / "ck", lambda c: c.update(dtype=_LONG))
-    with pytest.raises(fp8kit.Error, match=r"config\.json: dtype 'A+'\.\.\. \(1048576 characters\), expected") as e:
+    with pytest.raises(fp8kit.Error, match=r"config\.json: dtype 'A+'\.\.\. \(1048576 bytes\), expected") as e:
         fp8kit.torch.from_pretrained(str(ck))
     assert len(str(e.value)) < 1000
 

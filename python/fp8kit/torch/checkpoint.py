@@ -66,12 +66,13 @@ from .memory import release_pages
 _E8M0 = getattr(torch, "float8_e8m0fnu", None)
 
 
-def _quoted(value, limit=120):
-    """A value taken from a file (a tensor or module name, a config field) as a message shows it:
-    its repr (control characters escaped), cut to `limit` characters plus its length when longer,
-    so that a file's megabyte-long name never becomes a megabyte-long message."""
+def _quoted(value):
+    """A value taken from a file (a tensor or module name, a config field; a JSON value as JSON) as
+    the library's messages show it (fp8kit/files.hpp's quote_printable): quoted, control characters
+    escaped, cut after 200 bytes plus its length, so that a file's megabyte-long name never becomes
+    a megabyte-long message. A lone surrogate (a JSON string may hold one) shows as its bytes."""
     text = value if isinstance(value, str) else json.dumps(value, default=str)
-    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
+    return fp8kit._fp8kit.quote_printable(text.encode("utf-8", "surrogatepass"))
 
 
 def _json(read, where):
@@ -1148,4 +1149,4 @@ def _read_by_transformers(read, file):
         return read()
     except Exception as e:  # noqa: BLE001 - whatever transformers raises on a malformed file
         raise fp8kit.Error(f"fp8kit.torch.from_pretrained: {file}: transformers does not take it "
-                           f"({type(e).__name__}: {_quoted(str(e), 300)})") from e
+                           f"({type(e).__name__}: {_quoted(str(e))})") from e
