@@ -822,7 +822,7 @@ NB_MODULE(_fp8kit, m) {
           "codes"_a, "format"_a,
           "The flat index of the first code of an FP8 weight (uint8 codes in `format`) that is not a number (NaN, "
           "e5m2's Inf), or None (fp8kit::first_nonfinite_code): what fp8kit.torch's checkpoint loader refuses.");
-    m.def("set_num_threads", &set_num_threads, "n"_a, "Threads for fp8kit's kernels (n >= 1).");
+    m.def("set_num_threads", &set_num_threads, "n"_a, "Threads for fp8kit's kernels (1 <= n <= 4096).");
 #ifdef FP8KIT_HAS_CUDA
     m.attr("cuda_built") = true;
 #else

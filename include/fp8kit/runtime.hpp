@@ -30,7 +30,7 @@ void set_isa(Isa isa);
 std::string_view gemm_kernels_name();
 
 // Threads used by bulk operations (default: OpenMP's default, normally one per core).
-void set_num_threads(int n);  // n >= 1, else fp8kit::Error
+void set_num_threads(int n);  // 1 <= n <= 4096, else fp8kit::Error
 int num_threads() noexcept;
 
 // The machine's physical memory in bytes (0 where the OS does not say): what a caller checks a

@@ -134,7 +134,10 @@ void set_isa(Isa isa) {
 }
 
 void set_num_threads(int n) {
-    if (n < 1) throw Error("set_num_threads: n is " + std::to_string(n) + ", expected >= 1");
+    // OpenMP allocates per-thread state up front: a count of millions fails inside libgomp, which
+    // ends the process rather than throwing.
+    constexpr int most = 4096;
+    if (n < 1 || n > most) throw Error("set_num_threads: n is " + std::to_string(n) + ", expected 1 to " + std::to_string(most));
     omp_set_num_threads(n);
 }
 

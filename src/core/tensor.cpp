@@ -81,13 +81,30 @@ void check_shape(const Shape& shape, const char* fn) {
     }
 }
 
+// The bytes of a tensor of `shape` (dimensions checked) and `dtype`; fp8kit::Error where they pass
+// 2^62, which no memory holds - checked before the product wraps around (a view claiming 2^31 x
+// 2^31 elements would otherwise allocate a few bytes and be written far past them).
+size_t checked_bytes(const Shape& shape, DType dtype, const char* fn) {
+    constexpr uint64_t most = uint64_t(1) << 62;
+    if (std::find(shape.begin(), shape.end(), int64_t(0)) != shape.end()) return 0;
+    uint64_t bytes = dtype_size(dtype);
+    for (int64_t d : shape) {
+        if (bytes > most / uint64_t(d)) {
+            throw Error(std::string("fp8kit::Tensor::") + fn + ": shape " + to_string(shape) + " of " +
+                        std::string(to_string(dtype)) + " takes more than 2^62 bytes");
+        }
+        bytes *= uint64_t(d);
+    }
+    return size_t(bytes);
+}
+
 }  // namespace
 
 Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
     check_shape(shape, "empty");
     Tensor t;
     // At least one aligned line, so that an empty tensor is still defined().
-    const size_t bytes = std::max<size_t>(size_t(count(shape)) * dtype_size(dtype), tensor_alignment);
+    const size_t bytes = std::max<size_t>(checked_bytes(shape, dtype, "empty"), tensor_alignment);
     if (device != Device::cpu) {
         t.storage_ = detail::device_memory(device, "empty").allocate(detail::round_up(bytes, tensor_alignment));
     } else {

@@ -71,6 +71,11 @@ TEST(Runtime, UnsupportedPathIsRefused) {
         }
     }
     EXPECT_THROW(set_num_threads(-1), Error);
+    // a billion threads: refused here, where libgomp would end the process allocating their state
+    EXPECT_THROW(set_num_threads(1000000000), Error);
+    EXPECT_THROW(set_num_threads(4097), Error);
+    set_num_threads(4096);
+    EXPECT_EQ(num_threads(), 4096);
     set_num_threads(2);
     EXPECT_EQ(num_threads(), 2);
 }

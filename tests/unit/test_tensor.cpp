@@ -150,6 +150,10 @@ TEST(Tensor, FromCopiesValuesWithTheMatchingDtype) {
 
     expect_error([&] { (void)Tensor::from(f, {4, 2}); }, "expected 8");
     expect_error([&] { (void)Tensor::empty({3, -1}, DType::f32); }, "negative dimension");
+    // 2^58 x 16 f32 is 2^64 bytes: the product wraps to 0 in size_t and 64 bytes would be allocated
+    expect_error([&] { (void)Tensor::empty({int64_t(1) << 58, 16}, DType::f32); }, "takes more than 2^62 bytes");
+    expect_error([&] { (void)Tensor::empty({int64_t(1) << 31, int64_t(1) << 31, 2}, DType::f32); }, "more than 2^62");
+    EXPECT_EQ(Tensor::empty({int64_t(1) << 62, 0}, DType::f32).numel(), 0);  // empty: no bytes, whatever else
 }
 
 TEST(DTypeNames, ToStringAndParseRoundTrip) {
