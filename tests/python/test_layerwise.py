@@ -184,6 +184,36 @@ class MlpBlock(torch.nn.Module):
         return h + self.act_b(self.proj_b(x)) + self.act_b(torch.cat([x, x], -1)) + self.act_c(self.proj_c(x))
 
 
+class NestedMlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = torch.nn.Linear(64, 128), torch.nn.GELU(approximate="tanh"), torch.nn.Linear(128, 64)
+
+    def forward(self, x):  # x [..., 64] -> [..., 64], the three calls in one expression
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class SplitMlp(NestedMlp):
+    def forward(self, x):  # the same, fc1 and its GELU on a line of their own
+        h = self.act(self.fc1(x))
+        return self.fc2(h)
+
+
+def test_gelu_inside_a_nested_call_is_fused():
+    """self.fc2(self.act(self.fc1(x))): the GELU between fc1 and fc2 is found (the pair (act, fc1)
+    overlaps (fc2, act) in the source) and fused into fc1, bit for bit as where the forward names it
+    on a line of its own."""
+    torch.manual_seed(9)
+    nested = NestedMlp().to(torch.bfloat16)
+    split = SplitMlp().to(torch.bfloat16)
+    split.load_state_dict(nested.state_dict())
+    x = torch.randn(32, 64).to(torch.bfloat16)
+    reports = [f8.enable_layerwise_casting(m, skip_modules_pattern=None) for m in (nested, split)]
+    assert [r.fused_gelu for r in reports] == [["fc1"], ["fc1"]]
+    assert type(nested.act) is torch.nn.Identity and nested.fc1.activation == "gelu" and nested.fc2.activation == "none"
+    assert torch.equal(nested(x), split(x))
+
+
 def gelu64(x):
     return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
 

@@ -65,7 +65,9 @@ def _gelu_after_linear(module):
     single blocks: self.act_mlp(self.proj_mlp(norm_hidden_states))). Neither child may have hooks."""
     source = _forward_source(type(module))
     pairs = []
-    for act, lin in re.findall(r"self\.(\w+)\(self\.(\w+)\(", source):
+    # Overlapping matches (a lookahead): in self.fc2(self.act(self.fc1(x))) the pair (act, fc1)
+    # starts inside (fc2, act).
+    for act, lin in re.findall(r"(?=self\.(\w+)\(self\.(\w+)\()", source):
         gelu = module._modules.get(act)
         if (type(gelu) is nn.GELU and gelu.approximate == "tanh" and not _hooked(gelu)
                 and _fusable(module._modules.get(lin))
