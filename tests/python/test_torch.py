@@ -271,6 +271,23 @@ def test_export_and_compile_trace_the_custom_op():
         assert torch.equal(compiled(x), eager)
 
 
+def test_compile_with_an_input_that_requires_grad_refuses_only_the_backward():
+    """A model called without no_grad (a norm's weight requires grad, so the Linear's input does):
+    torch.compile traces the backward with the forward, which must compile and give eager's output;
+    the backward is refused when it runs, eager and compiled alike, as an fp8kit.Error."""
+    model = torch.nn.Sequential(torch.nn.LayerNorm(96), *mlp(6))
+    f8.quantize_(model)
+    x = torch.randn(4, 96)
+    eager = model(x)
+    assert eager.requires_grad
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    y = compiled(x)
+    assert torch.equal(y, eager)
+    for out in (eager, y):
+        with pytest.raises(fp8kit.Error, match="is an inference layer .* it has no backward"):
+            out.sum().backward()
+
+
 @pytest.mark.parametrize("recipe,scale_shape,scale_dtype", [("rowwise", (160, 1), torch.float32),
                                                             ("mxfp8", (160, 3), torch.float8_e8m0fnu)])
 def test_state_dict_round_trip_repacks_the_loaded_weight(recipe, scale_shape, scale_dtype):

@@ -275,13 +275,31 @@ def _(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling, input_sc
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
-def _no_backward(ctx, grad):
+@torch.library.custom_op("fp8kit::linear_backward_refused", mutates_args=())
+def _backward_refused(grad: torch.Tensor, k: int) -> torch.Tensor:
+    """An inference layer's backward: refused when it runs. An operator, not a raise in the autograd
+    function, because torch.compile traces the backward of a forward whose input requires grad (a
+    model called without no_grad) while compiling the forward, and only running it is wrong."""
     raise fp8kit.Error("fp8kit.torch.Float8InferenceLinear is an inference layer (an FP8 weight buffer): it has no "
                        "backward. To train in FP8, convert the high-precision model with "
                        "fp8kit.torch.convert_to_float8_training")
 
 
-linear.register_autograd(_no_backward)
+@_backward_refused.register_fake
+def _(grad, k):
+    return grad.new_empty((*grad.shape[:-1], k))
+
+
+def _keep_k(ctx, inputs, output):
+    ctx.k = inputs[1].shape[1]
+
+
+def _no_backward(ctx, grad):
+    # grad [..., N] -> dX [..., K], refused when run; nothing else of the layer takes a gradient
+    return _backward_refused(grad, ctx.k), None, None, None, None, None, None, None
+
+
+linear.register_autograd(_no_backward, setup_context=_keep_k)
 
 
 # _plain_eager's tests, looked up once (each module attribute on the way is a lookup per call):
