@@ -344,6 +344,52 @@ def test_bad_use_raises_fp8kit_error_naming_it(call, needle):
         call(mlp(7))
 
 
+CONVERSIONS = {"quantize_": f8.quantize_, "convert_to_float8_training": f8.convert_to_float8_training,
+               "enable_layerwise_casting": f8.enable_layerwise_casting}
+
+
+@pytest.mark.parametrize("conversion", list(CONVERSIONS))
+@pytest.mark.parametrize("bad,needle", [
+    (lambda: torch.nn.Linear(96, 96).double(), "has torch.float64 weights"),
+    (lambda: torch.nn.Linear(96, 96, device="meta"), "has its weights on device 'meta'"),
+    (lambda: torch.nn.Linear(96, 96).to(torch.float8_e4m3fn), "holds torch.float8_e4m3fn weights already"),
+])
+def test_a_bad_layer_is_refused_before_any_layer_is_converted(conversion, bad, needle):
+    # Every chosen layer is checked before the first is replaced: the last layer is bad, and the
+    # error names it while the layers before it are still the model's own - the same modules holding
+    # the same Parameters (a check inside the replacement loop would have converted layer 0 first).
+    # (The training conversion takes a model on meta: test_training.py.)
+    if conversion == "convert_to_float8_training" and "meta" in needle:
+        model = torch.nn.Sequential(*mlp(31), bad())
+        CONVERSIONS[conversion](model)
+        assert all(type(model[i]) is f8.Float8Linear for i in (0, 2, 3)) and model[3].weight.is_meta
+        return
+    model = torch.nn.Sequential(*mlp(31), bad())
+    before = [(m, m.weight if hasattr(m, "weight") else None) for m in model]
+    with pytest.raises(fp8kit.Error, match=f"fp8kit.torch.{conversion}: layer '3' " + needle):
+        CONVERSIONS[conversion](model)
+    assert [(m, getattr(m, "weight", None)) for m in model] == before
+
+
+@pytest.mark.parametrize("conversion", list(CONVERSIONS))
+def test_a_linear_without_weights_is_left_as_it_is(conversion):
+    # nn.Linear(96, 0) and (0, 96) hold nothing to compute in FP8: they stay nn.Linear - their
+    # outputs torch's, an empty y and the bias; enable_layerwise_casting upcasts them per forward as
+    # Diffusers does (its report's `cast`) - and the layer with weights beside them is converted.
+    torch.manual_seed(32)
+    model = torch.nn.Sequential(torch.nn.Linear(96, 0), torch.nn.Linear(0, 96), torch.nn.Linear(96, 96))
+    bias = model[1].bias.detach().clone()
+    report = CONVERSIONS[conversion](model)
+    assert type(model[0]) is torch.nn.Linear and type(model[1]) is torch.nn.Linear
+    assert type(model[2]) is not torch.nn.Linear
+    if conversion == "enable_layerwise_casting":
+        assert report.cast == ["0", "1"] and report.native == ["2"]
+        return
+    x = torch.randn(2, 96)
+    assert model[0](x).shape == (2, 0)
+    assert torch.equal(model[1](x[:, :0]), bias.expand(2, 96))
+
+
 # ---- the packed weight as the codes' only copy (Float8InferenceLinear.release_codes) ----
 
 @pytest.mark.parametrize("recipe", list(SCALINGS))

@@ -16,7 +16,8 @@ from torch import nn
 import fp8kit
 
 from . import memory, ops
-from .ops import _fused, _linear, _plain_eager, autocast_input, check_model_args, warn_transposed_linears
+from .ops import (_fused, _linear, _plain_eager, autocast_input, check_layer_weights, check_model_args, has_weights,
+                  warn_transposed_linears)
 from .siblings import _Siblings
 
 # The recipes of quantize_: stateless ones (delayed scaling keeps an amax history per layer, not
@@ -297,7 +298,10 @@ def quantize_(model, config=None, filter_fn=None, *, fuse_siblings=True):
     each from its own packed weight, with the same outputs bit for bit (_Siblings: no copy of a
     weight). On a transformers model the quantization is recorded in model.config
     (_record_in_config: compressed-tensors' layout, or for mxfp8 fp8kit's own), so that
-    save_pretrained writes a checkpoint from_pretrained runs as stored."""
+    save_pretrained writes a checkpoint from_pretrained runs as stored.
+    A Linear with in or out features 0 stays as it is (no weight to hold in FP8). Every chosen
+    layer's weight is checked before the first is replaced (ops.check_layer_weights): a bad one
+    is an fp8kit.Error naming it, and the model is left as it was."""
     check_model_args("fp8kit.torch.quantize_", model, filter_fn)
     warn_transposed_linears("fp8kit.torch.quantize_", model)
     recipe = config or "rowwise"
@@ -306,7 +310,11 @@ def quantize_(model, config=None, filter_fn=None, *, fuse_siblings=True):
     if recipe not in RECIPES:
         raise fp8kit.Error(f"fp8kit.torch.quantize_: config '{recipe}', expected one of {', '.join(RECIPES)}")
     chosen = [(fqn, m) for fqn, m in model.named_modules()
-              if type(m) is nn.Linear and (filter_fn is None or filter_fn(m, fqn))]
+              if type(m) is nn.Linear and has_weights(m) and (filter_fn is None or filter_fn(m, fqn))]
+    if chosen and not chosen[0][0]:
+        raise fp8kit.Error("fp8kit.torch.quantize_: the model is itself an nn.Linear; quantize_ replaces the "
+                           "Linear layers inside a model (wrap it: nn.Sequential(linear))")
+    check_layer_weights("fp8kit.torch.quantize_", chosen)
     mapped = memory.file_mappings()
     names = {}  # a Parameter's names: more than one is a tied weight, which stays in use
     for name, p in model.named_parameters(remove_duplicate=False):
@@ -314,17 +322,7 @@ def quantize_(model, config=None, filter_fn=None, *, fuse_siblings=True):
     chosen.reverse()
     while chosen:  # popped, so that no list keeps a replaced Linear alive until the end
         fqn, m = chosen.pop()
-        if not fqn:
-            raise fp8kit.Error("fp8kit.torch.quantize_: the model is itself an nn.Linear; quantize_ replaces the "
-                               "Linear layers inside a model (wrap it: nn.Sequential(linear))")
         w = m.weight
-        if w.dtype.itemsize == 1 and w.dtype.is_floating_point:  # codes, not values: never quantized again
-            raise fp8kit.Error(f"fp8kit.torch.quantize_: layer '{fqn}' holds {w.dtype} weights already (an FP8 "
-                               "checkpoint loaded as it is stored); load it with fp8kit.torch.from_pretrained(path) "
-                               "or load_fp8_checkpoint(model, path), which keep its codes and scales")
-        if w.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise fp8kit.Error(f"fp8kit.torch.quantize_: layer '{fqn}' has {w.dtype} weights; quantize_ takes "
-                               "float32, bfloat16 or float16 models (cast it first, e.g. model.float())")
         fp8 = Float8InferenceLinear.from_linear(m, recipe)
         model.set_submodule(fqn, fp8)
         fp8.release_codes()  # packed now, and the packed weight is the codes' only copy

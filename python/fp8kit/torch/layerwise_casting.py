@@ -19,7 +19,7 @@ import fp8kit
 from . import memory
 from .gelu_fusion import fuse_gelu as _fuse_gelu
 from .inference import Float8InferenceLinear, _fp8_weight, _group_siblings
-from .ops import check_model_args
+from .ops import check_layer_weights, check_model_args, has_weights
 
 # Diffusers' defaults (diffusers.hooks.layerwise_casting): the modules whose names match one of
 # these are left alone, and only these layer kinds have their weights stored in FP8.
@@ -123,15 +123,20 @@ class Float8Embedding(nn.Module):
         return f"{self.weight.shape[0]}, {self.weight.shape[1]}, weight={self.weight.dtype}, compute={self.compute_dtype}"
 
 
+def _has_native(module):
+    """Whether a layer computes on its weight stored in FP8 directly: an nn.Linear with weights
+    (a Float8InferenceLinear takes its place), an nn.Embedding not sparse, without max_norm (a
+    Float8Embedding)."""
+    if type(module) is nn.Linear:
+        return has_weights(module)
+    return type(module) is nn.Embedding and module.max_norm is None and not module.sparse
+
+
 def _native(module, storage_dtype, compute_dtype, scaled):
-    """The layer that computes on module's weight stored in FP8 directly, to take its place: for an
-    nn.Linear a Float8InferenceLinear, for an nn.Embedding (not sparse, no max_norm) a
-    Float8Embedding; None for any other module."""
+    """The layer of _has_native(module) that takes module's place."""
     if type(module) is nn.Linear:
         return _native_linear(module, storage_dtype, compute_dtype, scaled)
-    if type(module) is nn.Embedding and module.max_norm is None and not module.sparse:
-        return Float8Embedding.from_embedding(module, storage_dtype, compute_dtype, scaled)
-    return None
+    return Float8Embedding.from_embedding(module, storage_dtype, compute_dtype, scaled)
 
 
 def enable_layerwise_casting(model, storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16,
@@ -165,6 +170,7 @@ def enable_layerwise_casting(model, storage_dtype=torch.float8_e4m3fn, compute_d
         (skip_modules_pattern,) if isinstance(skip_modules_pattern, str) else tuple(skip_modules_pattern or ()))
     classes = tuple(skip_modules_classes or ())
     report = LayerwiseCastingReport()
+    native, cast = [], []  # (name, module, parent, its name there); cast: (name, module)
 
     def visit(module, prefix, parent, child):
         if classes and isinstance(module, classes):
@@ -174,19 +180,25 @@ def enable_layerwise_casting(model, storage_dtype=torch.float8_e4m3fn, compute_d
         if hit is not None:
             report.skipped.append((prefix, f"pattern {hit!r}"))
             return
-        native = _native(module, storage_dtype, compute_dtype, scaled) if native_fp8 and parent is not None else None
-        if native is not None:
-            setattr(parent, child, native)
-            report._undo.append(functools.partial(setattr, parent, child, module))  # the original, untouched
-            report.native.append(prefix)
+        if native_fp8 and parent is not None and _has_native(module):
+            native.append((prefix, module, parent, child))
         elif isinstance(module, CASTABLE_LAYERS):
-            report._undo.append(_cast_hooks(module, storage_dtype, compute_dtype, non_blocking))
-            report.cast.append(prefix or "(model)")
+            cast.append((prefix or "(model)", module))
         else:
             for name, sub in list(module.named_children()):
                 visit(sub, f"{prefix}.{name}" if prefix else name, module, name)
 
+    # The plan first, then the weights the native layers quantize checked, all before any layer
+    # changes: a bad one leaves the model as it was.
     visit(model, "", None, None)
+    check_layer_weights("fp8kit.torch.enable_layerwise_casting", [(name, m) for name, m, _, _ in native])
+    for name, module, parent, child in native:
+        setattr(parent, child, _native(module, storage_dtype, compute_dtype, scaled))
+        report._undo.append(functools.partial(setattr, parent, child, module))  # the original, untouched
+        report.native.append(name)
+    for name, module in cast:
+        report._undo.append(_cast_hooks(module, storage_dtype, compute_dtype, non_blocking))
+        report.cast.append(name)
     if fuse_gelu and native_fp8:
         report.fused_gelu, undo = _fuse_gelu(model)
         report._undo += undo

@@ -179,6 +179,35 @@ def check_model_args(where, model, filter_fn=None, filter_name="filter_fn"):
         raise fp8kit.Error(f"{where}: {filter_name} is {filter_fn!r}, expected a function (module, fqn) -> bool")
 
 
+def has_weights(linear):
+    """Whether an nn.Linear has any weight: one with in or out features 0 has nothing to hold in
+    FP8, and the conversions leave it as it is (it computes exactly: zeros, or its bias)."""
+    return linear.in_features > 0 and linear.out_features > 0
+
+
+def check_layer_weights(where, layers, on_meta=False):
+    """The weights of the layers (fqn, module: nn.Linear, nn.Embedding) a conversion is about to
+    replace, checked all before the first is replaced - so that a bad layer leaves the model as it
+    was, not half converted: float32, bfloat16 or float16 values (not float64, not an FP8
+    checkpoint's codes) on the CPU or a CUDA device - or on meta where on_meta (the training
+    conversion, which keeps the Parameters: a model built on meta, converted, then materialized, as
+    torchtitan does) - as a Parameter. An fp8kit.Error names the first layer that is not."""
+    for fqn, m in layers:
+        w, layer = m.weight, f"{where}: layer '{fqn}'"
+        if w.dtype.itemsize == 1 and w.dtype.is_floating_point:  # codes, not values: never quantized again
+            raise fp8kit.Error(f"{layer} holds {w.dtype} weights already (an FP8 checkpoint loaded as it is stored); "
+                               "load it with fp8kit.torch.from_pretrained(path) or load_fp8_checkpoint(model, path), "
+                               "which keep its codes and scales")
+        if w.dtype not in _OUT_DTYPES:
+            raise fp8kit.Error(f"{layer} has {w.dtype} weights; fp8kit takes float32, bfloat16 or float16 models "
+                               "(cast it first, e.g. model.float())")
+        if w.device.type not in ("cpu", "cuda") and not (on_meta and w.is_meta):
+            raise fp8kit.Error(f"{layer} has its weights on device '{w.device}'; fp8kit converts weights on the CPU "
+                               "or a CUDA device (load or materialize them first)")
+        if not isinstance(w, torch.nn.Parameter):
+            raise fp8kit.Error(f"{layer}: its weight is a {type(w).__name__}, not an nn.Parameter")
+
+
 def warn_transposed_linears(where, model):
     """A warning naming the transformers Conv1D layers of model (GPT-2's Linear with its weight
     stored [in, out]), which the conversions leave as they are - they take nn.Linear - so that a

@@ -15,7 +15,8 @@ from torch import nn
 import fp8kit
 
 from .fsdp import Float8GatheredWeight, shard_weight
-from .ops import autocast_input, cast, check_input, check_model_args, mm, qtensor_tensors, warn_transposed_linears
+from .ops import (autocast_input, cast, check_input, check_layer_weights, check_model_args, has_weights, mm,
+                  qtensor_tensors, warn_transposed_linears)
 
 _log = logging.getLogger(__name__)
 
@@ -223,14 +224,14 @@ class _DelayedFloat8Linear(Float8Linear):
 
 def _fp8_operands(linear):
     """Whether a Linear's in and out features are multiples of 16, the FP8 GEMM's operand rule (as
-    torchao's)."""
-    return linear.in_features % 16 == 0 and linear.out_features % 16 == 0
+    torchao's), and not 0 (no weight to cast)."""
+    return has_weights(linear) and linear.in_features % 16 == 0 and linear.out_features % 16 == 0
 
 
 def convert_to_float8_training(module, *, module_filter_fn=None, config=None, enable_fsdp_float8_all_gather=False):
     """torchao's convert_to_float8_training on fp8kit's kernels: every nn.Linear of module that
     module_filter_fn(mod, fqn) accepts (all when None) and whose in and out features are multiples
-    of 16 (the FP8 GEMM's operand rule, as torchao's) becomes a Float8Linear sharing its
+    of 16 and not 0 (the FP8 GEMM's operand rule, as torchao's) becomes a Float8Linear sharing its
     Parameters. config: a recipe name of TRAINING_RECIPES (default "tensorwise", as torchao's), or
     torchao's Float8LinearConfig as its from_recipe_name makes it for tensorwise, rowwise or
     rowwise_with_gw_hp (compared field by field with torchao's own; any other config is refused),
@@ -239,6 +240,9 @@ def convert_to_float8_training(module, *, module_filter_fn=None, config=None, en
     is cast to FP8 before it is all-gathered (fsdp.py: tensorwise, rowwise, rowwise_with_gw_hp,
     block) - but for a weight tied to another module (an lm_head tied to the embedding), which
     all-gathers in high precision and stays the one parameter (logged at INFO).
+    Every chosen layer's weight is checked before the first is converted (ops.check_layer_weights:
+    float32 / bfloat16 / float16 Parameters on the CPU, a CUDA device or meta): a bad one is an
+    fp8kit.Error naming it, and the module is left as it was.
     Returns module (converted in place; an nn.Linear itself is returned converted)."""
     check_model_args("fp8kit.torch.convert_to_float8_training", module, module_filter_fn, "module_filter_fn")
     warn_transposed_linears("fp8kit.torch.convert_to_float8_training", module)
@@ -273,9 +277,11 @@ def convert_to_float8_training(module, *, module_filter_fn=None, config=None, en
             shard_weight(layer, fqn)
         return layer
 
-    if eligible(module, ""):
+    chosen = [(fqn, m) for fqn, m in module.named_modules() if eligible(m, fqn)]
+    check_layer_weights("fp8kit.torch.convert_to_float8_training", chosen, on_meta=True)
+    if chosen and not chosen[0][0]:  # module is itself the Linear
         return convert(module, "")
-    for fqn, m in [(fqn, m) for fqn, m in module.named_modules() if fqn and eligible(m, fqn)]:
+    for fqn, m in chosen:
         module.set_submodule(fqn, convert(m, fqn))
     return module
 
@@ -303,6 +309,8 @@ def auto_filter(filter_fqns=(), min_features=4096):
         match = next((f for f in fqns if f in fqn), None)
         if match is not None:
             why = f"its name contains '{match}' (filter_fqns)"
+        elif not has_weights(mod):
+            why = f"in_features {k} / out_features {n}: no weight to cast"
         elif not _fp8_operands(mod):
             why = f"in_features {k} / out_features {n} are not multiples of 16 (the FP8 GEMM's operand rule)"
         elif min(n, k) < min_features:
