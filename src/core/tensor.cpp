@@ -2,7 +2,9 @@
 // Checked by tests/unit/test_tensor.cpp.
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
+#include <memory>
 #include <string>
 
 #include "core/host_memory.hpp"
@@ -188,7 +190,14 @@ Tensor Tensor::from_external(std::shared_ptr<const void> owner, External m) {
     for (int64_t s : m.strides) {
         if (s < 0) throw Error(where() + "stride " + std::to_string(s) + " is negative (copy such an array first)");
     }
-    if (m.data == nullptr && count(m.shape) != 0) throw Error(where() + "data is null");
+    if (m.data == nullptr) {
+        if (count(m.shape) != 0) throw Error(where() + "data is null");
+        // No elements, no address (DLPack gives null for torch's empty tensors): a small block of
+        // its own, so that the tensor is defined and shares storage with no other tensor.
+        auto block = std::make_shared<std::max_align_t>();
+        m.data = block.get();
+        owner = std::move(block);
+    }
     if (reinterpret_cast<uintptr_t>(m.data) % dtype_size(m.dtype) != 0) {
         throw Error(where() + "data is not aligned to its " + std::to_string(dtype_size(m.dtype)) + "-byte elements (" +
                     std::string(to_string(m.dtype)) + ")");
@@ -225,6 +234,7 @@ int64_t Tensor::size(int64_t d) const {
 int64_t Tensor::numel() const noexcept { return defined() ? count(shape_) : 0; }
 
 bool Tensor::is_contiguous() const noexcept {
+    if (numel() == 0) return true;  // no element out of place, whatever the strides (torch's [32, 0] has [1, 1])
     int64_t s = 1;
     for (size_t i = shape_.size(); i-- > 0;) {
         if (shape_[i] != 1 && strides_[i] != s) return false;

@@ -124,6 +124,22 @@ def test_empty_inputs_give_empty_results():
     assert q.data.shape == (0, 8) and q.scale_inv.shape == (0, 1)
     assert fp8kit.dequantize(q).shape == (0, 8)
 
+
+def test_empty_torch_tensors_give_empty_results():
+    # torch's empty tensors cross DLPack with a null data pointer: still empty operands, not
+    # "undefined" ones. The GEMM of an M = 0 activation is an empty D; of a K = 0 one (every sum
+    # empty), D = bias.
+    torch = pytest.importorskip("torch")
+    for shape in ((0, 16), (16, 0), (0, 0)):
+        x = torch.zeros(shape)
+        assert fp8kit.encode(x).shape == shape
+        assert fp8kit.quantize(x, scaling="row").data.shape == shape
+    w = fp8kit.PackedWeight(fp8kit.quantize(torch.randn(32, 16), scaling="row"))
+    assert fp8kit.gemm(torch.zeros(0, 16), w, scaling="row").shape == (0, 32)
+    bias = torch.randn(32)
+    d = fp8kit.gemm(torch.zeros(3, 0), fp8kit.quantize(torch.zeros(32, 0), scaling="row"), scaling="row", bias=bias)
+    assert torch.equal(d, bias.expand(3, 32))
+
 # ---- quantize against a float32 numpy implementation of docs/NUMERICS.md ----
 
 def numpy_quantize(x, fmt, group_rows, group_cols):

@@ -244,6 +244,18 @@ TEST(Tensor, ExternalStridedMemoryWithOwner) {
     EXPECT_TRUE(u.defined() && v.defined());
     EXPECT_FALSE(u.shares_storage_with(v));
     EXPECT_TRUE(u.shares_storage_with(Tensor::from_external(nullptr, {y, {4}, {}, DType::f32, Device::cpu, true, ""})));
+    // No elements and no address (DLPack's torch.zeros(0, 16)): defined, an empty operand like any
+    // other, sharing storage with no other such tensor (an empty out beside an empty A).
+    const Tensor e = Tensor::from_external(nullptr, {nullptr, {0, 16}, {}, DType::f32, Device::cpu, false, ""});
+    const Tensor f = Tensor::from_external(nullptr, {nullptr, {16, 0}, {}, DType::bf16, Device::cpu, true, ""});
+    EXPECT_TRUE(e.defined() && f.defined());
+    EXPECT_EQ(e.numel(), 0);
+    EXPECT_FALSE(e.shares_storage_with(f));
+    EXPECT_TRUE(Tensor::from_external(nullptr, {nullptr, {32, 0}, {1, 1}, DType::f32, Device::cpu, false, ""})
+                    .is_contiguous());
+    EXPECT_EQ(quantize(e, row).data.shape(), (Shape{0, 16}));
+    expect_error([&] { (void)Tensor::from_external(nullptr, {nullptr, {2, 2}, {}, DType::f32, Device::cpu, false, "n"}); },
+                 "from_external ('n'): data is null");
 }
 
 TEST(Scales, AmaxAndDelayedStateAreTensors) {
