@@ -23,6 +23,7 @@ decode and the weight-only GEMM are host-only. Checked on a GPU by tests/python/
 Errors are fp8kit.Error, a ValueError carrying the library's message.
 """
 import contextlib
+import json
 import math
 import os
 import sys
@@ -48,6 +49,15 @@ def _printable_message(error):
 Error.__str__ = _printable_message
 
 
+def _quoted(value):
+    """A value from a file or a caller (a tensor or module name, a config field; a JSON value as
+    JSON) as the library's messages show it (fp8kit/files.hpp's quote_printable): quoted, control
+    characters escaped, cut after 200 bytes plus its length, so that a megabyte-long name never
+    becomes a megabyte-long message. A lone surrogate (a JSON string may hold one) shows as its bytes."""
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return _fp8kit.quote_printable(text.encode("utf-8", "surrogatepass"))
+
+
 def _path(path, argument):
     """A path argument as the library's C++ side takes it (os.fspath), refused with open()'s
     ValueError where it holds a null byte: C++ would cut the string there and use another file."""
@@ -66,9 +76,15 @@ def _torch():
 
 def _name(kind):
     """A format or dtype given as a name ("e4m3fn", "float8_e4m3fn", "bfloat16") or as a torch,
-    numpy or ml_dtypes dtype: its name."""
+    numpy or ml_dtypes dtype: its name. Anything else - a number, None, a name holding a null
+    character (C++ would read the name up to it) - an Error showing it."""
     if isinstance(kind, str):
+        if "\0" in kind:
+            raise Error(f"fp8kit: the name {_quoted(kind)} holds a null character")
         return kind
+    if kind is None or isinstance(kind, (bool, int, float, complex, bytes)):
+        raise Error(f"fp8kit: {kind!r} ({type(kind).__name__}) where a format or dtype is asked: give its name "
+                    "(\"e4m3fn\", \"bfloat16\") or a torch / numpy dtype")
     return getattr(kind, "__name__", None) or str(kind).rsplit(".", 1)[-1]
 
 
@@ -227,6 +243,9 @@ def encode(x, format="e4m3fn", overflow="saturate"):
     strided arrays are read in place.
     Returns uint8 codes for numpy input, a torch.float8_* tensor for torch input.
     """
+    if _name(getattr(x, "dtype", "")).startswith("float8_"):
+        raise Error(f"fp8kit.encode: x is {_name(x.dtype)} already (FP8 codes); encode takes float32, bfloat16 or "
+                    "float16 values (decode gives them)")
     codes = _fp8kit.encode(_to_extension(x), _name(format), overflow)
     if _is_torch(x):
         return _torch().from_numpy(codes).view(_torch_fp8_dtype(format))
@@ -269,6 +288,9 @@ def _recipe_quantize(x, recipe, role, transpose):
 
 def dequantize(q, dtype="float32"):
     """decode(code) * scale_inv of its group: float32, or rounded once to bfloat16 / float16."""
+    if not isinstance(q, QTensor):
+        raise Error(f"fp8kit.dequantize: q is a {type(q).__name__}, expected a QTensor (fp8kit.quantize's or "
+                    "fp8kit.qtensor's)")
     dtype_name = _name(dtype)
     if q.device == "cuda":
         with _on_device(_torch().cuda.current_device()):  # a QTensor's tensors carry no device index
@@ -367,13 +389,15 @@ def _operand_scaling(scale, name, rows, k):
     if not hasattr(scale, "shape") or not hasattr(scale, "reshape"):
         raise Error(f"fp8kit.scaled_mm: {name} is a {type(scale).__name__}; expected a float32 tensor or array of "
                     "dequantization scales")
+    if _name(getattr(scale, "dtype", "")) != "float32":  # as torch._scaled_mm: fp8kit's scale_inv is float32
+        raise Error(f"fp8kit.scaled_mm: {name} is {_name(scale.dtype)}; expected float32 dequantization scales")
     shape = tuple(scale.shape)
     if len(shape) <= 2 and all(d == 1 for d in shape):
         return "tensor", scale.reshape(1, 1)
     oriented = shape if name == "scale_a" else shape[::-1]  # b's scale as [N, ...]
     t = scale if name == "scale_a" else scale.T
     if len(shape) == 2 and oriented == (rows, 1):
-        return "row", t.reshape(rows, 1)
+        return "row", _contiguous(t.reshape(rows, 1))  # (a broadcast scale, stride 0, copied: M floats)
     if len(shape) == 2 and oriented == (rows, kb):
         return "block(1x128)", _contiguous(t)
     if len(shape) == 2 and oriented == (rb, kb):
@@ -397,9 +421,10 @@ def scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=No
     (rowwise), or torch's block shapes: [M, K/128] / [K/128, N] (1x128 blocks) and [M/128, K/128] /
     [K/128, N/128] (128x128 blocks), sums scaled per 128-wide K group. out_dtype: float32, bfloat16
     or float16; None or a float8 dtype: FP8 output (None: a's format), float32(D / scale_result)
-    cast saturating - what torch's CPU _scaled_mm gives with a float8 out_dtype spelled out
-    (oneDNN's destination scale divides; torch 2.15 ignores scale_result when out_dtype is None,
-    fp8kit does not). use_fast_accum is accepted and changes nothing: fp8kit always sums in
+    cast saturating (docs/NUMERICS.md: past the format's max, +-max) - torch's CPU _scaled_mm
+    divides by scale_result too (oneDNN's destination scale) but gives NaN past the max, and
+    ignores scale_result when out_dtype is None, fp8kit does not. scale_result: one finite,
+    positive element. use_fast_accum is accepted and changes nothing: fp8kit always sums in
     float32 (what use_fast_accum=False asks of cuBLASLt).
     """
     del use_fast_accum
@@ -412,7 +437,19 @@ def scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=No
     ga, sa = _operand_scaling(scale_a, "scale_a", m, k)
     gb, sb = _operand_scaling(scale_b, "scale_b", n, k)
     fp8_out = out_dtype is None or _name(out_dtype).startswith("float8_")
+    if not fp8_out and _name(out_dtype) not in ("float32", "bfloat16", "float16"):
+        raise Error(f"fp8kit.scaled_mm: out_dtype {_quoted(_name(out_dtype))}, expected float32, bfloat16, float16 "
+                    "or a float8 dtype")
     fmt = _format_of(a, None) if out_dtype is None else _format_name(out_dtype) if fp8_out else None
+    if fp8_out:  # an unknown format (or one torch has no dtype for): an Error naming it, before any work
+        format_max(fmt)
+        if _is_torch(a):
+            _torch_fp8_dtype(fmt)
+    if scale_result is not None and not _cuda(scale_result):  # (on a device: not read, which would wait for it)
+        value = np.asarray(scale_result.cpu() if _is_torch(scale_result) else scale_result, np.float64).reshape(-1)
+        if value.size != 1 or not (np.isfinite(value[0]) and value[0] > 0):
+            raise Error(f"fp8kit.scaled_mm: scale_result is {value.tolist()[:4]}; expected one finite, positive "
+                        "element (D is divided by it)")
     if m == 0 or n == 0:  # an empty D, as torch._scaled_mm gives: no operand to quantize, no GEMM
         if _is_torch(a):
             torch = _torch()

@@ -334,6 +334,12 @@ def test_without_fsdp2_a_model_converted_for_fp8_all_gather_trains_as_one_conver
     assert type(make_model("tensorwise", True)[0][0].weight).__name__ == "Float8WeightShard"
 
 
+def test_precompute_of_no_module_is_refused_naming_it():
+    # (It was an AttributeError from module.modules().)
+    with pytest.raises(fp8kit.Error, match="precompute_float8_dynamic_scale_for_fsdp: the model is a NoneType"):
+        f8.precompute_float8_dynamic_scale_for_fsdp(None)
+
+
 def test_torchaos_config_switches_fp8_all_gather_on():
     # torchao's switch, Float8LinearConfig(enable_fsdp_float8_all_gather=True): its recipe
     # (tensorwise, the default) with the weights made Float8WeightShard, as fp8kit's keyword does.

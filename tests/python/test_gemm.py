@@ -217,6 +217,16 @@ def test_scaled_mm_fp8_output_divides_by_scale_result_and_saturates():
     assert not torch.equal(times.view(torch.uint8), divided.view(torch.uint8))
 
 
+def test_scaled_mm_takes_a_broadcast_rowwise_scale():
+    # A scale expanded from one value (stride 0, as t.ones(1).expand(M, 1) gives) is the same scales
+    # as its contiguous copy: the same D bit for bit (its rows were refused as "not contiguous").
+    torch = pytest.importorskip("torch")
+    a, b = fp8_pair(torch, 4, 8, 32, 2)
+    sa, sb = torch.full((1, 1), 0.5).expand(4, 1), torch.full((1, 1), 0.25).expand(1, 8)
+    want = fp8kit.scaled_mm(a, b, sa.contiguous(), sb.contiguous(), out_dtype=torch.float32)
+    assert torch.equal(fp8kit.scaled_mm(a, b, sa, sb, out_dtype=torch.float32), want)
+
+
 def test_scaled_mm_bias_and_numpy_operands():
     torch = pytest.importorskip("torch")
     # Integers of magnitude <= 16 (exact in e4m3): every product and every partial sum of K = 64 of
@@ -252,6 +262,10 @@ def test_qtensor_over_caller_memory_outlives_the_caller_reference():
     (lambda t: fp8kit.scaled_mm(*fp8_pair(t, 4, 8, 32, 1), t.ones(3), t.tensor(1.0)), r"scale_a has shape \[3\]"),
     (lambda t: fp8kit.scaled_mm(*fp8_pair(t, 4, 8, 32, 1), t.tensor(1.0), t.ones(8, 1)), r"scale_b has shape \[8, 1\]"),
     (lambda t: fp8kit.scaled_mm(*fp8_pair(t, 4, 8, 32, 1), 2.0, t.tensor(1.0)), "scale_a is a float"),
+    (lambda t: fp8kit.scaled_mm(*fp8_pair(t, 4, 8, 32, 1), t.tensor(1.0), t.ones(1, 8, dtype=t.float64)),
+     "scale_b is float64; expected float32"),
+    (lambda t: fp8kit.dequantize(None), "q is a NoneType, expected a QTensor"),
+    (lambda t: fp8kit.encode(t.zeros(4, dtype=t.float8_e4m3fn)), "x is float8_e4m3fn already"),
     (lambda t: fp8kit.qtensor(fp8_pair(t, 4, 8, 32, 1)[0], t.ones(2, 2)), r"scale_inv has shape \[2, 2\]"),
     (lambda t: fp8kit.qtensor(t.zeros(4, 4, dtype=t.uint8), t.ones(1, 1)), "need a format"),
     (lambda t: fp8kit.gemm(t.randn(4, 32), t.randn(8, 32)), "b must be a PackedWeight or a QTensor"),
@@ -259,6 +273,15 @@ def test_qtensor_over_caller_memory_outlives_the_caller_reference():
     (lambda t: fp8kit.gemm(t.randn(4, 32), fp8kit.quantize(t.randn(8, 32)), bias=t.randn(7)), r"bias has shape \[7\]"),
     (lambda t: fp8kit.gemm(t.randn(4, 32), fp8kit.quantize(t.randn(8, 32)), activation="relu"), "activation"),
     (lambda t: fp8kit.gemm(t.randn(4, 32), fp8kit.quantize(t.randn(8, 32)), out_dtype="int8"), "out_dtype"),
+    # out_dtype checked before work, an empty D too (it was torch's AttributeError, or float64 D)
+    (lambda t: fp8kit.scaled_mm(*fp8_pair(t, 0, 8, 32, 1), t.tensor(1.0), t.tensor(1.0), out_dtype="float64"),
+     "out_dtype 'float64', expected float32, bfloat16, float16 or a float8 dtype"),
+    (lambda t: fp8kit.scaled_mm(*fp8_pair(t, 0, 8, 32, 1), t.tensor(1.0), t.tensor(1.0), out_dtype="\x1b[2J"),
+     r"out_dtype '\\x1b\[2J'"),
+    # D is divided by scale_result: 0, a negative, Inf or NaN would give Inf, flipped or NaN codes
+    *[(lambda t, v=v: fp8kit.scaled_mm(*fp8_pair(t, 4, 8, 32, 1), t.tensor(1.0), t.tensor(1.0),
+                                      scale_result=t.tensor(v), out_dtype=t.float8_e4m3fn),
+       rf"scale_result is \[{v}\]; expected one finite, positive element") for v in (0.0, -1.0, float("inf"), float("nan"))],
 ])
 def test_bad_gemm_input_raises_fp8kit_error_naming_it(call, needle):
     torch = pytest.importorskip("torch")

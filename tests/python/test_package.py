@@ -225,6 +225,11 @@ def test_non_finite_inputs_propagate_or_raise_naming_the_index():
     (lambda: fp8kit.encode(np.zeros(4, np.int8)), "x"),
     (lambda: fp8kit.encode([1.0, 2.0]), "list"),
     (lambda: fp8kit.decode(np.zeros(4, np.uint8)), "need a format"),
+    # a number is no format (its str's last dot-part, '5', was taken as the name)
+    (lambda: fp8kit.encode(np.zeros(4, np.float32), 3.5), r"3.5 \(float\) where a format or dtype is asked"),
+    (lambda: fp8kit.decode(np.zeros(4, np.uint8), "e4m3fn", None), r"None \(NoneType\)"),
+    # C++ reads a name up to its NUL: the message would end there
+    (lambda: fp8kit.encode(np.zeros(4, np.float32), "e4m3fn\0<rest>"), r"'e4m3fn\\x00<rest>' holds a null"),
 ])
 def test_bad_input_raises_fp8kit_error_naming_it(call, needle):
     with pytest.raises(fp8kit.Error, match=needle):

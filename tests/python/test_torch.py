@@ -308,6 +308,43 @@ def test_state_dict_round_trip_repacks_the_loaded_weight(recipe, scale_shape, sc
         assert not torch.equal(stale, source(x))
 
 
+def _nan_at(codes, flat):
+    bits = codes.view(torch.uint8).clone()
+    bits.view(-1)[flat] = 0x7F  # e4m3fn's NaN
+    return bits.view(codes.dtype)
+
+
+@pytest.mark.parametrize("recipe,key,change,needle", [
+    ("rowwise", "weight", lambda t: t.view(torch.uint8), r"'0.weight' is torch.uint8, but the layer holds "
+     r"torch.float8_e4m3fn codes"),
+    ("rowwise", "weight", lambda t: t.float().to(torch.float8_e5m2), "'0.weight' is torch.float8_e5m2"),
+    ("rowwise", "weight", lambda t: _nan_at(t, 96 + 5), r"'0.weight' holds a code that is not a number at \[1, 5\]"),
+    ("rowwise", "weight_scale_inv", lambda t: t.index_fill(0, torch.tensor([3]), 0.0),
+     r"'0.weight_scale_inv' holds 0.0 at \[3, 0\]: a scale is finite and positive"),
+    ("rowwise", "weight_scale_inv", lambda t: -t, r"'0.weight_scale_inv' holds -.* at \[0, 0\]"),
+    ("tensorwise", "weight_scale_inv", lambda t: t * float("nan"), r"'0.weight_scale_inv' holds nan at \[0, 0\]"),
+    ("rowwise", "weight_scale_inv", lambda t: t.int(), "'0.weight_scale_inv' is torch.int32"),
+    ("mxfp8", "weight_scale_inv", lambda t: t.view(torch.uint8).clone().fill_(0xFF).view(torch.float8_e8m0fnu),
+     r"'0.weight_scale_inv' holds nan"),
+])
+def test_load_state_dict_refuses_codes_and_scales_it_would_change(recipe, key, change, needle):
+    # torch's load_state_dict copies by value: uint8 codes would load as numbers, e5m2 codes
+    # saturated into e4m3fn; a zero, negative, NaN scale (or a NaN code) would make other weights.
+    # Each is refused naming the key, and the layer computes as before (the nearest wrong answer, a
+    # silent load, changes its output or raises nothing).
+    source, target = mlp(33), mlp(34)
+    f8.quantize_(source, recipe)
+    f8.quantize_(target, recipe)
+    state = source.state_dict()
+    state["0." + key] = change(state["0." + key])
+    x = torch.randn(2, 96)
+    with torch.no_grad():
+        before = target(x)
+        with pytest.raises(fp8kit.Error, match="Float8InferenceLinear.load_state_dict: " + needle):
+            target.load_state_dict(state)
+        assert torch.equal(target(x), before)
+
+
 def test_a_scale_or_bias_assigned_anew_is_not_served_stale():
     # The packed weight is cached on the weight tensor and keyed by version counters; a scale or a
     # bias replaced by another tensor (not written in place) must be repacked all the same. Oracle:
@@ -338,6 +375,15 @@ def test_filter_fn_picks_layers_by_name():
     (lambda m: (f8.quantize_(m), m(torch.randn(2, 95))), r"\[2, 95\].*in_features 96"),
     (lambda m: (f8.quantize_(m), setattr(m[0], "activation", "relu"), m(torch.randn(2, 96))),
      "Float8InferenceLinear: activation is 'relu'"),
+    # a meta input runs the operator's meta kernel (its fake): refused there, not given a meta y
+    (lambda m: (f8.quantize_(m), m(torch.randn(2, 96, device="meta"))),
+     "the input is on device 'meta', the weight on device 'cpu'"),
+    # (an input that requires grad: the call goes through the operator, whose meta kernel is its fake)
+    (lambda m: (f8.quantize_(m), m(torch.randn(2, 96, device="meta", requires_grad=True))),
+     "the input is on device 'meta', the weight on device 'cpu'"),
+    # formats the GEMM takes no weight in: refused at construction, the name shown escaped
+    (lambda m: f8.Float8InferenceLinear(4, 4, format="e8m0fnu"), "format 'e8m0fnu', expected 'e4m3fn' or 'e5m2'"),
+    (lambda m: f8.Float8InferenceLinear(4, 4, format="\x1b[31m"), r"format '\\x1b\[31m'"),
 ])
 def test_bad_use_raises_fp8kit_error_naming_it(call, needle):
     with pytest.raises(fp8kit.Error, match=needle):

@@ -380,7 +380,7 @@ def test_auto_filter_leaves_small_layers_in_high_precision_and_says_why(caplog):
     m = f8.convert_to_float8_training(model(), module_filter_fn=f8.auto_filter(min_features=1024))
     assert {name for name, layer in m.items() if isinstance(layer, f8.Float8Linear)} == {"big", "wide", "lm_head", "small"}
     for bad, field in ((dict(filter_fqns="lm_head"), "filter_fqns"), (dict(min_features=8), "min_features"),
-                       (dict(min_features=4096.0), "min_features")):
+                       (dict(min_features=4096.0), "min_features"), (dict(filter_fqns=None), "filter_fqns")):
         with pytest.raises(fp8kit.Error, match=field):
             f8.auto_filter(**bad)
 

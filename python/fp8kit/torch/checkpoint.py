@@ -57,22 +57,14 @@ import torch
 from torch import nn
 
 import fp8kit
+from fp8kit import _quoted
 
 from . import attention
 from .gelu_fusion import fuse_gelu as _fuse_gelu
-from .inference import Float8InferenceLinear as _InferenceLinear, _block_of, _group_siblings, _record_in_config
+from .inference import Float8InferenceLinear as _InferenceLinear, _at, _block_of, _group_siblings, _record_in_config
 from .memory import release_pages
 
 _E8M0 = getattr(torch, "float8_e8m0fnu", None)
-
-
-def _quoted(value):
-    """A value taken from a file (a tensor or module name, a config field; a JSON value as JSON) as
-    the library's messages show it (fp8kit/files.hpp's quote_printable): quoted, control characters
-    escaped, cut after 200 bytes plus its length, so that a file's megabyte-long name never becomes
-    a megabyte-long message. A lone surrogate (a JSON string may hold one) shows as its bytes."""
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
-    return fp8kit._fp8kit.quote_printable(text.encode("utf-8", "surrogatepass"))
 
 
 def _json(read, where):
@@ -593,13 +585,9 @@ def _check_codes(codes, where):
     NaN, so a damaged file is an fp8kit.Error naming the tensor and the place, before any work."""
     at = fp8kit._fp8kit.first_nonfinite_code(fp8kit._to_extension(codes), str(codes.dtype).removeprefix("torch.float8_"))
     if at is not None:
-        index, rest = [], at
-        for size in reversed(codes.shape):
-            rest, i = divmod(rest, size)
-            index.insert(0, i)
         code = int(codes.reshape(-1)[at].view(torch.uint8))
-        raise fp8kit.Error(f"{where} holds the code 0x{code:02x} (not a number) at {index}: every output it "
-                           "reaches would be NaN (a damaged file?)")
+        raise fp8kit.Error(f"{where} holds the code 0x{code:02x} (not a number) at {_at(at, codes.shape)}: every "
+                           "output it reaches would be NaN (a damaged file?)")
 
 
 _WIDE = ("F32", "BF16", "F16")  # the stored dtypes of values the layers compute in, as safetensors names them

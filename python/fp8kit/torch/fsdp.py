@@ -47,7 +47,7 @@ import torch.utils._pytree as pytree
 
 import fp8kit
 
-from .ops import cast
+from .ops import cast, check_model_args
 
 aten = torch.ops.aten
 
@@ -342,6 +342,7 @@ def precompute_float8_dynamic_scale_for_fsdp(module):
     every tensorwise FP8-all-gathered Float8Linear weight of module (FSDP2-sharded) in one
     all-reduce (max); the all-gathers cast with it, instead of all-reducing one amax per layer,
     until the next call - so call it after every optimizer step. Same bits either way."""
+    check_model_args("fp8kit.torch.precompute_float8_dynamic_scale_for_fsdp", module)
     from torch.distributed.tensor import DTensor
     weights = [getattr(m, "weight", None) for m in module.modules()]
     shards = [w for w in weights if isinstance(w, DTensor) and isinstance(w._local_tensor, Float8WeightShard)

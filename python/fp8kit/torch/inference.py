@@ -88,7 +88,10 @@ class Float8InferenceLinear(nn.Module):
     def __init__(self, in_features, out_features, bias=True, recipe="rowwise", format="e4m3fn"):
         super().__init__()
         if recipe not in RECIPES and recipe not in _WEIGHT_ONLY:
-            raise fp8kit.Error(f"fp8kit.torch: recipe '{recipe}', expected one of {', '.join(RECIPES)}")
+            raise fp8kit.Error(f"fp8kit.torch: recipe {fp8kit._quoted(recipe)}, expected one of {', '.join(RECIPES)}")
+        if format not in ("e4m3fn", "e5m2"):  # the FP8 formats the GEMM takes a weight in
+            raise fp8kit.Error(f"fp8kit.torch.Float8InferenceLinear: format {fp8kit._quoted(format)}, expected "
+                               "'e4m3fn' or 'e5m2'")
         self.in_features, self.out_features, self.recipe = in_features, out_features, recipe
         self.input_scaling, self.weight_scaling = _recipe_scalings(recipe)
         self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=getattr(torch, "float8_" + format)))
@@ -220,6 +223,57 @@ def _codes_before_load(module, state_dict, prefix, local_metadata, strict, missi
         if module.weight_scaling == "mx32" and scale.dtype == torch.uint8:  # its MXFP8: the e8m0 codes
             scale = scale.view(torch.float8_e8m0fnu)
         state_dict[prefix + "weight_scale_inv"] = scale.reshape(module._buffers["weight_scale_inv"].shape)
+    _check_loaded(module, state_dict, prefix)
+
+
+def _at(flat, shape):
+    """The index [i, j, ...] of a flat position in shape."""
+    index = []
+    for size in reversed(shape):
+        flat, i = divmod(flat, size)
+        index.insert(0, i)
+    return index
+
+
+def _check_loaded(module, state_dict, prefix):
+    """What load_state_dict is about to copy into a Float8InferenceLinear, checked before anything is
+    copied - torch's copy_ converts by value, so other FP8 codes (e5m2 into e4m3fn: saturated) or
+    uint8 codes (taken as numbers) would load as other weights: the codes in the layer's own FP8
+    dtype and without NaN (one makes every output it reaches NaN); scales (weight_scale_inv, a
+    static input_scale) finite and positive, e8m0 ones not its NaN code - as load_fp8_checkpoint
+    checks a file's (docs/CHECKPOINTS.md). An fp8kit.Error naming the key, the layer unchanged."""
+    where = "fp8kit.torch.Float8InferenceLinear.load_state_dict"
+    codes, held = state_dict.get(prefix + "weight"), module._buffers["weight"].dtype
+    if isinstance(codes, torch.Tensor):
+        if codes.dtype != held:
+            raise fp8kit.Error(f"{where}: '{prefix}weight' is {codes.dtype}, but the layer holds {held} codes; "
+                               "FP8 codes load as they are, never converted")
+        at = None
+        if codes.is_cpu:
+            at = fp8kit._fp8kit.first_nonfinite_code(fp8kit._to_extension(codes), str(held).removeprefix("torch.float8_"))
+        elif codes.is_cuda:  # on the device, no copy to the host: the codes whose exponent bits are all ones
+            top = 0x7F if held == torch.float8_e4m3fn else 0x7C  # e4m3fn: NaN alone; e5m2: Inf and NaN
+            bad = (codes.view(torch.uint8) & top) == top
+            at = int(bad.reshape(-1).nonzero()[0]) if bad.any() else None
+        if at is not None:
+            raise fp8kit.Error(f"{where}: '{prefix}weight' holds a code that is not a number at "
+                               f"{_at(at, codes.shape)}: every output it reaches would be NaN")
+    for name in ("weight_scale_inv", "input_scale"):
+        scale = state_dict.get(prefix + name)
+        if not isinstance(scale, torch.Tensor) or scale.device.type not in ("cpu", "cuda"):
+            continue
+        if scale.dtype == torch.float8_e8m0fnu:
+            bad = scale.view(torch.uint8) == 0xFF
+        elif scale.dtype.is_floating_point and scale.dtype.itemsize > 1:
+            bad = ~(torch.isfinite(scale) & (scale > 0))
+        else:
+            raise fp8kit.Error(f"{where}: '{prefix}{name}' is {scale.dtype}; a scale is float32, bfloat16, "
+                               "float16 (or e8m0 for mxfp8)")
+        if bad.any():
+            at = int(bad.reshape(-1).nonzero()[0])
+            value = scale.reshape(-1)[at].float().item()
+            raise fp8kit.Error(f"{where}: '{prefix}{name}' holds {value} at {_at(at, scale.shape)}: a scale is "
+                               "finite and positive")
 
 
 def _stored_names(module, state_dict, prefix, local_metadata):

@@ -169,6 +169,12 @@ def check_input(x, in_features, layer):
     return out
 
 
+def _check_same_device(x, weight):
+    if x.device != weight.device:
+        raise fp8kit.Error(f"fp8kit.torch.Float8InferenceLinear: the input is on device '{x.device}', the weight on "
+                           f"device '{weight.device}' (move the model with .to(device))")
+
+
 def check_model_args(where, model, filter_fn=None, filter_name="filter_fn"):
     """The model and module filter the conversions take: an fp8kit.Error naming the argument for a
     model that is no nn.Module or a filter that is not callable (not an AttributeError or TypeError
@@ -274,9 +280,7 @@ def _linear(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling, in
     activation: "none", or "gelu" (tanh form) in the GEMM's epilogue, on the float32 sums."""
     index = check_input(x, weight.shape[1], "Float8InferenceLinear")[1]
     # The extension reads x by address: C-contiguous rows where the weight is.
-    if x.device != weight.device:
-        raise fp8kit.Error(f"fp8kit.torch.Float8InferenceLinear: the input is on device '{x.device}', the weight on "
-                           f"device '{weight.device}' (move the model with .to(device))")
+    _check_same_device(x, weight)
     if x.is_cuda and input_scaling == "none":
         raise fp8kit.Error("fp8kit.torch.Float8InferenceLinear: the weight-only GEMM (recipe weight_only, layerwise "
                            "casting) runs on the CPU; on a CUDA device use rowwise, tensorwise or block")
@@ -301,6 +305,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor
 @linear.register_fake
 def _(x, weight, weight_scale_inv, bias, input_scaling, weight_scaling, input_scale=None, activation="none"):
     check_input(x, weight.shape[1], "Float8InferenceLinear")  # a bad input fails at trace time, as in eager
+    _check_same_device(x, weight)  # (a meta x reaches this function in eager too: it is the meta kernel)
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 

@@ -296,7 +296,8 @@ def auto_filter(filter_fqns=(), min_features=4096):
     (docs/PERF.md): 0.31-0.48x torch's bf16 step at width 2048, where fp8kit's host work per layer
     (casts, GEMM calls, autograd) outlasts the GPU's, 1.09-1.23x at 4096, 1.33-1.53x at 8192-16384.
     The filter's `skipped` maps each refused layer's name to the reason, also logged at INFO."""
-    if isinstance(filter_fqns, str) or not all(isinstance(f, str) for f in filter_fqns):
+    if (isinstance(filter_fqns, str) or not isinstance(filter_fqns, (list, tuple, set, frozenset))
+            or not all(isinstance(f, str) for f in filter_fqns)):
         raise fp8kit.Error(f"fp8kit.torch.auto_filter: filter_fqns is {filter_fqns!r}, expected a list of names")
     if isinstance(min_features, bool) or not isinstance(min_features, int) or min_features < 16:
         raise fp8kit.Error(f"fp8kit.torch.auto_filter: min_features is {min_features!r}, expected an integer >= 16")
