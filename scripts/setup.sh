@@ -42,7 +42,7 @@ if [ ! -x "$venv/bin/python3" ]; then
     echo "setup: creating $venv"
     python3 -m venv "$venv"
 fi
-if ! "$venv/bin/python3" -c "import ml_dtypes, numpy, safetensors, pytest" 2>/dev/null; then
+if ! "$venv/bin/python3" -c "import ml_dtypes, numpy, safetensors, pytest, xdist" 2>/dev/null; then
     echo "setup: installing Python test oracles: $(tr '\n' ' ' < tests/requirements.txt)"
     "$venv/bin/python3" -m pip install -q --disable-pip-version-check -r tests/requirements.txt
 else
