@@ -61,7 +61,8 @@ from fp8kit import _quoted
 
 from . import attention
 from .gelu_fusion import fuse_gelu as _fuse_gelu
-from .inference import Float8InferenceLinear as _InferenceLinear, _at, _block_of, _group_siblings, _record_in_config
+from .inference import (Float8InferenceLinear as _InferenceLinear, _at, _block_of, _first_nonfinite, _group_siblings,
+                        _record_in_config)
 from .memory import release_pages
 
 _E8M0 = getattr(torch, "float8_e8m0fnu", None)
@@ -583,7 +584,7 @@ def _check_k_groups(input_scaling, weight_scaling, cols, where):
 def _check_codes(codes, where):
     """An FP8 weight's codes hold no NaN (nor e5m2's Inf): one would make every output it reaches
     NaN, so a damaged file is an fp8kit.Error naming the tensor and the place, before any work."""
-    at = fp8kit._fp8kit.first_nonfinite_code(fp8kit._to_extension(codes), str(codes.dtype).removeprefix("torch.float8_"))
+    at = _first_nonfinite(codes)
     if at is not None:
         code = int(codes.reshape(-1)[at].view(torch.uint8))
         raise fp8kit.Error(f"{where} holds the code 0x{code:02x} (not a number) at {_at(at, codes.shape)}: every "

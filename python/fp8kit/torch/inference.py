@@ -235,6 +235,20 @@ def _at(flat, shape):
     return index
 
 
+def _first_nonfinite(codes):
+    """The flat index of the first NaN code (or e5m2 Inf) of FP8 codes, else None: on the host the
+    library's scan, on a CUDA device torch's, with no copy to the host (the codes whose exponent
+    bits are all ones: e4m3fn's NaN; e5m2's Inf and NaN); None on any other device."""
+    if codes.is_cpu:
+        return fp8kit._fp8kit.first_nonfinite_code(fp8kit._to_extension(codes),
+                                                   str(codes.dtype).removeprefix("torch.float8_"))
+    if not codes.is_cuda:
+        return None
+    top = 0x7F if codes.dtype == torch.float8_e4m3fn else 0x7C
+    bad = (codes.view(torch.uint8) & top) == top
+    return int(bad.reshape(-1).nonzero()[0]) if bad.any() else None
+
+
 def _check_loaded(module, state_dict, prefix):
     """What load_state_dict is about to copy into a Float8InferenceLinear, checked before anything is
     copied - torch's copy_ converts by value, so other FP8 codes (e5m2 into e4m3fn: saturated) or
@@ -248,13 +262,7 @@ def _check_loaded(module, state_dict, prefix):
         if codes.dtype != held:
             raise fp8kit.Error(f"{where}: '{prefix}weight' is {codes.dtype}, but the layer holds {held} codes; "
                                "FP8 codes load as they are, never converted")
-        at = None
-        if codes.is_cpu:
-            at = fp8kit._fp8kit.first_nonfinite_code(fp8kit._to_extension(codes), str(held).removeprefix("torch.float8_"))
-        elif codes.is_cuda:  # on the device, no copy to the host: the codes whose exponent bits are all ones
-            top = 0x7F if held == torch.float8_e4m3fn else 0x7C  # e4m3fn: NaN alone; e5m2: Inf and NaN
-            bad = (codes.view(torch.uint8) & top) == top
-            at = int(bad.reshape(-1).nonzero()[0]) if bad.any() else None
+        at = _first_nonfinite(codes)
         if at is not None:
             raise fp8kit.Error(f"{where}: '{prefix}weight' holds a code that is not a number at "
                                f"{_at(at, codes.shape)}: every output it reaches would be NaN")
