@@ -22,7 +22,7 @@ SkipRule::SkipRule(const std::vector<std::string>& extra) {
         try {
             impl->patterns.emplace_back(r);
         } catch (const std::regex_error& e) {
-            throw Error("--skip '" + r + "' is not a regular expression (" + e.what() + ")");
+            throw Error("--skip " + quote_printable(r) + " is not a regular expression (" + e.what() + ")");
         }
     }
     impl_ = std::move(impl);

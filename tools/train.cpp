@@ -74,12 +74,12 @@ std::vector<std::string> parse_recipes(const std::string& list) {
     std::vector<std::string> recipes;
     std::stringstream ss(list);
     for (std::string r; std::getline(ss, r, ',');) {
-        if (r.empty()) throw Error("--recipe '" + list + "': an empty recipe name");
-        if (!known(r)) throw Error("--recipe: unknown recipe '" + r + "' (all, or a comma list of f32, bf16, tensorwise, rowwise, block, delayed, mxfp8)");
-        if (std::find(recipes.begin(), recipes.end(), r) != recipes.end()) throw Error("--recipe: '" + r + "' given twice");
+        if (r.empty()) throw Error("--recipe " + quote_printable(list) + ": an empty recipe name");
+        if (!known(r)) throw Error("--recipe: unknown recipe " + quote_printable(r) + " (all, or a comma list of f32, bf16, tensorwise, rowwise, block, delayed, mxfp8)");
+        if (std::find(recipes.begin(), recipes.end(), r) != recipes.end()) throw Error("--recipe: " + quote_printable(r) + " given twice");
         recipes.push_back(r);
     }
-    if (recipes.empty() || list.back() == ',') throw Error("--recipe '" + list + "': an empty recipe name");
+    if (recipes.empty() || list.back() == ',') throw Error("--recipe " + quote_printable(list) + ": an empty recipe name");
     return recipes;
 }
 
@@ -219,7 +219,7 @@ void run_train(const TrainArgs& a) {
     // Every argument is checked before any work or output (the numbers were, as they were parsed).
     std::error_code ec;
     if (std::filesystem::exists(std::filesystem::symlink_status(a.out, ec)) && !std::filesystem::is_directory(a.out, ec))
-        throw Error("--out '" + a.out + "' exists and is not a directory");
+        throw Error("--out " + quote_printable(a.out) + " exists and is not a directory");
     std::vector<std::string> recipes = parse_recipes(a.recipe);
     gpt::TrainConfig c;
     if (a.device == "cuda") {
@@ -236,7 +236,7 @@ void run_train(const TrainArgs& a) {
             throw Error("--recipe bf16 runs on the host only (it emulates bf16 GEMM inputs there), not with --device cuda");
         }
     } else if (a.device != "cpu") {
-        throw Error("--device '" + a.device + "': expected cpu or cuda");
+        throw Error("--device " + quote_printable(a.device) + ": expected cpu or cuda");
     }
     c.seed = a.seed;
     c.steps = a.steps;
@@ -265,7 +265,7 @@ void run_train(const TrainArgs& a) {
     try {
         gpt::check_training_text(text, c);
     } catch (const Error& e) {
-        throw BadInput("--data '" + a.data + "': " + e.what());  // the built-in corpus far outgrows the fixed context
+        throw BadInput("--data " + quote_printable(a.data) + ": " + e.what());  // the built-in corpus far outgrows the fixed context
     }
     // The runs: every recipe from every seed. The GPU trains one at a time (one device, one stream).
     const size_t seeds = size_t(a.seeds), n_runs = recipes.size() * seeds;

@@ -82,7 +82,7 @@ protected:
     template <class M>
     M& child(size_t i) const {
         auto* m = dynamic_cast<M*>(children_.at(i).second.get());
-        if (!m) throw Error("fp8kit::nn: child '" + children_.at(i).first + "' has the wrong kind");
+        if (!m) throw Error("fp8kit::nn: child " + quote_printable(children_.at(i).first) + " has the wrong kind");
         return *m;
     }
 

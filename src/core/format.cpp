@@ -42,15 +42,15 @@ std::optional<Format> try_parse_format(std::string_view name) noexcept {
 
 Format parse_format(std::string_view name) {
     if (auto f = try_parse_format(name)) return *f;
-    throw Error("unknown FP8 format '" + std::string(name) +
-                "', expected one of e4m3fn (alias e4m3), e5m2, e4m3fnuz, e5m2fnuz, e8m0fnu (alias e8m0)");
+    throw Error("unknown FP8 format " + quote_printable(name) +
+                ", expected one of e4m3fn (alias e4m3), e5m2, e4m3fnuz, e5m2fnuz, e8m0fnu (alias e8m0)");
 }
 
 Overflow parse_overflow(std::string_view name) {
     if (name == "saturate" || name == "sat") return Overflow::saturate;
     if (name == "nonsaturating" || name == "nosat") return Overflow::nonsaturating;
-    throw Error("unknown overflow mode '" + std::string(name) +
-                "', expected saturate (sat) or nonsaturating (nosat)");
+    throw Error("unknown overflow mode " + quote_printable(name) +
+                ", expected saturate (sat) or nonsaturating (nosat)");
 }
 
 }  // namespace fp8kit

@@ -77,7 +77,7 @@ void detail::throw_non_finite(const MatrixRef& x, const Tensor& tensor, const st
         for (int64_t j = 0; j < x.cols; ++j) {
             const float v = load_float(x.data, x.dtype, i * x.ld + j);
             if (std::isfinite(v)) continue;
-            throw Error(where + "tensor " + (tensor.name().empty() ? "" : "'" + tensor.name() + "' ") + "holds " +
+            throw Error(where + "tensor " + (tensor.name().empty() ? "" : quote_printable(tensor.name()) + " ") + "holds " +
                         (std::isnan(v) ? "NaN" : v > 0 ? "+Inf" : "-Inf") + " at index " + index_string(i, j, tensor) +
                         " and non_finite is error");
         }

@@ -51,8 +51,8 @@ Scaling parse_scaling(std::string_view text) {
     if (text == "column") return Scaling::column();
     if (text == "mx32") return Scaling::mx32();
     auto bad = [&] {
-        return Error("unknown scaling '" + std::string(text) +
-                     "', expected tensor, row, column, mx32 or block:RxC (for example block:1x128)");
+        return Error("unknown scaling " + quote_printable(text) +
+                     ", expected tensor, row, column, mx32 or block:RxC (for example block:1x128)");
     };
     // "block:RxC", and "block(RxC)" as to_string writes it.
     std::string_view dims;
@@ -170,7 +170,7 @@ Recipe parse_recipe(std::string_view name) {
         r.mx_rounding = MxRounding::up;
         return r;
     }
-    throw Error("unknown recipe '" + std::string(name) + "', expected tensorwise, delayed, rowwise, block, mxfp8 or mxfp8_rceil");
+    throw Error("unknown recipe " + quote_printable(name) + ", expected tensorwise, delayed, rowwise, block, mxfp8 or mxfp8_rceil");
 }
 
 // ---- DelayedScaling ----

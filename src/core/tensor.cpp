@@ -40,8 +40,8 @@ std::optional<DType> try_parse_dtype(std::string_view name) noexcept {
 
 DType parse_dtype(std::string_view name) {
     if (auto d = try_parse_dtype(name)) return *d;
-    throw Error("unknown dtype '" + std::string(name) +
-                "', expected f32, bf16, f16, f64, i8, i16, i32, i64, u8, u16, u32, u64, bool or an FP8 format (e4m3fn, e5m2, e4m3fnuz, e5m2fnuz, e8m0fnu)");
+    throw Error("unknown dtype " + quote_printable(name) +
+                ", expected f32, bf16, f16, f64, i8, i16, i32, i64, u8, u16, u32, u64, bool or an FP8 format (e4m3fn, e5m2, e4m3fnuz, e5m2fnuz, e8m0fnu)");
 }
 
 Format format_of(DType d) {
@@ -180,7 +180,7 @@ Tensor Tensor::view_of(std::shared_ptr<const void> owner, const void* data, Shap
 Tensor Tensor::from_external(std::shared_ptr<const void> owner, External m) {
     // The message's prefix is built only on error: fp8kit.torch wraps two tensors a call.
     const auto where = [&m] {
-        return "fp8kit::Tensor::from_external" + (m.name.empty() ? std::string() : " ('" + m.name + "')") + ": ";
+        return "fp8kit::Tensor::from_external" + (m.name.empty() ? std::string() : " (" + quote_printable(m.name) + ")") + ": ";
     };
     check_shape(m.shape, "from_external");
     if (m.strides.empty()) m.strides = row_major_strides(m.shape);
@@ -254,7 +254,7 @@ void* Tensor::raw_data() const {
 
 void Tensor::check_writable(const char* fn) const {
     if (read_only_) {
-        throw Error(std::string("fp8kit::Tensor::") + fn + ": tensor " + (name().empty() ? "" : "'" + name() + "' ") +
+        throw Error(std::string("fp8kit::Tensor::") + fn + ": tensor " + (name().empty() ? "" : quote_printable(name()) + " ") +
                     to_string(shape_) + " " + std::string(to_string(dtype_)) +
                     " views read-only memory; read it with data<const T>() or write to a clone()");
     }

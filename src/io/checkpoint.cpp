@@ -53,7 +53,7 @@ std::string_view to_string(Scheme s) noexcept { return names_of(s).name; }
 Scheme parse_scheme(std::string_view text) {
     for (const SchemeNames& n : scheme_names)
         if (n.name == text && n.scheme != Scheme::group) return n.scheme;
-    throw Error("unknown scheme '" + std::string(text) + "', expected tensor, channel, block128 or mx32");
+    throw Error("unknown scheme " + quote_printable(text) + ", expected tensor, channel, block128 or mx32");
 }
 
 Scaling scaling_of(Scheme s) {
@@ -76,7 +76,7 @@ std::string_view recipe_of(Scheme s) noexcept { return names_of(s).recipe; }
 Scheme scheme_of_recipe(std::string_view recipe) {
     for (const SchemeNames& n : scheme_names)
         if (!n.recipe.empty() && n.recipe == recipe) return n.scheme;
-    throw Error("policy: unknown recipe '" + std::string(recipe) + "', expected tensorwise, rowwise, block or mxfp8");
+    throw Error("policy: unknown recipe " + quote_printable(recipe) + ", expected tensorwise, rowwise, block or mxfp8");
 }
 
 namespace {
@@ -389,7 +389,7 @@ std::optional<StoredWeight> stored_weight(const TensorLookup& t, const std::stri
         w.scheme = expected == "group" ? Scheme::group : parse_scheme(expected);
         scaling = fits(w.scheme);
         if (!scaling) {
-            throw Error(where + ": quantization_config says scheme '" + expected + "' for it, but its scale " + quote_printable(w.scale) + " is " +
+            throw Error(where + ": quantization_config says scheme " + quote_printable(expected) + " for it, but its scale " + quote_printable(w.scale) + " is " +
                         got + ", expected " + wanted(w.scheme));
         }
     } else {
@@ -509,7 +509,7 @@ void PolicyLayer::set_recipe(std::string_view recipe) {
     try {
         scheme = scheme_of_recipe(quantize_input ? recipe : "rowwise");
     } catch (const Error&) {
-        throw Error("unknown recipe '" + std::string(recipe) + "', expected tensorwise, rowwise, block, mxfp8 or weight_only");
+        throw Error("unknown recipe " + quote_printable(recipe) + ", expected tensorwise, rowwise, block, mxfp8 or weight_only");
     }
 }
 

@@ -1,5 +1,4 @@
-// src/io/files.cpp: <fp8kit/files.hpp> over the platform layer (src/platform/platform.hpp), and
-// printable(): text from files escaped for a terminal.
+// src/io/files.cpp: <fp8kit/files.hpp> over the platform layer (src/platform/platform.hpp).
 // Checked by tests/unit/test_platform.cpp and the e2e tests of the commands that read and write
 // files (tests/e2e/hostile_inputs.py).
 #include "fp8kit/files.hpp"
@@ -20,92 +19,5 @@ std::string read_file(const std::string& path) {
 }
 
 bool stderr_is_terminal() noexcept { return platform::stderr_is_terminal(); }
-
-namespace {
-// The length of the valid UTF-8 sequence at s[i] (1 to 4), or 0 where none starts there
-// (overlong forms, surrogates and code points above U+10FFFF are not valid).
-size_t utf8_length(std::string_view s, size_t i) {
-    const auto b = [&](size_t k) { return static_cast<unsigned char>(s[i + k]); };
-    const auto cont = [&](size_t k) { return i + k < s.size() && (b(k) & 0xC0) == 0x80; };
-    const unsigned char c = b(0);
-    if (c < 0x80) return 1;
-    if (c >= 0xC2 && c <= 0xDF) return cont(1) ? 2 : 0;
-    if (c >= 0xE0 && c <= 0xEF) {
-        if (!cont(1) || !cont(2)) return 0;
-        if ((c == 0xE0 && b(1) < 0xA0) || (c == 0xED && b(1) > 0x9F)) return 0;  // overlong, surrogate
-        return 3;
-    }
-    if (c >= 0xF0 && c <= 0xF4) {
-        if (!cont(1) || !cont(2) || !cont(3)) return 0;
-        if ((c == 0xF0 && b(1) < 0x90) || (c == 0xF4 && b(1) > 0x8F)) return 0;  // overlong, > U+10FFFF
-        return 4;
-    }
-    return 0;
-}
-}  // namespace
-
-std::string printable(std::string_view text) {
-    static constexpr char hex[] = "0123456789abcdef";
-    std::string out;
-    out.reserve(text.size());
-    const auto escape = [&](unsigned char c) {
-        out += "\\x";
-        out += hex[c >> 4];
-        out += hex[c & 15];
-    };
-    for (size_t i = 0; i < text.size();) {
-        const unsigned char c = static_cast<unsigned char>(text[i]);
-        const size_t n = utf8_length(text, i);
-        if (n == 0) {
-            escape(c);
-            ++i;
-            continue;
-        }
-        if (n == 1) {
-            switch (c) {
-                case '\n': out += "\\n"; break;
-                case '\t': out += "\\t"; break;
-                case '\r': out += "\\r"; break;
-                default:
-                    if (c < 0x20 || c == 0x7F) escape(c);
-                    else out += char(c);
-            }
-        } else if (n == 2 && c == 0xC2 && static_cast<unsigned char>(text[i + 1]) <= 0x9F) {
-            escape(c);  // U+0080..U+009F: the C1 controls (CSI is U+009B)
-            escape(static_cast<unsigned char>(text[i + 1]));
-        } else {
-            out.append(text.substr(i, n));
-        }
-        i += n;
-    }
-    return out;
-}
-
-namespace {
-// A name or value from a hostile file can be megabytes long: a message shows its first
-// quote_printable_max bytes of escaped text (cut at a character's start), and in `tail` its length.
-std::string cut_printable(std::string_view text, std::string& tail) {
-    std::string p = printable(text);
-    if (p.size() > quote_printable_max) {
-        size_t cut = quote_printable_max;
-        while (cut > 0 && (static_cast<unsigned char>(p[cut]) & 0xC0) == 0x80) --cut;  // not inside a UTF-8 sequence
-        p.resize(cut);
-        tail = "... (" + std::to_string(text.size()) + " bytes)";
-    }
-    return p;
-}
-}  // namespace
-
-std::string quote_printable(std::string_view text) {
-    std::string tail;
-    const std::string p = cut_printable(text, tail);
-    return "'" + p + "'" + tail;
-}
-
-std::string printable_cut(std::string_view text) {
-    std::string tail;
-    const std::string p = cut_printable(text, tail);
-    return p + tail;
-}
 
 }  // namespace fp8kit

@@ -61,7 +61,7 @@ SafetensorsEntry parse_entry(const std::string& name, const Json& v, const std::
         }
     }
     for (const char* k : {"dtype", "shape", "data_offsets"}) {
-        if (!v.contains(k)) throw Error(where + " has no '" + k + "'");
+        if (!v.contains(k)) throw Error(where + " has no " + quote_printable(k));
     }
     SafetensorsEntry e{name, DType::u8, {}, 0, 0};
     const Json& dt = v["dtype"];

@@ -144,7 +144,7 @@ void check_output(const std::string& out, bool directory, const std::vector<std:
     std::error_code ec;
     const fs::path abs = fs::absolute(out, ec);
     const fs::path folder = abs.parent_path();
-    if (!fs::is_directory(folder, ec)) throw Error(out + ": the folder '" + folder.string() + "' does not exist");
+    if (!fs::is_directory(folder, ec)) throw Error(out + ": the folder " + quote_printable(folder.string()) + " does not exist");
     for (const std::string& in : inputs) {
         if (platform::same_file(out, in)) throw Error(out + " is the same file as the input " + in + " (inputs are never modified)");
         // A directory output replaced with force must not hold an input either.

@@ -16,7 +16,7 @@ AdamW::AdamW(std::vector<std::pair<std::string, std::shared_ptr<Parameter>>> par
         throw Error("fp8kit::nn::AdamW: options out of range (lr >= 0, betas in [0, 1), eps > 0, weight_decay >= 0)");
     for (const auto& [name, p] : params_) {
         if (!p->value.defined() || !p->grad.defined())
-            throw Error("fp8kit::nn::AdamW: parameter '" + name + "' is stored in FP8 and cannot be trained");
+            throw Error("fp8kit::nn::AdamW: parameter " + quote_printable(name) + " is stored in FP8 and cannot be trained");
         m_.push_back(Tensor::zeros(p->value.shape(), DType::f32, p->value.device()));
         v_.push_back(Tensor::zeros(p->value.shape(), DType::f32, p->value.device()));
     }

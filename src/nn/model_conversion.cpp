@@ -161,8 +161,8 @@ LinearPlan policy_plan(const Policy& policy, const Float8LinearOptions& defaults
             return std::nullopt;
         }
         if (!e->quantize_input) {
-            throw Error("fp8kit::nn::policy_plan: the policy's entry for '" + name +
-                        "' is weight_only, an inference recipe (the input not quantized); training needs tensorwise, "
+            throw Error("fp8kit::nn::policy_plan: the policy's entry for " + quote_printable(name) +
+                        " is weight_only, an inference recipe (the input not quantized); training needs tensorwise, "
                         "rowwise, block or mxfp8");
         }
         Float8LinearOptions o = defaults;
@@ -199,7 +199,7 @@ LayerwiseCastingReport enable_layerwise_casting(Module& model, const LayerwiseCa
         try {
             patterns.emplace_back(p, std::regex(p));
         } catch (const std::regex_error& e) {
-            throw Error("fp8kit::nn::enable_layerwise_casting: skip pattern '" + p + "' is not a regex: " + e.what());
+            throw Error("fp8kit::nn::enable_layerwise_casting: skip pattern " + quote_printable(p) + " is not a regex: " + e.what());
         }
     }
     LayerwiseCastingReport report;
@@ -211,7 +211,7 @@ LayerwiseCastingReport enable_layerwise_casting(Module& model, const LayerwiseCa
         for (const auto& c : opts.skip_classes)
             if (c == kind) why = "class " + kind;
         for (const auto& [text, re] : patterns)
-            if (why.empty() && std::regex_search(name, re)) why = "pattern '" + text + "'";
+            if (why.empty() && std::regex_search(name, re)) why = "pattern " + quote_printable(text);
         // The policy's layout for the weight (its recipe's weight scaling), or tensor scaling; and
         // whether the entry lets a Linear cast its input (weight_only: not).
         std::optional<Scheme> weight_scheme;

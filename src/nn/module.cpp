@@ -69,7 +69,7 @@ void Module::replace(const std::string& qualified_name, std::shared_ptr<Module> 
         }
         return;
     }
-    throw Error("fp8kit::nn::Module::replace: no module named '" + qualified_name + "'");
+    throw Error("fp8kit::nn::Module::replace: no module named " + quote_printable(qualified_name));
 }
 
 }  // namespace fp8kit::nn

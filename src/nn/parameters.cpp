@@ -36,17 +36,17 @@ void save_parameters(const Module& model, const std::string& path, const std::ma
 
 void load_parameters(Module& model, const Checkpoint& st) {
     const TensorLookup& file = st;
-    const std::string where = "fp8kit::nn::load_parameters: '" + st.path() + "'";
+    const std::string where = "fp8kit::nn::load_parameters: " + quote_printable(st.path());
     // Which parameters are Linear weights: those keep an FP8 copy and compute with it.
     std::set<const Parameter*> linear_weights;
     for (const auto& [name, m] : model.named_modules())
         if (const auto* l = dynamic_cast<const Linear*>(m)) linear_weights.insert(&l->weight());
     std::set<std::string> unused(st.names().begin(), st.names().end());
     for (auto& [name, p] : model.named_parameters()) {
-        if (!st.contains(name)) throw Error(where + " has no tensor '" + name + "'");
+        if (!st.contains(name)) throw Error(where + " has no tensor " + quote_printable(name));
         const SafetensorsEntry& e = st.entry(name);
         if (e.shape != p->value.shape())
-            throw Error(where + ": '" + name + "' is " + to_string(e.shape) + ", the model expects " + to_string(p->value.shape()));
+            throw Error(where + ": " + quote_printable(name) + " is " + to_string(e.shape) + ", the model expects " + to_string(p->value.shape()));
         std::optional<StoredWeight> fp8;
         try {
             fp8 = stored_weight(file, name);  // an FP8 weight with its scale, as fp8kit quantize writes it
@@ -58,7 +58,7 @@ void load_parameters(Module& model, const Checkpoint& st) {
                 const int64_t cols = fp8->q.data.size(1);
                 char code[8];
                 std::snprintf(code, sizeof code, "0x%02x", unsigned(fp8->q.data.contiguous().data<const uint8_t>()[*at]));
-                throw Error(where + ": '" + name + "' holds the code " + code + " (not a number) at row " + std::to_string(*at / cols) + ", column " + std::to_string(*at % cols) +
+                throw Error(where + ": " + quote_printable(name) + " holds the code " + code + " (not a number) at row " + std::to_string(*at / cols) + ", column " + std::to_string(*at % cols) +
                             " of its [" + std::to_string(fp8->q.data.size(0)) + ", " + std::to_string(cols) +
                             "] matrix: every output it reaches would be NaN (a damaged file?)");
             }
@@ -75,7 +75,7 @@ void load_parameters(Module& model, const Checkpoint& st) {
         } else if (fp8) {
             p->value = dequantize(fp8->q, DType::f32);
         } else if (e.dtype != DType::f32) {
-            throw Error(where + ": '" + name + "' is " + std::string(safetensors_dtype_name(e.dtype)) +
+            throw Error(where + ": " + quote_printable(name) + " is " + std::string(safetensors_dtype_name(e.dtype)) +
                         (is_fp8(e.dtype) ? " without a scale tensor (" + name + "_scale or _scale_inv)" : ", expected F32"));
         } else {
             p->value = st.tensor(name).clone();  // the file's tensors are read-only views of the mapping
@@ -83,7 +83,7 @@ void load_parameters(Module& model, const Checkpoint& st) {
         unused.erase(name);
         if (fp8) unused.erase(fp8->scale);
     }
-    if (!unused.empty()) throw Error(where + " has an unexpected tensor '" + *unused.begin() + "'");
+    if (!unused.empty()) throw Error(where + " has an unexpected tensor " + quote_printable(*unused.begin()));
 }
 
 }  // namespace fp8kit::nn

@@ -4,9 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
 
+#include "fp8kit/dtype.hpp"
 #include "fp8kit/error.hpp"
+#include "fp8kit/recipe.hpp"
+#include "fp8kit/scaling.hpp"
 #include "support.hpp"
 
 namespace fp8kit::test {
@@ -37,6 +41,31 @@ TEST(FormatNames, CanonicalAliasesAndErrors) {
     EXPECT_EQ(parse_overflow("sat"), sat);
     EXPECT_EQ(parse_overflow("nonsaturating"), nosat);
     EXPECT_THROW(parse_overflow("clamp"), Error);
+}
+
+// A name the parsers refuse may come from a file or a Python caller: the message shows it through
+// quote_printable - its escape sequence as text, a megabyte name as its first 200 bytes and its
+// length - never raw (an ESC in the message would act on the terminal it is printed to).
+TEST(FormatNames, RefusedNamesAreShownAsText) {
+    const std::string esc = "e4\x1b[2J", huge = std::string(1 << 20, 'n');
+    const std::function<void(const std::string&)> parsers[] = {
+        [](const std::string& n) { (void)parse_format(n); }, [](const std::string& n) { (void)parse_overflow(n); },
+        [](const std::string& n) { (void)parse_dtype(n); }, [](const std::string& n) { (void)parse_scaling(n); },
+        [](const std::string& n) { (void)parse_recipe(n); }};
+    for (size_t i = 0; i < std::size(parsers); ++i) {
+        for (const std::string& name : {esc, huge}) {
+            try {
+                parsers[i](name);
+                ADD_FAILURE() << "parser " << i << " took the name";
+            } catch (const Error& e) {
+                const std::string m = e.what();
+                EXPECT_EQ(m.find('\x1b'), std::string::npos) << "parser " << i << ": " << m;
+                EXPECT_LT(m.size(), 500u) << "parser " << i;
+                const std::string shown = name == esc ? "'e4\\x1b[2J'" : "'" + std::string(200, 'n') + "'... (1048576 bytes)";
+                EXPECT_NE(m.find(shown), std::string::npos) << "parser " << i << ": " << m.substr(0, 300);
+            }
+        }
+    }
 }
 
 // The FormatInfo table against NUMERICS.md's table and against decode of the extreme codes.
