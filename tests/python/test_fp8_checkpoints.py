@@ -1369,6 +1369,30 @@ def test_memory_falls_with_the_stored_bytes(tmp_path):
     assert rss["quantize_"]["peak"] <= rss["quantize_"]["made"] + 3 * largest, rss
 
 
+def test_quantize_refuses_a_non_finite_weight_of_a_mapped_model_and_puts_back_what_it_replaced(tmp_path):
+    """from_pretrained maps a bf16 checkpoint's safetensors: quantize_ scans each mapped weight where
+    it quantizes it (its pages read once, then given back), so a bad weight is found after the
+    layers before it were replaced - and those are put back: the same Linear modules, their
+    weights still the file's, read again after their pages went back (the nearest wrong answers:
+    no check - no error; no putting back - layer 0 left in FP8)."""
+    torch.manual_seed(6)
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      tie_word_embeddings=False)
+    model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight[2, 3] = -math.inf
+    model.save_pretrained(tmp_path)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    linears = {n: (m, m.weight.detach().clone()) for n, m in loaded.named_modules() if type(m) is torch.nn.Linear}
+    mapped = fp8kit.torch.memory.file_mappings()
+    assert all(fp8kit.torch.memory.in_file_mapping(m.weight, mapped) for m, _ in linears.values())  # the case here
+    with pytest.raises(fp8kit.Error, match=r"quantize_: layer 'model.layers.1.mlp.down_proj' weight holds -inf at \[2, 3\]"):
+        fp8kit.torch.quantize_(loaded)
+    for name, (m, w) in linears.items():
+        assert loaded.get_submodule(name) is m and torch.equal(m.weight, w), name
+
+
 def _make_memory_checkpoints(base, fp8):
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(transformers.LlamaConfig(**MEMORY_LLAMA)).to(torch.bfloat16).save_pretrained(base)

@@ -11,6 +11,7 @@ Run by scripts/test.sh (pytest, on the package scripts/setup.sh installed into .
 """
 import copy
 import io
+import math
 
 import numpy as np
 import pytest
@@ -326,10 +327,16 @@ def _nan_at(codes, flat):
     ("rowwise", "weight_scale_inv", lambda t: t.int(), "'0.weight_scale_inv' is torch.int32"),
     ("mxfp8", "weight_scale_inv", lambda t: t.view(torch.uint8).clone().fill_(0xFF).view(torch.float8_e8m0fnu),
      r"'0.weight_scale_inv' holds nan"),
+    # Finite, but times 448 past float32's 3.4e38: the weights would dequantize to Inf.
+    ("rowwise", "weight_scale_inv", lambda t: t.index_fill(0, torch.tensor([2]), 1e36),
+     r"'0.weight_scale_inv' holds 1e\+36 at \[2, 0\]: times the codes' largest magnitude \(448\) that is beyond float32"),
+    ("mxfp8", "weight_scale_inv", lambda t: t.view(torch.uint8).clone().fill_(254).view(torch.float8_e8m0fnu),
+     r"'0.weight_scale_inv' holds 1.70141\d*e\+38 at \[0, 0\]: times the codes' largest magnitude \(448\)"),
 ])
 def test_load_state_dict_refuses_codes_and_scales_it_would_change(recipe, key, change, needle):
     # torch's load_state_dict copies by value: uint8 codes would load as numbers, e5m2 codes
-    # saturated into e4m3fn; a zero, negative, NaN scale (or a NaN code) would make other weights.
+    # saturated into e4m3fn; a zero, negative, NaN or overflowing scale (or a NaN code) would make
+    # other weights.
     # Each is refused naming the key, and the layer computes as before (the nearest wrong answer, a
     # silent load, changes its output or raises nothing).
     source, target = mlp(33), mlp(34)
@@ -415,6 +422,35 @@ def test_a_bad_layer_is_refused_before_any_layer_is_converted(conversion, bad, n
     with pytest.raises(fp8kit.Error, match=f"fp8kit.torch.{conversion}: layer '3' " + needle):
         CONVERSIONS[conversion](model)
     assert [(m, getattr(m, "weight", None)) for m in model] == before
+
+
+@pytest.mark.parametrize("conversion,kwargs", [("quantize_", {}), ("enable_layerwise_casting", {}),
+                                               ("enable_layerwise_casting", {"scaled": False})])
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
+def test_a_non_finite_weight_is_refused_before_any_layer_is_converted(conversion, kwargs, value):
+    # FP8 stores no Inf: torch's unscaled cast (Diffusers' storage, scaled=False) would keep an Inf
+    # weight as +-448, a number where the bf16 model computes Inf, and a scaled cast makes the row
+    # NaN. A non-finite weight - and a NaN - is refused, naming the layer and the element, while the
+    # layers before it are still the model's own (the nearest wrong answer, converting, raises
+    # nothing; a check inside the replacement loop would have replaced layer 0 first).
+    model = torch.nn.Sequential(*mlp(31), torch.nn.Linear(96, 96)).to(torch.bfloat16)
+    with torch.no_grad():
+        model[3].weight[5, 7] = value
+    before = [(m, m.weight if hasattr(m, "weight") else None) for m in model]
+    with pytest.raises(fp8kit.Error, match=rf"fp8kit.torch.{conversion}: layer '3' weight holds {value} at \[5, 7\]"):
+        CONVERSIONS[conversion](model, **kwargs)
+    assert [(m, getattr(m, "weight", None)) for m in model] == before
+
+
+def test_a_non_finite_parameter_of_a_layer_cast_as_diffusers_casts_is_refused():
+    # enable_layerwise_casting stores a convolution as Diffusers does, its parameters cast to FP8
+    # as they are (an Inf bias would become 448): refused too, by name, the weights as they were.
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Conv1d(4, 4, 3)).to(torch.bfloat16)
+    with torch.no_grad():
+        model[1].bias[2] = math.inf
+    with pytest.raises(fp8kit.Error, match=r"enable_layerwise_casting: '1.bias' holds inf at \[2\]"):
+        f8.enable_layerwise_casting(model)
+    assert type(model[0]) is torch.nn.Linear and model[1].weight.dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize("conversion", list(CONVERSIONS))

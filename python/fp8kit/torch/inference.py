@@ -10,14 +10,15 @@ bad use) and test_fp8_checkpoints.py (RSS of fresh processes: each weight held o
 import json
 import re
 
+import numpy as np
 import torch
 from torch import nn
 
 import fp8kit
 
 from . import memory, ops
-from .ops import (_fused, _linear, _plain_eager, autocast_input, check_layer_weights, check_model_args, has_weights,
-                  warn_transposed_linears)
+from .ops import (_at, _fused, _linear, _plain_eager, autocast_input, check_finite, check_layer_weights,
+                  check_model_args, has_weights, warn_transposed_linears)
 from .siblings import _Siblings
 
 # The recipes of quantize_: stateless ones (delayed scaling keeps an amax history per layer, not
@@ -226,15 +227,6 @@ def _codes_before_load(module, state_dict, prefix, local_metadata, strict, missi
     _check_loaded(module, state_dict, prefix)
 
 
-def _at(flat, shape):
-    """The index [i, j, ...] of a flat position in shape."""
-    index = []
-    for size in reversed(shape):
-        flat, i = divmod(flat, size)
-        index.insert(0, i)
-    return index
-
-
 def _first_nonfinite(codes):
     """The flat index of the first NaN code (or e5m2 Inf) of FP8 codes, else None: on the host the
     library's scan, on a CUDA device torch's, with no copy to the host (the codes whose exponent
@@ -254,7 +246,8 @@ def _check_loaded(module, state_dict, prefix):
     copied - torch's copy_ converts by value, so other FP8 codes (e5m2 into e4m3fn: saturated) or
     uint8 codes (taken as numbers) would load as other weights: the codes in the layer's own FP8
     dtype and without NaN (one makes every output it reaches NaN); scales (weight_scale_inv, a
-    static input_scale) finite and positive, e8m0 ones not its NaN code - as load_fp8_checkpoint
+    static input_scale) finite and positive, e8m0 ones not its NaN code, and none whose product with
+    the format's largest code overflows float32 - as load_fp8_checkpoint
     checks a file's (docs/CHECKPOINTS.md). An fp8kit.Error naming the key, the layer unchanged."""
     where = "fp8kit.torch.Float8InferenceLinear.load_state_dict"
     codes, held = state_dict.get(prefix + "weight"), module._buffers["weight"].dtype
@@ -266,22 +259,24 @@ def _check_loaded(module, state_dict, prefix):
         if at is not None:
             raise fp8kit.Error(f"{where}: '{prefix}weight' holds a code that is not a number at "
                                f"{_at(at, codes.shape)}: every output it reaches would be NaN")
+    # A scale times the codes' largest magnitude must be a float32, as the file loader's
+    # checked_scale requires: past it the layer's weights would dequantize to Inf.
+    largest = torch.finfo(held).max
     for name in ("weight_scale_inv", "input_scale"):
         scale = state_dict.get(prefix + name)
         if not isinstance(scale, torch.Tensor) or scale.device.type not in ("cpu", "cuda"):
             continue
-        if scale.dtype == torch.float8_e8m0fnu:
-            bad = scale.view(torch.uint8) == 0xFF
-        elif scale.dtype.is_floating_point and scale.dtype.itemsize > 1:
-            bad = ~(torch.isfinite(scale) & (scale > 0))
-        else:
+        if scale.dtype != torch.float8_e8m0fnu and not (scale.dtype.is_floating_point and scale.dtype.itemsize > 1):
             raise fp8kit.Error(f"{where}: '{prefix}{name}' is {scale.dtype}; a scale is float32, bfloat16, "
                                "float16 (or e8m0 for mxfp8)")
+        value = scale.float()  # e8m0's NaN code 0xFF: NaN
+        bad = ~(torch.isfinite(value) & (value > 0) & (value.double() * largest <= torch.finfo(torch.float32).max))
         if bad.any():
             at = int(bad.reshape(-1).nonzero()[0])
-            value = scale.reshape(-1)[at].float().item()
-            raise fp8kit.Error(f"{where}: '{prefix}{name}' holds {value} at {_at(at, scale.shape)}: a scale is "
-                               "finite and positive")
+            v = np.float32(value.reshape(-1)[at].item())  # str: float32's shortest digits (1e+36, not 9.99...e+35)
+            why = (f"times the codes' largest magnitude ({largest:g}) that is beyond float32, so the weights "
+                   "would dequantize to Inf" if np.isfinite(v) and v > 0 else "a scale is finite and positive")
+            raise fp8kit.Error(f"{where}: '{prefix}{name}' holds {str(v)} at {_at(at, scale.shape)}: {why}")
 
 
 def _stored_names(module, state_dict, prefix, local_metadata):
@@ -362,8 +357,8 @@ def quantize_(model, config=None, filter_fn=None, *, fuse_siblings=True):
     (_record_in_config: compressed-tensors' layout, or for mxfp8 fp8kit's own), so that
     save_pretrained writes a checkpoint from_pretrained runs as stored.
     A Linear with in or out features 0 stays as it is (no weight to hold in FP8). Every chosen
-    layer's weight is checked before the first is replaced (ops.check_layer_weights): a bad one
-    is an fp8kit.Error naming it, and the model is left as it was."""
+    layer's weight is checked before the first is replaced (ops.check_layer_weights, and finite:
+    ops.check_finite): a bad one is an fp8kit.Error naming it, and the model is left as it was."""
     check_model_args("fp8kit.torch.quantize_", model, filter_fn)
     warn_transposed_linears("fp8kit.torch.quantize_", model)
     recipe = config or "rowwise"
@@ -376,22 +371,40 @@ def quantize_(model, config=None, filter_fn=None, *, fuse_siblings=True):
     if chosen and not chosen[0][0]:
         raise fp8kit.Error("fp8kit.torch.quantize_: the model is itself an nn.Linear; quantize_ replaces the "
                            "Linear layers inside a model (wrap it: nn.Sequential(linear))")
-    check_layer_weights("fp8kit.torch.quantize_", chosen)
+    where = "fp8kit.torch.quantize_"
+    check_layer_weights(where, chosen)
     mapped = memory.file_mappings()
+    # Non-finite weights are refused before any layer changes (ops.check_finite). A weight in memory
+    # is scanned now; one mapped from a file (from_pretrained's safetensors) where it is quantized,
+    # so that its pages are read once and go back after - scanning them all first would page the
+    # whole model in. Those layers go first, and a bad one puts back the layers replaced before it:
+    # their weights are still the file's pages.
+    in_file = {fqn: memory.in_file_mapping(m.weight, mapped) for fqn, m in chosen}
+    check_finite(where, [(f"layer '{fqn}' weight", m.weight) for fqn, m in chosen if not in_file[fqn]])
+    chosen.reverse()
+    chosen.sort(key=lambda c: in_file[c[0]])  # popped from the end: the mapped layers first, each in model order
     names = {}  # a Parameter's names: more than one is a tied weight, which stays in use
     for name, p in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(name)
-    chosen.reverse()
+    replaced = []  # the mapped layers replaced so far, (fqn, the Linear), to put back on a bad one
     while chosen:  # popped, so that no list keeps a replaced Linear alive until the end
         fqn, m = chosen.pop()
         w = m.weight
+        if in_file[fqn]:
+            try:
+                check_finite(where, [(f"layer '{fqn}' weight", w)])
+            except fp8kit.Error:
+                for name, linear in reversed(replaced):
+                    model.set_submodule(name, linear)
+                raise
+            replaced.append((fqn, m))
         fp8 = Float8InferenceLinear.from_linear(m, recipe)
         model.set_submodule(fqn, fp8)
         fp8.release_codes()  # packed now, and the packed weight is the codes' only copy
         # The high-precision weight, read for the last time: where it is a file's pages (a model
         # loaded from safetensors maps its file) they go back now - they would stay resident as
         # long as any other tensor of that file is mapped - unless another module still uses it.
-        if len(names.get(id(w), ())) == 1 and memory.in_file_mapping(w, mapped):
+        if len(names.get(id(w), ())) == 1 and in_file[fqn]:
             memory.release_pages(w)
         del m, w  # the replaced Linear goes now where nothing else holds it
         memory.trim_heap()

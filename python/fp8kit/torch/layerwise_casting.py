@@ -19,7 +19,7 @@ import fp8kit
 from . import memory
 from .gelu_fusion import fuse_gelu as _fuse_gelu
 from .inference import Float8InferenceLinear, _fp8_weight, _group_siblings
-from .ops import check_layer_weights, check_model_args, has_weights
+from .ops import check_finite, check_layer_weights, check_model_args, has_weights
 
 # Diffusers' defaults (diffusers.hooks.layerwise_casting): the modules whose names match one of
 # these are left alone, and only these layer kinds have their weights stored in FP8.
@@ -192,6 +192,9 @@ def enable_layerwise_casting(model, storage_dtype=torch.float8_e4m3fn, compute_d
     # changes: a bad one leaves the model as it was.
     visit(model, "", None, None)
     check_layer_weights("fp8kit.torch.enable_layerwise_casting", [(name, m) for name, m, _, _ in native])
+    check_finite("fp8kit.torch.enable_layerwise_casting",
+                 [(f"layer '{name}' weight", m.weight) for name, m, _, _ in native] +
+                 [(f"'{name}.{p}'" if name != "(model)" else f"'{p}'", t) for name, m in cast for p, t in m.named_parameters()])
     for name, module, parent, child in native:
         setattr(parent, child, _native(module, storage_dtype, compute_dtype, scaled))
         report._undo.append(functools.partial(setattr, parent, child, module))  # the original, untouched

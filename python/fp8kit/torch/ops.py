@@ -214,6 +214,39 @@ def check_layer_weights(where, layers, on_meta=False):
             raise fp8kit.Error(f"{layer}: its weight is a {type(w).__name__}, not an nn.Parameter")
 
 
+def check_finite(where, tensors):
+    """The tensors ((name, tensor) pairs) a conversion is about to store in FP8, checked finite all
+    before the first is converted: FP8 stores no Inf (e4m3fn has none) - torch's unscaled cast
+    (Diffusers' storage) would keep an Inf weight as the format's largest value, a number; a scaled
+    one makes its whole row or tensor NaN - so a non-finite weight (a diverged fine-tune, a broken
+    file) is an fp8kit.Error naming it and its first such element, and the model is left as it
+    was. One pass over each (aminmax: NaN propagates, an Inf is the min or the max), no temporary
+    the size of the weight; meta and empty tensors hold nothing to check, FP8 codes and integers
+    no Inf."""
+    for name, w in tensors:
+        w = w.detach()
+        if w.numel() == 0 or w.is_meta or w.dtype.itemsize == 1 or not w.dtype.is_floating_point:
+            continue
+        lo, hi = torch.aminmax(w)
+        if bool(torch.isfinite(lo) & torch.isfinite(hi)):
+            continue
+        flat = w.reshape(-1)
+        at = int((~torch.isfinite(flat)).nonzero()[0])
+        v = flat[at].item()
+        why = ("every output it reaches would be NaN" if math.isnan(v) else
+               "an unscaled FP8 cast would store it as the format's largest value, a scaled one make outputs NaN")
+        raise fp8kit.Error(f"{where}: {name} holds {v} at {_at(at, w.shape)}: {why}; FP8 weights must be finite")
+
+
+def _at(flat, shape):
+    """The index [i, j, ...] of a flat position in shape."""
+    index = []
+    for size in reversed(shape):
+        flat, i = divmod(flat, size)
+        index.insert(0, i)
+    return index
+
+
 def warn_transposed_linears(where, model):
     """A warning naming the transformers Conv1D layers of model (GPT-2's Linear with its weight
     stored [in, out]), which the conversions leave as they are - they take nn.Linear - so that a
