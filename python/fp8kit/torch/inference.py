@@ -357,8 +357,10 @@ def quantize_(model, config=None, filter_fn=None, *, fuse_siblings=True):
     (_record_in_config: compressed-tensors' layout, or for mxfp8 fp8kit's own), so that
     save_pretrained writes a checkpoint from_pretrained runs as stored.
     A Linear with in or out features 0 stays as it is (no weight to hold in FP8). Every chosen
-    layer's weight is checked before the first is replaced (ops.check_layer_weights, and finite:
-    ops.check_finite): a bad one is an fp8kit.Error naming it, and the model is left as it was."""
+    layer's weight is checked (ops.check_layer_weights, and finite: ops.check_finite): a bad one is
+    an fp8kit.Error naming it, and the model is left as it was - checked before the first layer is
+    replaced, or for a weight mapped from a file where it is quantized, the layers replaced before
+    it then put back."""
     check_model_args("fp8kit.torch.quantize_", model, filter_fn)
     warn_transposed_linears("fp8kit.torch.quantize_", model)
     recipe = config or "rowwise"

@@ -194,7 +194,8 @@ def enable_layerwise_casting(model, storage_dtype=torch.float8_e4m3fn, compute_d
     check_layer_weights("fp8kit.torch.enable_layerwise_casting", [(name, m) for name, m, _, _ in native])
     check_finite("fp8kit.torch.enable_layerwise_casting",
                  [(f"layer '{name}' weight", m.weight) for name, m, _, _ in native] +
-                 [(f"'{name}.{p}'" if name != "(model)" else f"'{p}'", t) for name, m in cast for p, t in m.named_parameters()])
+                 [(f"'{p}'" if name == "(model)" else f"'{name}.{p}'", t)
+                  for name, m in cast for p, t in m.named_parameters()])
     for name, module, parent, child in native:
         setattr(parent, child, _native(module, storage_dtype, compute_dtype, scaled))
         report._undo.append(functools.partial(setattr, parent, child, module))  # the original, untouched

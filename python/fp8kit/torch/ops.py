@@ -234,7 +234,7 @@ def check_finite(where, tensors):
         at = int((~torch.isfinite(flat)).nonzero()[0])
         v = flat[at].item()
         why = ("every output it reaches would be NaN" if math.isnan(v) else
-               "an unscaled FP8 cast would store it as the format's largest value, a scaled one make outputs NaN")
+               "an unscaled FP8 cast would store it as the format's largest value, a scaled one make its row NaN")
         raise fp8kit.Error(f"{where}: {name} holds {v} at {_at(at, w.shape)}: {why}; FP8 weights must be finite")
 
 
