@@ -22,6 +22,9 @@ using detail::Json;
 namespace {
 
 constexpr const char* index_name = "model.safetensors.index.json";
+// A shard's name goes into every message about its tensors, and an application shows those
+// (a Python traceback prints them as they are): one a terminal would act on is refused.
+constexpr const char* unreadable_name = ", a name holding control characters or bytes that are not UTF-8 (not read)";
 
 }  // namespace
 
@@ -47,12 +50,18 @@ Checkpoint::Checkpoint(const std::string& path) : path_(path) {
                 if (f.empty() || fs::path(f).has_parent_path() || f == "." || f == "..") {
                     throw Error(index.string() + ": weight_map[" + quote_printable(name) + "] is " + quote_printable(f) + ", not a file in the directory");
                 }
+                if (printable(f) != f) {
+                    throw Error(index.string() + ": weight_map[" + quote_printable(name) + "] is " + quote_printable(f) + unreadable_name);
+                }
                 if (std::find(shard_files_.begin(), shard_files_.end(), f) == shard_files_.end()) shard_files_.push_back(f);
                 listed.emplace_back(name, f);
             }
         } else {
             for (const auto& e : fs::directory_iterator(path)) {
-                if (e.path().extension() == ".safetensors") shard_files_.push_back(e.path().filename().string());
+                if (e.path().extension() != ".safetensors") continue;
+                const std::string f = e.path().filename().string();
+                if (printable(f) != f) throw Error(path + ": the shard " + quote_printable(f) + unreadable_name);
+                shard_files_.push_back(f);
             }
         }
         std::sort(shard_files_.begin(), shard_files_.end());

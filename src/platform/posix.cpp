@@ -29,7 +29,7 @@ namespace fp8kit::platform {
 namespace {
 
 [[noreturn]] void fail(const std::string& what, const std::string& path, int err) {
-    throw Error(what + " '" + path + "': " + std::strerror(err));
+    throw Error(what + " '" + printable(path) + "': " + std::strerror(err));
 }
 
 }  // namespace
@@ -49,7 +49,7 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
         ::close(fd);
         const char* kind = S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISSOCK(st.st_mode) ? "a socket"
                            : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device" : "a special file";
-        throw Error(path + ": " + kind + ", not a regular file (only regular files are read)");
+        throw Error(printable(path) + ": " + kind + ", not a regular file (only regular files are read)");
     }
     size_ = size_t(st.st_size);
     if (size_ > 0) {
@@ -104,12 +104,12 @@ ReplacingFile::~ReplacingFile() {
 }
 
 void ReplacingFile::write(const void* data, size_t size) {
-    if (committed_) throw Error("write to '" + path_ + "' after commit");
+    if (committed_) throw Error("write to '" + printable(path_) + "' after commit");
     if (size > 0 && std::fwrite(data, 1, size, static_cast<FILE*>(handle_)) != size) fail("cannot write", temp_, errno);
 }
 
 void ReplacingFile::commit() {
-    if (committed_) throw Error("'" + path_ + "' committed twice");
+    if (committed_) throw Error("'" + printable(path_) + "' committed twice");
     FILE* f = static_cast<FILE*>(std::exchange(handle_, nullptr));
     if (std::fflush(f) != 0) {
         const int err = errno;
@@ -122,7 +122,7 @@ void ReplacingFile::commit() {
         fail("cannot flush", temp_, err);
     }
     if (std::fclose(f) != 0) fail("cannot close", temp_, errno);
-    if (std::rename(temp_.c_str(), path_.c_str()) != 0) fail("cannot rename '" + temp_ + "' to", path_, errno);
+    if (std::rename(temp_.c_str(), path_.c_str()) != 0) fail("cannot rename '" + printable(temp_) + "' to", path_, errno);
     committed_ = true;
 }
 

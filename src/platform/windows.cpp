@@ -34,7 +34,7 @@ std::string reason(DWORD err) {
 }
 
 [[noreturn]] void fail(const std::string& what, const std::string& path, DWORD err) {
-    throw Error(what + " '" + path + "': " + reason(err));
+    throw Error(what + " '" + printable(path) + "': " + reason(err));
 }
 
 std::wstring wide(const std::string& path) {
@@ -52,14 +52,14 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     const std::wstring name = wide(path);
     const DWORD attributes = GetFileAttributesW(name.c_str());
     if (attributes != INVALID_FILE_ATTRIBUTES && (attributes & FILE_ATTRIBUTE_DIRECTORY) != 0) {
-        throw Error(path + ": not a regular file (only regular files are read)");
+        throw Error(printable(path) + ": not a regular file (only regular files are read)");
     }
     HANDLE file = CreateFileW(name.c_str(), GENERIC_READ, FILE_SHARE_READ | FILE_SHARE_DELETE, nullptr, OPEN_EXISTING,
                               FILE_ATTRIBUTE_NORMAL, nullptr);
     if (file == INVALID_HANDLE_VALUE) fail("cannot open", path, GetLastError());
     if (GetFileType(file) != FILE_TYPE_DISK) {  // a console, pipe or device
         CloseHandle(file);
-        throw Error(path + ": not a regular file (only regular files are read)");
+        throw Error(printable(path) + ": not a regular file (only regular files are read)");
     }
     LARGE_INTEGER size{};
     if (!GetFileSizeEx(file, &size)) {
@@ -114,7 +114,7 @@ ReplacingFile::~ReplacingFile() {
 }
 
 void ReplacingFile::write(const void* data, size_t size) {
-    if (committed_) throw Error("write to '" + path_ + "' after commit");
+    if (committed_) throw Error("write to '" + printable(path_) + "' after commit");
     const char* p = static_cast<const char*>(data);
     while (size > 0) {  // WriteFile takes a 32-bit count
         const DWORD chunk = size < (DWORD(1) << 30) ? DWORD(size) : DWORD(1) << 30;
@@ -126,7 +126,7 @@ void ReplacingFile::write(const void* data, size_t size) {
 }
 
 void ReplacingFile::commit() {
-    if (committed_) throw Error("'" + path_ + "' committed twice");
+    if (committed_) throw Error("'" + printable(path_) + "' committed twice");
     HANDLE h = std::exchange(handle_, nullptr);
     if (!FlushFileBuffers(h)) {
         const DWORD err = GetLastError();
@@ -141,7 +141,7 @@ void ReplacingFile::commit() {
         std::string why = reason(err);
         if (err == ERROR_ACCESS_DENIED || err == ERROR_SHARING_VIOLATION)
             why += " (Windows cannot replace a file that is open or memory-mapped: a SafetensorsFile, or tensors read from it, may still hold it)";
-        throw Error("cannot rename '" + temp_ + "' to '" + path_ + "': " + why);
+        throw Error("cannot rename '" + printable(temp_) + "' to '" + printable(path_) + "': " + why);
     }
     committed_ = true;
 }

@@ -228,6 +228,11 @@ for cmd in (["inspect", "ck"], ["quantize", "ck", "out"], ["dequantize", "ck", "
 case("index names a shard that is a FIFO", lambda d: (sharded(d, {"a.weight": "s1.safetensors"}, {}),
                                                       os.mkfifo(os.path.join(d, "ck", "s1.safetensors"))),
      ["inspect", "ck"], 3, "s1.safetensors: a FIFO, not a regular file")
+case("index names a shard whose name holds escapes", lambda d: sharded(d, {"a.weight": "s\x1b[2J.safetensors"}, {}),
+     ["inspect", "ck"], 3, "weight_map['a.weight'] is 's\\x1b[2J.safetensors', a name holding control characters")
+case("a shard whose name holds escapes, no index", lambda d: (os.mkdir(os.path.join(d, "ck")),
+                                                              float_model(os.path.join(d, "ck", "\x9bx.safetensors"), ("a",))),
+     ["inspect", "ck"], 3, "the shard '\\xc2\\x9bx.safetensors', a name holding control characters")
 case("index weight_map value not a string, name with ESC", lambda d: sharded(d, {"\x1b[2Ja": 7}, {}), ["inspect", "ck"], 3,
      "weight_map['\\x1b[2Ja'] is not a file name")
 

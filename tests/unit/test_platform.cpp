@@ -73,6 +73,16 @@ TEST(Platform, EmptyAndMissingFiles) {
         EXPECT_NE(std::string(e.what()).find("nope"), std::string::npos) << e.what();
     }
     EXPECT_THROW(platform::MappedFile dir(t.dir.string()), Error);
+    // A path is shown escaped (a Python traceback prints the message as it is), whole.
+    const std::string long_name = std::string(300, 'n') + "\x1b[2J";
+    try {
+        platform::MappedFile missing(t.file(long_name.c_str()));
+        FAIL() << "no error for a missing file";
+    } catch (const Error& e) {
+        const std::string message = e.what();
+        EXPECT_EQ(message.find('\x1b'), std::string::npos) << message;
+        EXPECT_NE(message.find(std::string(300, 'n') + "\\x1b[2J'"), std::string::npos) << message;
+    }
 }
 
 TEST(Platform, ReplacingFileCommitsWhole) {
