@@ -109,8 +109,14 @@ def test_whole_model_runs_and_bad_storage_dtype_is_refused():
     # per cast); two casts per GEMM and three layers stay above 15 dB, a wrong scale or layout far below.
     assert 10 * torch.log10(ref.square().sum() / (y - ref).square().sum()) > 15
     assert "native FP8 (2): ff.0, ff.2" in str(report)
-    with pytest.raises(fp8kit.Error, match="storage_dtype torch.bfloat16"):
-        f8.enable_layerwise_casting(Block(), storage_dtype=torch.bfloat16)
+    # Refused before any layer changes: not FP8; e8m0 (a cast drops every sign); fnuz (no FP8
+    # layer takes it: an Embedding before the first Linear was already converted).
+    for bad in (torch.bfloat16, torch.float8_e8m0fnu, torch.float8_e4m3fnuz):
+        block = Block()
+        before = [(m, getattr(m, "weight", None)) for m in block.modules()]
+        with pytest.raises(fp8kit.Error, match=f"storage_dtype {bad}, expected torch.float8_e4m3fn"):
+            f8.enable_layerwise_casting(block, storage_dtype=bad)
+        assert [(m, getattr(m, "weight", None)) for m in block.modules()] == before
 
 
 def test_remove_gives_back_the_original_model_bit_for_bit():

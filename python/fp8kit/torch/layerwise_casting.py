@@ -161,8 +161,11 @@ def enable_layerwise_casting(model, storage_dtype=torch.float8_e4m3fn, compute_d
     Returns a LayerwiseCastingReport saying which layer went which way, whose remove() restores
     the model."""
     check_model_args("fp8kit.torch.enable_layerwise_casting", model)
-    if not (isinstance(storage_dtype, torch.dtype) and storage_dtype.is_floating_point and storage_dtype.itemsize == 1):
-        raise fp8kit.Error(f"fp8kit.torch.enable_layerwise_casting: storage_dtype {storage_dtype} is not an FP8 dtype")
+    # The two FP8 formats that hold weights (Diffusers' too): e8m0 holds scales - a cast to it drops
+    # every sign - and the fnuz formats no FP8 layer here takes (refused before any layer changes).
+    if storage_dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+        raise fp8kit.Error(f"fp8kit.torch.enable_layerwise_casting: storage_dtype {storage_dtype}, expected "
+                           "torch.float8_e4m3fn or torch.float8_e5m2")
     if compute_dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise fp8kit.Error(f"fp8kit.torch.enable_layerwise_casting: compute_dtype {compute_dtype}, expected "
                            "torch.float32, torch.bfloat16 or torch.float16 (the dtypes fp8kit's GEMM computes in)")
