@@ -265,6 +265,34 @@ def test_torch_compile_keeps_the_batch_dynamic(recipe):
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("change,needle", [
+    (lambda s: s["grad_output"]["scale"].fill_(float("nan")),
+     r"'0._extra_state'\['grad_output'\]: .*scale is not finite and positive"),
+    (lambda s: s["weight"]["amax_history"].fill_(-5), r"'0._extra_state'\['weight'\]: .*amax_history\[0\] is negative"),
+    (lambda s: s.pop("weight"), r"'0._extra_state' holds .*expected a dict of the roles"),
+    (lambda s: s["input"].__setitem__("fresh", "no"), r"'0._extra_state'\['input'\] holds .*fresh a bool"),
+    (lambda s: s["input"].__setitem__("scale", torch.ones(2)), r"'0._extra_state'\['input'\] has .*scale one value"),
+])
+def test_a_refused_delayed_state_leaves_the_layer_as_it_was(change, needle):
+    # A checkpoint with other weights, another input history and a bad last entry: refused naming
+    # the entry, before anything is taken (before: the weight and the input history were loaded,
+    # then the last role refused; a missing role or a string gave a raw KeyError or TypeError).
+    import copy
+    torch.manual_seed(3)
+    m = f8.convert_to_float8_training(torch.nn.Sequential(torch.nn.Linear(64, 32)), config="delayed")
+    m(torch.randn(8, 64))
+    weight, state = m[0].weight.detach().clone(), copy.deepcopy(m[0].get_extra_state())
+    sd = copy.deepcopy(m.state_dict())
+    sd["0.weight"].mul_(3)
+    sd["0._extra_state"]["input"]["amax_history"].fill_(7.0)
+    change(sd["0._extra_state"])
+    with pytest.raises(fp8kit.Error, match=needle):
+        m.load_state_dict(sd)
+    assert torch.equal(m[0].weight, weight)
+    for role, s in m[0].get_extra_state().items():
+        assert torch.equal(s["amax_history"], state[role]["amax_history"]) and torch.equal(s["scale"], state[role]["scale"])
+
+
 def test_delayed_state_is_saved_loaded_and_copied():
     """The delayed recipe's amax histories and scales are state: in state_dict (extra state) and in
     copies (deepcopy, torch.save of the module), so a run loaded from a state_dict, or a copy,

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 import fp8kit
+from fp8kit import _quoted
 
 from .fsdp import Float8GatheredWeight, shard_weight
 from .ops import (autocast_input, cast, check_input, check_layer_weights, check_model_args, has_weights, mm,
@@ -50,11 +51,36 @@ class _Casts:
         return {role: {"amax_history": torch.from_numpy(d.amax_history.copy()),
                        "scale": torch.from_numpy(d.scale.copy()), "fresh": d.fresh} for role, d in self.delayed.items()}
 
-    def restore(self, state):
-        for role, d in self.delayed.items():
-            s = state[role]
-            d.restore(fp8kit._to_extension(s["amax_history"].float().contiguous()),
-                      fp8kit._to_extension(s["scale"].float().reshape(1).contiguous()), bool(s["fresh"]))
+    def restore(self, state, where="_extra_state"):
+        """The delayed states of state() back, each role checked - a dict of the three roles, each
+        {amax_history: float tensor of the history's length, amaxes >= 0 (NaN: one recorded from a
+        NaN input, kept as a run keeps it), scale: one finite positive value, fresh: a bool} - before
+        any is taken: a refused state leaves every role as it was, the error naming the entry
+        (`where`, the state_dict key)."""
+        if not isinstance(state, dict) or set(state) != set(self.ROLES):
+            got = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
+            raise fp8kit.Error(f"fp8kit.torch.Float8Linear: {where} holds {_quoted(got)}, expected a dict of the roles "
+                               f"{list(self.ROLES)} (the delayed recipe's state)")
+        restored = {}
+        for role in self.ROLES:
+            s, entry = state[role], f"{where}[{role!r}]"
+            if not isinstance(s, dict) or not all(isinstance(s.get(k), torch.Tensor) for k in ("amax_history", "scale")) \
+                    or not isinstance(s.get("fresh"), bool):
+                got = sorted(map(str, s)) if isinstance(s, dict) else type(s).__name__
+                raise fp8kit.Error(f"fp8kit.torch.Float8Linear: {entry} holds {_quoted(got)}, expected amax_history and "
+                                   "scale tensors and fresh a bool")
+            history, scale = s["amax_history"], s["scale"]
+            if not history.dtype.is_floating_point or not scale.dtype.is_floating_point or scale.numel() != 1:
+                raise fp8kit.Error(f"fp8kit.torch.Float8Linear: {entry} has amax_history {history.dtype} "
+                                   f"{list(history.shape)} and scale {scale.dtype} {list(scale.shape)}, expected float "
+                                   "tensors, the scale one value")
+            d = restored[role] = fp8kit._fp8kit.DelayedScaling(role)
+            try:
+                d.restore(fp8kit._to_extension(history.detach().cpu().float().contiguous()),
+                          fp8kit._to_extension(scale.detach().cpu().float().reshape(1)), s["fresh"])
+            except fp8kit.Error as e:
+                raise fp8kit.Error(f"fp8kit.torch.Float8Linear: {entry}: {e}") from None
+        self.delayed = restored
 
     # copy.deepcopy and pickle (torch.save of a module): the extension's DelayedScaling objects as
     # their state.
@@ -221,6 +247,16 @@ class _DelayedFloat8Linear(Float8Linear):
     def set_extra_state(self, state):
         self._casts.restore(state)
 
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # The delayed state checked before torch copies the weight and bias: a refused one leaves
+        # the layer as it was.
+        key = prefix + "_extra_state"
+        if key in state_dict:
+            _Casts(self._casts.recipe).restore(state_dict[key], repr(key))
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
 
 def _fp8_operands(linear):
     """Whether a Linear's in and out features are multiples of 16, the FP8 GEMM's operand rule (as
@@ -246,7 +282,7 @@ def convert_to_float8_training(module, *, module_filter_fn=None, config=None, en
     Returns module (converted in place; an nn.Linear itself is returned converted)."""
     check_model_args("fp8kit.torch.convert_to_float8_training", module, module_filter_fn, "module_filter_fn")
     warn_transposed_linears("fp8kit.torch.convert_to_float8_training", module)
-    config = config or "tensorwise"
+    config = "tensorwise" if config is None else config  # "", 0 or False are refused, not taken as the default
     if type(config).__name__ == "Float8LinearConfig":
         enable_fsdp_float8_all_gather = enable_fsdp_float8_all_gather or config.enable_fsdp_float8_all_gather
         plain = dataclasses.replace(config, enable_fsdp_float8_all_gather=False)
