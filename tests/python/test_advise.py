@@ -78,11 +78,35 @@ def test_sqnr_floor_above_a_layer_refuses_it():
     assert again["up.weight"]["recipe"] is None
 
 
-def test_bad_arguments_are_refused_naming_them(tmp_path):
-    with pytest.raises(fp8kit.Error, match="rounds is 0"):
-        f8.advise(Net(), (torch.randn(4, 128),), rounds=0)
-    with pytest.raises(fp8kit.Error, match="recipe 'fastest'"):
-        f8.advise(Net(), (torch.randn(4, 128),), recipes=("fastest",))
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"rounds": 0}, "rounds is '0', expected an int >= 1"),
+    ({"rounds": 1.5}, "rounds is '1.5'"),
+    ({"recipes": ("fastest",)}, "recipe 'fastest'"),
+    ({"recipes": ()}, r"recipes is '\[\]', expected a non-empty tuple"),
+    ({"recipes": "rowwise"}, "recipes is 'rowwise', expected a non-empty tuple"),
+    ({"sqnr_floor": "25"}, "sqnr_floor is '25', expected a finite number"),
+    ({"min_speedup": float("nan")}, "min_speedup is 'NaN', expected a finite number"),
+    ({"path": "no-such-folder/p.json"}, "path 'no-such-folder/p.json': its folder does not exist"),
+])
+def test_bad_arguments_are_refused_naming_them_before_any_work(kwargs, needle, monkeypatch):
+    # Each refused before the model runs and the timing rounds start (before: a missing folder
+    # failed after every round; the others raised ZeroDivisionError, TypeError or nothing).
+    monkeypatch.setattr(Net, "forward", lambda *_: pytest.fail("advise ran the model"))
+    with pytest.raises(fp8kit.Error, match=needle):
+        f8.advise(Net(), (torch.randn(4, 128),), **kwargs)
+    with pytest.raises(fp8kit.Error, match="the model is a str, expected a torch.nn.Module"):
+        f8.advise("model", (torch.randn(4, 128),))
+
+
+@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors")
+def test_a_layer_without_weights_is_kept_and_said_so():
+    net = torch.nn.Sequential(torch.nn.Linear(0, 8), torch.nn.Linear(8, 8))
+    entries = f8.advise(net, (torch.randn(4, 0),), rounds=1, recipes=("tensorwise",))
+    assert [(e["name"], e["fp8"]) for e in entries][0] == ("0.weight", False)
+    assert entries[0]["reason"].startswith("no weights")
+
+
+def test_a_policy_naming_fp8_without_a_recipe_is_refused(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"format": "fp8kit-policy", "version": 1, "layers": [{"name": "a.weight", "fp8": true}]}')
     with pytest.raises(fp8kit.Error, match="fp8 but names no recipe"):

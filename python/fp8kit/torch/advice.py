@@ -6,6 +6,7 @@ library's own reader).
 """
 import copy
 import math
+import os
 import statistics
 import time
 
@@ -15,6 +16,8 @@ from torch import nn
 import fp8kit
 
 from .inference import RECIPES, Float8InferenceLinear
+from .ops import check_model_args, has_weights
+
 
 def _seconds_per_call(call, target=2e-3):
     """One timing sample: enough calls in a row to last about `target` seconds (a small layer's
@@ -44,13 +47,26 @@ def advise(model, example_inputs, path=None, *, recipes=("rowwise", "tensorwise"
     layerwise casting runs with the input unquantized and its training conversions refuse).
     Returns the policy entries (docs/CHECKPOINTS.md); path: also written there as the policy file
     that `fp8kit quantize --policy`, `fp8kit train --policy` and the library read."""
+    where = "fp8kit.torch.advise"
+    check_model_args(where, model)
+    # Every argument checked before the first timing round: a bad one costs no measuring.
     if path is not None:
-        path = fp8kit._path(path, "fp8kit.torch.advise: path")
-    if rounds < 1:
-        raise fp8kit.Error(f"fp8kit.torch.advise: rounds is {rounds}, expected >= 1")
+        path = fp8kit._path(path, f"{where}: path")
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            raise fp8kit.Error(f"{where}: path {fp8kit._quoted(path)}: its folder does not exist")
+    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
+        raise fp8kit.Error(f"{where}: rounds is {fp8kit._quoted(rounds)}, expected an int >= 1")
+    if isinstance(recipes, str) or not isinstance(recipes, (tuple, list)) or not recipes:
+        raise fp8kit.Error(f"{where}: recipes is {fp8kit._quoted(recipes)}, expected a non-empty tuple of "
+                           f"some of {', '.join(RECIPES)}")
     for r in recipes:
         if r not in RECIPES:
-            raise fp8kit.Error(f"fp8kit.torch.advise: recipe '{r}', expected some of {', '.join(RECIPES)}")
+            raise fp8kit.Error(f"{where}: recipe {fp8kit._quoted(str(r))}, expected some of {', '.join(RECIPES)}")
+    recipes = tuple(recipes)
+    for name, value in (("min_speedup", min_speedup), ("sqnr_floor", sqnr_floor)):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            raise fp8kit.Error(f"{where}: {name} is {fp8kit._quoted(value)}, expected a finite number")
     linears = [(fqn, m) for fqn, m in model.named_modules() if type(m) is nn.Linear]
     seen = {}  # fqn -> the layer's first input
 
@@ -69,9 +85,10 @@ def advise(model, example_inputs, path=None, *, recipes=("rowwise", "tensorwise"
     entries = []
     with torch.no_grad():
         for fqn, m in linears:
-            if fqn not in seen:
+            if fqn not in seen or not has_weights(m):
                 entries.append({"name": fqn + ".weight", "fp8": False, "recipe": None,
-                                "reason": "not run by the example inputs: nothing measured"})
+                                "reason": "no weights (in or out features 0): nothing to hold in FP8"
+                                if fqn in seen else "not run by the example inputs: nothing measured"})
                 continue
             x = seen[fqn].float().reshape(-1, m.in_features)
             ref = x.double() @ m.weight.double().T + (0 if m.bias is None else m.bias.double())
