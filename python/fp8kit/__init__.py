@@ -59,11 +59,18 @@ def _quoted(value):
 
 
 def _path(path, argument):
-    """A path argument as the library's C++ side takes it (os.fspath), refused with open()'s
-    ValueError where it holds a null byte: C++ would cut the string there and use another file."""
-    path = os.fspath(path)
-    if ("\0" if isinstance(path, str) else b"\0") in path:
+    """A path argument (str, bytes or os.PathLike) as the library's C++ side takes it: a str
+    (os.fsdecode), refused with open()'s ValueError where it holds a null byte - C++ would cut the
+    string there and use another file - and with an Error where it is not UTF-8 (the C++ side's
+    paths are)."""
+    path = os.fsdecode(os.fspath(path))
+    if "\0" in path:
         raise ValueError(f"{argument}: embedded null byte")
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise Error(f"{argument}: {_fp8kit.quote_printable(os.fsencode(path))} is not UTF-8; fp8kit takes UTF-8 "
+                    "paths") from None
     return path
 
 __all__ = ["Error", "PackedWeight", "QTensor", "cuda_available", "decode", "dequantize", "encode", "format_max",

@@ -660,6 +660,9 @@ def test_fp8kit_layout_names_3d_experts_and_groups(tmp_path):
      r"quantization_config config_groups\['group_0'\]\.input_activations is not an object"),
     (lambda c: next(iter(c["quantization_config"]["config_groups"].values()))["input_activations"].update(
         strategy="group", group_size="abc"), r"input_activations strategy 'group'.*positive integer group_size"),
+    # a string "false" is truthy: before, read as dynamic (the static scales then unread)
+    (lambda c: next(iter(c["quantization_config"]["config_groups"].values()))["input_activations"].update(
+        dynamic="false"), r"input_activations dynamic 'false' .*expected true or false"),
     (lambda c: c.update(quantization_config=["fp8"]), r"quantization_config is not a JSON object"),
     (lambda c: next(iter(c["quantization_config"]["config_groups"].values())).update(targets=["re:.*mlp.*"]),
      r"stored in FP8, but no config group of quantization_config targets module 'model\.layers\.\d+\.self_attn\.\w+'"),
@@ -1729,6 +1732,21 @@ def test_a_path_with_a_null_byte_is_refused(tmp_path):
     for load in (fp8kit.torch.load_fp8_checkpoint, lambda _, p: fp8kit.torch.from_pretrained(p)):
         with pytest.raises(ValueError, match=r"path: embedded null byte"):
             load(_linear(), str(tmp_path / "a.safetensors\x00.x"))
+    # A bytes path is a path (os.fsdecode), one that is not UTF-8 refused showing its bytes escaped.
+    loaded = _linear()
+    fp8kit.torch.load_fp8_checkpoint(loaded, os.fsencode(tmp_path / "a.safetensors"))
+    assert torch.equal(loaded[0].weight, torch.zeros(4, 8))
+    with pytest.raises(fp8kit.Error, match=r"path: '.*a\\xff\.safetensors' is not UTF-8"):
+        fp8kit.torch.load_fp8_checkpoint(_linear(), os.fsencode(tmp_path) + b"/a\xff.safetensors")
+
+
+def test_from_pretrained_refuses_a_folder_without_config_and_a_bad_model_class(tmp_path):
+    # Before: a raw FileNotFoundError for the missing config.json, with model_class=5 too.
+    save_file({"0.weight": torch.zeros(4, 8)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(fp8kit.Error, match="model_class is '5', expected a transformers model class"):
+        fp8kit.torch.from_pretrained(str(tmp_path), model_class=5)
+    with pytest.raises(fp8kit.Error, match="'.*' is not a checkpoint directory .config.json, which the model is built"):
+        fp8kit.torch.from_pretrained(str(tmp_path))
 
 
 @pytest.mark.parametrize("file,text,message", [

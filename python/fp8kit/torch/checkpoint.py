@@ -192,7 +192,10 @@ def _activation_of_args(args, weight_scaling, where):
         raise fp8kit.Error(f"{where}: input_activations {_quoted(args)} are not FP8; fp8kit runs FP8 activations or none")
     strategy = args.get("strategy", "tensor")
     dynamic = args.get("dynamic", True)
-    static = dynamic is False
+    if not isinstance(dynamic, bool):  # a string "false" is truthy: it would read as dynamic
+        raise fp8kit.Error(f"{where}: input_activations dynamic {_quoted(dynamic)} ({_quoted(args)}): expected true or "
+                           "false")
+    static = not dynamic
     if strategy == "token":
         scaling = "row"
     elif strategy == "tensor":
@@ -1070,11 +1073,17 @@ def from_pretrained(path, *, model_class=None, torch_dtype=None, fuse_siblings=T
     eval mode."""
     import transformers
     from accelerate import init_empty_weights
-    path = fp8kit._path(path, "fp8kit.torch.from_pretrained: path")
+    where = "fp8kit.torch.from_pretrained"
+    path = fp8kit._path(path, f"{where}: path")
     _loading_options(kwargs, torch_dtype)
-    if not os.path.isdir(path):
-        raise fp8kit.Error(f"fp8kit.torch.from_pretrained: {path} is not a checkpoint directory (config.json and "
-                           "*.safetensors); for a single file use load_fp8_checkpoint on a model you build")
+    if model_class is not None and not (isinstance(model_class, type) and (
+            hasattr(model_class, "_from_config") or hasattr(model_class, "_model_mapping"))):
+        raise fp8kit.Error(f"{where}: model_class is {_quoted(repr(model_class))}, expected a transformers model "
+                           "class or an AutoModel class")
+    if not os.path.isdir(path) or not _regular_file(os.path.join(path, "config.json"), where):
+        raise fp8kit.Error(f"{where}: {_quoted(path)} is not a checkpoint directory (config.json, which the model is "
+                           "built from, and *.safetensors); for a checkpoint without a config use "
+                           "load_fp8_checkpoint on a model you build")
     ckpt = _Checkpoint(path)  # its tensors and quantization_config checked before transformers reads the config
     # The dtype the checkpoint keeps its other tensors in: checked before transformers reads it
     # (it takes any torch attribute's name).
