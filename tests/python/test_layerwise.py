@@ -13,6 +13,7 @@ original model itself: its modules, Parameters and outputs, bit for bit.
 Run by scripts/test.sh (pytest, on the package scripts/setup.sh installed into .venv).
 """
 import copy
+import io
 import math
 
 import numpy as np
@@ -147,6 +148,40 @@ def test_remove_gives_back_the_original_model_bit_for_bit():
     assert not params and not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
     report.remove()  # nothing left to undo
     assert dict(model.named_modules()) == modules
+
+
+def test_a_second_call_is_refused_and_the_first_still_removes():
+    # A second call on a converted model would record the FP8 weights of the upcast layers as their
+    # originals; removing both reports then left FP8 weights and a forward that fails. Refused
+    # before any change, naming a converted layer; the first report still gives the model back.
+    torch.manual_seed(8)
+    model = torch.nn.Sequential(torch.nn.Embedding(100, 32), Block()).to(torch.bfloat16)
+    ids = torch.randint(0, 100, (2, 48))
+    with torch.no_grad():
+        before = model(ids)
+    report = f8.enable_layerwise_casting(model, skip_modules_pattern=None)
+    converted = dict(model.named_modules())
+    with pytest.raises(fp8kit.Error, match="layer '0' is stored in FP8 by an earlier call already"):
+        f8.enable_layerwise_casting(model, skip_modules_pattern=None)
+    assert dict(model.named_modules()) == converted
+    report.remove()
+    with torch.no_grad():
+        assert torch.equal(model(ids).view(torch.int16), before.view(torch.int16))
+    # Given back, the model converts again; converted, torch.save keeps it whole (the upcast
+    # layers' hooks too: before, closures that did not pickle).
+    f8.enable_layerwise_casting(model, skip_modules_pattern=None)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    with torch.no_grad():
+        assert torch.equal(torch.load(buffer, weights_only=False)(ids).view(torch.int16), model(ids).view(torch.int16))
+    # Plain pickle of the native layers (torch 2.15 cannot load a pickled FP8 tensor: the FP8 table
+    # and weights go as bytes).
+    import pickle
+    native = torch.nn.Sequential(torch.nn.Embedding(100, 32), torch.nn.Linear(32, 16)).to(torch.bfloat16)
+    f8.enable_layerwise_casting(native, skip_modules_pattern=None)
+    with torch.no_grad():
+        assert torch.equal(pickle.loads(pickle.dumps(native))(ids).view(torch.int16), native(ids).view(torch.int16))
 
 
 @pytest.mark.parametrize("scaled", [False, True])

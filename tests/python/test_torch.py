@@ -367,6 +367,38 @@ def test_a_scale_or_bias_assigned_anew_is_not_served_stale():
         before = layer(x)
         layer.bias = torch.nn.Parameter(layer.bias + 1, requires_grad=False)
         assert torch.equal(layer(x), copy.deepcopy(layer)(x)) and not torch.equal(layer(x), before)
+        # New data given through .data (Hugging Face's init code writes so): the tensor and its
+        # version counter stay, its data pointer moves.
+        for tensor in (layer.weight_scale_inv, layer.bias):
+            before = layer(x)
+            tensor.data = tensor * 3
+            assert torch.equal(layer(x), copy.deepcopy(layer)(x)) and not torch.equal(layer(x), before)
+
+
+def test_load_state_dict_with_assign_takes_what_a_copying_load_takes():
+    # assign=True puts the given tensors in the layer's place as they are: a bfloat16 scale, a
+    # float64 bias or non-contiguous codes would leave a layer every forward refuses (before: each
+    # forward raised, and so did a later copying load). Oracle: the same state loaded by copying
+    # into a second layer, whose copy_ converts them.
+    source, assigned, copied = mlp(35), mlp(36), mlp(37)
+    for m in (source, assigned, copied):
+        f8.quantize_(m)
+    state = source.state_dict()
+    state["0.weight_scale_inv"] = state["0.weight_scale_inv"].bfloat16().float().bfloat16()
+    state["0.bias"] = state["0.bias"].double()
+    state["0.weight"] = state["0.weight"].t().contiguous().t()  # the same codes, column-major
+    assert not state["0.weight"].is_contiguous()
+    x = torch.randn(2, 96)
+    with torch.no_grad():
+        assigned.load_state_dict(state, assign=True)
+        copied.load_state_dict(state)
+        assert assigned[0].weight_scale_inv.dtype == torch.float32 and assigned[0].bias.dtype == torch.float32
+        assert torch.equal(assigned(x), copied(x)) and not torch.equal(assigned(x), mlp(36)(x))
+        before = assigned(x)
+        meta = dict(state, **{"0.weight_scale_inv": state["0.weight_scale_inv"].to("meta")})
+        with pytest.raises(fp8kit.Error, match="'0.weight_scale_inv' is on the meta device"):
+            assigned.load_state_dict(meta, assign=True)
+        assert torch.equal(assigned(x), before)
 
 
 def test_filter_fn_picks_layers_by_name():
@@ -391,6 +423,18 @@ def test_filter_fn_picks_layers_by_name():
     # formats the GEMM takes no weight in: refused at construction, the name shown escaped
     (lambda m: f8.Float8InferenceLinear(4, 4, format="e8m0fnu"), "format 'e8m0fnu', expected 'e4m3fn' or 'e5m2'"),
     (lambda m: f8.Float8InferenceLinear(4, 4, format="\x1b[31m"), r"format '\\x1b\[31m'"),
+    # a config that is falsy but not None is refused, not taken as the default (before: rowwise)
+    (lambda m: f8.quantize_(m, ""), "quantize_: config '', expected one of"),
+    (lambda m: f8.quantize_(m, False), "quantize_: config of type bool"),
+    (lambda m: f8.convert_to_float8_training(m, config=0), "convert_to_float8_training: config 0, expected one of"),
+    # Diffusers' skip arguments: a pattern that is no regular expression, classes not a tuple
+    (lambda m: f8.enable_layerwise_casting(m, skip_modules_pattern="(["),
+     r"skip_modules_pattern '\(\[' is not a regular expression"),
+    (lambda m: f8.enable_layerwise_casting(m, skip_modules_pattern=5), "skip_modules_pattern is '5', expected"),
+    (lambda m: f8.enable_layerwise_casting(m, skip_modules_classes=torch.nn.Linear),
+     "skip_modules_classes is .*, expected a tuple of module classes"),
+    (lambda m: f8.enable_layerwise_casting(m, skip_modules_classes=("Linear",)),
+     "skip_modules_classes is .*, expected a tuple of module classes"),
 ])
 def test_bad_use_raises_fp8kit_error_naming_it(call, needle):
     with pytest.raises(fp8kit.Error, match=needle):
@@ -617,6 +661,15 @@ def test_a_sibling_never_gets_a_stale_part():
         q_runs_the_gemm(x)
         assert torch.equal(group.stash[1][1][0], alone.v(x))
         assert torch.equal(fused.k(x), alone.v(x)) and group.stash[1].keys() == {2}
+        # k's scale given new data through .data after q's GEMM (no version counter moves): k
+        # computes with the scale it has now.
+        x = torch.randn(1, 256)
+        q_runs_the_gemm(x)
+        fused.k.weight_scale_inv.data = fused.k.weight_scale_inv * 2
+        y = fused.k(x)
+        assert torch.equal(y, copy.deepcopy(fused.k)(x)) and not torch.equal(y, alone.v(x))
+        assert torch.equal(fused.v(x), alone.v(x))
+        fused.k.load_state_dict(alone.v.state_dict())
         # k called on another tensor: not served q's GEMM's part for x
         x, other = torch.randn(1, 256), torch.randn(1, 256)
         q_runs_the_gemm(x)
@@ -670,6 +723,23 @@ def test_siblings_survive_deepcopy_and_keep_the_state_dict():
         buffer.seek(0)
         assert torch.equal(torch.load(buffer, weights_only=False)(x), alone(x))
     assert fused.state_dict().keys() == alone.state_dict().keys()
+
+
+@pytest.mark.parametrize("recipe", ["rowwise", "mxfp8"])
+def test_a_quantized_model_survives_plain_pickle(recipe):
+    # torch 2.15 pickles an FP8 tensor but cannot load it (UntypedStorage has no dtype): before, a
+    # pickled model failed to load. The codes and e8m0 scales go as bytes; the copy computes as the
+    # original, bit for bit, and holds its buffers in their FP8 dtypes.
+    import pickle
+    model = mlp(40)
+    f8.quantize_(model, recipe)
+    x = torch.randn(3, 96)
+    with torch.no_grad():
+        twin = pickle.loads(pickle.dumps(model))
+        assert torch.equal(twin(x), model(x))
+    assert {k: v.dtype for k, v in twin.state_dict().items()} == {k: v.dtype for k, v in model.state_dict().items()}
+    assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in
+               zip(twin.state_dict().values(), model.state_dict().values()) if a.dtype.itemsize == 1)
 
 
 def test_a_transformers_llama_decodes_the_same_tokens_with_its_projections_fused():

@@ -168,27 +168,21 @@ class Float8InferenceLinear(nn.Module):
         self._restore_codes()
         kept = {name: self._buffers[name] for name in ("weight", "weight_scale_inv", "input_scale")
                 if name in self._buffers}
-        bias = self._parameters["bias"]
-        bias_data = None if bias is None else (bias.data_ptr(), bias.dtype)
         out = super()._apply(fn, recurse)
         for name, t in kept.items():
             if self._buffers[name].dtype != t.dtype:
                 self._buffers[name] = t.to(self._buffers[name].device)
-        bias = self._parameters["bias"]
-        if bias_data != (None if bias is None else (bias.data_ptr(), bias.dtype)):
-            # Packed again: fn gave the bias new data in place (param.data = ...), which leaves
-            # its version counter, and so the packed weight's key, as it was.
-            self._buffers["weight"]._fp8kit_fused = None
+        # A bias given new data in place (param.data = ...) is packed again: its data pointer,
+        # part of the packed weight's key (ops._stamp), moved.
         if self._released:
             self.release_codes()
         return out
 
     def __getstate__(self):
-        # deepcopy and pickle: the codes, not the stand-in (whose packed weight is dropped); a copy
-        # made from them releases them again (__setstate__).
-        state = dict(self.__dict__)
-        state["_buffers"] = dict(state["_buffers"], weight=ops.codes_of(state["_buffers"]["weight"]))
-        return state
+        # deepcopy and pickle: the codes (_Buffers.items), not the stand-in (whose packed weight is
+        # dropped), as pickle can load them (ops.picklable); a copy made from them releases them
+        # again (__setstate__).
+        return dict(self.__dict__, _buffers=ops.picklable(self._buffers))
 
     def __setstate__(self, state):
         super().__setstate__(state)
@@ -225,6 +219,25 @@ def _codes_before_load(module, state_dict, prefix, local_metadata, strict, missi
             scale = scale.view(torch.float8_e8m0fnu)
         state_dict[prefix + "weight_scale_inv"] = scale.reshape(module._buffers["weight_scale_inv"].shape)
     _check_loaded(module, state_dict, prefix)
+    if local_metadata.get("assign_to_params_buffers", False):
+        _as_held(module, state_dict, prefix)
+
+
+def _as_held(module, state_dict, prefix):
+    """load_state_dict(assign=True) puts the given tensors in the layer's place as they are, where
+    a copying load converts them: each converted here to the dtype the layer holds (a bfloat16
+    scale to float32, as copy_ would; codes are checked to be in it already), C-contiguous (the
+    GEMM reads them so). A meta tensor, which holds no values, is refused."""
+    for name in ("weight", "weight_scale_inv", "input_scale", "bias"):
+        t = state_dict.get(prefix + name)
+        held = module._buffers.get(name) if name in module._buffers else module._parameters.get(name)
+        if not isinstance(t, torch.Tensor) or held is None:
+            continue
+        if t.is_meta and not held.is_meta:
+            raise fp8kit.Error(f"fp8kit.torch.Float8InferenceLinear.load_state_dict: '{prefix}{name}' is on the meta "
+                               "device, which holds no values: assign=True would leave the layer without them")
+        if t.dtype != held.dtype or not t.is_contiguous():
+            state_dict[prefix + name] = t.to(held.dtype).contiguous()
 
 
 def _first_nonfinite(codes):
@@ -363,11 +376,11 @@ def quantize_(model, config=None, filter_fn=None, *, fuse_siblings=True):
     it then put back."""
     check_model_args("fp8kit.torch.quantize_", model, filter_fn)
     warn_transposed_linears("fp8kit.torch.quantize_", model)
-    recipe = config or "rowwise"
+    recipe = "rowwise" if config is None else config  # "", 0 or False are refused, not taken as the default
     if not isinstance(recipe, str):
         recipe = _recipe_of_torchao_config(recipe)
     if recipe not in RECIPES:
-        raise fp8kit.Error(f"fp8kit.torch.quantize_: config '{recipe}', expected one of {', '.join(RECIPES)}")
+        raise fp8kit.Error(f"fp8kit.torch.quantize_: config {fp8kit._quoted(recipe)}, expected one of {', '.join(RECIPES)}")
     chosen = [(fqn, m) for fqn, m in model.named_modules()
               if type(m) is nn.Linear and has_weights(m) and (filter_fn is None or filter_fn(m, fqn))]
     if chosen and not chosen[0][0]:

@@ -15,11 +15,12 @@ import torch
 from torch import nn
 
 import fp8kit
+from fp8kit import _quoted
 
 from . import memory
 from .gelu_fusion import fuse_gelu as _fuse_gelu
 from .inference import Float8InferenceLinear, _fp8_weight, _group_siblings
-from .ops import check_finite, check_layer_weights, check_model_args, has_weights
+from .ops import check_finite, check_layer_weights, check_model_args, has_weights, picklable
 
 # Diffusers' defaults (diffusers.hooks.layerwise_casting): the modules whose names match one of
 # these are left alone, and only these layer kinds have their weights stored in FP8.
@@ -59,29 +60,43 @@ class LayerwiseCastingReport:
         return "\n".join(lines)
 
 
+def _to(dtype, non_blocking, module, *args):
+    """A forward hook (pre: upcast; post: store): module's parameters cast to dtype."""
+    module.to(dtype=dtype, non_blocking=non_blocking)
+
+
 def _cast_hooks(module, storage_dtype, compute_dtype, non_blocking):
     """Diffusers' LayerwiseCastingHook: stored in storage_dtype, compute_dtype for each forward.
     Returns what undoes it: the hooks removed, each parameter given back its original tensor."""
-    def upcast(m, args):
-        m.to(dtype=compute_dtype, non_blocking=non_blocking)
-
-    def store(m, args, out):
-        m.to(dtype=storage_dtype, non_blocking=non_blocking)
-
     # By owner and name: .to() gives a parameter new data (or, by torch's __future__ flags, puts a
     # new Parameter in its place); the detached tensors keep the original data. CASTABLE_LAYERS
     # hold no buffers.
     originals = [(m, name, p.detach()) for m in module.modules() for name, p in m._parameters.items()
                  if p is not None]
     module.to(dtype=storage_dtype, non_blocking=non_blocking)
-    hooks = (module.register_forward_pre_hook(upcast), module.register_forward_hook(store))
+    # Module-level functions, not closures: torch.save of a model with the hooks works.
+    hooks = (module.register_forward_pre_hook(functools.partial(_to, compute_dtype, non_blocking)),
+             module.register_forward_hook(functools.partial(_to, storage_dtype, non_blocking)))
+    module._fp8kit_layerwise = True  # _cast_before: a second call would take the FP8 weights as originals
 
     def undo():
         for hook in hooks:
             hook.remove()
         for m, name, data in originals:
             m._parameters[name].data = data
+        del module._fp8kit_layerwise
     return undo
+
+
+def _cast_before(model):
+    """The name of a layer below model that enable_layerwise_casting changed already, else None. A
+    second call is refused: its report would record the FP8 weights as the originals, and the
+    reports' remove() could not give the model back."""
+    for name, m in model.named_modules():
+        if (getattr(m, "_fp8kit_layerwise", False) or isinstance(m, Float8Embedding)
+                or (isinstance(m, Float8InferenceLinear) and m.recipe == "layerwise")):
+            return name or "(model)"
+    return None
 
 
 def _native_linear(linear_module, storage_dtype, compute_dtype, scaled):
@@ -119,6 +134,9 @@ class Float8Embedding(nn.Module):
         rows = nn.functional.embedding(ids, self.weight, self.padding_idx)
         return (rows.float() * self.weight_scale_inv[0, 0]).to(self.compute_dtype)
 
+    def __getstate__(self):  # deepcopy and pickle: the FP8 table as pickle can load it
+        return dict(self.__dict__, _buffers=picklable(self._buffers))
+
     def extra_repr(self):
         return f"{self.weight.shape[0]}, {self.weight.shape[1]}, weight={self.weight.dtype}, compute={self.compute_dtype}"
 
@@ -137,6 +155,31 @@ def _native(module, storage_dtype, compute_dtype, scaled):
     if type(module) is nn.Linear:
         return _native_linear(module, storage_dtype, compute_dtype, scaled)
     return Float8Embedding.from_embedding(module, storage_dtype, compute_dtype, scaled)
+
+
+def _skips(skip_modules_pattern, skip_modules_classes):
+    """The skip arguments as Diffusers takes them - patterns: "auto" (DEFAULT_SKIP_MODULES_PATTERN),
+    None, a regular expression or a tuple or list of them; classes: None or a tuple or list of
+    module classes - as (compiled patterns, classes); anything else an fp8kit.Error naming the
+    argument, before any layer changes."""
+    where = "fp8kit.torch.enable_layerwise_casting"
+    given = DEFAULT_SKIP_MODULES_PATTERN if skip_modules_pattern == "auto" else (
+        () if skip_modules_pattern is None else
+        (skip_modules_pattern,) if isinstance(skip_modules_pattern, str) else skip_modules_pattern)
+    if not isinstance(given, (tuple, list)) or not all(isinstance(p, str) for p in given):
+        raise fp8kit.Error(f"{where}: skip_modules_pattern is {_quoted(repr(skip_modules_pattern))}, expected a regular "
+                           "expression, a tuple of them, None or 'auto'")
+    patterns = []
+    for p in given:
+        try:
+            patterns.append(re.compile(p))
+        except re.error as e:
+            raise fp8kit.Error(f"{where}: skip_modules_pattern {_quoted(p)} is not a regular expression ({e})") from None
+    classes = () if skip_modules_classes is None else skip_modules_classes
+    if not isinstance(classes, (tuple, list)) or not all(isinstance(c, type) for c in classes):
+        raise fp8kit.Error(f"{where}: skip_modules_classes is {_quoted(repr(skip_modules_classes))}, expected a tuple "
+                           "of module classes or None")
+    return patterns, tuple(classes)
 
 
 def enable_layerwise_casting(model, storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16,
@@ -169,9 +212,11 @@ def enable_layerwise_casting(model, storage_dtype=torch.float8_e4m3fn, compute_d
     if compute_dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise fp8kit.Error(f"fp8kit.torch.enable_layerwise_casting: compute_dtype {compute_dtype}, expected "
                            "torch.float32, torch.bfloat16 or torch.float16 (the dtypes fp8kit's GEMM computes in)")
-    patterns = DEFAULT_SKIP_MODULES_PATTERN if skip_modules_pattern == "auto" else (
-        (skip_modules_pattern,) if isinstance(skip_modules_pattern, str) else tuple(skip_modules_pattern or ()))
-    classes = tuple(skip_modules_classes or ())
+    done = _cast_before(model)
+    if done is not None:
+        raise fp8kit.Error(f"fp8kit.torch.enable_layerwise_casting: layer {_quoted(done)} is stored in FP8 "
+                           "by an earlier call already; call remove() on that call's report first")
+    patterns, classes = _skips(skip_modules_pattern, skip_modules_classes)
     report = LayerwiseCastingReport()
     native, cast = [], []  # (name, module, parent, its name there); cast: (name, module)
 
@@ -179,9 +224,9 @@ def enable_layerwise_casting(model, storage_dtype=torch.float8_e4m3fn, compute_d
         if classes and isinstance(module, classes):
             report.skipped.append((prefix, f"class {type(module).__name__}"))
             return
-        hit = next((p for p in patterns if re.search(p, prefix)), None)
+        hit = next((p for p in patterns if p.search(prefix)), None)
         if hit is not None:
-            report.skipped.append((prefix, f"pattern {hit!r}"))
+            report.skipped.append((prefix, f"pattern {hit.pattern!r}"))
             return
         if native_fp8 and parent is not None and _has_native(module):
             native.append((prefix, module, parent, child))

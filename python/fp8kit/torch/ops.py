@@ -51,6 +51,28 @@ class _Cached(tuple):
         return (_dropped, ())
 
 
+def _from_bytes(data, dtype):
+    return data.view(getattr(torch, dtype))
+
+
+class _Pickled:
+    """An FP8 tensor as pickle keeps it: its bytes (uint8) and its dtype's name, made back into
+    the FP8 tensor when loaded (and by deepcopy, the same memory). torch 2.15 pickles FP8 tensors
+    but cannot load them (plain pickle; torch.save is not affected)."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def __reduce__(self):
+        return (_from_bytes, (self.t.view(torch.uint8), str(self.t.dtype).removeprefix("torch.")))
+
+
+def picklable(buffers):
+    """A module's buffers as __getstate__ gives them to pickle: FP8 ones as _Pickled."""
+    return {k: _Pickled(v) if v is not None and v.dtype.itemsize == 1 and v.dtype.is_floating_point else v
+            for k, v in buffers.items()}
+
+
 def _fused_linear(packed, input_scaling, bias, input_scale=None, activation="none"):
     """The extension's FusedLinear over the PackedWeight packed (_packed): the input's e4m3fn
     saturating cast with input_scaling ("none": no cast, weight-only), the bias (or None) and the
@@ -72,14 +94,23 @@ def _packed(q, input_scaling):
     return fp8kit.PackedWeight(q) if input_scaling == "none" else fp8kit.PackedWeight(q, input_scaling)
 
 
+def _stamp(t):
+    """What tells a tensor's contents changed: its version counter (an in-place write, copy_,
+    load_state_dict) and its data pointer (new data given through `t.data = ...`, which leaves the
+    counter as it was). An in-place write through `t.data` bumps neither - as autograd, fp8kit does
+    not see it (docs/API.md)."""
+    return None if t is None else (t._version, t.data_ptr())
+
+
 def _fused(weight, weight_scale_inv, weight_scaling, bias, input_scaling, input_scale=None, activation="none"):
     """The FusedLinear of a Float8InferenceLinear, made on first use and again only after a buffer
     or the bias is written (load_state_dict, copy_) or replaced: kept on the weight tensor, keyed by
-    the version counters, and holding the scales and bias it read - a tensor assigned in their place
+    the tensors' stamps, and holding the scales and bias it read - a tensor assigned in their place
     has a counter of its own, so they are compared by identity. Another activation alone (fusion,
     gelu_fusion.py) takes the cached packing as it is. Returns (the FusedLinear, out_features)."""
-    key = (weight._version, weight_scale_inv._version, weight_scaling, input_scaling,
-           None if bias is None else bias._version, None if input_scale is None else input_scale._version, activation)
+    # (weight's and the scale's stamps spelled out: a decode step makes a key for every layer)
+    key = (weight._version, weight.data_ptr(), weight_scale_inv._version, weight_scale_inv.data_ptr(), weight_scaling,
+           input_scaling, _stamp(bias), _stamp(input_scale), activation)
     cached = getattr(weight, "_fp8kit_fused", None)
     same = cached is not None and cached[2] is bias and cached[3] is weight_scale_inv and cached[4] is input_scale
     if not same or cached[0] != key:
@@ -118,9 +149,9 @@ def release_codes(weight, weight_scale_inv, weight_scaling, bias, input_scaling,
 
 
 def _carry(holder, to):
-    """Tensor `to`, given holder's cached FusedLinear, keyed by its own version counter."""
+    """Tensor `to`, given holder's cached FusedLinear, keyed by its own stamp."""
     cached = holder._fp8kit_fused
-    to._fp8kit_fused = _Cached(((to._version,) + cached[0][1:],) + cached[1:])
+    to._fp8kit_fused = _Cached(((to._version, to.data_ptr()) + cached[0][2:],) + cached[1:])
     return to
 
 

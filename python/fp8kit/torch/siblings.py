@@ -8,31 +8,30 @@ import weakref
 
 import fp8kit
 
-from .ops import _fused
+from .ops import _fused, _stamp
 
 
 def _state(m):
     """What a Float8InferenceLinear's packed weight is made of - its weight, weight_scale_inv and
-    bias - and their version counters (an in-place write, load_state_dict, bumps one), as one flat
-    tuple."""
+    bias - and their stamps (ops._stamp: version counter and data pointer), as one flat tuple."""
     bias = m._parameters["bias"]
     buffers = m._buffers
     w, s = buffers["weight"], buffers["weight_scale_inv"]
-    return w, s, bias, w._version, s._version, None if bias is None else bias._version
+    return w, s, bias, (w._version, w.data_ptr(), s._version, s.data_ptr()), _stamp(bias)
 
 
 def _same_state(a, b):
     """Whether two _state tuples hold the same tensors (by identity: == on tensors is elementwise)
-    at the same versions. Spelled out, not a generator over the pairs: a decode step checks a
+    at the same stamps. Spelled out, not a generator over the pairs: a decode step checks a
     state for every layer, and a generator costs several times as much."""
-    return a[0] is b[0] and a[1] is b[1] and a[2] is b[2] and a[3] == b[3] and a[4] == b[4] and a[5] == b[5]
+    return a[0] is b[0] and a[1] is b[1] and a[2] is b[2] and a[3] == b[3] and a[4] == b[4]
 
 
 class _Siblings:
     """Float8InferenceLinear children of one module with the same in_features, recipe, weight dtype
     and bias or none (quantize_ and enable_layerwise_casting group them), run as the model runs
     them: the layers it calls in a row on one tensor - attention's q, k and v projections, an MLP's
-    gate and up - are seen doing so (a "run": the same tensor object at the same version counter),
+    gate and up - are seen doing so (a "run": the same tensor object at the same stamp: ops._stamp),
     and from then on, where a call is memory-bound (at most MAX_ROWS rows), the run's first layer
     computes all of their outputs in one call of the extension (call_each: the layers' GEMMs back
     to back, each from the layer's own packed weight - no stacked copy of the weights), and each
@@ -42,8 +41,8 @@ class _Siblings:
     memory (measured in docs/PERF.md).
 
     Every output is the layer's own GEMM, bit for bit. An output is served only to the layer it was
-    computed for, for the same tensor at the same version, and only while that layer's weight,
-    scales and bias are the tensors, at the versions, the GEMM read; anything else - another input,
+    computed for, for the same tensor at the same stamp, and only while that layer's weight,
+    scales and bias are the tensors, at the stamps, the GEMM read; anything else - another input,
     an x written in place, a reloaded weight, an inference tensor (which has no version counter) -
     and the layer computes alone, as do calls of more rows (compute-bound: one call gains nothing
     there)."""
@@ -56,7 +55,7 @@ class _Siblings:
         self._reset()
 
     def _reset(self):
-        self.run = None    # (weakref of x, x's version, [indices]): the members called on x so far
+        self.run = None    # (weakref of x, x's stamp, [indices]): the members called on x so far
         self.stash = None  # (that run, {index: (its output, the member's state)}): outputs not yet served
 
     def __getstate__(self):  # deepcopy and pickle: the members and the plan; not the outputs
@@ -78,7 +77,7 @@ class _Siblings:
         its run's call; or None, and the member computes alone."""
         if x.is_inference():
             return None
-        version = x._version
+        version = _stamp(x)
         run = self.run
         if run is not None and run[0]() is x and run[1] == version and i not in run[2]:
             run[2].append(i)  # a later member of the run: its output, if the first one computed it
@@ -100,7 +99,7 @@ class _Siblings:
         layers, addresses, outputs, served = [], [], [], {}
         for p in plan:  # one loop, not four comprehensions
             m = self.members[p]
-            state = _state(m)  # before _fused: the tensors and versions the FusedLinear is made of
+            state = _state(m)  # before _fused: the tensors and stamps the FusedLinear is made of
             fused, n = _fused(state[0], state[1], m.weight_scaling, state[2], m.input_scaling, activation=m.activation)
             y = x.new_empty(*lead, n)  # C-contiguous, written by the extension
             layers.append(fused)
