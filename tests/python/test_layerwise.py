@@ -255,6 +255,56 @@ def test_gelu_inside_a_nested_call_is_fused():
     assert torch.equal(nested(x), split(x))
 
 
+class ShiftedMlp(torch.nn.Module):
+    """A GELU whose argument holds the Linear's output and more: not the Linear's output alone."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.act = torch.nn.Linear(64, 64), torch.nn.GELU(approximate="tanh")
+        self.shift = torch.nn.Parameter(torch.full((64,), -3.0))
+
+    def forward(self, x):
+        return self.act(self.fc(x) + self.shift)
+
+
+class ReadsTheLinear(torch.nn.Module):
+    """A grandparent that calls its block's Linear itself: the Linear's output read outside the block."""
+
+    def __init__(self):
+        super().__init__()
+        self.block, self.out = SplitMlp(), torch.nn.Linear(64, 64)
+
+    def forward(self, x):
+        return self.out(self.block(x)) + self.block.fc2(self.block.act(self.block.fc1(x)))
+
+
+class SharedLinear(torch.nn.Module):
+    """One Linear at two places: a block that fuses it, and a Sequential that calls it alone."""
+
+    def __init__(self):
+        super().__init__()
+        self.block = SplitMlp()
+        self.again = torch.nn.Sequential(self.block.fc1)
+
+    def forward(self, x):
+        return self.block(x).sum() + self.again(x)
+
+
+@pytest.mark.parametrize("make", [ShiftedMlp, ReadsTheLinear, SharedLinear])
+def test_a_gelu_that_reads_more_or_a_linear_read_elsewhere_is_not_fused(make):
+    # Before (a regex over the parent's forward): self.act(self.fc(x) + shift) computed
+    # gelu(fc(x)) + shift (-42 dB), and a Linear called from outside its block gave the caller
+    # its GELU'd output. Unfused, the model computes as with fuse_gelu=False, bit for bit.
+    torch.manual_seed(11)
+    model = make().to(torch.bfloat16)
+    plain = copy.deepcopy(model)
+    x = torch.randn(8, 64).to(torch.bfloat16)
+    assert f8.enable_layerwise_casting(model, skip_modules_pattern=None).fused_gelu == []
+    f8.enable_layerwise_casting(plain, skip_modules_pattern=None, fuse_gelu=False)
+    with torch.no_grad():
+        assert torch.equal(model(x).view(torch.int16), plain(x).view(torch.int16))
+
+
 def gelu64(x):
     return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
 

@@ -3,14 +3,17 @@ output, computed in that Linear's GEMM epilogue (Float8InferenceLinear.activatio
 the float32 sums, rounded once to the output dtype - one pass over the output where torch's GELU
 would read it back, and no rounding to the compute dtype in between. Where: Diffusers' GELU
 module (FeedForward's "gelu-approximate": Flux, SD3) and an nn.GELU(approximate="tanh") that the
-parent's forward calls on the Linear's output alone (Flux's single blocks).
+parent's forward calls on the Linear's output alone (Flux's single blocks), read from the forward's
+syntax tree; neither held at a second place nor named by other code of the model.
 
 Checked by tests/python/test_layerwise.py (the fused layer against float64, the GELUs that must
 stay, Diffusers' FeedForward, the restore).
 """
+import ast
+import collections
 import functools
 import inspect
-import re
+import textwrap
 
 from torch import nn
 
@@ -49,31 +52,66 @@ def _diffusers_gelu(module):
             and not _hooked(module))
 
 
+def _self_attr(node):
+    """name where node is `self.<name>`, else None."""
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+        return node.attr
+    return None
+
+
 @functools.cache
-def _forward_source(cls):
-    """The source of cls.forward, or "" where Python has none (a compiled or generated class)."""
+def _tree(cls, name=None):
+    """The syntax tree of cls's source (of its method `name`), or None where Python has none (a
+    compiled or generated class)."""
     try:
-        return inspect.getsource(cls.forward)
-    except (OSError, TypeError):
-        return ""
+        return ast.parse(textwrap.dedent(inspect.getsource(getattr(cls, name) if name else cls)))
+    except (OSError, TypeError, SyntaxError):
+        return None
 
 
-def _gelu_after_linear(module):
+def _names_read_elsewhere(model):
+    """The attribute names that the code of model's module classes (their own and their bases',
+    not torch's) reads other than as self.<name> in a forward - a grandparent's
+    self.block.fc(x), a helper method's self.fc: a Linear or GELU of such a name may be called from
+    there, where a fused one would give the wrong output. None where a class has no source."""
+    names = set()
+    for cls in {c for m in model.modules() for c in type(m).__mro__}:
+        if cls.__module__.split(".")[0] in ("torch", "builtins"):
+            continue
+        tree = _tree(cls)
+        if tree is None:
+            return None
+        in_forward = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == "forward"
+                      for n in ast.walk(f)}
+        names |= {n.attr for n in ast.walk(tree)  # reads: __init__'s self.fc = ... is none
+                  if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load)
+                  and not (id(n) in in_forward and _self_attr(n))}
+    return names
+
+
+def _gelu_after_linear(module, elsewhere):
     """[(Linear child's name, GELU child's name)] for each FP8 inference Linear child of module
     whose output only an nn.GELU(approximate="tanh") child reads: the forward of module's class
-    calls self.<gelu>(self.<linear>(...)) and names neither child anywhere else (Diffusers' Flux
-    single blocks: self.act_mlp(self.proj_mlp(norm_hidden_states))). Neither child may have hooks."""
-    source = _forward_source(type(module))
+    calls self.<gelu>(self.<linear>(...)) - the Linear's call the GELU's one argument - and reads
+    neither child anywhere else, and no other code of the model names them (`elsewhere`)
+    (Diffusers' Flux single blocks: self.act_mlp(self.proj_mlp(norm_hidden_states))). Neither
+    child may have hooks. In the order the forward's source calls them."""
+    tree = _tree(type(module), "forward")
+    if tree is None or elsewhere is None:
+        return []
+    uses = collections.Counter(_self_attr(n) for n in ast.walk(tree))
     pairs = []
-    # Overlapping matches (a lookahead): in self.fc2(self.act(self.fc1(x))) the pair (act, fc1)
-    # starts inside (fc2, act).
-    for act, lin in re.findall(r"(?=self\.(\w+)\(self\.(\w+)\()", source):
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and len(node.args) == 1 and not node.keywords
+                and isinstance(node.args[0], ast.Call)):
+            continue
+        act, lin = _self_attr(node.func), _self_attr(node.args[0].func)
         gelu = module._modules.get(act)
-        if (type(gelu) is nn.GELU and gelu.approximate == "tanh" and not _hooked(gelu)
-                and _fusable(module._modules.get(lin))
-                and len(re.findall(rf"self\.{act}\b", source)) == 1 and len(re.findall(rf"self\.{lin}\b", source)) == 1):
-            pairs.append((lin, act))
-    return pairs
+        if (act is not None and lin is not None and type(gelu) is nn.GELU and gelu.approximate == "tanh"
+                and not _hooked(gelu) and _fusable(module._modules.get(lin)) and uses[act] == 1 and uses[lin] == 1
+                and act not in elsewhere and lin not in elsewhere):
+            pairs.append((node.lineno, node.col_offset, lin, act))
+    return [(lin, act) for _, _, lin, act in sorted(pairs)]
 
 
 def fuse_gelu(model):
@@ -92,13 +130,17 @@ def fuse_gelu(model):
         undo.append(functools.partial(setattr, parent, child, parent._modules[child]))
         setattr(parent, child, new)
 
+    # A module the model holds at two places may be called from either: never fused.
+    places = collections.Counter(id(m) for _, m in model.named_modules(remove_duplicate=False))
+    elsewhere = _names_read_elsewhere(model)
     for prefix, module in list(model.named_modules()):
         path = f"{prefix}." if prefix else ""
         for child, sub in list(module.named_children()):
-            if _diffusers_gelu(sub):
+            if _diffusers_gelu(sub) and places[id(sub)] == places[id(sub.proj)] == 1:
                 fuse(sub.proj, f"{path}{child}.proj")
                 put(module, child, Float8GELUProjection(sub.proj))
-        for lin, act in _gelu_after_linear(module):
-            fuse(module._modules[lin], f"{path}{lin}")
-            put(module, act, nn.Identity())
+        for lin, act in _gelu_after_linear(module, elsewhere):
+            if places[id(module._modules[lin])] == places[id(module._modules[act])] == 1:
+                fuse(module._modules[lin], f"{path}{lin}")
+                put(module, act, nn.Identity())
     return names, undo
