@@ -212,3 +212,42 @@ def test_models_decode_on_the_kernel_as_close_as_sdpa(name, dtype, cache_kind):
             transformers.masking_utils.ALL_MASK_ATTENTION_FUNCTIONS.register("fp8kit-unmasked", transformers.masking_utils.sdpa_mask)
             wrong, _ = _decode_logits(_copy(cls, config, base, dtype, "fp8kit-unmasked"), ids, steps, cache_kind, feed=fed)
             assert (wrong - ref).abs().max().item() > floor
+
+
+@pytest.mark.parametrize("family", ["gpt_oss", "gemma2"])
+def test_sinks_and_soft_capping_run_the_models_own_eager_attention(family):
+    # GPT-OSS's attention sinks (s_aux) and Gemma 2's logit soft-capping are part of the softmax,
+    # which neither the kernel nor sdpa computes: before, both were left out silently (GPT-OSS's
+    # logits 0.33 off at a scale of 0.53). Given one, the model's own eager attention runs - the
+    # same code as attn_implementation="eager", so the same logits bit for bit, at prefill (the
+    # causal mask sdpa leaves to is_causal made for it) and at each decode step.
+    torch.manual_seed(31)
+    if family == "gpt_oss":
+        config = transformers.GptOssConfig(vocab_size=128, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                                           num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                           num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+                                           max_position_embeddings=64,
+                                           layer_types=["sliding_attention", "full_attention"])
+        model = transformers.GptOssForCausalLM(config).eval()
+        for layer in model.model.layers:
+            torch.nn.init.normal_(layer.self_attn.sinks, std=3.0)  # trained sinks are not zero
+    else:
+        config = transformers.Gemma2Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                           num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                           attn_logit_softcapping=0.05, max_position_embeddings=64)
+        model = transformers.Gemma2ForCausalLM(config).eval()
+    ids = torch.randint(0, 128, (1, 10))
+    runs = {}
+    with torch.no_grad():
+        for name in ("eager", fp8kit.torch.register_attention()):
+            model.set_attn_implementation(name)
+            out = model.generate(ids, max_new_tokens=4, do_sample=False, output_logits=True,
+                                 return_dict_in_generate=True)
+            runs[name] = (model(ids).logits, torch.stack(out.logits))
+    (prefill, steps), (prefill_8, steps_8) = runs.values()
+    assert torch.equal(prefill_8, prefill) and torch.equal(steps_8, steps)
+    # the nearest wrong answer, sdpa's (no capping; GPT-OSS's class refuses sdpa), is not it
+    if family == "gemma2":
+        model.set_attn_implementation("sdpa")
+        with torch.no_grad():
+            assert not torch.equal(model(ids).logits, prefill)

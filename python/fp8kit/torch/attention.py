@@ -9,7 +9,8 @@ key/value row once for all the query heads that share it, widening bfloat16 / fl
 as it reads, with the softmax in float32 as torch's. The function takes transformers' attention
 interface (AttentionInterface) and runs fp8kit's kernel where it applies - host tensors, up to
 decode_rows new positions, a boolean mask or none, no dropout, no gradient, not under tracing -
-and transformers' own sdpa_attention_forward for everything else (prefill, GPUs, training).
+and transformers' own sdpa_attention_forward for everything else (prefill, GPUs, training); a model
+whose attention asks for sinks or soft-capping (_EAGER_ONLY) runs its own eager attention.
 
     model = fp8kit.torch.from_pretrained(path)                   # "fp8kit" attention by default
     model.set_attn_implementation(fp8kit.torch.register_attention())  # any transformers model
@@ -19,6 +20,7 @@ float64 on the same inputs, a Llama and a Qwen2 from configs decoding with each 
 fall-backs); the kernel by tests/ops/test_attention.cpp.
 """
 import math
+import sys
 
 import torch
 
@@ -29,6 +31,10 @@ NAME = "fp8kit"
 # a longer prompt is a prefill, a GEMM's work, which torch's flash kernel does as one.
 DECODE_ROWS = 16
 _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+# What a model's attention may ask for that neither the kernel nor sdpa computes - attention sinks
+# (GPT-OSS's s_aux), logit soft-capping (Gemma 2's softcap): given one, the model's own eager
+# attention runs (sdpa would leave it out, silently).
+_EAGER_ONLY = ("s_aux", "softcap")
 
 
 def register_attention():
@@ -53,10 +59,31 @@ def _mask_rows(mask, b, s, l):
     return mask[:, 0].contiguous()
 
 
+def _model_eager(module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs):
+    """The model's own eager attention (its modeling file's eager_attention_forward), given the
+    boolean mask as eager takes it: additive, 0 where attended, the dtype's lowest elsewhere (as
+    transformers' eager_mask); an fp8kit.Error where the model's file has none."""
+    eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    if eager is None:
+        asked = ", ".join(k for k in _EAGER_ONLY if kwargs.get(k) is not None)
+        raise fp8kit.Error(f"fp8kit.torch's attention: {type(module).__name__} asks for {asked}, which neither fp8kit's "
+                           "kernel nor sdpa computes; run the model with attn_implementation='eager'")
+    s, l = query.shape[2], key.shape[2]
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    if attention_mask is None and s > 1 and causal:  # sdpa's mask function leaves it to is_causal: eager has none
+        attention_mask = torch.ones(s, l, dtype=torch.bool, device=query.device).tril(l - s)[None, None]
+    if attention_mask is not None and attention_mask.dtype == torch.bool:
+        attention_mask = torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device).masked_fill(
+            ~attention_mask, torch.finfo(query.dtype).min)
+    return eager(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+
+
 def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
     """transformers' attention function: query [B, Hq, S, D], key and value [B, Hkv, L, D] ->
     (out [B, S, Hq, D], None), as sdpa_attention_forward returns it."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    if any(kwargs.get(k) is not None for k in _EAGER_ONLY):
+        return _model_eager(module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs)
     b, hq, s, d = query.shape
     hkv, l = key.shape[1], key.shape[2]
     mask = None
