@@ -118,12 +118,16 @@ def sharded(case):
                        case.get("seed", 0), case.get("skew", False))
     mp = MixedPrecisionPolicy(param_dtype=case.get("param_dtype"), reduce_dtype=torch.float32)
     reshard = case.get("reshard_after_forward", True)
+    mesh = None
+    if case.get("hsdp"):  # HSDP's 2-D mesh: one replica of the ranks' shards
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh("cpu", (1, torch.distributed.get_world_size()), mesh_dim_names=("replicate", "shard"))
     for block in model:
         if case.get("checkpoint"):  # activation checkpointing: the block's forward recomputed in backward
             from torch.distributed._composable import checkpoint
             checkpoint(block)
-        fully_shard(block, mp_policy=mp, reshard_after_forward=reshard)
-    fully_shard(model, mp_policy=mp, reshard_after_forward=reshard)
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     if case.get("compile"):
         torch._dynamo.reset()  # each case compiles afresh (the cases before would fill the recompile limit)
@@ -199,6 +203,7 @@ PARITY = [  # each with recipe, FP8 all-gather, precomputed scales, reshard_afte
     dict(recipe="tensorwise", fp8_all_gather=True),
     dict(recipe="tensorwise", fp8_all_gather=True, precompute=True, reshard_after_forward=False),
     dict(recipe="tensorwise", fp8_all_gather=True, precompute=True, skip={"0.0", "1.2"}),
+    dict(recipe="tensorwise", fp8_all_gather=True, precompute=True, hsdp=True),  # before: get_group() refused 2-D
     dict(recipe="tensorwise"),
     dict(recipe="rowwise", reshard_after_forward=False),
     dict(recipe="tensorwise", reshard_after_forward=False, param_dtype=torch.bfloat16),
@@ -366,6 +371,25 @@ def test_shards_that_cut_a_block_and_delayed_are_refused_naming_the_layer(tmp_pa
         assert len(refused) == world and all("layer '0.0'" in e for e in refused), refused
     with pytest.raises(fp8kit.Error, match="layer '0.0'.*'delayed'"):
         make_model("delayed", True)
+
+
+def test_a_refused_fp8_all_gather_leaves_a_model_with_a_tied_first_layer_unchanged():
+    # The first chosen layer's weight is tied (an output head to its embedding): it keeps its
+    # weight gathered in high precision, so it never reached the check that refuses delayed with
+    # FP8 all-gather, and it was replaced before the next layer was refused. Now refused first.
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = torch.nn.Linear(32, 64, bias=False)
+            self.emb = torch.nn.Embedding(64, 32)
+            self.emb.weight = self.head.weight
+            self.fc = torch.nn.Linear(32, 32)
+
+    model = Tied()
+    modules = dict(model.named_modules())
+    with pytest.raises(fp8kit.Error, match="layer 'head': enable_fsdp_float8_all_gather with recipe 'delayed'"):
+        f8.convert_to_float8_training(model, config="delayed", enable_fsdp_float8_all_gather=True)
+    assert dict(model.named_modules()) == modules and type(model.head) is torch.nn.Linear
 
 
 def collectives(rank, world, case):

@@ -446,6 +446,34 @@ CONVERSIONS = {"quantize_": f8.quantize_, "convert_to_float8_training": f8.conve
 
 
 @pytest.mark.parametrize("conversion", list(CONVERSIONS))
+def test_a_linear_held_at_two_places_is_converted_once(conversion):
+    # One nn.Linear reused (at a and in b): before, quantize_ and convert_to_float8_training
+    # converted only the first name (b.0 kept computing in high precision) and layerwise casting
+    # made two FP8 layers, each packing the weight. Now one new module at both places, called as
+    # the model calls it: the outputs those of a model converted without the reuse.
+    class Reuse(torch.nn.Module):
+        def __init__(self, shared):
+            super().__init__()
+            self.a = torch.nn.Linear(96, 96)
+            self.b = torch.nn.Sequential(self.a if shared else copy.deepcopy(self.a))
+
+        def forward(self, x):
+            return self.b(self.a(x))
+
+    torch.manual_seed(41)
+    model = Reuse(True)
+    twin = Reuse(False)
+    twin.a.load_state_dict(model.a.state_dict())
+    twin.b[0].load_state_dict(model.a.state_dict())
+    for m in (model, twin):
+        CONVERSIONS[conversion](m)
+    assert model.a is model.b[0] and type(model.a) is type(twin.a) is not torch.nn.Linear
+    x = torch.randn(4, 96)
+    with torch.no_grad():
+        assert torch.equal(model(x), twin(x))
+
+
+@pytest.mark.parametrize("conversion", list(CONVERSIONS))
 @pytest.mark.parametrize("bad,needle", [
     (lambda: torch.nn.Linear(96, 96).double(), "has torch.float64 weights"),
     (lambda: torch.nn.Linear(96, 96, device="meta"), "has its weights on device 'meta'"),

@@ -265,6 +265,38 @@ def test_torch_compile_keeps_the_batch_dynamic(recipe):
     torch._dynamo.reset()
 
 
+def test_a_double_backward_is_refused_not_given_no_graph():
+    # A gradient penalty (WGAN-GP, R1) differentiates the input's gradient again. nn.Linear can;
+    # the FP8 GEMMs have no derivative graph. Before, the first gradient came back without a graph
+    # and the penalty's part of the weights' gradient was dropped (cosine 0.09 to nn.Linear's).
+    model = f8.convert_to_float8_training(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(),
+                                                              torch.nn.Linear(64, 16)), config="rowwise")
+    x = torch.randn(32, 64, requires_grad=True)
+    g, = torch.autograd.grad(model(x).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice a function that was marked with @once_differentiable"):
+        g.norm().backward()
+
+
+@pytest.mark.parametrize("config,needle", [
+    (["rowwise"], r"""training recipe '\["rowwise"\]', expected one of"""),
+    ({"recipe": "rowwise"}, "training recipe '.*', expected one of"),
+])
+def test_float8linear_refuses_a_config_that_is_no_recipe_name(config, needle):
+    with pytest.raises(fp8kit.Error, match=needle):  # before: TypeError, unhashable
+        f8.Float8Linear(64, 64, config=config)
+
+
+def test_a_layer_on_meta_called_with_a_host_input_says_so():
+    # A model converted on meta (as torchtitan does) and called before it is materialized: the
+    # error names the layer's shape and where its weight is (before: only "a tensor on device 'meta'").
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32))
+    f8.convert_to_float8_training(model, config="rowwise")
+    with pytest.raises(fp8kit.Error, match=r"Float8Linear\(64, 64\): the input is on device 'cpu', the weight on "
+                                           r"device 'meta': a model converted on meta is materialized"):
+        model(torch.randn(4, 64))
+
+
 @pytest.mark.parametrize("change,needle", [
     (lambda s: s["grad_output"]["scale"].fill_(float("nan")),
      r"'0._extra_state'\['grad_output'\]: .*scale is not finite and positive"),

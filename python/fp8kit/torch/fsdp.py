@@ -326,13 +326,9 @@ class Float8GatheredWeight(torch.Tensor):
 
 
 def shard_weight(linear, layer):
-    """linear's (a Float8Linear's) weight made a Float8WeightShard, or fp8kit.Error naming the
-    layer when its recipe's FP8 all-gather is not the whole weight's cast."""
+    """linear's (a Float8Linear's, of a recipe in FP8_ALL_GATHER_RECIPES: the caller checks) weight
+    made a Float8WeightShard."""
     recipe = linear._casts.recipe  # the library's (rowwise_with_gw_hp casts its weight as rowwise)
-    if recipe not in FP8_ALL_GATHER_RECIPES:
-        raise fp8kit.Error(f"fp8kit.torch: layer '{layer}': enable_fsdp_float8_all_gather with recipe "
-                           f"'{linear.config}': its amax history is each rank's own; FP8 all-gather takes "
-                           f"tensorwise, rowwise, rowwise_with_gw_hp, block, mxfp8 and mxfp8_rceil")
     w = linear.weight
     linear.weight = torch.nn.Parameter(Float8WeightShard(w.data, recipe, layer), requires_grad=w.requires_grad)
 
@@ -350,7 +346,11 @@ def precompute_float8_dynamic_scale_for_fsdp(module):
     if not shards:
         return
     amaxes = torch.stack([_amax(w._local_tensor._tensor) for w in shards])
-    torch.distributed.all_reduce(amaxes, torch.distributed.ReduceOp.MAX, group=shards[0].device_mesh.get_group())
+    # Over the ranks that hold the weight's shards: a 1-D mesh's group, or HSDP's (2-D: replicate,
+    # shard) shard dimension's - its replicas hold the same shards, and reach the same amaxes.
+    mesh, placements = shards[0].device_mesh, shards[0].placements
+    group = mesh.get_group(next(i for i, p in enumerate(placements) if p.is_shard())) if mesh.ndim > 1 else mesh.get_group()
+    torch.distributed.all_reduce(amaxes, torch.distributed.ReduceOp.MAX, group=group)
     for w, amax in zip(shards, amaxes):
         w._local_tensor._amax = amax
 

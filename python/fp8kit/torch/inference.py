@@ -402,6 +402,7 @@ def quantize_(model, config=None, filter_fn=None, *, fuse_siblings=True):
     for name, p in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(name)
     replaced = []  # the mapped layers replaced so far, (fqn, the Linear), to put back on a bad one
+    at = ops.places(model)
     while chosen:  # popped, so that no list keeps a replaced Linear alive until the end
         fqn, m = chosen.pop()
         w = m.weight
@@ -410,11 +411,13 @@ def quantize_(model, config=None, filter_fn=None, *, fuse_siblings=True):
                 check_finite(where, [(f"layer '{fqn}' weight", w)])
             except fp8kit.Error:
                 for name, linear in reversed(replaced):
-                    model.set_submodule(name, linear)
+                    for place in at[id(linear)]:
+                        model.set_submodule(place, linear)
                 raise
             replaced.append((fqn, m))
         fp8 = Float8InferenceLinear.from_linear(m, recipe)
-        model.set_submodule(fqn, fp8)
+        for place in at[id(m)]:  # a Linear held at two places stays one module there
+            model.set_submodule(place, fp8)
         fp8.release_codes()  # packed now, and the packed weight is the codes' only copy
         # The high-precision weight, read for the last time: where it is a file's pages (a model
         # loaded from safetensors maps its file) they go back now - they would stay resident as

@@ -244,12 +244,17 @@ def enable_layerwise_casting(model, storage_dtype=torch.float8_e4m3fn, compute_d
                  [(f"layer '{name}' weight", m.weight) for name, m, _, _ in native] +
                  [(f"'{p}'" if name == "(model)" else f"'{name}.{p}'", t)
                   for name, m in cast for p, t in m.named_parameters()])
+    made = {}  # id(a layer) -> what took its place: a layer held at two places is converted once
     for name, module, parent, child in native:
-        setattr(parent, child, _native(module, storage_dtype, compute_dtype, scaled))
+        if id(module) not in made:
+            made[id(module)] = _native(module, storage_dtype, compute_dtype, scaled)
+        setattr(parent, child, made[id(module)])
         report._undo.append(functools.partial(setattr, parent, child, module))  # the original, untouched
         report.native.append(name)
     for name, module in cast:
-        report._undo.append(_cast_hooks(module, storage_dtype, compute_dtype, non_blocking))
+        if id(module) not in made:
+            made[id(module)] = module
+            report._undo.append(_cast_hooks(module, storage_dtype, compute_dtype, non_blocking))
         report.cast.append(name)
     if fuse_gelu and native_fp8:
         report.fused_gelu, undo = _fuse_gelu(model)

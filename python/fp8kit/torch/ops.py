@@ -216,6 +216,16 @@ def check_model_args(where, model, filter_fn=None, filter_name="filter_fn"):
         raise fp8kit.Error(f"{where}: {filter_name} is {filter_fn!r}, expected a function (module, fqn) -> bool")
 
 
+def places(model):
+    """{id(module): every name model holds it under}: a module reused at two places (one Linear in
+    two Sequentials) is converted once and the new module put at each, so that they stay one module
+    with one weight."""
+    out = {}
+    for name, m in model.named_modules(remove_duplicate=False):
+        out.setdefault(id(m), []).append(name)
+    return out
+
+
 def has_weights(linear):
     """Whether an nn.Linear has any weight: one with in or out features 0 has nothing to hold in
     FP8, and the conversions leave it as it is (it computes exactly: zeros, or its bias)."""

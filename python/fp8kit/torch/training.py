@@ -11,12 +11,13 @@ import logging
 
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 import fp8kit
 from fp8kit import _quoted
 
-from .fsdp import Float8GatheredWeight, shard_weight
-from .ops import (autocast_input, cast, check_input, check_layer_weights, check_model_args, has_weights, mm,
+from .fsdp import FP8_ALL_GATHER_RECIPES, Float8GatheredWeight, shard_weight
+from .ops import (autocast_input, cast, check_input, check_layer_weights, check_model_args, has_weights, mm, places,
                   qtensor_tensors, warn_transposed_linears)
 
 _log = logging.getLogger(__name__)
@@ -147,6 +148,7 @@ class _Float8LinearFunction(torch.autograd.Function):
         return y
 
     @staticmethod
+    @once_differentiable  # FP8 GEMMs have no derivative graph: a double backward is refused, not given none
     def backward(ctx, dy):
         need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
         if ctx.empty:
@@ -193,8 +195,9 @@ class Float8Linear(nn.Linear):
 
     def __init__(self, in_features, out_features, bias=True, config="tensorwise", device=None, dtype=None):
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
-        if config not in TRAINING_RECIPES:
-            raise fp8kit.Error(f"fp8kit.torch: training recipe '{config}', expected one of {', '.join(TRAINING_RECIPES)}")
+        if not isinstance(config, str) or config not in TRAINING_RECIPES:
+            raise fp8kit.Error(f"fp8kit.torch: training recipe {_quoted(config)}, expected one of "
+                               f"{', '.join(TRAINING_RECIPES)}")
         self.config = config
         recipe, self.fp8_grad_weight = TRAINING_RECIPES[config]
         self._casts = _Casts(recipe)
@@ -214,6 +217,11 @@ class Float8Linear(nn.Linear):
     def forward(self, x):
         # x [..., in] -> y [..., out]: the GEMMs see [M, in] rows.
         check_input(x, self.in_features, "Float8Linear")
+        if x.device != self.weight.device:
+            raise fp8kit.Error(f"fp8kit.torch.Float8Linear({self.in_features}, {self.out_features}): the input is on "
+                               f"device '{x.device}', the weight on device '{self.weight.device}'"
+                               + (": a model converted on meta is materialized (to_empty, then its initialization) "
+                                  "before it runs" if self.weight.is_meta else ""))
         fp8kit._check_device(x)
         x = autocast_input(x)
         if self._casts.delayed is not None:
@@ -315,10 +323,18 @@ def convert_to_float8_training(module, *, module_filter_fn=None, config=None, en
 
     chosen = [(fqn, m) for fqn, m in module.named_modules() if eligible(m, fqn)]
     check_layer_weights("fp8kit.torch.convert_to_float8_training", chosen, on_meta=True)
+    # Before any layer is replaced (a tied first layer never reaches shard_weight).
+    if enable_fsdp_float8_all_gather and chosen and TRAINING_RECIPES[config][0] not in FP8_ALL_GATHER_RECIPES:
+        raise fp8kit.Error(f"fp8kit.torch.convert_to_float8_training: layer '{chosen[0][0]}': "
+                           f"enable_fsdp_float8_all_gather with recipe '{config}': its amax history is each rank's own; "
+                           f"FP8 all-gather takes tensorwise, rowwise, rowwise_with_gw_hp, block, mxfp8 and mxfp8_rceil")
     if chosen and not chosen[0][0]:  # module is itself the Linear
         return convert(module, "")
+    at = places(module)
     for fqn, m in chosen:
-        module.set_submodule(fqn, convert(m, fqn))
+        layer = convert(m, fqn)
+        for place in at[id(m)]:  # a Linear held at two places stays one module there
+            module.set_submodule(place, layer)
     return module
 
 
