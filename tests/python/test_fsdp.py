@@ -392,6 +392,26 @@ def test_a_refused_fp8_all_gather_leaves_a_model_with_a_tied_first_layer_unchang
     assert dict(model.named_modules()) == modules and type(model.head) is torch.nn.Linear
 
 
+def test_a_state_dict_with_fp8_all_gather_saves_as_safetensors(tmp_path):
+    # Converted for FP8 all-gather (not sharded yet): state_dict gave the Float8WeightShard
+    # wrapper, whose storage safetensors cannot read (save_pretrained raised a RuntimeError). Now
+    # the tensor it wraps, the same values; the file loads back into the converted model.
+    safetensors = pytest.importorskip("safetensors.torch")
+    torch.manual_seed(5)
+    model = f8.convert_to_float8_training(torch.nn.Sequential(torch.nn.Linear(64, 32)), config="tensorwise",
+                                          enable_fsdp_float8_all_gather=True)
+    assert type(model[0].weight).__name__ == "Float8WeightShard"
+    state = model.state_dict()
+    assert type(state["0.weight"]) is torch.Tensor and torch.equal(state["0.weight"], model[0].weight._tensor)
+    safetensors.save_file(state, str(tmp_path / "m.safetensors"))
+    again = f8.convert_to_float8_training(torch.nn.Sequential(torch.nn.Linear(64, 32)), config="tensorwise",
+                                          enable_fsdp_float8_all_gather=True)
+    again.load_state_dict(safetensors.load_file(str(tmp_path / "m.safetensors")))
+    x = torch.randn(4, 64)
+    with torch.no_grad():
+        assert torch.equal(again(x), model(x))
+
+
 def collectives(rank, world, case):
     """In the second training step (forward, backward's re-gather, optimizer, precompute): the
     bytes all-gathered, counted at torch.distributed.all_gather_single (the collective FSDP2

@@ -5,7 +5,7 @@ fsdp_post_all_gather on the weight's shard (the protocol torchao's float8 traini
 convert_to_float8_training(..., enable_fsdp_float8_all_gather=True) (or torchao's
 Float8LinearConfig(enable_fsdp_float8_all_gather=True)) makes each Float8Linear's weight a
 Float8WeightShard: the high-precision weight as before for everything else (optimizer, state_dict,
-a run without FSDP), but each rank casts its shard to FP8 before FSDP2 all-gathers it, and the
+which gives the tensor it wraps, a run without FSDP), but each rank casts its shard to FP8 before FSDP2 all-gathers it, and the
 forward GEMM takes the gathered codes and scales as they are (Float8GatheredWeight): one byte per
 element crosses instead of two (bfloat16) or four (float32).
 
@@ -331,6 +331,16 @@ def shard_weight(linear, layer):
     recipe = linear._casts.recipe  # the library's (rowwise_with_gw_hp casts its weight as rowwise)
     w = linear.weight
     linear.weight = torch.nn.Parameter(Float8WeightShard(w.data, recipe, layer), requires_grad=w.requires_grad)
+    linear._register_state_dict_hook(_plain_weight)
+
+
+def _plain_weight(module, state_dict, prefix, local_metadata):
+    """state_dict gives a Float8WeightShard weight as the tensor it wraps (the same memory):
+    safetensors and save_pretrained read a tensor's storage, which the wrapper has none of. A
+    Parameter (state_dict(keep_vars=True)) and FSDP2's DTensor stay as they are."""
+    w = state_dict.get(prefix + "weight")
+    if type(w) is Float8WeightShard:
+        state_dict[prefix + "weight"] = w._tensor
 
 
 def precompute_float8_dynamic_scale_for_fsdp(module):
