@@ -47,7 +47,7 @@ first step's weight gradient against torch float32's.
 of 4 rounds, with each of transformers' KV caches (DynamicCache, the default, and StaticCache),
 vs_f32 / vs_bf16 = its decode tokens/s over torch float32's / bfloat16's with the same cache, and
 sqnr_db of the prefill's last logits against the float32 model's (about 3 minutes on 2 Sapphire Rapids
-cores, 2026-11-26).
+cores, 2026-11-26); fp8kit.rowwise+norms is fp8kit.rowwise with fuse_norms.
 --section checkpoint: an FP8 checkpoint as users download it (below, at CKPT_LLAMA;
 --checkpoint-model 697m for a larger one); a decode step's time split into the Linear layers',
 lm_head's and the rest's.
@@ -401,6 +401,10 @@ def run_model(rows):
         made = converted(base, how)
         if made is not None:
             models[how] = made[0]
+    # fp8kit rowwise with transformers' RMSNorm layers on fp8kit's kernel too (fuse_norms: the
+    # float32 norms a decode step runs, one call each instead of eight torch operators).
+    models["fp8kit.rowwise+norms"] = copy.deepcopy(models["fp8kit.rowwise"])
+    f8.fuse_norms(models["fp8kit.rowwise+norms"])
     # Two KV caches, every model decoding with each: transformers' default DynamicCache, which
     # concatenates each layer's keys and values into new tensors at every token (a decode step at
     # PROMPT tokens copies ~25 MB of float32 cache, ~8 ms of this model's step here, and more as

@@ -489,6 +489,12 @@ void def_gemms(nb::module_& m) {
           "two bfloat16 terms (weight-only FP8, fp8kit::GemmA).");
 }
 
+// A row-major tensor over a torch tensor's memory at address p (attention_decode, rms_norm).
+Tensor at_address(uintptr_t p, DType t, Shape shape, bool read_only, const char* name) {
+    return Tensor::from_external(nullptr, {.data = reinterpret_cast<void*>(p), .shape = std::move(shape), .strides = {},
+                                           .dtype = t, .read_only = read_only, .name = name});
+}
+
 }  // namespace
 }  // namespace fp8kit::python
 
@@ -746,15 +752,11 @@ NB_MODULE(_fp8kit, m) {
              std::array<int64_t, 4> q_shape, int64_t hkv, int64_t l, int64_t mask_b, double scale) {
               const DType dt = parse_dtype(dtype);
               const int64_t b = q_shape[0], hq = q_shape[1], s = q_shape[2], d = q_shape[3];
-              const auto external = [](uintptr_t p, DType t, Shape shape, bool read_only, const char* name) {  // row-major
-                  return Tensor::from_external(nullptr, {.data = reinterpret_cast<void*>(p), .shape = std::move(shape),
-                                                         .strides = {}, .dtype = t, .read_only = read_only, .name = name});
-              };
-              const Tensor o = external(out, dt, {b, s, hq, d}, false, "out");
-              const Tensor qt = external(q, dt, {b, hq, s, d}, true, "q");
-              const Tensor kt = external(k, dt, {b, hkv, l, d}, true, "k");
-              const Tensor vt = external(v, dt, {b, hkv, l, d}, true, "v");
-              const Tensor mt = mask ? external(mask, DType::boolean, {mask_b, s, l}, true, "mask") : Tensor();
+              const Tensor o = at_address(out, dt, {b, s, hq, d}, false, "out");
+              const Tensor qt = at_address(q, dt, {b, hq, s, d}, true, "q");
+              const Tensor kt = at_address(k, dt, {b, hkv, l, d}, true, "k");
+              const Tensor vt = at_address(v, dt, {b, hkv, l, d}, true, "v");
+              const Tensor mt = mask ? at_address(mask, DType::boolean, {mask_b, s, l}, true, "mask") : Tensor();
               nb::gil_scoped_release nogil;
               attention_decode(o, qt, kt, vt, mt, scale);
           },
@@ -762,6 +764,22 @@ NB_MODULE(_fp8kit, m) {
           "attention_decode at raw host addresses, all C-contiguous: out [b, s, hq, d] = softmax(scale q k^T, masked) v for "
           "q [b, hq, s, d] (q_shape), k and v [b, hkv, l, d], mask 0 or bool [mask_b, s, l] (fp8kit.torch's attention; the "
           "caller keeps all alive).");
+    // fp8kit.torch's RMSNorm (fp8kit/torch/layernorm.py): rmsnorm_forward at the addresses of
+    // torch's tensors, as attention_decode takes them. The caller guarantees: on the host,
+    // C-contiguous, of `dtype`, x and out [rows, c], weight [c], alive for the call, none empty.
+    m.def("rms_norm",
+          [](uintptr_t out, uintptr_t x, uintptr_t weight, const std::string& dtype, int64_t rows, int64_t c, double eps) {
+              const DType dt = parse_dtype(dtype);
+              const Tensor o = at_address(out, dt, {rows, c}, false, "out");
+              const Tensor xt = at_address(x, dt, {rows, c}, true, "x");
+              const Tensor wt = at_address(weight, dt, {c}, true, "weight");
+              const Tensor rstd = Tensor::empty({rows}, dt);  // the backward's; not kept
+              nb::gil_scoped_release nogil;
+              rmsnorm_forward(o, rstd, xt, wt, eps);
+          },
+          "out"_a, "x"_a, "weight"_a, "dtype"_a, "rows"_a, "c"_a, "eps"_a,
+          "rmsnorm_forward at raw host addresses, all C-contiguous: out [rows, c] = round(x * rstd) * weight, rstd = "
+          "1 / sqrt(mean(x^2) + eps) (fp8kit.torch's RMSNorm; the caller keeps all alive).");
     // (name, fp8, recipe, reason) per layer
     using PolicyEntry = std::tuple<std::string, bool, std::optional<std::string>, std::string>;
     m.def("write_policy", [](const std::string& path, const std::vector<PolicyEntry>& layers) {

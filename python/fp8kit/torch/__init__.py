@@ -33,6 +33,11 @@ weight directly (no upcast copy), a GELU (tanh form) that only reads a Linear's 
 Linear's GEMM, and embeddings decode only the rows they read; convolutions are upcast per forward
 as Diffusers does.
 
+Decoding: fuse_norms(model) runs transformers' float32 RMSNorm layers (LlamaRMSNorm's function) at a
+decode step's few rows in one call of fp8kit's kernel; register_attention() gives transformers the
+"fp8kit" attention, a decode step's attention over the KV cache on fp8kit's kernel (from_pretrained's
+default).
+
 advise(model, example_inputs, path): per Linear, FP8 or not and which recipe, from paired timings
 on this machine and SQNR; writes the policy file the C++ side reads.
 
@@ -53,9 +58,10 @@ The modules, one feature each (the names above are the API; the modules' other n
     advice.py             advise
     checkpoint.py         from_pretrained, load_fp8_checkpoint: FP8 checkpoints run as stored
     attention.py          register_attention: transformers' "fp8kit" attention (decode over the KV cache)
+    layernorm.py          fuse_norms, RMSNorm: transformers' RMSNorm at decode's rows on fp8kit's kernel
     fsdp.py               FSDP2's FP8 all-gather of the training layers' weights, precompute_float8_...
 Checked by tests/python/test_torch.py, test_training.py, test_fsdp.py, test_layerwise.py,
-test_advise.py, test_fp8_checkpoints.py, test_attention.py and, on a GPU, test_cuda.py.
+test_advise.py, test_fp8_checkpoints.py, test_attention.py, test_layernorm.py and, on a GPU, test_cuda.py.
 """
 import warnings
 
@@ -65,6 +71,7 @@ from .checkpoint import Float8Experts, Float8StaticInputLinear, from_pretrained,
 from .fsdp import precompute_float8_dynamic_scale_for_fsdp
 from .inference import RECIPES, Float8InferenceLinear, quantize_
 from .gelu_fusion import Float8GELUProjection
+from .layernorm import RMSNorm, fuse_norms
 from .layerwise_casting import (CASTABLE_LAYERS, DEFAULT_SKIP_MODULES_PATTERN, Float8Embedding,
                                 LayerwiseCastingReport, enable_layerwise_casting)
 from .ops import linear
@@ -72,7 +79,7 @@ from .training import TRAINING_RECIPES, Float8Linear, auto_filter, convert_to_fl
 
 __all__ = ["CASTABLE_LAYERS", "DEFAULT_SKIP_MODULES_PATTERN", "RECIPES", "TRAINING_RECIPES", "Float8Embedding",
            "Float8Experts", "Float8GELUProjection", "Float8InferenceLinear", "Float8Linear", "Float8StaticInputLinear", "LayerwiseCastingReport",
-           "advise", "auto_filter", "convert_to_float8_training", "enable_layerwise_casting", "from_pretrained", "linear",
+           "RMSNorm", "advise", "auto_filter", "convert_to_float8_training", "enable_layerwise_casting", "from_pretrained", "fuse_norms", "linear",
            "load_fp8_checkpoint", "precompute_float8_dynamic_scale_for_fsdp", "quantize_", "register_attention"]
 
 
