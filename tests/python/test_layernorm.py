@@ -63,6 +63,9 @@ def test_llama_and_its_copies_are_taken_others_are_not():
     assert [type(m) for m in model] == [f8.RMSNorm, f8.RMSNorm, GemmaRMSNorm, LlamaRMSNorm]
     assert all(m.weight is w for m, w in zip(model, weights)) and model.state_dict().keys() == keys
     assert f8.fuse_norms(model) == []  # nothing left to take
+    shared = LlamaRMSNorm(64)
+    twice = torch.nn.Sequential(shared, torch.nn.Sequential(shared))  # one norm at two places: one RMSNorm at both
+    assert f8.fuse_norms(twice) == ["0"] and twice[0] is twice[1][0] and type(twice[0]) is f8.RMSNorm
     with pytest.raises(fp8kit.Error, match="fuse_norms: the model is a str"):
         f8.fuse_norms("model")
 

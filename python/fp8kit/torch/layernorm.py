@@ -19,7 +19,7 @@ from torch import nn
 
 import fp8kit
 
-from .ops import check_model_args
+from .ops import check_model_args, places
 
 # Up to this many rows (attention.py's decode rows) run on fp8kit's kernel; a prefill's rows are
 # torch's vectorized operators' to normalize.
@@ -88,7 +88,9 @@ def fuse_norms(model):
     if "transformers" not in sys.modules:
         return []
     chosen = [(name, m) for name, m in model.named_modules() if name and _runs_llama_forward(m)]
+    at = places(model)
     for name, m in chosen:
-        parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent), child, RMSNorm(m.weight, m.variance_epsilon))
+        norm = RMSNorm(m.weight, m.variance_epsilon)
+        for place in at[id(m)]:  # a norm held at two places stays one module there
+            model.set_submodule(place, norm)
     return [name for name, _ in chosen]
