@@ -57,8 +57,8 @@ def _from_bytes(data, dtype):
 
 class _Pickled:
     """An FP8 tensor as pickle keeps it: its bytes (uint8) and its dtype's name, made back into
-    the FP8 tensor when loaded (and by deepcopy, the same memory). torch 2.15 pickles FP8 tensors
-    but cannot load them (plain pickle; torch.save is not affected)."""
+    the FP8 tensor when loaded (deepcopy too, from a copy of the bytes). torch 2.15 pickles FP8
+    tensors but cannot load them (plain pickle; torch.save is not affected)."""
 
     def __init__(self, t):
         self.t = t
