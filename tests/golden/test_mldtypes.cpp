@@ -68,6 +68,12 @@ int main(int argc, char** argv) {
             set_isa(isa);
             encode(in, got, f, Overflow::nonsaturating);
             if (isa == isas.front()) first = got;
+            // Equal bytes pass element by element too; only a chunk with a difference (a NaN code
+            // of another sign or payload, or a mismatch) is walked one input at a time.
+            if (got == first && got == oracle) {
+                passed += (long long)chunk;
+                continue;
+            }
             for (size_t i = 0; i < chunk; ++i) {
                 if (got[i] != first[i]) {
                     fail(std::string(to_string(isa)) + " x=" + test::hex(uint32_t(start + i), 8) + " gives " +
