@@ -11,7 +11,8 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <vector>
+#include <memory>
+#include <type_traits>
 
 #include "core/ops.hpp"
 #include "cpu/layer_parallel.hpp"
@@ -31,6 +32,10 @@ namespace {
 // with the softmax online (a running max and sum per row; the accumulators rescaled once a block).
 // Blocks where every row's mask is false are not read (a StaticCache's unwritten tail).
 constexpr int64_t decode_keys = 64, decode_rows = 16;
+// A decode step's attention goes parallel at a sixteenth of the layer ops' threshold
+// (parallel_min_work): it streams a cache that a step reads once, cold (two threads draw more of
+// it from memory than one), and in a model it runs between GEMMs whose threads are still awake.
+constexpr int64_t decode_parallel_min_work = parallel_min_work / 16;
 
 // The inner loops in plain C++ (any CPU), one multiply-add chain at a time:
 //   widen(src, dst, n)           dst[n] = float(src[n])
@@ -62,19 +67,32 @@ struct PortableOps {
     }
 };
 
+// A block's tn rows of keys or values [tn, d] as float32: float32 rows where they are (a decode
+// step reads the cache once, not once and again as a copy), unless padded - dot4's four keys at a
+// time read up to 3 rows past tn, which past the cache's last row are not its memory - else widened
+// into blk.
+template <class Ops, class T>
+const float* block_rows(const T* rows, int64_t tn, int64_t d, bool padded, float* blk) {
+    if constexpr (std::is_same_v<T, float>) {
+        if (!padded) return rows;
+    }
+    Ops::widen(rows, blk, tn * d);
+    return blk;
+}
+
 // Rows [r0, r0 + rn) of (batch b, key/value head kh); row r is query head kh * G + r / S at
 // position r % S.
 template <class T, class Ops>
 void decode_task(const detail::AttentionDecodeJob& j, int64_t b, int64_t kh, int64_t r0, int64_t rn) {
     const int64_t g = j.hq / j.hkv, d = j.d, l = j.l, n_s = j.s;
     const float scale = float(j.scale);
-    std::vector<float> buf(size_t(rn * (2 * d + decode_keys + 2) + (decode_keys + 3) * d));
-    float* qf = buf.data();             // [rn, d] scale * q
+    const auto buf = std::make_unique_for_overwrite<float[]>(size_t(rn * (2 * d + decode_keys + 2) + (decode_keys + 3) * d));
+    float* qf = buf.get();              // [rn, d] scale * q
     float* acc = qf + rn * d;           // [rn, d] sum of e^(s - max) v
     float* sc = acc + rn * d;           // [rn, decode_keys] scores, then e^(s - max)
     float* mx = sc + rn * decode_keys;  // [rn] running max
     float* sum = mx + rn;               // [rn] running sum of e^(s - max)
-    float* blk = sum + rn;              // [decode_keys (+ 3 of padding for dot4), d] a block's keys or values in float32
+    float* blk = sum + rn;              // [decode_keys (+ 3 of padding for dot4), d] a block's keys or values widened
     const uint8_t* mrow[decode_rows];   // [rn] each row's mask [l], or null
     int64_t h[decode_rows], pos[decode_rows];
     for (int64_t r = 0; r < rn; ++r) {
@@ -96,12 +114,12 @@ void decode_task(const detail::AttentionDecodeJob& j, int64_t b, int64_t kh, int
         for (int64_t r = 0; r < rn && !any; ++r)
             for (int64_t t = 0; t < tn && !any; ++t) any = attended(r, t0 + t);
         if (!any) continue;
-        Ops::widen(kb + t0 * d, blk, tn * d);
+        const float* keys = block_rows<Ops>(kb + t0 * d, tn, d, tn % 4 != 0, blk);
         for (int64_t r = 0; r < rn; ++r) {
             float* p = sc + r * decode_keys;
             for (int64_t t = 0; t < tn; t += 4) {  // past tn: the padding's dots, not read
                 float y[4];
-                Ops::dot4(qf + r * d, blk + t * d, d, y);
+                Ops::dot4(qf + r * d, keys + t * d, d, y);
                 for (int64_t k = 0; k < 4 && t + k < tn; ++k) p[t + k] = attended(r, t0 + t + k) ? y[k] : -std::numeric_limits<float>::infinity();
             }
             float bm = -std::numeric_limits<float>::infinity();
@@ -112,9 +130,9 @@ void decode_task(const detail::AttentionDecodeJob& j, int64_t b, int64_t kh, int
             for (int64_t i = 0; i < d; ++i) acc[r * d + i] *= corr;
             mx[r] = m;
         }
-        Ops::widen(vb + t0 * d, blk, tn * d);
+        const float* values = block_rows<Ops>(vb + t0 * d, tn, d, false, blk);
         for (int64_t r = 0; r < rn; ++r)  // a masked value is not read into the sum, whatever it holds
-            Ops::accumulate(acc + r * d, sc + r * decode_keys, blk, tn, d, mrow[r] ? mrow[r] + t0 : nullptr);
+            Ops::accumulate(acc + r * d, sc + r * decode_keys, values, tn, d, mrow[r] ? mrow[r] + t0 : nullptr);
     }
     for (int64_t r = 0; r < rn; ++r) {
         T* o = static_cast<T*>(j.out) + ((b * n_s + pos[r]) * j.hq + h[r]) * d;  // [d]
@@ -126,7 +144,7 @@ template <class T, class Ops>
 void attention_decode_rows(const detail::AttentionDecodeJob& j) {
     const int64_t rows = j.hq / j.hkv * j.s, chunks = (rows + decode_rows - 1) / decode_rows;
     const int64_t tasks = j.b * j.hkv * chunks;
-#pragma omp parallel for schedule(static) if (j.b * j.hq * j.s * j.l * j.d > parallel_min_work)
+#pragma omp parallel for schedule(static) if (tasks > 1 && j.b * j.hq * j.s * j.l * j.d > decode_parallel_min_work)
     for (int64_t task = 0; task < tasks; ++task) {
         const int64_t c = task % chunks, kh = task / chunks % j.hkv, b = task / chunks / j.hkv;
         decode_task<T, Ops>(j, b, kh, c * decode_rows, std::min(decode_rows, rows - c * decode_rows));

@@ -94,6 +94,12 @@ def test_matches_torch_sdpa_in_float64(dtype, s, hkv, mask_kind):
         one = mask[:1]
         ref1 = _reference(q, k, v, one, 0.3)
         assert ((_call(q, k, v, one, scaling=0.3).double() - ref1).abs() <= _bound(ref1, v, dtype)).all()
+        # A mask that is not contiguous: batch 1's rows broadcast (stride 0), and one cut from a
+        # wider mask (a longer cache's columns); the kernel takes a contiguous mask's own bytes.
+        for odd in (one.expand(mask.shape), torch.cat([mask, mask[..., :5]], -1)[..., :mask.shape[-1]]):
+            assert not odd.is_contiguous()
+            ref2 = _reference(q, k, v, odd, None)
+            assert ((_call(q, k, v, odd).double() - ref2).abs() <= _bound(ref2, v, dtype)).all()
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

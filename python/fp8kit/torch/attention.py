@@ -19,6 +19,7 @@ Checked by tests/python/test_attention.py (against torch's scaled_dot_product_at
 float64 on the same inputs, a Llama and a Qwen2 from configs decoding with each cache, the
 fall-backs); the kernel by tests/ops/test_attention.cpp.
 """
+import functools
 import math
 import sys
 
@@ -50,13 +51,21 @@ def register_attention():
     return NAME
 
 
+@functools.cache
+def _sdpa_attention_forward():
+    """transformers' sdpa_attention_forward, imported once: an import statement through
+    transformers' lazy modules takes ~70 us a call, as long as a decode step's attention itself."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    return sdpa_attention_forward
+
+
 def _mask_rows(mask, b, s, l):
-    """transformers' boolean mask [B or 1, 1, S, L] as [B or 1, S, L], contiguous; None where it has
-    another form (the caller then uses sdpa)."""
+    """transformers' boolean mask [B or 1, 1, S, L] as [B or 1, S, L] rows, contiguous (a contiguous
+    mask as it is: the same bytes); None where it has another form (the caller then uses sdpa)."""
     if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[0] not in (1, b) \
             or mask.shape[2] != s or mask.shape[3] != l:
         return None
-    return mask[:, 0].contiguous()
+    return mask if mask.is_contiguous() else mask[:, 0].contiguous()
 
 
 def _model_eager(module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs):
@@ -81,7 +90,6 @@ def _model_eager(module, query, key, value, attention_mask, dropout, scaling, is
 def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
     """transformers' attention function: query [B, Hq, S, D], key and value [B, Hkv, L, D] ->
     (out [B, S, Hq, D], None), as sdpa_attention_forward returns it."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
     if any(kwargs.get(k) is not None for k in _EAGER_ONLY):
         return _model_eager(module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs)
     b, hq, s, d = query.shape
@@ -99,7 +107,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     elif usable and s > 1 and (is_causal if is_causal is not None else getattr(module, "is_causal", True)):
         usable = False  # causal without a mask: sdpa's top-left alignment, sdpa's to apply
     if not usable:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+        return _sdpa_attention_forward()(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     q = query.contiguous()
     k = key.contiguous()
