@@ -47,7 +47,8 @@ first step's weight gradient against torch float32's.
 of 4 rounds, with each of transformers' KV caches (DynamicCache, the default, and StaticCache),
 vs_f32 / vs_bf16 = its decode tokens/s over torch float32's / bfloat16's with the same cache, and
 sqnr_db of the prefill's last logits against the float32 model's (about 3 minutes on 2 Sapphire Rapids
-cores, 2026-11-26); fp8kit.rowwise+norms is fp8kit.rowwise with fuse_norms.
+cores, 2026-11-26); fp8kit.rowwise+norms is fp8kit.rowwise with fuse_norms, +attention with
+fp8kit's attention function too, and torch.bf16+fp8kit.attention the bf16 model with it.
 --section checkpoint: an FP8 checkpoint as users download it (below, at CKPT_LLAMA;
 --checkpoint-model 697m for a larger one); a decode step's time split into the Linear layers',
 lm_head's and the rest's.
@@ -405,6 +406,13 @@ def run_model(rows):
     # float32 norms a decode step runs, one call each instead of eight torch operators).
     models["fp8kit.rowwise+norms"] = copy.deepcopy(models["fp8kit.rowwise"])
     f8.fuse_norms(models["fp8kit.rowwise+norms"])
+    # And its attention on fp8kit's decode kernel (what from_pretrained gives), with bf16 beside it
+    # on the same kernel: what the attention alone is worth, apart from FP8.
+    attention = f8.register_attention()
+    models["fp8kit.rowwise+norms+attention"] = copy.deepcopy(models["fp8kit.rowwise+norms"])
+    models["torch.bf16+fp8kit.attention"] = copy.deepcopy(models["torch.bf16"])
+    for how in ("fp8kit.rowwise+norms+attention", "torch.bf16+fp8kit.attention"):
+        models[how].set_attn_implementation(attention)
     # Two KV caches, every model decoding with each: transformers' default DynamicCache, which
     # concatenates each layer's keys and values into new tensors at every token (a decode step at
     # PROMPT tokens copies ~25 MB of float32 cache, ~8 ms of this model's step here, and more as
