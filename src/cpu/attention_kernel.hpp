@@ -70,13 +70,14 @@ struct PortableOps {
 // A block's tn rows of keys or values [tn, d] as float32: float32 rows where they are (a decode
 // step reads the cache once, not once and again as a copy), unless padded - dot4's four keys at a
 // time read up to 3 rows past tn, which past the cache's last row are not its memory - else widened
-// into blk.
+// into blk, padded with zeros to a multiple of 4 rows (their dots are not read, but computed).
 template <class Ops, class T>
 const float* block_rows(const T* rows, int64_t tn, int64_t d, bool padded, float* blk) {
     if constexpr (std::is_same_v<T, float>) {
         if (!padded) return rows;
     }
     Ops::widen(rows, blk, tn * d);
+    if (padded) std::fill(blk + tn * d, blk + (tn + 3) / 4 * 4 * d, 0.0f);
     return blk;
 }
 
