@@ -19,11 +19,11 @@ from torch import nn
 
 import fp8kit
 
+from .attention import DECODE_ROWS
 from .ops import check_model_args, places
 
-# Up to this many rows (attention.py's decode rows) run on fp8kit's kernel; a prefill's rows are
-# torch's vectorized operators' to normalize.
-DECODE_ROWS = 16
+# Up to DECODE_ROWS rows (a decode step's, as for the attention function) run on fp8kit's kernel;
+# a prefill's rows are torch's vectorized operators' to normalize.
 _DTYPES = {torch.float32: "float32"}  # what rmsnorm_forward computes in (and float64)
 
 
