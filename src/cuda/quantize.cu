@@ -984,12 +984,20 @@ bool launch_v2_rows(const detail::QuantizeJob& job) {
     if (!v2_shape(x) || reinterpret_cast<uintptr_t>(job.data) % 8 != 0 || !(g.cols % 8 == 0 || g.cols >= x.cols)) return false;
     const bool fixed = job.rule.fixed_scale != nullptr;
     const bool one = g.rows >= x.rows && g.cols >= x.cols;
-    const bool in_warp = g.rows == 1 && g.cols <= 256 && (g.cols & (g.cols - 1)) == 0;
+    // (not one group: the stream kernel takes one group's scale from the amax pass - a row of at most
+    // 256 columns cast alone, a decode step's, went out with scale 1)
+    const bool in_warp = !one && g.rows == 1 && g.cols <= 256 && (g.cols & (g.cols - 1)) == 0;
     const bool row = g.rows == 1 && g.cols >= x.cols;
     const int64_t gw8 = std::min(g.cols, x.cols) / 8, need = std::min(g.rows, x.rows) * gw8;
-    const bool in_block = !one && !in_warp && need >= threads / 2 && need <= 8 * threads;
-    const Grouping G{g.rows, g.cols, (x.rows + g.rows - 1) / g.rows, (x.cols + g.cols - 1) / g.cols, false, false, nullptr,
-                     job.data, job.scale_inv, 0};
+    // One group a block where a group fills at least half a block and fits in one; one group of
+    // any size that fits (a decode step's row or tensor: one launch, where the amax pass would
+    // add a memset, a scratch buffer and a second launch to a call that is all launch cost).
+    const bool in_block = !in_warp && need <= 8 * threads && (one || need >= threads / 2);
+    // The group's sides cut to x's (the same groups): the kernels take them as 32-bit numbers, and a
+    // block scaling may be far taller or wider than x.
+    const Grouping G{std::min(g.rows, std::max<int64_t>(x.rows, 1)), std::min(g.cols, std::max<int64_t>(x.cols, 1)),
+                     (x.rows + g.rows - 1) / g.rows, (x.cols + g.cols - 1) / g.cols, false, false, nullptr, job.data,
+                     job.scale_inv, 0};
     auto* total = reinterpret_cast<unsigned*>(job.amax);
     FP8KIT_CUDA_CHECK(cudaMemsetAsync(job.amax, 0, sizeof(float), s));
     if (!fixed && in_block) {
