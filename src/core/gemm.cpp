@@ -216,7 +216,7 @@ void run_gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, co
     // Fused: the scales and amax the backend computes for A, dropped after the GEMM - on the host
     // from the thread's scratch list (a decode step's GEMM allocates nothing for them), else
     // device tensors.
-    Tensor a_scales, a_amax;
+    Tensor a_scales;
     std::optional<detail::Scratch<float>> host_scales;
     detail::QuantizeJob fuse{};
     Scaling a_scaling;
@@ -245,17 +245,17 @@ void run_gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, co
         const bool mx = o.scaling.granularity == Granularity::mx32;
         const GroupShape scales = o.scaling.scale_shape(rows, cols);
         void* scale_inv = nullptr;
-        float* amax = nullptr;
+        // One buffer (a decode step's GEMM is mostly call cost): the scales (e8m0: a byte of each
+        // float), then the amax.
+        const int64_t count = scales.rows * scales.cols;
         if (d.device == Device::cpu) {
-            host_scales.emplace(scales.rows * scales.cols + 1);  // the scales (e8m0: a byte of each float), the amax
+            host_scales.emplace(count + 1);
             scale_inv = host_scales->get();
-            amax = host_scales->get() + scales.rows * scales.cols;
         } else {
-            a_scales = Tensor::empty({scales.rows, scales.cols}, mx ? DType::e8m0fnu : DType::f32, d.device);
-            a_amax = Tensor::empty({1}, DType::f32, d.device);
+            a_scales = Tensor::empty({count + 1}, DType::f32, d.device);
             scale_inv = a_scales.raw_data();
-            amax = static_cast<float*>(a_amax.raw_data());
         }
+        float* const amax = static_cast<float*>(scale_inv) + count;
         fuse = {d.ctx, x.ref, detail::scale_rule(o), mx ? Overflow::saturate : o.overflow,
                 o.scaling.group_shape(rows, cols), o.scaling.group_shape(cols, rows), nullptr, scale_inv,
                 nullptr, nullptr, amax};

@@ -1,6 +1,8 @@
 // src/cuda/gemm.cu: the CUDA backend's scaled FP8 GEMM, D[m, n] = epilogue(alpha * sum over K
 // groups of (A_g . B_g^T) * sa * sb), with B [n, k] as a Linear weight (TN): the dispatch to its
 // engines (declared in gemm_kernels.cuh), the first that takes the job:
+//  - at a decode step's m <= 2 rows, the CUDA cores reading each code of B once (gemm_gemv.cu):
+//    such a GEMM is bound by B's bytes, which tiles of 128 rows do not stream at speed;
 //  - cuBLASLt FP8 with a plain epilogue (gemm_cublaslt.cu), for the scalings it takes: tensor x
 //    tensor, row x row (outer-vector scales) and block 1x128 x 128x128 (DeepSeek-V3's recipe);
 //  - own tensor-core kernels for every other K group of 32 to 128 or all of K (block 1x128 x
@@ -42,8 +44,11 @@ void gemm(GemmJob& job) {
         job.a.data = q.data;
         job.a.ld = job.k;
     }
-    const LtScales lt = job.k > 0 ? lt_scales(job) : LtScales::none;
-    if (lt != LtScales::none) {
+    const bool gemv = gemv_fits(job);
+    const LtScales lt = job.k > 0 && !gemv ? lt_scales(job) : LtScales::none;
+    if (gemv) {
+        launch_gemv(job, s);
+    } else if (lt != LtScales::none) {
         launch_lt(job, lt, s);
     } else if (job.k > 0 && wgmma_fits(job)) {  // what mma_fits takes, on sm_90
         launch_wgmma(job, s, tma);

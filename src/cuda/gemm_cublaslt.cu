@@ -29,18 +29,21 @@ __global__ void transpose_scales_kernel(const float* scale, int64_t rows, int64_
 
 // The scalings cuBLASLt FP8 takes on Hopper and Ada, with a plain epilogue: tensor x tensor, row x
 // row (its outer-vector scales), block 1x128 x 128x128 (its VEC128 and BLK128x128 scales; K a
-// multiple of 128). Dimensions multiples of 16, rows contiguous and 16-byte aligned.
+// multiple of 128). n and k multiples of 16, rows contiguous and 16-byte aligned; m (cuBLASLt's
+// n: the columns of D^T, which no alignment rule reaches) any for tensor and row scaling, as
+// torch._scaled_mm takes it, a multiple of 16 for blocks (gemm() gives m <= 2 to gemm_gemv.cu
+// first, which streams B faster there).
 LtScales lt_scales(const GemmJob& j) {
     if (!tensor_core_format(j.a.format) || !tensor_core_format(j.b.format) || j.a.e8m0 || j.b.e8m0 ||
-        j.c.data != nullptr || j.bias != nullptr || j.activation != Activation::none || j.m % 16 != 0 ||
-        j.n % 16 != 0 || j.k % 16 != 0 || j.a.ld != j.k || j.b.ld != j.k || !aligned16(j.a.data) ||
-        !aligned16(j.b.data) || !aligned16(j.out) || !mma_fits(j)) {
+        j.c.data != nullptr || j.bias != nullptr || j.activation != Activation::none || j.n % 16 != 0 ||
+        j.k % 16 != 0 || j.a.ld != j.k || j.b.ld != j.k || !aligned16(j.a.data) || !aligned16(j.b.data) ||
+        !aligned16(j.out) || !mma_fits(j)) {
         return LtScales::none;
     }
     const GroupShape ga = j.a.group, gb = j.b.group;
     if (ga.rows >= j.m && ga.cols >= j.k && gb.rows >= j.n && gb.cols >= j.k) return LtScales::tensor;
     if (ga.rows == 1 && ga.cols >= j.k && gb.rows == 1 && gb.cols >= j.k) return LtScales::row;
-    if (ga == GroupShape{1, 128} && gb == GroupShape{128, 128} && j.k % 128 == 0) return LtScales::block;
+    if (ga == GroupShape{1, 128} && gb == GroupShape{128, 128} && j.k % 128 == 0 && j.m % 16 == 0) return LtScales::block;
     return LtScales::none;
 }
 

@@ -1,8 +1,9 @@
 // src/cuda/gemm_kernels.cuh: what the cuda backend's GEMM engines share - the scale of an
 // operand's element, the epilogue and store of an output element, the tensor-core kernels' tile,
 // its swizzled shared-memory rows and the cp.async stage loads - and each engine's entry points:
-// cuBLASLt (src/cuda/gemm_cublaslt.cu), mma.sync (gemm_mma.cu), wgmma (gemm_wgmma.cu) and the CUDA
-// cores (gemm_simt.cu), chosen per job by gemm() in src/cuda/gemm.cu.
+// the decode rows' kernel (src/cuda/gemm_gemv.cu), cuBLASLt (gemm_cublaslt.cu), mma.sync
+// (gemm_mma.cu), wgmma (gemm_wgmma.cu) and the CUDA cores (gemm_simt.cu), chosen per job by gemm()
+// in src/cuda/gemm.cu.
 // Checked through them by tests/ops/test_gemm.cpp (cuda against float64 within the derived bound)
 // when a GPU is present.
 #pragma once
@@ -150,6 +151,11 @@ void with_tensor_core_formats(const GemmJob& j, Fn&& fn) {
 enum class LtScales { none, tensor, row, block };
 LtScales lt_scales(const GemmJob& j);
 void launch_lt(const GemmJob& j, LtScales scales, cudaStream_t s);
+
+// The CUDA cores at a decode step's rows, m <= 2 (gemm_gemv.cu): e4m3 / e5m2, one K group or
+// groups of a multiple of 16, K a multiple of 16, rows 16-byte aligned, any epilogue.
+bool gemv_fits(const GemmJob& j);
+void launch_gemv(const GemmJob& j, cudaStream_t s);
 
 // The tensor cores through mma.sync m16n8k32 (gemm_mma.cu), sm_89 and newer.
 bool mma_fits(const GemmJob& j);

@@ -405,19 +405,30 @@ double& cuda_worst_excess(CudaKernel k) {
 }
 
 // NUMERICS.md's rule for the GEMMs the cuda backend hands to cuBLASLt: e4m3/e5m2 operands, a plain
-// epilogue, m, n, k multiples of 16, and tensor x tensor (one scale each), row x row, or block
-// 1x128 x 128x128 with K a multiple of 128.
+// epilogue, n and k multiples of 16, and tensor x tensor (one scale each) or row x row at any m, or
+// block 1x128 x 128x128 with m a multiple of 16 and K of 128.
 bool runs_on_cublaslt(const QTensor& qa, const QTensor& qb, const GemmOptions& o) {
     const auto tc = [](Format f) { return f == Format::e4m3fn || f == Format::e5m2; };
     const int64_t m = qa.data.size(0), n = qb.data.size(0), k = qa.data.size(1);
-    if (!tc(qa.format()) || !tc(qb.format()) || o.c || o.bias || o.activation != Activation::none || m % 16 != 0 ||
-        n % 16 != 0 || k % 16 != 0) {
+    if (!tc(qa.format()) || !tc(qb.format()) || o.c || o.bias || o.activation != Activation::none || n % 16 != 0 ||
+        k % 16 != 0) {
         return false;
     }
     const GroupShape ga = qa.scaling.group_shape(m, k), gb = qb.scaling.group_shape(n, k);
     if (qa.scale_inv.numel() == 1 && qb.scale_inv.numel() == 1) return true;
     if (ga.rows == 1 && ga.cols >= k && gb.rows == 1 && gb.cols >= k) return true;
-    return ga == GroupShape{1, 128} && gb == GroupShape{128, 128} && k % 128 == 0;
+    return ga == GroupShape{1, 128} && gb == GroupShape{128, 128} && k % 128 == 0 && m % 16 == 0;
+}
+
+// The cuda backend's rule for its decode rows' kernel (src/cuda/gemm_gemv.cu, gemv_fits), which
+// gemm() tries first: e4m3/e5m2 operands, m <= 2, K a multiple of 16 and one K group or groups of a
+// multiple of 16 (the test's rows are 16-byte aligned when K is). Float32 sums: the cpu bound.
+bool runs_on_gemv(const QTensor& qa, const QTensor& qb) {
+    const auto tc = [](Format f) { return f == Format::e4m3fn || f == Format::e5m2; };
+    const int64_t m = qa.data.size(0), n = qb.data.size(0), k = qa.data.size(1);
+    if (!tc(qa.format()) || !tc(qb.format()) || m > 2 || k == 0 || k % 16 != 0) return false;
+    const int64_t kgroup = std::min(qa.scaling.group_shape(m, k).cols, qb.scaling.group_shape(n, k).cols);
+    return kgroup >= k || kgroup % 16 == 0;
 }
 
 // The cuda backend's rule for its wgmma kernel (src/cuda/gemm_wgmma.cu, wgmma_fits), on an sm_90 GPU:
@@ -427,7 +438,7 @@ bool runs_on_wgmma(const QTensor& qa, const QTensor& qb, const GemmOptions& o) {
     const auto tc = [](Format f) { return f == Format::e4m3fn || f == Format::e5m2; };
     const int64_t m = qa.data.size(0), n = qb.data.size(0), k = qa.data.size(1);
     if (test::cuda_compute_capability() != 90 || !tc(qa.format()) || !tc(qb.format()) || k % 16 != 0 ||
-        runs_on_cublaslt(qa, qb, o)) {
+        runs_on_gemv(qa, qb) || runs_on_cublaslt(qa, qb, o)) {
         return false;
     }
     const GroupShape ga = qa.scaling.group_shape(m, k), gb = qb.scaling.group_shape(n, k);
@@ -454,9 +465,10 @@ void check_gemm_cuda(const QTensor& qa, const QTensor& qb, const Product64& p, c
     const Tensor host = got.to(Device::cpu);
     ASSERT_TRUE(is_output(host, p.m, p.n, out));
     const std::vector<double> g = values(host);
-    const CudaKernel kernel = runs_on_cublaslt(qa, qb, call.opts) ? CudaKernel::cublaslt
-                              : runs_on_wgmma(qa, qb, call.opts)  ? CudaKernel::wgmma
-                                                                  : CudaKernel::own;
+    const CudaKernel kernel = runs_on_gemv(qa, qb)                ? CudaKernel::own
+                              : runs_on_cublaslt(qa, qb, call.opts) ? CudaKernel::cublaslt
+                              : runs_on_wgmma(qa, qb, call.opts)    ? CudaKernel::wgmma
+                                                                    : CudaKernel::own;
     const double slope = call.opts.activation == Activation::gelu ? max_gelu_slope : 1.0;
     std::vector<double> bound = e.bound_cpu;
     for (size_t at = 0; at < g.size(); ++at) {
@@ -615,6 +627,12 @@ TEST(GemmOps, PowerOfTwoScalesPastTheFoldRangeArePromoted) {
 void run_cuda_grid(const GranCase& g) {
     std::vector<Mnk> shapes(std::begin(grid_shapes), std::end(grid_shapes));
     for (const Mnk big : {Mnk{129, 257, 1024}, Mnk{256, 384, 2048}, Mnk{200, 136, 4096}, Mnk{64, 64, 48}}) shapes.push_back(big);
+    // decode's rows: the gemv kernel (m <= 2; K past one warp's 512 codes, and one chunk), cuBLASLt
+    // at other m
+    for (const Mnk decode : {Mnk{1, 256, 1040}, Mnk{2, 2048, 1024}, Mnk{2, 40, 16}, Mnk{3, 2048, 1024}, Mnk{7, 256, 512},
+                             Mnk{20, 128, 256}}) {
+        shapes.push_back(decode);
+    }
     run_grid(g, shapes, check_gemm_cuda);
     std::printf("[ cuda ] %s: worst error beyond the float32 model so far, in |alpha| sum|ab|: mma.sync and CUDA cores %.3g, "
                 "cuBLASLt %.3g; wgmma %.3g of its truncation term (sm_%d, FP8KIT_CUDA_WGMMA=%s)\n",
@@ -925,7 +943,9 @@ TEST(GemmWeightOnly, CudaRefusesIt) {
 // so D equals gemm(quantize(x, options), B) bit for bit: f32, bf16 and f16 x, contiguous and a
 // strided view (a window of a wider tensor), tensor (current and a given scale), row, 1x128 and
 // mx32, on every backend and ISA. M = 150 spans several of the cpu backend's 64-row cast panels
-// (and threads); K = 300 cuts the last 128 and 32 groups. Each D is also checked against float64.
+// (and threads); K = 300 cuts the last 128 and 32 groups. M = 1 (K = 256, N = 384): a decode
+// step's row, one group of the cast (the cuda backend's one-block cast, its decode rows' GEMM).
+// Each D is also checked against float64.
 TEST(GemmFusedCast, EqualsQuantizeThenGemmBitForBit) {
     struct FuseCase {
         const char* name;
@@ -940,42 +960,45 @@ TEST(GemmFusedCast, EqualsQuantizeThenGemmBitForBit) {
                               {"row_pow2_e5m2", row_e5m2, Scaling::row()},
                               {"block_1x128", qopts(Scaling::block(1, 128), Format::e4m3fn), Scaling::block(128, 128)},
                               {"mx32", qopts(Scaling::mx32(), Format::e4m3fn), Scaling::mx32()}};
-    const int64_t m = 150, n = 70, k = 300;
     const bool on_cuda = test::cuda_part_runs("the fused cast on the device");
-    GemmOptions opts;
-    opts.alpha = 0.5f;
-    opts.bias = Tensor::from(gaussian(1, n, 5, false), {n});
     uint32_t seed = 300;
-    for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
-        const Tensor wide = as_tensor(gaussian(m + 3, k + 9, seed++), m + 3, k + 9, dtype);
-        const Tensor view = wide.slice(0, 2, m + 2).slice(1, 5, k + 5);
-        for (const Tensor& x : {view.contiguous(), view}) {
-            for (const FuseCase& c : cases) {
-                SCOPED_TRACE(std::string(to_string(dtype)) + (x.is_contiguous() ? " contiguous " : " strided view ") + c.name);
-                const QTensor qb = quantize(as_tensor(gaussian(n, k, seed++), n, k, DType::f32),
-                                            qopts(c.b, Format::e4m3fn, c.a.power_of_two));
-                const QTensor qa_model = quantize(x, c.a);
-                const Product64 p = product64(qa_model, qb);
-                Call call;
-                call.opts = opts;
-                call.bias = values(opts.bias->reshape({1, n}));
-                const Expect e = expect(p, call, DType::f32);
-                for_each_backend([&] {
-                    const Tensor fused = gemm({x, c.a}, qb, opts);
-                    const Tensor unfused = gemm(quantize(x, c.a), qb, opts);
-                    EXPECT_TRUE(identical(fused, unfused));
-                    EXPECT_TRUE(within(values(fused), e.d, add(e.bound_cpu, e.bound_ref), n)) << "fused vs float64";
-                });
-                if (on_cuda) {  // cuda: x, B, bias and a given scale on the device
-                    QuantizeOptions ad = c.a;
-                    if (ad.scale.defined()) ad.scale = ad.scale.to(Device::cuda);
-                    const QTensor qbd = qb.to(Device::cuda);
-                    const GemmOptions od = options_on(opts, Device::cuda);
-                    const Tensor xd = x.is_contiguous() ? x.to(Device::cuda)
-                                                        : wide.to(Device::cuda).slice(0, 2, m + 2).slice(1, 5, k + 5);
-                    const Tensor fused = gemm({xd, ad}, qbd, od).to(Device::cpu);
-                    EXPECT_TRUE(identical(fused, gemm(quantize(xd, ad), qbd, od).to(Device::cpu))) << "cuda";
-                    EXPECT_TRUE(within(values(fused), e.d, e.bound_cpu, n)) << "cuda fused vs float64";
+    for (const Mnk s : {Mnk{150, 70, 300}, Mnk{1, 384, 256}}) {
+        const int64_t m = s.m, n = s.n, k = s.k;
+        GemmOptions opts;
+        opts.alpha = 0.5f;
+        opts.bias = Tensor::from(gaussian(1, n, 5, false), {n});
+        for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+            const Tensor wide = as_tensor(gaussian(m + 3, k + 9, seed++), m + 3, k + 9, dtype);
+            const Tensor view = wide.slice(0, 2, m + 2).slice(1, 5, k + 5);
+            for (const Tensor& x : {view.contiguous(), view}) {
+                for (const FuseCase& c : cases) {
+                    SCOPED_TRACE("M = " + std::to_string(m) + " " + std::string(to_string(dtype)) +
+                                 (x.is_contiguous() ? " contiguous " : " strided view ") + c.name);
+                    const QTensor qb = quantize(as_tensor(gaussian(n, k, seed++), n, k, DType::f32),
+                                                qopts(c.b, Format::e4m3fn, c.a.power_of_two));
+                    const QTensor qa_model = quantize(x, c.a);
+                    const Product64 p = product64(qa_model, qb);
+                    Call call;
+                    call.opts = opts;
+                    call.bias = values(opts.bias->reshape({1, n}));
+                    const Expect e = expect(p, call, DType::f32);
+                    for_each_backend([&] {
+                        const Tensor fused = gemm({x, c.a}, qb, opts);
+                        const Tensor unfused = gemm(quantize(x, c.a), qb, opts);
+                        EXPECT_TRUE(identical(fused, unfused));
+                        EXPECT_TRUE(within(values(fused), e.d, add(e.bound_cpu, e.bound_ref), n)) << "fused vs float64";
+                    });
+                    if (on_cuda) {  // cuda: x, B, bias and a given scale on the device
+                        QuantizeOptions ad = c.a;
+                        if (ad.scale.defined()) ad.scale = ad.scale.to(Device::cuda);
+                        const QTensor qbd = qb.to(Device::cuda);
+                        const GemmOptions od = options_on(opts, Device::cuda);
+                        const Tensor xd = x.is_contiguous() ? x.to(Device::cuda)
+                                                            : wide.to(Device::cuda).slice(0, 2, m + 2).slice(1, 5, k + 5);
+                        const Tensor fused = gemm({xd, ad}, qbd, od).to(Device::cpu);
+                        EXPECT_TRUE(identical(fused, gemm(quantize(xd, ad), qbd, od).to(Device::cpu))) << "cuda";
+                        EXPECT_TRUE(within(values(fused), e.d, e.bound_cpu, n)) << "cuda fused vs float64";
+                    }
                 }
             }
         }

@@ -41,10 +41,14 @@ def randn(*shape, dtype=torch.bfloat16, seed=0):
     return x.to(dtype)
 
 
+@pytest.mark.parametrize("shape", [(257, 384), (1, 4096), (1, 256), (2, 8192), (16, 64)])
 @pytest.mark.parametrize("transpose", [False, True])
 @pytest.mark.parametrize("scaling", SCALINGS)
-def test_quantize_on_the_device_is_the_host_quantize_bit_for_bit(scaling, transpose):
-    x = randn(257, 384, seed=1)  # rows not a multiple of any tile or block
+def test_quantize_on_the_device_is_the_host_quantize_bit_for_bit(scaling, transpose, shape):
+    # 257 rows: not a multiple of any tile or block; a decode step's rows (one of at most 256
+    # columns: once cast with scale 1), and a small tensor: one group (or a row's) cast by one
+    # block of threads
+    x = randn(*shape, seed=1)
     host = fp8kit.quantize(x, scaling=scaling, transpose=transpose)
     dev = fp8kit.quantize(x.cuda(), scaling=scaling, transpose=transpose)
     assert dev.device == "cuda" and dev.data.is_cuda
@@ -166,28 +170,32 @@ def test_device_errors_name_the_argument():
         fp8kit.gemm(x, fp8kit.PackedWeight(qw), scaling="row")
 
 
+@pytest.mark.parametrize("m", [64, 1, 5])
 @pytest.mark.parametrize("recipe", ["rowwise", "tensorwise", "block"])
-def test_inference_layer_on_the_device_within_the_bound(recipe):
+def test_inference_layer_on_the_device_within_the_bound(recipe, m):
     # One layer without bias (cuBLASLt's plain epilogue), the input cast on the device: D within
     # the bound of the float64 product of the FP8 operands - the input's as the host quantize
     # gives them (bit for bit the device's, test above), the weight's as the layer holds them.
+    # m = 1 and 5: a decode step's rows (1: the decode rows' kernel, gemm_gemv.cu; 5: cuBLASLt for
+    # rowwise and tensorwise, the tensor-core kernel for block).
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 384, bias=False))
     fp8_torch.quantize_(model, recipe)
     layer = model[0]
     x_scaling, w_scaling = fp8kit._fp8kit.recipe_scalings(recipe)
-    x = randn(64, 256, dtype=torch.float32, seed=8)
+    x = randn(m, 256, dtype=torch.float32, seed=8)
     a64 = deq64(fp8kit.quantize(x, scaling=x_scaling), x_scaling)
     b64 = deq64(fp8kit.qtensor(layer.weight, layer.weight_scale_inv, w_scaling), w_scaling)
     tol, d64 = cublaslt_bound(a64, b64)
     dev = layer.cuda()
     got = dev(x.cuda())
-    assert got.is_cuda and got.dtype == torch.float32 and got.shape == (64, 384)
+    assert got.is_cuda and got.dtype == torch.float32 and got.shape == (m, 384)
     assert torch.all((got.cpu().double() - d64).abs() <= tol)
     # the nearest wrong answer: the input's scales one row off (its rows differ in magnitude), or
-    # its one scale applied twice
+    # its one scale (one row: its first) applied twice
     x_scales = torch.from_numpy(np.ascontiguousarray(fp8kit.quantize(x, scaling=x_scaling).scale_inv))
-    wrong = d64 * x_scales.double().reshape(()) if x_scaling == "tensor" else shifted_rows(d64, x_scales[:, :1])
+    wrong = (d64 * x_scales.double().reshape(-1)[0] if x_scaling == "tensor" or m == 1 else
+             shifted_rows(d64, x_scales[:, :1]))
     assert torch.any((wrong - d64).abs() > tol)
     # bfloat16 in, bfloat16 out; empty batches give empty results, as nn.Linear
     assert dev(x.cuda().bfloat16()).dtype == torch.bfloat16
