@@ -704,6 +704,25 @@ def test_torch_dtype_auto_and_explicit(work):
         fp8kit.torch.from_pretrained(path, torch_dtype=torch.float64)
 
 
+def test_compressed_tensors_missing_is_named_before_loading(work, monkeypatch):
+    """A compressed-tensors checkpoint's targets and ignore list are matched by compressed-tensors'
+    own rules; where it does not import (a GPU box with transformers alone - seen on an H200 image),
+    from_pretrained says so, naming the checkpoint and the package, before any weight is read -
+    not a ModuleNotFoundError from deep inside the load (test_fp8kit_written_checkpoint: an hf-fp8
+    checkpoint loads without it)."""
+    _, path = _checkpoint(work, "llama", "FP8_DYNAMIC")
+    _without_compressed_tensors(monkeypatch)
+    with pytest.raises(fp8kit.Error, match=r"compressed-tensors checkpoint.*pip install compressed-tensors") as e:
+        fp8kit.torch.from_pretrained(path)
+    assert path in str(e.value)
+
+
+def _without_compressed_tensors(monkeypatch):
+    """import compressed_tensors (and its matcher) raise ImportError, as where it is not installed."""
+    for name in ("compressed_tensors", "compressed_tensors.utils", "compressed_tensors.utils.match"):
+        monkeypatch.setitem(sys.modules, name, None)
+
+
 def test_a_fifo_beside_the_shards_is_not_opened(work, tmp_path):
     """A named pipe called ".safetensors" in a checkpoint directory (no index): not a shard (the
     library lists names with the extension), so it is never opened - opening it would block until
@@ -1149,7 +1168,9 @@ def test_hf_fp8_kept_module_names_only_themselves(tmp_path):
 
 
 @pytest.mark.parametrize("scheme,layout", [("channel", "compressed-tensors"), ("block128", "hf-fp8")])
-def test_fp8kit_written_checkpoint(work, scheme, layout, tmp_path):
+def test_fp8kit_written_checkpoint(work, scheme, layout, tmp_path, monkeypatch):
+    """Each layout `fp8kit quantize` writes runs from PyTorch as stored; the hf-fp8 one (DeepSeek's
+    and Qwen's releases) without compressed-tensors installed."""
     cli = _fp8kit_cli()
     if cli is None:
         pytest.skip("the fp8kit command is not built (set FP8KIT_CLI, or build a host preset: build/release/fp8kit)")
@@ -1159,6 +1180,8 @@ def test_fp8kit_written_checkpoint(work, scheme, layout, tmp_path):
     r = subprocess.run([cli, "quantize", base, out, "--scheme", scheme, "--layout", layout, "--quiet"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+    if layout == "hf-fp8":
+        _without_compressed_tensors(monkeypatch)
     model = fp8kit.torch.from_pretrained(out)
     assert check_weights(model, out) == []
     assert check_logits(fp8kit_logits(model), base, out) == []

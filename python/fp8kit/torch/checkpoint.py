@@ -236,6 +236,15 @@ class _Config:
                                "layout fp8kit reads (compressed-tensors, fp8, fbgemm_fp8, fp8kit)")
         self.groups = []
         if self.method == "compressed-tensors":
+            # Its targets and ignore list match modules as compressed-tensors matches them (names,
+            # regexes, classes): its own matcher, asked for before any weight is read.
+            try:
+                from compressed_tensors.utils.match import is_match
+            except ImportError as e:
+                raise fp8kit.Error(f"{ckpt.path}: a compressed-tensors checkpoint: its config's targets and ignore list "
+                                   "are matched by compressed-tensors' own rules, and compressed-tensors does not "
+                                   f"import ({e}): pip install compressed-tensors") from None
+            self.is_match = is_match
             groups = self.qc.get("config_groups") or {}
             check(isinstance(groups, dict), "config_groups", "an object of groups")
             for gname, g in groups.items():
@@ -291,8 +300,7 @@ class _Config:
         if self.method == "fp8kit":  # the layout's own list: module names as they are
             return module_name in self.ignore
         if self.method == "compressed-tensors":
-            from compressed_tensors.utils.match import is_match
-            return is_match(module_name, module, self.ignore) if module is not None else any(
+            return self.is_match(module_name, module, self.ignore) if module is not None else any(
                 t == module_name or (t.startswith("re:") and re.match(t[3:], module_name)) for t in self.ignore)
         from transformers.quantizers.quantizers_utils import should_convert_module
         return not should_convert_module(module_name, self.ignore)
@@ -306,9 +314,8 @@ class _Config:
             # compressed-tensors, so its FP8 weight contradicts the config. A fused experts
             # module's projections (no nn.Linear of their own) by name, or the groups' one
             # activation scheme.
-            from compressed_tensors.utils.match import is_match
             linear = isinstance(module, nn.Linear)
-            hits = [a for targets, a in self.groups if is_match(module_name, module if linear else None, targets)]
+            hits = [a for targets, a in self.groups if self.is_match(module_name, module if linear else None, targets)]
             if not hits and not linear and len({json.dumps(a, sort_keys=True) for _, a in self.groups}) == 1:
                 hits = [self.groups[0][1]]
             if not hits:
