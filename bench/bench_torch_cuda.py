@@ -2,7 +2,7 @@
 torch.compile), the same data, GPU and process:
   - inference: a Linear layer after fp8kit.torch.quantize_ (rowwise, tensorwise, block; bf16 x
     cast to FP8 inside fp8kit's call) against nn.Linear in bfloat16, at prefill (M = 8192) and
-    decode (M = 1, 16) sizes, widths 2048 - 8192;
+    decode (M = 1, 4, 16) sizes, widths 2048 - 8192;
   - training: a stack of 4 Linear layers (width W = 2048 - 16384, 8192 tokens, bf16 parameters) -
     forward, backward and AdamW - after fp8kit.torch.convert_to_float8_training (tensorwise,
     rowwise; tensorwise with auto_filter, which leaves the layers too small to gain in bf16) against
@@ -12,13 +12,26 @@ torch.compile), the same data, GPU and process:
   - host cost: the host time of one call of each entry point (quantize, with the transposed copy,
     gemm, the inference layer, the training layer's forward, its backward) with the GPU kept busy
     by a queued sleep, so that a call that waits for the GPU shows as the sleep's length.
+  - model: a Llama from a transformers config (886M parameters, random weights), as a user runs
+    it on a GPU: bf16 from its checkpoint; the FP8 checkpoint `fp8kit quantize` writes of it in
+    the layout of DeepSeek's and Qwen's FP8 releases (transformers' FineGrainedFP8: 128x128
+    blocks, lm_head kept) loaded by transformers itself (its FP8 layers) and by
+    fp8kit.torch.from_pretrained + .cuda(); the bf16 model after fp8kit.torch.quantize_
+    (rowwise); and after torchao's quantize_ with Float8DynamicActivationFloat8WeightConfig(PerRow())
+    where torchao imports. Each: the GPU
+    memory its weights hold, prefill (4 x 1024 tokens) and greedy decode (the median of 32 steps
+    after a 128-token prompt, a DynamicCache, after one such pass), and its prefill logits against
+    bf16's.
 Each time is the median of 5 runs of repeated calls between CUDA events, after a warm-up. Each
 result is checked: an inference output within 0.1 relative RMS of the bf16 layer's (FP8 rounding
-gives about 0.03), the FP8 losses within 1 % of bf16's after 50 steps; a failed check exits 1.
-Usage: python3 bench/bench_torch_cuda.py [--quick] [--json PATH] [--sections host,inference,train];
+gives about 0.03), the FP8 losses within 1 % of bf16's after 50 steps, a model's logits within
+0.5 relative RMS of bf16's (113 FP8 GEMMs deep: model_section says why); a failed check exits 1.
+Usage: python3 bench/bench_torch_cuda.py [--quick] [--json PATH] [--sections host,inference,train,model]
+[--fp8kit PATH-TO-THE-fp8kit-COMMAND] (the model section's checkpoint writer; default build/release/fp8kit);
 scripts/cuda_device_check.sh runs it on the GPU machine (with the fp8kit package built there or
 carried).
 """
+import gc
 import json
 import sys
 import time
@@ -169,11 +182,111 @@ def train(widths, tokens, steps, results):
     return failures
 
 
+LLAMA = dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=16, num_attention_heads=16,
+             num_key_value_heads=8, max_position_embeddings=4096)
+
+
+def _model_way(name, bf16_dir, fp8_dir):
+    """The model of one way, on the GPU, in eval mode; None (saying why) where a peer's tool does
+    not import or run here."""
+    import transformers
+    if name == "fp8kit.from_pretrained":
+        return fp8_torch.from_pretrained(fp8_dir).cuda()
+    if name == "transformers.fp8ckpt":  # transformers' own FineGrainedFP8 layers on the GPU
+        try:
+            return transformers.AutoModelForCausalLM.from_pretrained(fp8_dir, device_map="cuda").eval()
+        except Exception as e:  # a peer that cannot run here is reported, not a failure of fp8kit's
+            print(f"transformers' FP8 checkpoint loading: {type(e).__name__}: {str(e)[:200]}; left out")
+            return None
+    model = transformers.AutoModelForCausalLM.from_pretrained(bf16_dir, dtype=torch.bfloat16).cuda().eval()
+    keep_head = lambda m, fqn: isinstance(m, nn.Linear) and fqn != "lm_head"  # noqa: E731 - as the FP8 checkpoint
+    if name == "fp8kit.quantize_":
+        fp8_torch.quantize_(model, "rowwise", filter_fn=keep_head)
+    elif name == "torchao.quantize_":
+        try:
+            from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
+        except ImportError as e:
+            print(f"torchao: not importable ({e}); its FP8 inference is left out")
+            return None
+        quantize_(model, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()), filter_fn=keep_head)
+    return model
+
+
+def model_section(fp8kit_cmd, results):
+    """Each way's weight memory, prefill and decode speed, and logits against bf16's (see the
+    module's docstring), in this process one after another."""
+    import subprocess
+    import tempfile
+    import transformers
+    failures = 0
+    tmp = tempfile.mkdtemp(prefix="fp8kit-bench-model-")
+    bf16_dir, fp8_dir = f"{tmp}/llama-bf16", f"{tmp}/llama-fp8"
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA)).to(torch.bfloat16).save_pretrained(bf16_dir)
+    subprocess.run([fp8kit_cmd, "quantize", bf16_dir, fp8_dir, "--scheme", "block128", "--layout", "hf-fp8", "--quiet"],
+                   check=True, stdout=subprocess.DEVNULL)
+    g = torch.Generator().manual_seed(3)
+    prefill_ids = torch.randint(0, LLAMA["vocab_size"], (4, 1024), generator=g).cuda()
+    prompt = prefill_ids[:1, :128]
+    want = None
+    for name in ("bf16", "transformers.fp8ckpt", "fp8kit.from_pretrained", "fp8kit.quantize_", "torchao.quantize_"):
+        gc.collect()  # the last way's model gone before the baseline (its cycles too)
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_allocated()
+        t0 = time.perf_counter()
+        model = _model_way(name, bf16_dir, fp8_dir)
+        if model is None:
+            continue
+        torch.cuda.synchronize()
+        load_s, weights = time.perf_counter() - t0, torch.cuda.memory_allocated() - before
+        with torch.no_grad():
+            try:
+                logits = model(prefill_ids).logits[:, -64:].float()  # also the warm-up
+            except Exception as e:
+                if name.startswith("fp8kit") or name == "bf16":
+                    raise
+                print(f"{name}: {type(e).__name__}: {str(e)[:200]}; left out")  # a peer that cannot run here
+                del model
+                continue
+            prefill_s = median_seconds(lambda: model(prefill_ids), 1)
+            for _ in range(2):  # the first pass a warm-up: each cache length's kernels met once
+                out = model(prompt, use_cache=True)
+                tok, steps = out.logits[:, -1:].argmax(-1), []
+                for _ in range(32):
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    out = model(tok, past_key_values=out.past_key_values, use_cache=True)
+                    tok = out.logits[:, -1:].argmax(-1)
+                    torch.cuda.synchronize()
+                    steps.append(time.perf_counter() - t0)
+        decode_s = sorted(steps)[16]
+        if want is None:
+            want, base = logits, {"prefill_s": prefill_s, "decode_s": decode_s, "weights": weights}
+        err = rel_rms(logits, want)
+        top1 = (logits.argmax(-1) == want.argmax(-1)).float().mean().item()
+        # Each FP8 GEMM's output is off bf16's by 0.037 relative RMS (the inference section); the
+        # logits pass 16 layers' 7 GEMMs (and lm_head): independent errors add to about
+        # 0.037 * sqrt(113) = 0.39. A wrong scale, layout or layer gives 1 or more.
+        ok = err < 0.5
+        failures += not ok
+        results.append({"bench": "model", "way": name, "params": sum(p.numel() for p in model.parameters()),
+                        "gpu_weight_bytes": weights, "load_s": load_s, "prefill_tokens": prefill_ids.numel(),
+                        "prefill_s": prefill_s, "decode_step_s": decode_s,
+                        "prefill_vs_bf16": base["prefill_s"] / prefill_s, "decode_vs_bf16": base["decode_s"] / decode_s,
+                        "logits_rel_rms_vs_bf16": err, "top1_agreement_vs_bf16": top1, "ok": ok})
+        print(f"model {name:24s}: weights {weights / 2**20:7.0f} MiB ({weights / base['weights']:.2f}x)  load "
+              f"{load_s:5.1f} s  prefill {prefill_s * 1e3:7.2f} ms ({base['prefill_s'] / prefill_s:4.2f}x)  decode "
+              f"{decode_s * 1e3:6.2f} ms/token ({base['decode_s'] / decode_s:4.2f}x)  logits rel_rms {err:.3f} "
+              f"top-1 {top1:.2f}{'' if ok else '  FAILED'}")
+        del model, out
+    return failures
+
+
 def main():
     args = sys.argv[1:]
     quick = "--quick" in args
     path = args[args.index("--json") + 1] if "--json" in args else None
-    sections = args[args.index("--sections") + 1].split(",") if "--sections" in args else ["host", "inference", "train"]
+    sections = args[args.index("--sections") + 1].split(",") if "--sections" in args else ["host", "inference", "train", "model"]
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, fp8kit {fp8kit.__version__}")
     results = []
     widths = (2048, 4096) if quick else (2048, 4096, 8192)
@@ -181,9 +294,12 @@ def main():
     if "host" in sections:
         host_cost(results)
     if "inference" in sections:
-        failures += inference(widths, (1, 16, 8192), results)
+        failures += inference(widths, (1, 4, 16, 8192), results)
     if "train" in sections:
         failures += train(widths if quick else widths + (16384,), 8192, 50, results)
+    if "model" in sections:
+        failures += model_section(args[args.index("--fp8kit") + 1] if "--fp8kit" in args else "build/release/fp8kit",
+                                  results)
     if path:
         with open(path, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "results": results}, f,
