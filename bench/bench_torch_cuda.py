@@ -9,6 +9,8 @@ torch.compile), the same data, GPU and process:
     the same stack in bfloat16, eager; at W >= 8192 also torchao's
     convert_to_float8_training under torch.compile (its recommended use), where torchao imports.
     The loss after 50 steps beside bf16's.
+  - decode: the GEMM at a decode step's 1-16 rows (fp8kit.gemm, torch._scaled_mm on the same
+    codes, torch's bf16 matmul), GPU time, each D checked against float64;
   - host cost: the host time of one call of each entry point (quantize, with the transposed copy,
     gemm, the inference layer, the training layer's forward, its backward) with the GPU kept busy
     by a queued sleep, so that a call that waits for the GPU shows as the sleep's length.
@@ -26,7 +28,7 @@ Each time is the median of 5 runs of repeated calls between CUDA events, after a
 result is checked: an inference output within 0.1 relative RMS of the bf16 layer's (FP8 rounding
 gives about 0.03), the FP8 losses within 1 % of bf16's after 50 steps, a model's logits within
 0.5 relative RMS of bf16's (113 FP8 GEMMs deep: model_section says why); a failed check exits 1.
-Usage: python3 bench/bench_torch_cuda.py [--quick] [--json PATH] [--sections host,inference,train,model]
+Usage: python3 bench/bench_torch_cuda.py [--quick] [--json PATH] [--sections host,decode,inference,train,model]
 [--fp8kit PATH-TO-THE-fp8kit-COMMAND] (the model section's checkpoint writer; default build/release/fp8kit);
 scripts/cuda_device_check.sh runs it on the GPU machine (with the fp8kit package built there or
 carried).
@@ -72,6 +74,58 @@ def inference(widths, ms, results):
                                 "ok": ok})
                 print(f"inference {recipe:10s} M={m:5d} W={w:5d}: bf16 {t_bf16 * 1e6:9.1f} us  fp8kit "
                       f"{t_fp8 * 1e6:9.1f} us  {t_bf16 / t_fp8:5.2f}x  rel_rms {err:.3f}{'' if ok else '  FAILED'}")
+    return failures
+
+
+def gpu_seconds(fn, calls=200):
+    """The GPU's seconds a call of fn, the host's calls queued behind a sleep first (so that a
+    call's host cost, which exceeds a decode-size GEMM's, is not what the events time)."""
+    fn()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(60_000_000)
+    a.record()
+    for _ in range(calls):
+        fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) * 1e-3 / calls
+
+
+def decode_gemm(results):
+    """The GEMM at a decode step's rows (m x 8192 x 8192, e4m3, rowwise and tensorwise): fp8kit.gemm
+    on FP8 operands beside torch._scaled_mm on the same codes and scales and torch's bf16 matmul,
+    GPU time. Each fp8kit D is checked against the float64 product of the codes: within
+    2^-11 sum|a b| (cuBLASLt's allowance in tests/ops/test_gemm.cpp, the looser engine) plus bf16's
+    rounding of D, where a row's scale applied to its neighbour is off by far more."""
+    failures = 0
+    g = torch.Generator(device="cuda").manual_seed(5)
+    w = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16, generator=g)
+    for scaling in ("row", "tensor"):
+        qw = fp8kit.quantize(w, scaling=scaling)
+        pw = fp8kit.PackedWeight(qw)
+        b8 = qw.data.view(torch.float8_e4m3fn)
+        sb = qw.scale_inv.float().reshape(1, -1) if scaling == "row" else qw.scale_inv.float().reshape(())
+        b64 = b8.double() * (qw.scale_inv.double().reshape(-1, 1) if scaling == "row" else qw.scale_inv.double())
+        for m in (1, 2, 4, 8, 16):
+            x = torch.randn(m, 8192, device="cuda", dtype=torch.bfloat16, generator=g) * torch.exp2(
+                torch.randint(-4, 4, (m, 1), device="cuda", generator=g).to(torch.bfloat16))
+            qx = fp8kit.quantize(x, scaling=scaling)
+            a8 = qx.data.view(torch.float8_e4m3fn)
+            sa = qx.scale_inv.float().reshape(-1, 1) if scaling == "row" else qx.scale_inv.float().reshape(())
+            a64 = a8.double() * (qx.scale_inv.double().reshape(-1, 1) if scaling == "row" else qx.scale_inv.double())
+            d64, sab = a64 @ b64.T, a64.abs() @ b64.abs().T
+            got = fp8kit.gemm(qx, pw, out_dtype="bfloat16").double()
+            ok = bool(torch.all((got - d64).abs() <= 2.0 ** -11 * sab + 2.0 ** -8 * d64.abs()))
+            failures += not ok
+            t = {"fp8kit": gpu_seconds(lambda: fp8kit.gemm(qx, pw, out_dtype="bfloat16")),
+                 "torch._scaled_mm": gpu_seconds(lambda: torch._scaled_mm(a8, b8.t(), scale_a=sa, scale_b=sb,
+                                                                           out_dtype=torch.bfloat16)),
+                 "torch.bf16": gpu_seconds(lambda: x @ w.t())}
+            results.append({"bench": "decode_gemm", "scaling": scaling, "m": m, "n": 8192, "k": 8192,
+                            **{f"{k}_s": v for k, v in t.items()}, "ok": ok})
+            print(f"decode GEMM {scaling:6s} m={m:2d} 8192^2 (GPU us): fp8kit {t['fp8kit'] * 1e6:6.1f}  torch._scaled_mm "
+                  f"{t['torch._scaled_mm'] * 1e6:6.1f}  bf16 {t['torch.bf16'] * 1e6:6.1f}{'' if ok else '  WRONG'}")
     return failures
 
 
@@ -286,13 +340,15 @@ def main():
     args = sys.argv[1:]
     quick = "--quick" in args
     path = args[args.index("--json") + 1] if "--json" in args else None
-    sections = args[args.index("--sections") + 1].split(",") if "--sections" in args else ["host", "inference", "train", "model"]
+    sections = args[args.index("--sections") + 1].split(",") if "--sections" in args else ["host", "decode", "inference", "train", "model"]
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, fp8kit {fp8kit.__version__}")
     results = []
     widths = (2048, 4096) if quick else (2048, 4096, 8192)
     failures = 0
     if "host" in sections:
         host_cost(results)
+    if "decode" in sections:
+        failures += decode_gemm(results)
     if "inference" in sections:
         failures += inference(widths, (1, 4, 16, 8192), results)
     if "train" in sections:

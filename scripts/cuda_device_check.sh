@@ -13,7 +13,9 @@
 # fp8kit package built with the cuda backend for the machine's python3.
 # Usage: scripts/cuda_device_check.sh BIN_DIR OUT_DIR [tests|sanitize|bench|casts|python]...
 #   BIN_DIR holds the test binaries named below (tests/ of the release preset, built on any
-#   machine with nvcc), test_format_device, bench_gemm_cuda (bench/) and fp8kit; logs go to OUT_DIR.
+#   machine with nvcc), test_format_device, bench_gemm_cuda (bench/) and fp8kit (bench_torch_cuda's
+#   checkpoint writer), and in BIN_DIR/lib the libraries fp8kit links that the GPU machine's image
+#   lacks (oneDNN, OpenBLAS and theirs: an H200 image had neither); logs go to OUT_DIR.
 set -u
 bin=$1
 out=$2
@@ -103,7 +105,7 @@ for step in $steps; do
         [ $rc -eq 0 ] || status=1
         echo "pytest tests/python/test_cuda.py: rc $rc; $(tail -1 "$out/test_cuda.log")" | tee -a "$out/summary.txt"
         timeout "${TEST_TIMEOUT:-300}" python3 "$(dirname "$0")/../bench/bench_torch_cuda.py" --json "$out/bench_torch_cuda.json" \
-            > "$out/bench_torch_cuda.txt" 2>&1
+            --fp8kit "$bin/fp8kit" > "$out/bench_torch_cuda.txt" 2>&1
         rc=$?
         [ $rc -eq 0 ] || status=1
         echo "bench/bench_torch_cuda.py: rc $rc" | tee -a "$out/summary.txt"
