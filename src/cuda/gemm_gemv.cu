@@ -93,7 +93,8 @@ void launch(const GemmJob& j, cudaStream_t s) {
 
 bool gemv_fits(const GemmJob& j) {
     return j.m >= 1 && j.m <= gemv_max_m && j.k > 0 && j.k % 16 == 0 && (j.kgroup >= j.k || j.kgroup % 16 == 0) &&
-           tensor_core_format(j.a.format) && tensor_core_format(j.b.format) && j.a.ld % 16 == 0 && j.b.ld % 16 == 0 && aligned16(j.a.data) && aligned16(j.b.data);
+           tensor_core_format(j.a.format) && tensor_core_format(j.b.format) && j.a.ld % 16 == 0 && j.b.ld % 16 == 0 &&
+           aligned16(j.a.data) && aligned16(j.b.data);
 }
 
 void launch_gemv(const GemmJob& j, cudaStream_t s) {
