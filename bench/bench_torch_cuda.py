@@ -98,22 +98,24 @@ def decode_gemm(results):
     GPU time. Each fp8kit D is checked against the float64 product of the codes: within
     2^-11 sum|a b| (cuBLASLt's allowance in tests/ops/test_gemm.cpp, the looser engine) plus bf16's
     rounding of D, where a row's scale applied to its neighbour is off by far more."""
+    def operand(q, scaling):  # the codes as torch's FP8, the scales as a column (row) or a scalar, float64 values
+        codes, scales = q.data.view(torch.float8_e4m3fn), q.scale_inv.float()
+        scales = scales.reshape(-1, 1) if scaling == "row" else scales.reshape(())
+        return codes, scales, codes.double() * scales.double()
+
     failures = 0
     g = torch.Generator(device="cuda").manual_seed(5)
     w = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16, generator=g)
     for scaling in ("row", "tensor"):
         qw = fp8kit.quantize(w, scaling=scaling)
         pw = fp8kit.PackedWeight(qw)
-        b8 = qw.data.view(torch.float8_e4m3fn)
-        sb = qw.scale_inv.float().reshape(1, -1) if scaling == "row" else qw.scale_inv.float().reshape(())
-        b64 = b8.double() * (qw.scale_inv.double().reshape(-1, 1) if scaling == "row" else qw.scale_inv.double())
+        b8, sb, b64 = operand(qw, scaling)
+        sb = sb.reshape(1, -1) if scaling == "row" else sb  # torch._scaled_mm takes B's row scales as a row
         for m in (1, 2, 4, 8, 16):
             x = torch.randn(m, 8192, device="cuda", dtype=torch.bfloat16, generator=g) * torch.exp2(
                 torch.randint(-4, 4, (m, 1), device="cuda", generator=g).to(torch.bfloat16))
             qx = fp8kit.quantize(x, scaling=scaling)
-            a8 = qx.data.view(torch.float8_e4m3fn)
-            sa = qx.scale_inv.float().reshape(-1, 1) if scaling == "row" else qx.scale_inv.float().reshape(())
-            a64 = a8.double() * (qx.scale_inv.double().reshape(-1, 1) if scaling == "row" else qx.scale_inv.double())
+            a8, sa, a64 = operand(qx, scaling)
             d64, sab = a64 @ b64.T, a64.abs() @ b64.abs().T
             got = fp8kit.gemm(qx, pw, out_dtype="bfloat16").double()
             ok = bool(torch.all((got - d64).abs() <= 2.0 ** -11 * sab + 2.0 ** -8 * d64.abs()))

@@ -214,8 +214,8 @@ void run_gemm(const GemmA& a, const PackedWeight& b, const GemmOptions& opts, co
     GemmOperand oa{};
     detail::Matrix x;
     // Fused: the scales and amax the backend computes for A, dropped after the GEMM - on the host
-    // from the thread's scratch list (a decode step's GEMM allocates nothing for them), else
-    // device tensors.
+    // from the thread's scratch list (a decode step's GEMM allocates nothing for them), else one
+    // device tensor.
     Tensor a_scales;
     std::optional<detail::Scratch<float>> host_scales;
     detail::QuantizeJob fuse{};
