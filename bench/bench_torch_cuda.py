@@ -35,6 +35,7 @@ carried).
 """
 import gc
 import json
+import os
 import sys
 import time
 
@@ -360,8 +361,8 @@ def main():
                                   results)
     if path:
         with open(path, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "results": results}, f,
-                      indent=1)
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "FP8KIT_CUDA_GEMV": os.environ.get("FP8KIT_CUDA_GEMV", "cuda_cores"), "results": results}, f, indent=1)
     sys.exit(1 if failures else 0)
 
 

@@ -1,7 +1,7 @@
 #!/bin/sh
 # scripts/cuda_device_check.sh: what only a GPU can check, in one command (issue 20's device runs):
 # the cuda tests of tests/ops against ref (every other test already runs in CI; the GEMM grid also
-# with FP8KIT_CUDA_WGMMA=tma), every layer op, Float8Linear and the GPT's training on the device
+# with FP8KIT_CUDA_WGMMA=tma and with FP8KIT_CUDA_GEMV=mma), every layer op, Float8Linear and the GPT's training on the device
 # (each against ref or the host run), the device tensors of test_backend, compute-sanitizer's memcheck and racecheck on a shorter selection of
 # them, and the benchmarks (bench_gemm_cuda, again with FP8KIT_CUDA_WGMMA=tma, then
 # bench/bench_gemm_cuda_torch.py on the same shapes, then fp8kit train --device cuda).
@@ -51,6 +51,15 @@ for step in $steps; do
         echo "test_gemm_ops (cuda, FP8KIT_CUDA_WGMMA=tma): rc $rc; $(grep -E '^\[  (PASSED|FAILED)' "$out/test_gemm_ops_tma.log" | tr '\n' ' ')" | tee -a "$out/summary.txt"
         FP8KIT_CUDA_WGMMA=bulk "$bin/test_gemm_ops" --gtest_filter='Scaling/GemmGrid.CudaWithinTheFloat64Bound/tensor' 2>&1 |
             grep -q "FP8KIT_CUDA_WGMMA=bulk is not a way" && echo "bad FP8KIT_CUDA_WGMMA refused: yes" || { echo "bad FP8KIT_CUDA_WGMMA refused: NO"; status=1; }
+        # The same with the decode rows (m <= 16) on the tensor cores, and the fused cast at M = 1.
+        FP8KIT_CUDA_GEMV=mma timeout "${TEST_TIMEOUT:-300}" "$bin/test_gemm_ops" \
+            --gtest_filter='Scaling/GemmGrid.CudaWithinTheFloat64Bound/*:GemmFusedCast.*' > "$out/test_gemm_ops_gemv_mma.log" 2>&1
+        rc=$?
+        [ $rc -eq 0 ] || status=1
+        echo "test_gemm_ops (cuda, FP8KIT_CUDA_GEMV=mma): rc $rc; $(grep -E '^\[  (PASSED|FAILED)' "$out/test_gemm_ops_gemv_mma.log" | tr '\n' ' ')" | tee -a "$out/summary.txt"
+        grep -E '\[ cuda \]' "$out/test_gemm_ops_gemv_mma.log" | tail -1
+        FP8KIT_CUDA_GEMV=simt "$bin/test_gemm_ops" --gtest_filter='Scaling/GemmGrid.CudaWithinTheFloat64Bound/tensor' 2>&1 |
+            grep -q "FP8KIT_CUDA_GEMV=simt is not a decode rows' kernel" && echo "bad FP8KIT_CUDA_GEMV refused: yes" || { echo "bad FP8KIT_CUDA_GEMV refused: NO"; status=1; }
         ;;
     sanitize)
         # racecheck runs on GEMMs that take fp8kit's own kernels only (mx32: mma.sync; tensor x
@@ -66,6 +75,13 @@ for step in $steps; do
             rc=$?
             [ $rc -eq 0 ] || status=1
             echo "compute-sanitizer $tool (gemm): rc $rc; $(tail -1 "$out/sanitize_$tool.log")" | tee -a "$out/summary.txt"
+            # The decode rows' mma kernel (its warps' sums meet in shared memory): the fused cast's
+            # M = 1 and the block grid's decode shapes.
+            FP8KIT_CUDA_GEMV=mma timeout "${SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool $tool --error-exitcode 9 "$bin/test_gemm_ops" \
+                --gtest_filter="GemmFusedCast.*:Scaling/GemmGrid.CudaWithinTheFloat64Bound/block" > "$out/sanitize_gemv_mma_$tool.log" 2>&1
+            rc=$?
+            [ $rc -eq 0 ] || status=1
+            echo "compute-sanitizer $tool (gemm, FP8KIT_CUDA_GEMV=mma): rc $rc; $(tail -1 "$out/sanitize_gemv_mma_$tool.log")" | tee -a "$out/summary.txt"
             timeout "${SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool $tool --error-exitcode 9 "$bin/test_quantize_ops" \
                 --gtest_filter='QuantizeOps.Cuda*:Granularity/QuantizeGrid.CudaEqualsRefBitForBit/block_1x128-QuantizeOps.CudaLargeShapesEqualHost' \
                 > "$out/sanitize_q_$tool.log" 2>&1
@@ -109,7 +125,20 @@ for step in $steps; do
         rc=$?
         [ $rc -eq 0 ] || status=1
         echo "bench/bench_torch_cuda.py: rc $rc" | tee -a "$out/summary.txt"
-        cat "$out/bench_torch_cuda.txt" ;;
+        cat "$out/bench_torch_cuda.txt"
+        # The decode rows on the tensor cores (FP8KIT_CUDA_GEMV=mma, read once a process): the
+        # package's tests and the decode-size GEMMs and layers again.
+        FP8KIT_CUDA_GEMV=mma timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider \
+            "$(dirname "$0")/../tests/python/test_cuda.py" -rs > "$out/test_cuda_gemv_mma.log" 2>&1
+        rc=$?
+        [ $rc -eq 0 ] || status=1
+        echo "pytest tests/python/test_cuda.py (FP8KIT_CUDA_GEMV=mma): rc $rc; $(tail -1 "$out/test_cuda_gemv_mma.log")" | tee -a "$out/summary.txt"
+        FP8KIT_CUDA_GEMV=mma timeout "${TEST_TIMEOUT:-300}" python3 "$(dirname "$0")/../bench/bench_torch_cuda.py" \
+            --sections decode,inference --json "$out/bench_torch_cuda_gemv_mma.json" > "$out/bench_torch_cuda_gemv_mma.txt" 2>&1
+        rc=$?
+        [ $rc -eq 0 ] || status=1
+        echo "bench/bench_torch_cuda.py (FP8KIT_CUDA_GEMV=mma): rc $rc" | tee -a "$out/summary.txt"
+        cat "$out/bench_torch_cuda_gemv_mma.txt" ;;
     casts)
         # The cast tests, then compute-sanitizer on each recipe's cast once (every kernel; racecheck:
         # the tile, block and amax kernels share memory), then the table.

@@ -1,8 +1,9 @@
 // src/cuda/gemm.cu: the CUDA backend's scaled FP8 GEMM, D[m, n] = epilogue(alpha * sum over K
 // groups of (A_g . B_g^T) * sa * sb), with B [n, k] as a Linear weight (TN): the dispatch to its
 // engines (declared in gemm_kernels.cuh), the first that takes the job:
-//  - at a decode step's m <= 2 rows, the CUDA cores reading each code of B once (gemm_gemv.cu):
-//    such a GEMM is bound by B's bytes, which tiles of 128 rows do not stream at speed;
+//  - at a decode step's m <= 2 rows, the CUDA cores reading each code of B once (gemm_gemv.cu;
+//    m <= 16 on the tensor cores with FP8KIT_CUDA_GEMV=mma): such a GEMM is bound by B's bytes,
+//    which tiles of 128 rows of A do not stream at speed;
 //  - cuBLASLt FP8 with a plain epilogue (gemm_cublaslt.cu), for the scalings it takes: tensor x
 //    tensor, row x row (outer-vector scales) and block 1x128 x 128x128 (DeepSeek-V3's recipe);
 //  - own tensor-core kernels for every other K group of 32 to 128 or all of K (block 1x128 x

@@ -31,8 +31,8 @@ __global__ void transpose_scales_kernel(const float* scale, int64_t rows, int64_
 // row (its outer-vector scales), block 1x128 x 128x128 (its VEC128 and BLK128x128 scales; K a
 // multiple of 128). n and k multiples of 16, rows contiguous and 16-byte aligned; m (cuBLASLt's
 // n: the columns of D^T, which no alignment rule reaches) any for tensor and row scaling, as
-// torch._scaled_mm takes it, a multiple of 16 for blocks (gemm() gives m <= 2 to gemm_gemv.cu
-// first, which streams B faster there).
+// torch._scaled_mm takes it, a multiple of 16 for blocks (gemm() gives m <= 2 - m <= 16 with
+// FP8KIT_CUDA_GEMV=mma - to gemm_gemv.cu first, which streams B faster there).
 LtScales lt_scales(const GemmJob& j) {
     if (!tensor_core_format(j.a.format) || !tensor_core_format(j.b.format) || j.a.e8m0 || j.b.e8m0 ||
         j.c.data != nullptr || j.bias != nullptr || j.activation != Activation::none || j.n % 16 != 0 ||

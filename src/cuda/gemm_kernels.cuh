@@ -51,7 +51,34 @@ __device__ inline void epilogue_store(const GemmJob& j, int64_t i, int64_t col, 
     }
 }
 
-// ---- the tensor-core kernels' tile and stage loads (mma.sync and wgmma) ----
+// ---- the tensor-core kernels: mma.sync, and the tile and stage loads of mma.sync and wgmma ----
+
+// D += A B^T for one m16n8k32 tile: a (4 registers of 4 codes) the 16 x 32 row-major operand, b
+// (2 registers) the 32 x 8 column-major one, d the 16 x 8 float32 tile (PTX ISA's fragment layouts).
+// The FP8 matrix instructions have no CUDA C++ intrinsic, so they are reached through PTX (device
+// code only; nvcc assembles it for every host platform).
+template <Format FA, Format FB>
+__device__ inline void mma_fp8(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    if constexpr (FA == Format::e4m3fn && FB == Format::e4m3fn) {
+        asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    } else if constexpr (FA == Format::e4m3fn && FB == Format::e5m2) {
+        asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e5m2.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    } else {
+        static_assert(FA == Format::e5m2 && FB == Format::e4m3fn, "two e5m2 operands are refused by core");
+        asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e5m2.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+#else
+    (void)d, (void)a, (void)b;
+    __trap();  // never launched below sm_89 (gemm() checks the device)
+#endif
+}
 
 // 16 warps as 4 x 4, each 32 x 32 of D (2 x 4 mma tiles of 16 x 8): 128 x 128 per block. Why 16
 // warps of 32 x 32 rather than 8 of 64 x 32: an H100 issues a warp's mma.sync only every few cycles,
@@ -152,8 +179,9 @@ enum class LtScales { none, tensor, row, block };
 LtScales lt_scales(const GemmJob& j);
 void launch_lt(const GemmJob& j, LtScales scales, cudaStream_t s);
 
-// The CUDA cores at a decode step's rows, m <= 2 (gemm_gemv.cu): e4m3 / e5m2, one K group or
-// groups of a multiple of 16, K a multiple of 16, rows 16-byte aligned, any epilogue.
+// A decode step's rows (gemm_gemv.cu): e4m3 / e5m2, K a multiple of 16, rows 16-byte aligned, any
+// epilogue; m <= 2 on the CUDA cores, one K group or groups of a multiple of 16 - or, with
+// FP8KIT_CUDA_GEMV=mma, m <= 16 on the tensor cores (sm_89 and newer), groups of a multiple of 32.
 bool gemv_fits(const GemmJob& j);
 void launch_gemv(const GemmJob& j, cudaStream_t s);
 

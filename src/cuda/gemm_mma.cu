@@ -21,29 +21,6 @@ __device__ inline void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, ui
                  : "r"(addr));
 }
 
-template <Format FA, Format FB>
-__device__ inline void mma_fp8(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    if constexpr (FA == Format::e4m3fn && FB == Format::e4m3fn) {
-        asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    } else if constexpr (FA == Format::e4m3fn && FB == Format::e5m2) {
-        asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e5m2.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    } else {
-        static_assert(FA == Format::e5m2 && FB == Format::e4m3fn, "two e5m2 operands are refused by core");
-        asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e5m2.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    }
-#else
-    (void)d, (void)a, (void)b;
-    __trap();  // never launched below sm_89 (gemm() checks the device)
-#endif
-}
-
 // A 128 x 128 tile of D per block of 16 warps (4 x 4, each 32 x 32: 2 x 4 mma tiles of 16 x 8).
 // K in blocks of 128 through a 3-stage cp.async pipeline. The mma's float32 sums run over
 // `steps` k32 steps (a K group, at most 128 of K) and are then promoted: acc += part * (sa * sb)

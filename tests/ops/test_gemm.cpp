@@ -21,6 +21,7 @@
 #include <numbers>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "fp8kit/fp8kit.hpp"
@@ -395,10 +396,10 @@ GemmOptions options_on(const GemmOptions& o, Device device) {
 }
 
 // The cuda backend's largest error beyond the float32 model, in units of |alpha| sum|a b|, for
-// GEMMs on its own kernels and on cuBLASLt; and on its wgmma kernel, as a fraction of the
+// GEMMs on its own kernels and on cuBLASLt; and on its wgmma and decode rows' kernels, as a fraction of the
 // truncation term below (printed at the end of a grid test, so a log shows how close each runs to
 // its bound).
-enum class CudaKernel { own, cublaslt, wgmma };
+enum class CudaKernel { own, cublaslt, truncating };
 double& cuda_worst_excess(CudaKernel k) {
     static double worst[3] = {0.0, 0.0, 0.0};
     return worst[int(k)];
@@ -420,15 +421,24 @@ bool runs_on_cublaslt(const QTensor& qa, const QTensor& qb, const GemmOptions& o
     return ga == GroupShape{1, 128} && gb == GroupShape{128, 128} && k % 128 == 0 && m % 16 == 0;
 }
 
-// The cuda backend's rule for its decode rows' kernel (src/cuda/gemm_gemv.cu, gemv_fits), which
-// gemm() tries first: e4m3/e5m2 operands, m <= 2, K a multiple of 16 and one K group or groups of a
-// multiple of 16 (the test's rows are 16-byte aligned when K is). Float32 sums: the cpu bound.
+// Whether FP8KIT_CUDA_GEMV has the cuda backend's decode rows taken by its mma kernel.
+bool gemv_mma() {
+    const char* env = std::getenv("FP8KIT_CUDA_GEMV");
+    return env != nullptr && std::string_view(env) == "mma";
+}
+
+// The cuda backend's rule for its decode rows' kernels (src/cuda/gemm_gemv.cu, gemv_fits), which
+// gemm() tries first: e4m3/e5m2 operands, K a multiple of 16 (the test's rows are 16-byte aligned
+// when K is), and by FP8KIT_CUDA_GEMV either m <= 2 with one K group or groups of a multiple of 16
+// (cuda_cores, the default: float32 sums, the cpu bound) or m <= 16 with one K group or groups of a
+// multiple of 32 on sm_89 or newer (mma: tensor-core sums, bounded as the wgmma kernel's).
 bool runs_on_gemv(const QTensor& qa, const QTensor& qb) {
     const auto tc = [](Format f) { return f == Format::e4m3fn || f == Format::e5m2; };
     const int64_t m = qa.data.size(0), n = qb.data.size(0), k = qa.data.size(1);
-    if (!tc(qa.format()) || !tc(qb.format()) || m > 2 || k == 0 || k % 16 != 0) return false;
+    if (!tc(qa.format()) || !tc(qb.format()) || k == 0 || k % 16 != 0) return false;
     const int64_t kgroup = std::min(qa.scaling.group_shape(m, k).cols, qb.scaling.group_shape(n, k).cols);
-    return kgroup >= k || kgroup % 16 == 0;
+    if (!gemv_mma()) return m <= 2 && (kgroup >= k || kgroup % 16 == 0);
+    return test::cuda_compute_capability() >= 89 && m <= 16 && (kgroup >= k || kgroup % 32 == 0);
 }
 
 // The cuda backend's rule for its wgmma kernel (src/cuda/gemm_wgmma.cu, wgmma_fits), on an sm_90 GPU:
@@ -447,15 +457,17 @@ bool runs_on_wgmma(const QTensor& qa, const QTensor& qb, const GemmOptions& o) {
 }
 
 // Runs gemm(qa, qb, call) on the cuda backend (operands, C and bias copied to the device) and
-// checks D against the float64 model. Its mma.sync kernel: the cpu bound - the tensor cores sum
+// checks D against the float64 model. Its mma.sync kernel and its decode rows' CUDA-core kernel:
+// the cpu bound - the tensor cores sum
 // the exact FP8 products of at most 128 of K before each promotion into float32, which the
 // bound's kgroup term pays for. The GEMMs of runs_on_cublaslt (NUMERICS.md, "Scaled GEMM"), whose
 // FP8 sums keep fewer bits than float32 (DeepSeek-V3, section 3.3.2: about 14 on Hopper):
-// 2^-11 |alpha| sum|a b| more, as measured. Its wgmma kernel (runs_on_wgmma), derived from the
-// same 14 bits: a wgmma k32 step adds 33 terms (the running sum and 32 products) aligned to the
-// largest of them, M, and keeps 13 bits below M's leading one - each term loses less than
-// 2^-13 M - so a step is off by less than 33 * 2^-13 M, and D by |alpha| times the sum of that over
-// the steps (Product64::tc_steps; the K block's sum restarts at zero, as the kernel promotes it).
+// 2^-11 |alpha| sum|a b| more, as measured. Its wgmma kernel and its decode rows' mma kernel
+// (runs_on_wgmma; runs_on_gemv with FP8KIT_CUDA_GEMV=mma), derived from the same 14 bits: a k32 step adds 33 terms (the running sum and 32
+// products) aligned to the largest of them, M, and keeps 13 bits below M's leading one - each term
+// loses less than 2^-13 M - so a step is off by less than 33 * 2^-13 M, and D by |alpha| times the
+// sum of that over the steps (Product64::tc_steps; the K block's sum restarts at zero, as the
+// kernels promote it - the decode rows' kernel at least as often).
 void check_gemm_cuda(const QTensor& qa, const QTensor& qb, const Product64& p, const Call& call) {
     const DType out = call.opts.out_dtype;
     const Expect e = expect(p, call, out, false);
@@ -465,9 +477,10 @@ void check_gemm_cuda(const QTensor& qa, const QTensor& qb, const Product64& p, c
     const Tensor host = got.to(Device::cpu);
     ASSERT_TRUE(is_output(host, p.m, p.n, out));
     const std::vector<double> g = values(host);
-    const CudaKernel kernel = runs_on_gemv(qa, qb)                ? CudaKernel::own
+    const bool gemv = runs_on_gemv(qa, qb);
+    const CudaKernel kernel = gemv ? (gemv_mma() ? CudaKernel::truncating : CudaKernel::own)
                               : runs_on_cublaslt(qa, qb, call.opts) ? CudaKernel::cublaslt
-                              : runs_on_wgmma(qa, qb, call.opts)    ? CudaKernel::wgmma
+                              : runs_on_wgmma(qa, qb, call.opts)    ? CudaKernel::truncating
                                                                     : CudaKernel::own;
     const double slope = call.opts.activation == Activation::gelu ? max_gelu_slope : 1.0;
     std::vector<double> bound = e.bound_cpu;
@@ -476,7 +489,7 @@ void check_gemm_cuda(const QTensor& qa, const QTensor& qb, const Product64& p, c
         const double scale = std::fabs(call.opts.alpha) * p.abs[at];
         const double truncation = 33 * 0x1p-13 * std::fabs(call.opts.alpha) * p.tc_steps[at] * slope;
         double& worst = cuda_worst_excess(kernel);
-        if (kernel == CudaKernel::wgmma) {
+        if (kernel == CudaKernel::truncating) {
             if (truncation > 0) worst = std::max(worst, excess / truncation);
             bound[at] += truncation;
         } else {
@@ -486,7 +499,7 @@ void check_gemm_cuda(const QTensor& qa, const QTensor& qb, const Product64& p, c
     }
     EXPECT_TRUE(within(g, e.d, bound, p.n)) << "cuda vs float64"
                                             << (kernel == CudaKernel::cublaslt ? " (cuBLASLt)"
-                                                : kernel == CudaKernel::wgmma  ? " (wgmma)"
+                                                : kernel == CudaKernel::truncating  ? " (wgmma or the decode rows' kernel)"
                                                                                : "");
 }
 
@@ -622,28 +635,39 @@ TEST(GemmOps, PowerOfTwoScalesPastTheFoldRangeArePromoted) {
     }
 }
 
+const char* env_or_empty(const char* name) {
+    const char* v = std::getenv(name);
+    return v != nullptr ? v : "";
+}
+
 // The cuda backend on the grid, and on shapes that take its tensor-core kernels through several
 // 128 x 128 tiles, K blocks and pipeline stages (K a multiple of 16), with edges cut.
 void run_cuda_grid(const GranCase& g) {
     std::vector<Mnk> shapes(std::begin(grid_shapes), std::end(grid_shapes));
     for (const Mnk big : {Mnk{129, 257, 1024}, Mnk{256, 384, 2048}, Mnk{200, 136, 4096}, Mnk{64, 64, 48}}) shapes.push_back(big);
-    // decode's rows: the gemv kernel (m <= 2; K past one warp's 512 codes, and one chunk), cuBLASLt
-    // at other m
+    // decode's rows: the CUDA-core gemv kernel's m <= 2 (K past one warp's 512 codes, and one
+    // chunk); the mma one's m <= 16 (FP8KIT_CUDA_GEMV=mma): one and two mma tiles of 8 rows (m = 8,
+    // 9, 16), n past a block's 16 columns, K cut inside a k32 step and a 128 chunk (1040: 8 chunks
+    // and 16 of K, warps with and without a slice), K below one step (16, 48), several chunks a
+    // warp (4096); the other engines past them
     for (const Mnk decode : {Mnk{1, 256, 1040}, Mnk{2, 2048, 1024}, Mnk{2, 40, 16}, Mnk{3, 2048, 1024}, Mnk{7, 256, 512},
+                             Mnk{8, 136, 4096}, Mnk{9, 257, 1040}, Mnk{16, 384, 2048}, Mnk{16, 40, 48}, Mnk{17, 128, 256},
                              Mnk{20, 128, 256}}) {
         shapes.push_back(decode);
     }
     run_grid(g, shapes, check_gemm_cuda);
     std::printf("[ cuda ] %s: worst error beyond the float32 model so far, in |alpha| sum|ab|: mma.sync and CUDA cores %.3g, "
-                "cuBLASLt %.3g; wgmma %.3g of its truncation term (sm_%d, FP8KIT_CUDA_WGMMA=%s)\n",
+                "cuBLASLt %.3g; wgmma and decode rows' mma %.3g of their truncation term (sm_%d, FP8KIT_CUDA_WGMMA=%s, "
+                "FP8KIT_CUDA_GEMV=%s)\n",
                 g.name.c_str(), cuda_worst_excess(CudaKernel::own), cuda_worst_excess(CudaKernel::cublaslt),
-                cuda_worst_excess(CudaKernel::wgmma), test::cuda_compute_capability(),
-                std::getenv("FP8KIT_CUDA_WGMMA") != nullptr ? std::getenv("FP8KIT_CUDA_WGMMA") : "");
+                cuda_worst_excess(CudaKernel::truncating), test::cuda_compute_capability(),
+                env_or_empty("FP8KIT_CUDA_WGMMA"), env_or_empty("FP8KIT_CUDA_GEMV"));
 }
 
-// ctest runs this grid twice (tests/CMakeLists.txt): as discovered, and with FP8KIT_CUDA_WGMMA=tma
+// ctest runs this grid three times (tests/CMakeLists.txt): as discovered, with FP8KIT_CUDA_WGMMA=tma
 // (the wgmma kernel's stages loaded by the copy engine; on a GPU other than sm_90 the setting
-// changes nothing) - and once with a bad value, which every GEMM must refuse, naming it.
+// changes nothing) and with FP8KIT_CUDA_GEMV=mma (the decode rows on the tensor cores) - and once
+// with a bad value of each, which every GEMM must refuse, naming it.
 TEST_P(GemmGrid, CudaWithinTheFloat64Bound) {
     FP8KIT_SKIP_WITHOUT_CUDA();
     run_cuda_grid(GetParam());

@@ -170,14 +170,15 @@ def test_device_errors_name_the_argument():
         fp8kit.gemm(x, fp8kit.PackedWeight(qw), scaling="row")
 
 
-@pytest.mark.parametrize("m", [64, 1, 5])
+@pytest.mark.parametrize("m", [64, 1, 5, 17])
 @pytest.mark.parametrize("recipe", ["rowwise", "tensorwise", "block"])
 def test_inference_layer_on_the_device_within_the_bound(recipe, m):
     # One layer without bias (cuBLASLt's plain epilogue), the input cast on the device: D within
     # the bound of the float64 product of the FP8 operands - the input's as the host quantize
     # gives them (bit for bit the device's, test above), the weight's as the layer holds them.
     # m = 1 and 5: a decode step's rows (1: the decode rows' kernel, gemm_gemv.cu; 5: cuBLASLt for
-    # rowwise and tensorwise, the tensor-core kernel for block).
+    # rowwise and tensorwise, the tensor-core kernel for block - or, with FP8KIT_CUDA_GEMV=mma, the
+    # decode rows' mma kernel, which takes m <= 16); m = 17: past both.
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 384, bias=False))
     fp8_torch.quantize_(model, recipe)
