@@ -43,7 +43,8 @@ struct Scaling {
 
     // One group of a [rows, cols] matrix (before cutting at the edges), and the shape of the
     // scale tensor: [ceil(rows / group rows), ceil(cols / group cols)]. fp8kit::Error for a
-    // block with a dimension < 1.
+    // block with a dimension < 1 or above max_block_dim.
+    static constexpr int64_t max_block_dim = int64_t(1) << 31;
     GroupShape group_shape(int64_t rows, int64_t cols) const;
     GroupShape scale_shape(int64_t rows, int64_t cols) const;
     bool operator==(const Scaling&) const = default;

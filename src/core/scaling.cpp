@@ -22,9 +22,13 @@ GroupShape Scaling::group_shape(int64_t rows, int64_t cols) const {
         case Granularity::mx32: return {1, 32};
         case Granularity::block: break;
     }
-    if (block_rows < 1 || block_cols < 1) {
-        throw Error("fp8kit::Scaling: block " + std::to_string(block_rows) + "x" + std::to_string(block_cols) +
-                    " has a dimension < 1");
+    // Above 2^31 a block is refused: every backend counts groups as (rows + block - 1) / block,
+    // which overflows int64 for a block near its largest value (a crash and garbage codes before
+    // this check), and no tensor dimension comes near it - row, column or tensor scaling give a
+    // group as long as the matrix.
+    if (block_rows < 1 || block_cols < 1 || block_rows > max_block_dim || block_cols > max_block_dim) {
+        throw Error("fp8kit::Scaling: block " + std::to_string(block_rows) + "x" + std::to_string(block_cols) + " has a dimension " +
+                    (block_rows < 1 || block_cols < 1 ? "< 1" : "above 2^31 (row, column or tensor scaling spans the matrix)"));
     }
     return {block_rows, block_cols};
 }

@@ -220,6 +220,12 @@ def test_non_finite_inputs_propagate_or_raise_naming_the_index():
 @pytest.mark.parametrize("call,needle", [
     (lambda: fp8kit.encode(np.zeros(4, np.float32), "e9m9"), "e9m9"),
     (lambda: fp8kit.quantize(np.zeros((2, 2), np.float32), scaling="blocks"), "blocks"),
+    # a block near int64's largest value overflowed the group count: a crash, or empty scales and
+    # garbage codes, before the library refused it
+    (lambda: fp8kit.quantize(np.ones((4, 64), np.float32), scaling="block(9223372036854775807x1)"),
+     r"block 9223372036854775807x1 has a dimension above 2\^31"),
+    (lambda: fp8kit.quantize(np.ones((4, 64), np.float32), scaling="block(1x9223372036854775807)"),
+     r"block 1x9223372036854775807 has a dimension above 2\^31"),
     (lambda: fp8kit.quantize(np.zeros((2, 2), np.float32), mx_rounding="down"), "mx_rounding"),
     (lambda: fp8kit.decode(np.zeros(4, np.float32), "e4m3fn"), "codes"),
     (lambda: fp8kit.encode(np.zeros(4, np.int8)), "x"),

@@ -9,6 +9,7 @@
 #include <cfloat>
 #include <cmath>
 #include <deque>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -282,6 +283,15 @@ TEST(Scaling, GroupAndScaleShapes) {
     expect_error([] { (void)Scaling::block(0, 4).group_shape(8, 8); }, "0x4");
     expect_error([] { (void)Scaling::block(4, 0).scale_shape(8, 8); }, "4x0");
     expect_error([] { (void)Scaling::block(-1, 4).scale_shape(8, 8); }, "dimension < 1");
+    // Past 2^31 a block is refused (its group count would overflow int64 near the largest int64):
+    // the bound itself is taken, one more or the largest int64 are not, in either dimension.
+    const int64_t most = Scaling::max_block_dim, huge = std::numeric_limits<int64_t>::max();
+    EXPECT_EQ(Scaling::block(most, 1).scale_shape(8, 8), (GroupShape{1, 8}));
+    EXPECT_EQ(Scaling::block(1, most).scale_shape(8, 8), (GroupShape{8, 1}));
+    for (auto [br, bc] : {std::pair<int64_t, int64_t>{most + 1, 1}, {1, most + 1}, {huge, 1}, {1, huge}, {huge, huge}}) {
+        expect_error([&] { (void)Scaling::block(br, bc).scale_shape(8, 8); },
+                     std::to_string(br) + "x" + std::to_string(bc) + " has a dimension above 2^31");
+    }
 }
 
 TEST(Scaling, NamesRoundTrip) {
