@@ -1,7 +1,8 @@
 // src/cuda/cublaslt.cuh: what the cuda backend's two cuBLASLt users share (the scaled FP8 GEMM of
-// src/cuda/gemm_cublaslt.cu and the float32 / float64 matmul of src/cuda/matmul.cu) - the one handle and
-// workspace, the status check that names the call, the descriptors of one call released on every
-// path, and the cached choice of algorithm per shape and operand alignment.
+// src/cuda/gemm_cublaslt.cu and the float32 / float64 matmul of src/cuda/matmul.cu) - a handle per
+// device and a workspace per call, the status check that names the call, the
+// descriptors of one call released on every path, and the call itself with the algorithm chosen
+// once per device, shape and operand alignment.
 // Checked by the Cuda* tests of tests/ops/test_gemm.cpp and tests/ops/test_matmul.cpp.
 #pragma once
 
@@ -9,8 +10,10 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "cuda/common.cuh"
@@ -27,21 +30,19 @@ inline void check_lt(cublasStatus_t st, const char* call) {
 }
 #define FP8KIT_LT_CHECK(call) ::fp8kit::cuda::check_lt((call), #call)
 
-// The process's handle and workspace, made on first use; they live until exit (cuBLASLt must not
-// be torn down after the driver). `mutex` guards the users' algorithm caches.
+// The process's cuBLASLt handles, one per device (as PyTorch keeps them), made as first used and
+// kept until exit (cuBLASLt must not be torn down after the driver). `mutex` guards them and the
+// users' algorithm caches. The workspace is each call's own, from the stream-ordered allocator
+// (allocate): one for the process, as before 2026-12-04, was written by two GEMMs at once where two
+// streams ran them, and was the first device's memory on every other device; a stream-ordered
+// allocation is also what a CUDA graph capture takes.
 struct Lt {
-    cublasLtHandle_t handle = nullptr;
-    void* workspace = nullptr;
-    size_t workspace_bytes = 32u << 20;
+    static constexpr size_t workspace_bytes = size_t(32) << 20;  // what NVIDIA advises for Hopper
+    std::map<int, cublasLtHandle_t> handles;
     std::mutex mutex;
 };
 inline Lt& lt() {
-    static Lt* l = [] {
-        auto* r = new Lt;
-        FP8KIT_LT_CHECK(lt_api().cublasLtCreate(&r->handle));
-        FP8KIT_CUDA_CHECK(cudaMalloc(&r->workspace, r->workspace_bytes));
-        return r;
-    }();
+    static Lt* l = new Lt;
     return *l;
 }
 
@@ -71,43 +72,62 @@ inline uint32_t lt_alignment(const void* p) {
     return r;
 }
 
-// Per shape key and the operands' alignments (packed), the algorithm chosen.
+// Per shape key, the operands' alignments (packed) and the device, the algorithm chosen.
 template <class Key>
-using LtAlgos = std::map<std::pair<Key, uint32_t>, cublasLtMatmulAlgo_t>;
+using LtAlgos = std::map<std::tuple<Key, uint32_t, int>, cublasLtMatmulAlgo_t>;
 
-// The algorithm cuBLASLt's heuristic gives `call` with its operands at a, b and d (C is D), asked
-// once per key and alignments (the error, when it has none, names `what` and its m x n x k).
+// D = alpha op(A) op(B) + beta D on stream s, this thread's current stream (C is D; alpha and beta
+// of the call's scale type), with the algorithm cuBLASLt's heuristic gives `call` with its operands
+// at a, b and d, asked once per key, alignments and device (the error, when it has none, names
+// `what` and its m x n x k), on the current device's handle.
 template <class Key>
-cublasLtMatmulAlgo_t lt_algo(LtAlgos<Key>& cache, const Key& key, const LtCall& call, const void* a, const void* b,
-                             const void* d, const char* what, int64_t m, int64_t n, int64_t k) {
+void lt_matmul(LtAlgos<Key>& cache, const Key& key, const LtCall& call, const void* alpha, const void* a, const void* b,
+               const void* beta, void* d, const char* what, int64_t m, int64_t n, int64_t k, cudaStream_t s) {
     const uint32_t align_a = lt_alignment(a), align_b = lt_alignment(b), align_d = lt_alignment(d);
-    const auto full_key = std::make_pair(key, align_a | align_b << 9 | align_d << 18);
+    int device = 0;
+    FP8KIT_CUDA_CHECK(cudaGetDevice(&device));
     Lt& l = lt();
-    std::lock_guard<std::mutex> lock(l.mutex);
-    if (auto it = cache.find(full_key); it != cache.end()) return it->second;
-    cublasLtMatmulPreference_t pref = nullptr;
-    FP8KIT_LT_CHECK(lt_api().cublasLtMatmulPreferenceCreate(&pref));
-    struct Release {
-        cublasLtMatmulPreference_t p;
-        ~Release() { lt_api().cublasLtMatmulPreferenceDestroy(p); }
-    } release{pref};
-    FP8KIT_LT_CHECK(lt_api().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &l.workspace_bytes,
-                                                         sizeof(l.workspace_bytes)));
-    const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d}};
-    for (const auto& [attribute, bytes] : alignments)
-        FP8KIT_LT_CHECK(lt_api().cublasLtMatmulPreferenceSetAttribute(pref, attribute, &bytes, sizeof(bytes)));
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    FP8KIT_LT_CHECK(lt_api().cublasLtMatmulAlgoGetHeuristic(l.handle, call.desc, call.a, call.b, call.d, call.d, pref, 1, &result, &found));
-    if (found == 0) {
-        throw Error(std::string("fp8kit cuda: cuBLASLt has no algorithm for ") + what + " (" + std::to_string(m) + " x " +
-                    std::to_string(n) + " x " + std::to_string(k) + ")");
+    cublasLtHandle_t handle = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    {
+        std::lock_guard<std::mutex> lock(l.mutex);
+        cublasLtHandle_t& h = l.handles[device];
+        if (h == nullptr) FP8KIT_LT_CHECK(lt_api().cublasLtCreate(&h));
+        handle = h;
+        const auto full_key = std::make_tuple(key, align_a | align_b << 9 | align_d << 18, device);
+        if (auto it = cache.find(full_key); it != cache.end()) {
+            algo = it->second;
+        } else {
+            cublasLtMatmulPreference_t pref = nullptr;
+            FP8KIT_LT_CHECK(lt_api().cublasLtMatmulPreferenceCreate(&pref));
+            struct Release {
+                cublasLtMatmulPreference_t p;
+                ~Release() { lt_api().cublasLtMatmulPreferenceDestroy(p); }
+            } release{pref};
+            const size_t bytes = Lt::workspace_bytes;
+            FP8KIT_LT_CHECK(lt_api().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes,
+                                                                          sizeof(bytes)));
+            const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
+                {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a},
+                {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b},
+                {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d},
+                {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d}};
+            for (const auto& [attribute, value] : alignments)
+                FP8KIT_LT_CHECK(lt_api().cublasLtMatmulPreferenceSetAttribute(pref, attribute, &value, sizeof(value)));
+            cublasLtMatmulHeuristicResult_t result{};
+            int found = 0;
+            FP8KIT_LT_CHECK(lt_api().cublasLtMatmulAlgoGetHeuristic(handle, call.desc, call.a, call.b, call.d, call.d, pref, 1,
+                                                                    &result, &found));
+            if (found == 0) {
+                throw Error(std::string("fp8kit cuda: cuBLASLt has no algorithm for ") + what + " (" + std::to_string(m) +
+                            " x " + std::to_string(n) + " x " + std::to_string(k) + ")");
+            }
+            algo = cache.emplace(full_key, result.algo).first->second;
+        }
     }
-    return cache.emplace(full_key, result.algo).first->second;
+    const std::shared_ptr<std::byte> workspace = allocate(Lt::workspace_bytes);  // freed on s after the call
+    FP8KIT_LT_CHECK(lt_api().cublasLtMatmul(handle, call.desc, alpha, a, call.a, b, call.b, beta, d, call.d, d, call.d, &algo,
+                                            workspace.get(), Lt::workspace_bytes, s));
 }
 
 }  // namespace fp8kit::cuda

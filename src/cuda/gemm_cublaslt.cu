@@ -87,11 +87,8 @@ void launch_lt(const GemmJob& j, LtScales scales, cudaStream_t s) {
     FP8KIT_LT_CHECK(lt_api().cublasLtMatrixLayoutCreate(&call.b, lt_type(j.a.format), uint64_t(j.k), uint64_t(j.m), j.a.ld));
     FP8KIT_LT_CHECK(lt_api().cublasLtMatrixLayoutCreate(&call.d, lt_type(j.out_dtype), uint64_t(j.n), uint64_t(j.m), j.n));
     const auto key = std::make_tuple(j.m, j.n, j.k, int(j.a.format), int(j.b.format), int(j.out_dtype), int(scales));
-    const cublasLtMatmulAlgo_t algo = lt_algo(algos, key, call, j.b.data, j.a.data, j.out, "this FP8 GEMM", j.m, j.n, j.k);
     const float alpha = j.alpha, beta = 0.0f;
-    Lt& l = lt();
-    FP8KIT_LT_CHECK(lt_api().cublasLtMatmul(l.handle, call.desc, &alpha, j.b.data, call.a, j.a.data, call.b, &beta, j.out, call.d,
-                                   j.out, call.d, &algo, l.workspace, l.workspace_bytes, s));
+    lt_matmul(algos, key, call, &alpha, j.b.data, j.a.data, &beta, j.out, "this FP8 GEMM", j.m, j.n, j.k, s);
 }
 
 }  // namespace fp8kit::cuda

@@ -86,12 +86,9 @@ void launch_matmul(const detail::MatmulJob& j, const void* a, const void* b, cud
     FP8KIT_LT_CHECK(lt_api().cublasLtMatrixLayoutCreate(&call.b, type, uint64_t(j.ta ? j.m : j.k), uint64_t(j.ta ? j.k : j.m),
                                                j.ta ? j.m : j.k));
     FP8KIT_LT_CHECK(lt_api().cublasLtMatrixLayoutCreate(&call.d, type, uint64_t(j.n), uint64_t(j.m), j.n));
-    const cublasLtMatmulAlgo_t algo = lt_algo(algos, std::make_tuple(j.m, j.n, j.k, j.ta, j.tb), call, b, a, j.out,
-                                              f64 ? "this float64 matmul" : "this float32 matmul", j.m, j.n, j.k);
     const T alpha = 1, beta = j.accumulate ? 1 : 0;  // out (C) is read before it is written (D)
-    Lt& l = lt();
-    FP8KIT_LT_CHECK(lt_api().cublasLtMatmul(l.handle, call.desc, &alpha, b, call.a, a, call.b, &beta, j.out, call.d, j.out, call.d,
-                                   &algo, l.workspace, l.workspace_bytes, s));
+    lt_matmul(algos, std::make_tuple(j.m, j.n, j.k, j.ta, j.tb), call, &alpha, b, a, &beta, j.out,
+              f64 ? "this float64 matmul" : "this float32 matmul", j.m, j.n, j.k, s);
 }
 
 }  // namespace

@@ -126,6 +126,33 @@ def cublaslt_bound(a64, b64):
     return bound, d64
 
 
+def test_gemms_on_two_streams_at_once_stay_within_the_bound():
+    # Two streams' cuBLASLt GEMMs running at once: each takes its own workspace (one for the
+    # process, as before 2026-12-04, had two GEMMs write it at once - split-K algorithms keep
+    # partial sums there; PyTorch keeps one per stream). A few rows against a long K (split-K's
+    # shape); each stream sleeps the same first so that their GEMMs overlap. Every D within the
+    # cuBLASLt bound of its float64 product, where a workspace written by the other GEMM gives sums
+    # of the wrong operands.
+    m, n, k = 64, 256, 2048
+    xs = [randn(m, k, seed=20 + i).cuda() for i in range(2)]
+    qws = [fp8kit.quantize(randn(n, k, seed=30 + i).cuda(), scaling="row") for i in range(2)]
+    pws = [fp8kit.PackedWeight(q) for q in qws]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    torch.cuda.synchronize()
+    outs = [[], []]
+    for _ in range(4):  # the streams take turns in enqueueing, so that their GEMMs interleave
+        for i, s in enumerate(streams):
+            with torch.cuda.stream(s):
+                if not outs[i]:
+                    torch.cuda._sleep(50_000_000)
+                outs[i] += [fp8kit.gemm(xs[i], pws[i], scaling="row") for _ in range(4)]
+    torch.cuda.synchronize()
+    for i in range(2):
+        tol, d64 = cublaslt_bound(deq64(fp8kit.quantize(xs[i].cpu(), scaling="row"), "row"), deq64(qws[i], "row"))
+        for got in outs[i]:
+            assert torch.all((got.cpu().double() - d64).abs() <= tol)
+
+
 def shifted_rows(d64, scale):
     """The nearest wrong D of a per-row scaled GEMM: each row scaled with its neighbour's scale."""
     s = scale.double().cpu().reshape(-1, 1)
