@@ -40,10 +40,14 @@ import glob
 import json
 import math
 import os
+import re
 import shutil
+import struct
 import subprocess
 import sys
+import time
 
+import numpy as np
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -1738,15 +1742,16 @@ def test_a_plain_tensor_of_another_kind_is_refused(tmp_path, weight, kind):
 
 def test_sd3_scale_weight_per_row_under_stabilitys_names(tmp_path):
     """A scale_weight of shape [out, 1] (ComfyUI's is one element) under Stability's names: an
-    fp8kit.Error naming it (before: a RuntimeError from a reshape)."""
+    fp8kit.Error naming it (before: a RuntimeError from a reshape), from the library's reading of
+    the file, which every loader shares."""
     stored = _stability_names(_sd3().state_dict(), SD3["num_layers"] - 1)
     name = "joint_blocks.0.x_block.attn.qkv.weight"
     stored[name] = stored[name].to(torch.float8_e4m3fn)
     stored[name.replace(".weight", ".scale_weight")] = torch.ones(stored[name].shape[0], 1)
     stored["scaled_fp8"] = torch.zeros(2, dtype=torch.float8_e4m3fn)
     save_file(stored, str(tmp_path / "sd3.safetensors"))
-    with pytest.raises(fp8kit.Error, match=r"tensor 'joint_blocks\.0\.x_block\.attn\.qkv\.scale_weight' has shape "
-                                           r"\[\d+, 1\]: fp8kit carries one scale_weight per tensor"):
+    with pytest.raises(fp8kit.Error, match=r"its scale 'joint_blocks\.0\.x_block\.attn\.qkv\.scale_weight' is f32 "
+                                           r"\[\d+, 1\], expected one value: ComfyUI multiplies the whole weight by"):
         fp8kit.torch.load_fp8_checkpoint(_sd3(meta=True), tmp_path / "sd3.safetensors")
 
 
@@ -1787,3 +1792,143 @@ def test_a_file_transformers_refuses_is_named(work, tmp_path, file, text, messag
     with pytest.raises(fp8kit.Error, match=message) as e:
         fp8kit.torch.from_pretrained(str(ck))
     assert e.value.__cause__ is not None and "\x1b" not in str(e.value)
+
+
+# ---- hostile checkpoints (an audit of 2026-12-04): each refused, naming what and where, before work ----
+
+@pytest.mark.parametrize("field,pattern", [("ignore", "re:(.*)*x"), ("ignore", "re:(a|ab)*c")])
+def test_a_config_regex_that_backtracks_exponentially_is_refused(work, tmp_path, field, pattern):
+    """A config pattern that repeats a part able to match in more than one way: Python's re takes
+    time exponential in a module name's length on it (before: from_pretrained ran past a minute on
+    a 40-character name), so it is refused before any name is matched, naming the entry."""
+    _, path = _checkpoint(work, "llama", "FP8_DYNAMIC")
+    ck = _with_config(path, tmp_path / "ck", lambda c: c["quantization_config"].setdefault(field, []).append(pattern))
+    start = time.perf_counter()
+    with pytest.raises(fp8kit.Error, match=rf"quantization_config {field} entry '{re.escape(pattern)}' repeats a part"):
+        fp8kit.torch.from_pretrained(str(ck))
+    assert time.perf_counter() - start < 30
+
+
+def test_a_config_json_that_cannot_be_read_is_named(work, tmp_path):
+    """config.json a link to itself: an fp8kit.Error naming it (before: a raw OSError)."""
+    _, path = _checkpoint(work, "llama", "FP8_DYNAMIC")
+    ck = tmp_path / "ck"
+    shutil.copytree(path, ck)
+    (ck / "config.json").unlink()
+    (ck / "config.json").symlink_to("config.json")
+    with pytest.raises(fp8kit.Error, match=r"config\.json' cannot be read \(Too many levels of symbolic links\)"):
+        fp8kit.torch.from_pretrained(str(ck))
+
+
+@pytest.mark.parametrize("value,dtype,message", [
+    (float("nan"), None, r"holds nan at \[3\]"),
+    (float("inf"), None, r"holds inf at \[3\]"),
+    # finite in the file, past float16's 65504 once cast (before: inf, and NaN logits)
+    (1e6, torch.float16, r"in float16 \(torch_dtype\) overflows to inf at \[3\]"),
+])
+def test_a_non_finite_high_precision_tensor_is_refused(work, tmp_path, value, dtype, message):
+    """A NaN or Inf in a tensor kept in high precision (a norm's weight), or one that torch_dtype
+    makes Inf: refused naming the tensor and the place, as an FP8 weight's NaN code is (before:
+    loaded, every output NaN). The same value in range (1e6 into float32) loads."""
+    _, path = _checkpoint(work, "llama", "FP8_DYNAMIC")
+    ck = tmp_path / "ck"
+    shutil.copytree(path, ck)
+    tensors = _stored(str(ck))  # one file: model.safetensors
+    tensors["model.norm.weight"][3] = value
+    save_file(tensors, str(ck / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(fp8kit.Error, match=r"tensor 'model\.norm\.weight' " + message):
+        fp8kit.torch.from_pretrained(str(ck), torch_dtype=dtype)
+    if dtype is not None:
+        loaded = fp8kit.torch.from_pretrained(str(ck), torch_dtype=torch.float32).model.norm.weight[3]
+        assert loaded == tensors["model.norm.weight"][3].float()  # as stored (bf16: 999424)
+
+
+def _raw_safetensors(path, tensors):
+    """A safetensors file written byte by byte, each tensor right after the one before it (as the
+    format allows: no alignment); tensors: name -> (dtype name, shape, bytes)."""
+    header, offset, data = {}, 0, b""
+    for name, (kind, shape, raw) in tensors.items():
+        header[name] = {"dtype": kind, "shape": shape, "data_offsets": [offset, offset + len(raw)]}
+        offset, data = offset + len(raw), data + raw
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + data)
+
+
+def test_a_float32_tensor_at_an_unaligned_offset_loads(tmp_path):
+    """A ComfyUI scaled fp8 file whose bf16 scale_weight (2 bytes) leaves the float32 bias after it
+    off 4-byte alignment, as safetensors allows: loaded, the layer equal to the float64 product of
+    its stored values (before: refused only after the layer was replaced, the error naming no file).
+    Weight-only, the input taken as two bf16 terms (16 significant bits) and summed in float32:
+    within (2^-16 + 11 * 2^-24) sum|x w|, where a dropped bias (0.25) or scale is far off."""
+    g = torch.Generator().manual_seed(5)
+    codes = torch.randn(8, 8, generator=g).to(torch.float8_e4m3fn)
+    scale = torch.tensor(0.0625, dtype=torch.bfloat16)
+    path = str(tmp_path / "comfy.safetensors")
+    _raw_safetensors(path, {"0.weight": ("F8_E4M3", [8, 8], codes.view(torch.uint8).numpy().tobytes()),
+                            "0.scale_weight": ("BF16", [], scale.view(torch.int16).numpy().tobytes()),
+                            "0.bias": ("F32", [8], np.full(8, 0.25, np.float32).tobytes()),
+                            "scaled_fp8": ("F8_E4M3", [2], b"\0\0")})
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8))
+    fp8kit.torch.load_fp8_checkpoint(model, path)
+    x = torch.randn(5, 8, generator=g)
+    w = codes.double() * float(scale)
+    want = x.double() @ w.T + 0.25
+    bound = (2.0 ** -16 + 11 * 2.0 ** -24) * (x.double().abs() @ w.abs().T) + 2.0 ** -24 * want.abs()
+    with torch.no_grad():
+        assert torch.all((model[0](x).double() - want).abs() <= bound)
+
+
+def test_comfyuis_scale_weight_of_one_value_per_row_is_refused(tmp_path):
+    """ComfyUI multiplies the whole weight by scale_weight: [out] values would scale a square
+    weight's columns there, so fp8kit, which would take them per row, refuses them naming the scale
+    (before: loaded as per-row scales - a silently different layer)."""
+    g = torch.Generator().manual_seed(6)
+    path = _saved(tmp_path, {"0.weight": torch.randn(8, 8, generator=g).to(torch.float8_e4m3fn),
+                             "0.scale_weight": torch.linspace(0.001, 0.1, 8), "0.bias": torch.zeros(8),
+                             "scaled_fp8": torch.zeros(2, dtype=torch.float8_e4m3fn)})
+    _refused_untouched(torch.nn.Sequential(torch.nn.Linear(8, 8)), path,
+                       r"its scale '0\.scale_weight' is f32 \[8\], expected one value: ComfyUI multiplies the whole weight")
+
+
+def test_an_fp8_config_whose_fmt_contradicts_the_codes_is_refused(tmp_path):
+    """transformers' FineGrainedFP8 config (quant_method fp8) with fmt e5m2 over e4m3 codes, or a
+    format fp8kit does not know: refused naming the tensor or the value, as fp8kit's own layout is
+    (before: loaded, the codes read as the config did not say)."""
+    path = str(tmp_path / "mixtral")
+    _mixtral_block_fp8(path)
+    for fmt, message in (("e5m2", r"is F8_E4M3, but quantization_config fmt says 'e5m2'"),
+                         ("e9m9", r"quantization_config fmt 'e9m9', expected e4m3 or e5m2")):
+        config = json.loads(open(os.path.join(path, "config.json")).read())
+        config["quantization_config"]["fmt"] = fmt
+        open(os.path.join(path, "config.json"), "w").write(json.dumps(config))
+        with pytest.raises(fp8kit.Error, match=message):
+            fp8kit.torch.from_pretrained(path)
+
+
+def test_a_weight_in_a_format_the_layers_do_not_take_is_named(work, tmp_path):
+    """An FP8 weight stored as float8_e4m3fnuz (AMD's format, which the library reads): refused
+    naming the file, the tensor and its dtype (before: the layer's message, naming neither)."""
+    _, path = _checkpoint(work, "llama", "FP8_DYNAMIC")
+    ck = tmp_path / "ck"
+    shutil.copytree(path, ck)
+    tensors = _stored(str(ck))
+    name = "model.layers.0.mlp.down_proj.weight"
+    tensors[name] = tensors[name].to(torch.float8_e4m3fnuz)
+    save_file(tensors, str(ck / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(fp8kit.Error, match=r"model\.safetensors: tensor 'model\.layers\.0\.mlp\.down_proj\.weight' is "
+                                           r"F8_E4M3FNUZ: fp8kit\.torch's layers compute with float8_e4m3fn and float8_e5m2"):
+        fp8kit.torch.from_pretrained(str(ck))
+
+
+def test_a_bad_config_value_names_config_json(tmp_path):
+    """A quantization_config value the library refuses, read from config.json: the message names
+    config.json, not the shard whose weights it describes (before: model.safetensors)."""
+    path = str(tmp_path / "mixtral")
+    _mixtral_block_fp8(path)
+    config = json.loads(open(os.path.join(path, "config.json")).read())
+    config["quantization_config"]["weight_block_size"] = [0, 128]
+    open(os.path.join(path, "config.json"), "w").write(json.dumps(config))
+    with pytest.raises(fp8kit.Error, match=r"mixtral/config\.json: quantization_config weight_block_size \[0,128\] is not"):
+        fp8kit.torch.from_pretrained(path)

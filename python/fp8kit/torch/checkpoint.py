@@ -53,6 +53,11 @@ import re
 import stat
 import warnings
 
+try:
+    from re import _parser as _re_parser  # the parser re itself uses (Python 3.11 on)
+except ImportError:  # Python 3.10
+    import sre_parse as _re_parser
+
 import torch
 from torch import nn
 
@@ -213,6 +218,41 @@ def _activation_of_args(args, weight_scaling, where):
     return scaling, static
 
 
+def _check_pattern(pattern, where):
+    """A regular expression of a config (module names to keep, compressed-tensors' targets), checked
+    before any name is matched: one that compiles, and that repeats no part which can itself match
+    in more than one way - a repeat or an alternation inside a repeat, as in (a+)+, (.*)*x or
+    (a|ab)* - on which Python's backtracking matcher takes time exponential in the name's length (a
+    40-character name ran past a minute). No real config needs one: its patterns name modules,
+    like re:.*mlp.gate$ or model.layers.0.mlp."""
+    try:
+        parsed = re.compile(pattern) and _re_parser.parse(pattern)
+    except re.error as e:
+        raise fp8kit.Error(f"{where} is not a regular expression ({e})") from None
+
+    def ambiguous(items, repeated):
+        for op, av in items:
+            name = str(op)
+            if name.endswith("REPEAT"):  # MAX_, MIN_, POSSESSIVE_REPEAT: (min, max, body)
+                if av[1] > 1 and (repeated or ambiguous(av[2], True)):
+                    return True
+                if av[1] <= 1 and ambiguous(av[2], repeated):
+                    return True
+            elif name == "BRANCH":
+                if repeated or any(ambiguous(alt, repeated) for alt in av[1]):
+                    return True
+            elif name in ("SUBPATTERN", "ATOMIC_GROUP", "ASSERT", "ASSERT_NOT"):
+                if ambiguous(av[-1], repeated):
+                    return True
+            elif name == "GROUPREF_EXISTS" and any(ambiguous(b, repeated) for b in av[1:] if b is not None):
+                return True
+        return False
+    if ambiguous(parsed, False):
+        raise fp8kit.Error(f"{where} repeats a part that can match in more than one way (a repeat or alternation "
+                           "inside a repeat), which Python's regular expressions match in time exponential in the "
+                           "name's length: write it without the nested repeat")
+
+
 class _Config:
     """The parts of a checkpoint's quantization_config the loader needs: each FP8 module's
     activation scaling (and whether static), and the modules kept in high precision."""
@@ -257,13 +297,13 @@ class _Config:
         field = "ignore" if self.method == "compressed-tensors" else "modules_to_not_convert"
         self.ignore = self.qc.get(field) or []
         check(names(self.ignore), field, "a list of module names")
-        for name in self.ignore:  # what kept() matches as a regular expression (compressed-tensors: "re:...")
+        # What kept() and compressed-tensors' targets match as regular expressions ("re:..." there).
+        patterns = [(field, n) for n in self.ignore] + [(f"config_groups targets", t) for targets, _ in self.groups
+                                                       for t in targets]
+        for where, name in patterns:
             if self.method != "compressed-tensors" or name.startswith("re:"):
-                try:
-                    re.compile(name[3:] if self.method == "compressed-tensors" else name)
-                except re.error as e:
-                    raise fp8kit.Error(f"{ckpt.path}: quantization_config {field} entry {_quoted(name)} is not a regular "
-                                       f"expression ({e})") from None
+                _check_pattern(name[3:] if self.method == "compressed-tensors" else name,
+                               f"{ckpt.path}: quantization_config {where} entry {_quoted(name)}")
         self.activations = {}  # fp8kit's layout: module -> the scaling its activation is cast with
         if self.method == "fp8kit":
             acts = self.qc.get("activations", {})
@@ -284,6 +324,7 @@ class _Config:
                     raise fp8kit.Error(f"{ckpt.path}: quantization_config {field} names {_quoted(unknown[0])}"
                                        + (f" and {len(unknown) - 1} more" if len(unknown) > 1 else "")
                                        + ", for which the checkpoint stores no FP8 weight")
+        if self.method in ("fp8kit", "fp8"):  # fmt: fp8kit's layout and transformers' FineGrainedFP8Config
             fmt = self.qc.get("fmt")
             want = {"e4m3": "F8_E4M3", "e4m3fn": "F8_E4M3", "e5m2": "F8_E5M2"}.get(fmt) if isinstance(fmt, str) else None
             if fmt is not None and want is None:
@@ -601,6 +642,20 @@ def _check_codes(codes, where):
                            "output it reaches would be NaN (a damaged file?)")
 
 
+def _check_finite(t, where, what, chunk=1 << 24):
+    """A stored float tensor holds no NaN or Inf: one makes every output it reaches NaN or Inf (a
+    damaged file), and a cast into torch_dtype may overflow to one (float16's largest is 65504). An
+    fp8kit.Error naming the tensor and the first place, before the model changes; read in chunks,
+    so that the check holds no second copy of a large tensor."""
+    flat = t.reshape(-1)
+    for start in range(0, flat.numel(), chunk):
+        bad = ~torch.isfinite(flat[start:start + chunk])
+        if bad.any():
+            at = start + int(bad.nonzero()[0])
+            raise fp8kit.Error(f"{where} {what} {float(flat[at])} at {_at(at, t.shape)}: every output it reaches would "
+                               "be NaN or Inf")
+
+
 _WIDE = ("F32", "BF16", "F16")  # the stored dtypes of values the layers compute in, as safetensors names them
 
 
@@ -642,12 +697,22 @@ def _load(model, ckpt, dtype=None, strict=True, ignore=()):
         f32), in torch_dtype, else `wide`."""
         t = ckpt.tensor(name)
         used.add(name)
+        if t.data_ptr() % t.element_size() != 0:
+            # safetensors places a tensor where the one before it ends: after an odd-sized one, a
+            # float32's memory map is not 4-byte aligned, which the kernels refuse (after the model
+            # would have changed); a copy is.
+            t = t.clone()
         unscaled = ckpt.unscaled_fp8(name)
         if name in ckpt.fp8 or unscaled:
             _check_codes(t, ckpt.where(name))
+        elif t.dtype in _DTYPES:  # (scales, e8m0 ones included, the library has checked)
+            _check_finite(t, ckpt.where(name), "holds")
         if cast and unscaled:
             return t.to(dtype or wide)
-        return t.to(dtype) if cast and dtype is not None and t.is_floating_point() else t
+        if cast and dtype is not None and t.is_floating_point() and t.dtype != dtype:
+            t = t.to(dtype)
+            _check_finite(t, ckpt.where(name), f"in {str(dtype).removeprefix('torch.')} (torch_dtype) overflows to")
+        return t
 
     def scale_of(wname, codes, scheme, scale, scaling):
         if scale is None:  # unscaled: the codes are the values
@@ -671,6 +736,9 @@ def _load(model, ckpt, dtype=None, strict=True, ignore=()):
     experts = {}  # fused experts module name -> {proj or (expert, proj): weight name}
     for wname, (shape, scheme, scale, scaling, input_scale, file) in weights.items():
         where = ckpt.where(wname)
+        if ckpt.dtype(wname) not in ("F8_E4M3", "F8_E5M2"):  # the library reads the fnuz formats too
+            raise fp8kit.Error(f"{where} is {ckpt.dtype(wname)}: fp8kit.torch's layers compute with float8_e4m3fn and "
+                               "float8_e5m2 weights (fp8kit dequantize turns other formats back into bf16)")
         stored_mname = wname.removesuffix(".weight")
         as_named = rename(wname)
         mname = as_named.removesuffix(".weight")
@@ -882,10 +950,8 @@ class _Converted(_Checkpoint):
                 raise fp8kit.Error(f"{source.where(n)}: scaled by {_quoted(source.fp8[n][2])} under the original names; "
                                    "fp8kit carries ComfyUI's per-tensor scale_weight through Diffusers' conversion")
             if len(shape) == 2 and (n in source.fp8 or source.unscaled_fp8(n)):
+                # (ComfyUI's scale_weight is one value: the library refuses any other)
                 scale = source.tensor(source.fp8[n][2]).to(torch.float64) if n in source.fp8 else torch.ones(())
-                if scale.numel() != 1:  # ComfyUI's is per tensor; per-row ones would need a per-row layer
-                    raise fp8kit.Error(f"{source.where(source.fp8[n][2])} has shape {list(scale.shape)}: fp8kit "
-                                       "carries one scale_weight per tensor through Diffusers' conversion")
                 columns[n] = torch.full((shape[0], 1), float(scale), dtype=torch.float64)
             else:
                 columns[n] = torch.empty(shape, device="meta")
@@ -1141,6 +1207,8 @@ def _regular_file(file, where):
         mode = os.stat(file).st_mode
     except FileNotFoundError:
         return False
+    except OSError as e:  # a link loop, no permission: there, but not readable as a file
+        raise fp8kit.Error(f"{where}: {_quoted(file)} cannot be read ({e.strerror})") from None
     if not stat.S_ISREG(mode):
         raise fp8kit.Error(f"{where}: {_quoted(file)} is not a regular file (a FIFO, device or directory is never opened)")
     return True
