@@ -420,6 +420,7 @@ public:
     Tensor tensor(const std::string& name) const override { return c_.tensor(name); }
     const std::map<std::string, std::string>& metadata() const override { return c_.metadata(); }
     std::optional<std::string> quantization_config() const override { return c_.quantization_config(); }
+    std::string quantization_config_where() const override { return c_.quantization_config_where(); }
 
 private:
     const Checkpoint& c_;

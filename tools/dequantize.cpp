@@ -2,8 +2,9 @@
 // FP8 weight with a scale (any layout fp8kit::stored_weight reads) back to high precision,
 // decode(code) * scale (fp8kit::dequantize; for bf16 scales the product is exact in f32 and
 // rounds once, as compressed-tensors' own bf16 decompression does), its weight scale and static
-// input_scale dropped, other tensors copied; quantization_config removed. OUT is checked before
-// any work (never IN; an existing one only with --force) and appears whole or not at all.
+// input_scale dropped, other tensors copied; quantization_config removed. A weight holding a code
+// that is not a number (a damaged file) is bad input, named. OUT is checked before any work (never
+// IN; an existing one only with --force) and appears whole or not at all.
 // Checked by tests/e2e/test_checkpoint.sh, tests/e2e/check_checkpoint.py and
 // tests/python/test_checkpoint_ecosystem.py (bit for bit against compressed-tensors).
 #include <memory>
@@ -38,6 +39,8 @@ void run_dequantize(const DequantizeArgs& a) {
                 progress(done++, in->names().size(), name);
                 if (is_scale_name(*in, name)) continue;
                 if (const auto w = stored_weight(*in, name)) {
+                    // A NaN code would be written as a NaN weight (exit 3 instead, naming it).
+                    check_codes_finite(*w, name, quote_printable(in->shard(s).path()));
                     out.emplace_back(name, dequantize(w->q, dtype).reshape(w->shape));
                 } else {
                     out.emplace_back(name, in->shard(s).tensor(name));

@@ -67,6 +67,9 @@ public:
         const auto it = metadata().find("quantization_config");
         return it == metadata().end() ? std::nullopt : std::optional<std::string>(it->second);
     }
+    // The file that quantization_config() comes from, which its errors name (a config.json, not
+    // the shard whose weights it describes).
+    virtual std::string quantization_config_where() const { return path(); }
 };
 class SafetensorsLookup final : public TensorLookup {
 public:
@@ -102,6 +105,7 @@ public:
     Tensor tensor(const std::string& name) const override { return shards_[shard_of(name)].tensor(name); }
     const std::map<std::string, std::string>& metadata() const override { return shards_.front().metadata(); }
     std::optional<std::string> quantization_config() const override;
+    std::string quantization_config_where() const override { return quantization_config_where_; }
     // A directory's config.json (its text), if it has one.
     const std::optional<std::string>& config_json() const noexcept { return config_; }
     // Every file the checkpoint reads (the path itself for a file; the shards, index and
@@ -121,8 +125,8 @@ private:
     // cannot be read is an error when the config is asked for (a file without FP8 weights never
     // asks), so its message is kept until then.
     std::optional<std::string> quantization_config_;
-    std::string quantization_config_error_;
-    std::optional<std::string> find_quantization_config() const;
+    std::string quantization_config_where_, quantization_config_error_;
+    std::optional<std::string> find_quantization_config(std::string& where) const;
 };
 
 // The rules for an output path, checked before any work; fp8kit::Error naming the path:
@@ -197,6 +201,10 @@ std::optional<StoredWeight> stored_weight(const TensorLookup& t, const std::stri
 // such code makes every output it reaches NaN (stored_weight reads only the scales: fp8kit
 // inspect reads no weight). fp8kit::Error for codes of another dtype.
 std::optional<int64_t> first_nonfinite_code(const Tensor& codes);
+// fp8kit::Error "<where>: '<name>' holds the code 0x.. (not a number) at row r, column c of its
+// [rows, cols] matrix: ..." where a stored FP8 weight's codes hold one (first_nonfinite_code): the
+// check of every reader that decodes or runs the codes.
+void check_codes_finite(const StoredWeight& w, const std::string& name, const std::string& where);
 // A tensor that belongs to an FP8 weight's layout, not to the model: W_scale / W_scale_inv of an
 // FP8 W, the input_scale of its module, ComfyUI's scale_weight / scale_input beside it, or
 // ComfyUI's scaled_fp8 marker (is_comfy_marker). What dequantize drops.

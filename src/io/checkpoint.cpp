@@ -149,23 +149,24 @@ bool is_mx_group(const Json& w, const Json& format) {
 }
 
 ConfigScales read_config_scales(const TensorLookup& t, const std::string& text) {
+    const std::string from = t.quantization_config_where();
     ConfigScales c;
     c.present = true;
-    const Json q = detail::parse_json(text, t.path() + ": quantization_config");
-    if (!q.is_object()) throw Error(t.path() + ": quantization_config is not a JSON object");
-    if (q.contains("weight_block_size")) c.block = block_field(q["weight_block_size"], "weight_block_size", t.path());
+    const Json q = detail::parse_json(text, from + ": quantization_config");
+    if (!q.is_object()) throw Error(from + ": quantization_config is not a JSON object");
+    if (q.contains("weight_block_size")) c.block = block_field(q["weight_block_size"], "weight_block_size", from);
     const std::string method = q.contains("quant_method") && q["quant_method"].is_string() ? q["quant_method"].get<std::string>() : "";
     if (method == "fp8" && c.block) c.strategy = to_string(Scheme::block128);  // FineGrainedFP8: blocks only
     if (method == "fp8kit" && q.contains("schemes")) {
-        if (!q["schemes"].is_object()) throw Error(t.path() + ": quantization_config schemes is not an object of module: scheme");
+        if (!q["schemes"].is_object()) throw Error(from + ": quantization_config schemes is not an object of module: scheme");
         // group (a weight read from compressed-tensors' group strategy): its size is the config's group_size.
         if (q.contains("group_size")) {
             if (!q["group_size"].is_number_integer() || q["group_size"].get<int64_t>() < 1)
-                throw Error(t.path() + ": quantization_config group_size " + shown(q["group_size"]) + " is not a positive integer");
+                throw Error(from + ": quantization_config group_size " + shown(q["group_size"]) + " is not a positive integer");
             c.group_size = q["group_size"].get<int64_t>();
         }
         for (const auto& [module, scheme] : q["schemes"].items()) {
-            if (!scheme.is_string()) throw Error(t.path() + ": quantization_config schemes[" + quote_printable(module) + "] is not a scheme name");
+            if (!scheme.is_string()) throw Error(from + ": quantization_config schemes[" + quote_printable(module) + "] is not a scheme name");
             if (scheme == "group" && c.group_size) {
                 c.module_strategy[module] = "group";
                 continue;
@@ -173,7 +174,7 @@ ConfigScales read_config_scales(const TensorLookup& t, const std::string& text) 
             try {
                 c.module_strategy[module] = to_string(parse_scheme(scheme.get<std::string>()));
             } catch (const Error&) {
-                throw Error(t.path() + ": quantization_config schemes[" + quote_printable(module) + "] is " + quote_printable(scheme.get<std::string>()) +
+                throw Error(from + ": quantization_config schemes[" + quote_printable(module) + "] is " + quote_printable(scheme.get<std::string>()) +
                             ", expected tensor, channel, block128, mx32, or group with a group_size");
             }
         }
@@ -184,12 +185,12 @@ ConfigScales read_config_scales(const TensorLookup& t, const std::string& text) 
         // strategy. The first block and group size named are the ones shapes are checked against.
         // A group whose weights are not FP8 (num_bits, type) or whose strategy fp8kit does not
         // know contradicts the FP8 tensors: refused, not read past.
-        if (!q["config_groups"].is_object()) throw Error(t.path() + ": quantization_config config_groups is not an object of name: group");
+        if (!q["config_groups"].is_object()) throw Error(from + ": quantization_config config_groups is not an object of name: group");
         const Json top_format = q.contains("format") ? q["format"] : Json();
-        check_format(top_format, t.path() + ": quantization_config", true);
+        check_format(top_format, from + ": quantization_config", true);
         bool mixed = false, first = true;
         for (const auto& [name, g] : q["config_groups"].items()) {
-            const std::string where = t.path() + ": quantization_config config_groups[" + quote_printable(name) + "]";
+            const std::string where = from + ": quantization_config config_groups[" + quote_printable(name) + "]";
             if (!g.is_object()) throw Error(where + " is not an object");
             for (const char* part : {"weights", "input_activations"}) {
                 if (g.contains(part) && !g[part].is_object() && !g[part].is_null()) throw Error(where + "." + part + " is not an object");
@@ -223,7 +224,7 @@ ConfigScales read_config_scales(const TensorLookup& t, const std::string& text) 
                 for (const Json& target : targets)
                     if (!st.empty()) c.module_strategy.emplace(target.get<std::string>(), st);
             }
-            if (!c.block && w.contains("block_structure")) c.block = block_field(w["block_structure"], "block_structure", t.path());
+            if (!c.block && w.contains("block_structure")) c.block = block_field(w["block_structure"], "block_structure", from);
             if (!c.group_size && w.contains("group_size") && w["group_size"].is_number_integer() && w["group_size"].get<int64_t>() > 0)
                 c.group_size = w["group_size"].get<int64_t>();
         }
@@ -240,9 +241,9 @@ ConfigScales config_scales(const TensorLookup& t) {
     if (!text) return {};
     thread_local std::string last_path, last_text;
     thread_local ConfigScales last;
-    if (*text != last_text || t.path() != last_path) {
+    if (*text != last_text || t.quantization_config_where() != last_path) {
         last = read_config_scales(t, *text);
-        last_path = t.path();
+        last_path = t.quantization_config_where();
         last_text = *text;
     }
     return last;
@@ -393,13 +394,15 @@ std::optional<StoredWeight> stored_weight(const TensorLookup& t, const std::stri
                         got + ", expected " + wanted(w.scheme));
         }
     } else {
-        // Recognised from the scale: its dtype (e8m0: mx32), its name (_scale_inv: blocks), then
-        // its shape - one value, the config's block grid (among mixed schemes), one per expert,
-        // per row, per group.
+        // Recognised from the scale: its dtype (e8m0: mx32), its name (_scale_inv: blocks;
+        // ComfyUI's scale_weight: one value - ComfyUI multiplies the weight by it, so [out] values
+        // would scale the columns of a square weight, not its rows), then its shape - one value,
+        // the config's block grid (among mixed schemes), one per expert, per row, per group.
         const bool e8m0 = s.dtype() == DType::e8m0fnu;
         std::vector<Scheme> order;
         if (e8m0) order = {Scheme::mx32};
         else if (inv) order = {Scheme::block128};
+        else if (w.scale == comfy) order = {Scheme::tensor};
         else if (n == 1) order = {Scheme::tensor};
         else order = cfg.block ? std::vector<Scheme>{Scheme::block128, Scheme::tensor, Scheme::channel, Scheme::group}
                                : std::vector<Scheme>{Scheme::tensor, Scheme::channel, Scheme::group};
@@ -408,6 +411,11 @@ std::optional<StoredWeight> stored_weight(const TensorLookup& t, const std::stri
                 w.scheme = scheme;
                 break;
             }
+        }
+        if (!scaling && w.scale == comfy) {
+            throw Error(where + ": its scale " + quote_printable(w.scale) + " is " + got +
+                        ", expected one value: ComfyUI multiplies the whole weight by its scale_weight, so fp8kit carries "
+                        "one per tensor");
         }
         if (!scaling) {
             throw Error(where + ": its scale " + quote_printable(w.scale) + " " + got + " fits no layout (expected " +
@@ -431,6 +439,18 @@ std::optional<StoredWeight> stored_weight(const TensorLookup& t, const std::stri
         (void)checked_scale(t.tensor(is), where + ": its static input scale " + quote_printable(is), largest);
     }
     return w;
+}
+
+void check_codes_finite(const StoredWeight& w, const std::string& name, const std::string& where) {
+    const std::optional<int64_t> at = first_nonfinite_code(w.q.data);
+    if (!at) return;
+    const int64_t cols = w.q.data.size(1);
+    char code[8];
+    std::snprintf(code, sizeof code, "0x%02x", unsigned(w.q.data.contiguous().data<const uint8_t>()[*at]));
+    throw Error(where + ": " + quote_printable(name) + " holds the code " + code + " (not a number) at row " +
+                std::to_string(*at / cols) + ", column " + std::to_string(*at % cols) + " of its [" +
+                std::to_string(w.q.data.size(0)) + ", " + std::to_string(cols) +
+                "] matrix: every output it reaches would be NaN (a damaged file?)");
 }
 
 std::optional<int64_t> first_nonfinite_code(const Tensor& codes) {

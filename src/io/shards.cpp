@@ -91,7 +91,7 @@ Checkpoint::Checkpoint(const std::string& path) : path_(path) {
         }
     }
     try {
-        quantization_config_ = find_quantization_config();
+        quantization_config_ = find_quantization_config(quantization_config_where_);
     } catch (const Error& e) {
         quantization_config_error_ = e.what();
     }
@@ -116,19 +116,26 @@ std::optional<std::string> Checkpoint::quantization_config() const {
     return quantization_config_;
 }
 
-std::optional<std::string> Checkpoint::find_quantization_config() const {
+std::optional<std::string> Checkpoint::find_quantization_config(std::string& where) const {
     if (config_) {
         const Json c = Json::parse(*config_);  // checked when read
+        where = (fs::path(path_) / "config.json").string();
         if (c.contains("quantization_config")) return c["quantization_config"].dump();
     }
+    where = shards_.front().path();
     if (auto own = TensorLookup::quantization_config()) return own;  // the metadata's
     // A file inside a checkpoint directory (its model.safetensors, one shard): the directory's
     // config.json describes it - a compressed-tensors block scale, a group size, a block size
-    // other than 128 are known only from there.
+    // other than 128 are known only from there. One that is there but cannot be read (a link
+    // loop) is an error, not a config taken as absent.
     std::error_code ec;
-    if (const fs::path cfg = sibling_config(path_); !directory_ && fs::exists(cfg, ec)) {
+    const fs::path cfg = sibling_config(path_);
+    const bool there = !directory_ && fs::exists(cfg, ec);
+    if (ec) throw Error(quote_printable(cfg.string()) + " cannot be read (" + ec.message() + ")");
+    if (there) {
         const std::string text = read_file(cfg.string());
         const Json c = detail::parse_json(text, cfg.string());
+        where = cfg.string();
         if (c.is_object() && c.contains("quantization_config")) return c["quantization_config"].dump();
     }
     return std::nullopt;

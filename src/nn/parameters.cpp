@@ -53,16 +53,7 @@ void load_parameters(Module& model, const Checkpoint& st) {
         } catch (const Error& err) {
             throw Error("fp8kit::nn::load_parameters: " + std::string(err.what()));
         }
-        if (fp8) {
-            if (const std::optional<int64_t> at = first_nonfinite_code(fp8->q.data)) {
-                const int64_t cols = fp8->q.data.size(1);
-                char code[8];
-                std::snprintf(code, sizeof code, "0x%02x", unsigned(fp8->q.data.contiguous().data<const uint8_t>()[*at]));
-                throw Error(where + ": " + quote_printable(name) + " holds the code " + code + " (not a number) at row " + std::to_string(*at / cols) + ", column " + std::to_string(*at % cols) +
-                            " of its [" + std::to_string(fp8->q.data.size(0)) + ", " + std::to_string(cols) +
-                            "] matrix: every output it reaches would be NaN (a damaged file?)");
-            }
-        }
+        if (fp8) check_codes_finite(*fp8, name, where);
         if (fp8 && linear_weights.count(p.get())) {
             // Kept in FP8: inference-only, as layerwise casting. Copied out of the mapping (one
             // byte per weight) like every other tensor, so the model does not hold the file open -

@@ -290,6 +290,12 @@ case("a quantized module's scale missing", lambda d: safetensors(os.path.join(d,
 case("e8m0 scale holding its NaN code 0xff", lambda d: safetensors(
     os.path.join(d, "q.safetensors"), [fp8_weight(), ("layer.weight_scale", "F8_E8M0", [4, 1], bytes([127, 127, 255, 127]))]),
      ["inspect", "q.safetensors"], 3, "holds nan at [2, 0]")
+# A code that is not a number (e4m3fn's 0x7f) in a weight: dequantize would write it as a NaN
+# weight (before: exit 0, the NaN in the output); refused naming the tensor and the place.
+case("dequantize: a weight holding a NaN code", lambda d: safetensors(
+    os.path.join(d, "q.safetensors"), [("layer.weight", "F8_E4M3", [4, 8], bytes([E4M3_ONE]) * 19 + bytes([0x7F]) + bytes([E4M3_ONE]) * 12),
+                                       ("layer.weight_scale", "F32", [1], f32(1.0))]),
+     ["dequantize", "q.safetensors", "d.safetensors"], 3, "'layer.weight' holds the code 0x7f (not a number) at row 2, column 3")
 case("a valid FP8 checkpoint is read (exit 0)", lambda d: fp8_model(os.path.join(d, "q.safetensors"), scale=(0.5,)),
      ["inspect", "q.safetensors"], 0, "", check=lambda d, out, err: b"tensor F8_E4M3" in out or b"tensor" in out)
 
