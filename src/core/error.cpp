@@ -26,6 +26,17 @@ size_t utf8_length(std::string_view s, size_t i) {
     }
     return 0;
 }
+
+// The characters that reorder the text around them on a terminal (Unicode's bidirectional
+// controls, "Trojan Source"): U+061C, U+200E-U+200F, U+202A-U+202E, U+2066-U+2069 - a name holding
+// one would show in a message as another name.
+bool bidi_control(std::string_view ch) {
+    const auto b = [&](size_t k) { return static_cast<unsigned char>(ch[k]); };
+    if (ch.size() == 2) return b(0) == 0xD8 && b(1) == 0x9C;
+    if (ch.size() != 3 || b(0) != 0xE2) return false;
+    return (b(1) == 0x80 && (b(2) == 0x8E || b(2) == 0x8F || (b(2) >= 0xAA && b(2) <= 0xAE))) ||
+           (b(1) == 0x81 && b(2) >= 0xA6 && b(2) <= 0xA9);
+}
 }  // namespace
 
 std::string printable(std::string_view text) {
@@ -54,9 +65,9 @@ std::string printable(std::string_view text) {
                     if (c < 0x20 || c == 0x7F) escape(c);
                     else out += char(c);
             }
-        } else if (n == 2 && c == 0xC2 && static_cast<unsigned char>(text[i + 1]) <= 0x9F) {
-            escape(c);  // U+0080..U+009F: the C1 controls (CSI is U+009B)
-            escape(static_cast<unsigned char>(text[i + 1]));
+        } else if ((n == 2 && c == 0xC2 && static_cast<unsigned char>(text[i + 1]) <= 0x9F) || bidi_control(text.substr(i, n))) {
+            // U+0080..U+009F: the C1 controls (CSI is U+009B); the bidirectional controls
+            for (size_t k = 0; k < n; ++k) escape(static_cast<unsigned char>(text[i + k]));
         } else {
             out.append(text.substr(i, n));
         }

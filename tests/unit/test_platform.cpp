@@ -168,8 +168,9 @@ TEST(Platform, StaleTemporariesAreThoseOfAProcessThatIsGone) {
 }
 
 // What a terminal acts on is escaped - C0 controls, DEL, the C1 controls (U+0080..U+009F, CSI
-// among them) and bytes that are not UTF-8 (a lone 0x9b is CSI on an 8-bit terminal) - and
-// nothing else: printable text, UTF-8 letters and the 4-byte range pass as they are.
+// among them), the bidirectional controls and bytes that are not UTF-8 (a lone 0x9b is CSI on an
+// 8-bit terminal) - and nothing else: printable text, UTF-8 letters and the 4-byte range pass as
+// they are.
 TEST(Files, PrintableEscapesWhatATerminalActsOn) {
     EXPECT_EQ(printable("model.layers.0.weight"), "model.layers.0.weight");
     EXPECT_EQ(printable("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"), "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
@@ -178,6 +179,13 @@ TEST(Files, PrintableEscapesWhatATerminalActsOn) {
     EXPECT_EQ(printable(std::string_view("\0x", 2)), "\\x00x");
     EXPECT_EQ(printable("\xc2\x9b"), "\\xc2\\x9b");      // U+009B, CSI
     EXPECT_EQ(printable("\xc2\xa0"), "\xc2\xa0");          // U+00A0 is printable: kept
+    // the bidirectional controls, which reorder what a terminal shows: U+202E (right-to-left
+    // override), U+2066 and U+2069 (isolates), U+200F, U+061C; their neighbours U+202F, U+2065
+    // and U+2010 are printable
+    EXPECT_EQ(printable("a\xe2\x80\xae" "b"), "a\\xe2\\x80\\xaeb");
+    EXPECT_EQ(printable("\xe2\x81\xa6\xe2\x81\xa9"), "\\xe2\\x81\\xa6\\xe2\\x81\\xa9");
+    EXPECT_EQ(printable("\xe2\x80\x8f\xd8\x9c"), "\\xe2\\x80\\x8f\\xd8\\x9c");
+    EXPECT_EQ(printable("\xe2\x80\xaf\xe2\x81\xa5\xe2\x80\x90"), "\xe2\x80\xaf\xe2\x81\xa5\xe2\x80\x90");
     EXPECT_EQ(printable("\x9b"), "\\x9b");                  // not UTF-8
     EXPECT_EQ(printable("\xc0\xaf"), "\\xc0\\xaf");        // overlong '/'
     EXPECT_EQ(printable("\xed\xa0\x80"), "\\xed\\xa0\\x80");  // a surrogate
