@@ -55,7 +55,7 @@ import warnings
 
 try:
     from re import _parser as _re_parser  # the parser re itself uses (Python 3.11 on)
-except ImportError:  # Python 3.10
+except ImportError:  # before Python 3.11
     import sre_parse as _re_parser
 
 import torch
@@ -298,8 +298,8 @@ class _Config:
         self.ignore = self.qc.get(field) or []
         check(names(self.ignore), field, "a list of module names")
         # What kept() and compressed-tensors' targets match as regular expressions ("re:..." there).
-        patterns = [(field, n) for n in self.ignore] + [(f"config_groups targets", t) for targets, _ in self.groups
-                                                       for t in targets]
+        patterns = [(field, n) for n in self.ignore] + [("config_groups targets", t)
+                                                        for targets, _ in self.groups for t in targets]
         for where, name in patterns:
             if self.method != "compressed-tensors" or name.startswith("re:"):
                 _check_pattern(name[3:] if self.method == "compressed-tensors" else name,
