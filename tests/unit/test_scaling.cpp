@@ -288,7 +288,8 @@ TEST(Scaling, GroupAndScaleShapes) {
     const int64_t most = Scaling::max_block_dim, huge = std::numeric_limits<int64_t>::max();
     EXPECT_EQ(Scaling::block(most, 1).scale_shape(8, 8), (GroupShape{1, 8}));
     EXPECT_EQ(Scaling::block(1, most).scale_shape(8, 8), (GroupShape{8, 1}));
-    for (auto [br, bc] : {std::pair<int64_t, int64_t>{most + 1, 1}, {1, most + 1}, {huge, 1}, {1, huge}, {huge, huge}}) {
+    for (const auto& dims : {std::pair<int64_t, int64_t>{most + 1, 1}, {1, most + 1}, {huge, 1}, {1, huge}, {huge, huge}}) {
+        const int64_t br = dims.first, bc = dims.second;  // (clang before 16 captures no structured binding)
         expect_error([&] { (void)Scaling::block(br, bc).scale_shape(8, 8); },
                      std::to_string(br) + "x" + std::to_string(bc) + " has a dimension above 2^31");
     }
