@@ -51,17 +51,24 @@ struct Portable {
     }
     template <class In, Format F, Overflow O>
     static void cast_transpose_tile(const In* in, size_t ld, size_t rows, size_t cols, uint8_t* out, size_t ld_out,
-                                    uint8_t* out_t, size_t ld_t, const float* mrow, const float* mcol, uint32_t* amax) {
+                                    uint8_t* out_t, size_t ld_t, const float* mrow, const float* mcol, bool /*stream*/,
+                                    uint32_t* amax) {
         uint32_t m = 0;
         for (size_t i = 0; i < rows; ++i) {
             for (size_t j = 0; j < cols; ++j) {
                 const float x = float(in[i * ld + j]);
                 m = std::max(m, abs_bits(x));
                 out[i * ld_out + j] = fp8kit::encode(x * mrow[i * cols + j], F, O);
-                out_t[j * ld_t + i] = mcol == nullptr ? out[i * ld_out + j] : fp8kit::encode(x * mcol[j * rows + i], F, O);
+                out_t[j * ld_t + i] = fp8kit::encode(x * mcol[j * rows + i], F, O);
             }
         }
         if (amax != nullptr) *amax = std::max(*amax, m);
+    }
+    static void store_transposed(const uint8_t* stage, size_t stride, size_t rows, size_t cols, uint8_t* out,
+                                 size_t ld_out, uint8_t* out_t, size_t ld_t, bool /*stream*/) {
+        for (size_t i = 0; i < rows; ++i) {
+            for (size_t j = 0; j < cols; ++j) out[i * ld_out + j] = out_t[j * ld_t + i] = stage[i * stride + j];
+        }
     }
     template <class In>
     static void amax(const In* in, size_t n, size_t group, size_t offset, uint32_t* acc) {

@@ -25,6 +25,7 @@
 //  - then the overflow rule, NaN, and the sign, exactly as detail::finish_code.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -392,40 +393,42 @@ struct Kernels {
     }
 
     // cast_transpose of a tile of rows x cols elements (multiples of W, at most cast_tile_rows x
-    // cast_tile_cols) at `in` (row stride ld): row-major codes to out (row stride ld_out) and
-    // transposed codes to out_t (row stride ld_t), from one load of each W x W block, transposed
-    // in registers. Multipliers are uniform per register: mrow[k * (cols / W) + b] for tile row k
-    // in column block b, mcol[k * (rows / W) + b] for tile column k (a row of the transpose) in row
-    // block b. With amax, max |x| bits are folded into *amax.
+    // cast_tile_cols) at `in` (row stride ld), where each direction has its own multipliers:
+    // row-major codes to out (row stride ld_out) and transposed codes to out_t (row stride ld_t),
+    // from one load of each W x W block, transposed in registers and encoded twice. Multipliers
+    // are uniform per register: mrow[k * (cols / W) + b] for tile row k in column block b,
+    // mcol[k * (rows / W) + b] for tile column k (a row of the transpose) in row block b. With
+    // amax, max |x| bits are folded into *amax. (Where both copies have the same multipliers,
+    // transpose_codes transposes the codes instead.)
     //
     // Both code tiles are staged in L1 and written out a row at a time: written straight, the W
     // partial lines of one output (its rows ld_out or ld_t apart, often a multiple of 4 KiB) map
     // to one L1 set and evict each other before they are complete. The same columns of the
     // next tile to the right are prefetched, one line per row, since dozens of row streams at
     // once are more than the hardware prefetcher follows.
-    // Copies a staged rows x cols code tile (row stride `stride`) to dst. Whole aligned 64-byte
-    // lines are written with non-temporal stores: each is written once, completely, so reading
-    // it first (what an ordinary store does) would only add traffic.
-    static void flush_tile(const uint8_t* stage, size_t stride, uint8_t* dst, size_t ld, size_t rows, size_t cols) {
-        constexpr size_t W = V::W;
-        const bool lines = cols % 64 == 0 && ld % 64 == 0 && reinterpret_cast<uintptr_t>(dst) % 64 == 0;
+    // Copies a staged rows x cols code tile (row stride `stride`) to dst. With `stream`, whole
+    // aligned 64-byte lines are written with non-temporal stores: each is written once,
+    // completely, so reading it first (what an ordinary store does) would only add traffic - but
+    // it leaves the cache, where a GEMM reading a copy that fits would find it (cast_stream_bytes).
+    static void flush_tile(const uint8_t* stage, size_t stride, uint8_t* dst, size_t ld, size_t rows, size_t cols,
+                           bool stream) {
+        const bool lines = stream && cols % 64 == 0 && ld % 64 == 0 && reinterpret_cast<uintptr_t>(dst) % 64 == 0;
         for (size_t k = 0; k < rows; ++k) {
             if (lines) {
                 for (size_t c = 0; c < cols; c += 64) V::stream_line(dst + k * ld + c, stage + k * stride + c);
-            } else {
-                for (size_t c = 0; c < cols; c += W) std::memcpy(dst + k * ld + c, stage + k * stride + c, W);
+            } else {  // 64 bytes a copy inlined (a call to memcpy per row of 64 took a quarter of the time)
+                size_t c = 0;
+                for (; c + 64 <= cols; c += 64) std::memcpy(dst + k * ld + c, stage + k * stride + c, 64);
+                if (c < cols) std::memcpy(dst + k * ld + c, stage + k * stride + c, cols - c);
             }
         }
         if (lines) V::fence();
     }
 
-    // mcol null: the transposed copy's multiplier of each element is the row copy's (tensor
-    // scaling, square blocks: its groups are the copy's, transposed), so its codes are the codes
-    // transposed - W x W blocks of bytes (transpose_bytes) instead of the floats transposed and
-    // encoded a second time.
     template <class In, Format F, Overflow O>
     static void cast_transpose_tile(const In* in, size_t ld, size_t rows, size_t cols, uint8_t* out, size_t ld_out,
-                                    uint8_t* out_t, size_t ld_t, const float* mrow, const float* mcol, uint32_t* amax) {
+                                    uint8_t* out_t, size_t ld_t, const float* mrow, const float* mcol, bool stream,
+                                    uint32_t* amax) {
         constexpr size_t W = V::W, TR = cast_tile_rows, TC = cast_tile_cols;
         alignas(64) uint8_t stage[TR * TC], stage_t[TC * TR];
         auto acc = V::set1(0u);
@@ -440,10 +443,6 @@ struct Kernels {
                     V::store_u8(stage + (bi + k) * TC + bj,
                                 encode_vec<V, F, O>(V::mul(r[k], V::set1f(mrow[(bi + k) * (cols / W) + bj / W]))));
                 }
-                if (mcol == nullptr) {
-                    transpose_bytes<W>(stage + bi * TC + bj, TC, stage_t + bj * TR + bi, TR);
-                    continue;
-                }
                 V::transpose(r);
                 for (size_t k = 0; k < W; ++k) {
                     V::store_u8(stage_t + (bj + k) * TR + bi,
@@ -451,12 +450,40 @@ struct Kernels {
                 }
             }
         }
-        flush_tile(stage, TC, out, ld_out, rows, cols);
-        flush_tile(stage_t, TR, out_t, ld_t, cols, rows);
+        flush_tile(stage, TC, out, ld_out, rows, cols, stream);
+        flush_tile(stage_t, TR, out_t, ld_t, cols, rows, stream);
         if (amax != nullptr) {
             const uint32_t m = V::hmax(acc);
             if (m > *amax) *amax = m;
         }
+    }
+
+    // A tile of codes just cast, rows (at most cast_tile_rows) x cols at `stage` (row stride
+    // `stride`), copied to out (row stride ld_out) and transposed into out_t (row stride ld_t):
+    // the cast_transpose of copies with the same multipliers (tensor scaling, square blocks). W x
+    // W blocks are transposed in registers (transpose_bytes) into a stage of 64 columns - 64 rows
+    // of the transposed copy, each `rows` long - written out a row at a time (flush_tile: straight,
+    // the rows ld_t apart map to few L1 sets and evict each other's partial lines); edges byte by byte.
+    static void store_transposed(const uint8_t* stage, size_t stride, size_t rows, size_t cols, uint8_t* out,
+                                 size_t ld_out, uint8_t* out_t, size_t ld_t, bool stream) {
+        constexpr size_t W = V::W, B = 64;
+        static_assert(cast_tile_rows <= B);
+        alignas(64) uint8_t stage_t[B * B];
+        const size_t ra = rows - rows % W;
+        for (size_t j0 = 0; j0 < cols; j0 += B) {
+            const size_t w = std::min(B, cols - j0), wa = w - w % W;
+            for (size_t bj = 0; bj < wa; bj += W) {
+                for (size_t bi = 0; bi < ra; bi += W) transpose_bytes<W>(stage + bi * stride + j0 + bj, stride, stage_t + bj * B + bi, B);
+                for (size_t j = bj; j < bj + W; ++j) {
+                    for (size_t i = ra; i < rows; ++i) stage_t[j * B + i] = stage[i * stride + j0 + j];
+                }
+            }
+            for (size_t j = wa; j < w; ++j) {
+                for (size_t i = 0; i < rows; ++i) stage_t[j * B + i] = stage[i * stride + j0 + j];
+            }
+            flush_tile(stage_t, B, out_t + j0 * ld_t, ld_t, w, rows, stream);
+        }
+        flush_tile(stage, stride, out, ld_out, rows, cols, stream);
     }
 
     // 16-bit outputs are stored two registers at a time, so that every store on AVX-512 is a

@@ -705,6 +705,46 @@ TEST(CastTranspose, TransposedCopyIsQuantizeOfTheTranspose) {
     expect_error([] { (void)quantize(Tensor::zeros({2, 2}, DType::f32)).transposed(); }, "no transposed copy");
 }
 
+// Copies of 8 Mi codes or more each are written with non-temporal stores (cpu::cast_stream_bytes),
+// smaller ones through the cache, and both are staged in tiles of 64 x 256: at 2048 x 4096 (f32,
+// tensor scaling) every line is whole and aligned and streams; at 2049 x 4100 (bf16, 128x128
+// blocks) rows are not 64-byte multiples, a tile is cut at the bottom and right edges, and the
+// copies take the cached path. Each row-major copy must be quantize(x)'s (the bulk cast, another
+// path: one flat run, or tiles of blocks), and the transposed copy its codes transposed, element
+// by element; a tile written to the wrong place, a dropped edge or an unflushed stream fails it.
+TEST(CastTranspose, LargeCopiesAreTheRowMajorCodesTransposed) {
+    struct Case {
+        int64_t rows, cols;
+        DType dtype;
+        Scaling scaling;
+    };
+    for (const Case& c : {Case{2048, 4096, DType::f32, Scaling::tensor()}, Case{2049, 4100, DType::bf16, Scaling::block(128, 128)}}) {
+        SCOPED_TRACE(std::to_string(c.rows) + "x" + std::to_string(c.cols) + " " + to_string(c.scaling));
+        std::mt19937 rng(uint32_t(c.rows));
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        std::vector<float> v(size_t(c.rows * c.cols));
+        for (size_t k = 0; k < v.size(); ++k) v[k] = nd(rng) * std::exp2(float(k / size_t(c.cols) / 128 % 5));
+        Tensor x = Tensor::from(v, {c.rows, c.cols});
+        if (c.dtype == DType::bf16) {
+            std::vector<bf16> b(v.begin(), v.end());
+            x = Tensor::from(b, {c.rows, c.cols});
+        }
+        for_each_isa([&](Isa) {
+            QuantizeOptions o;
+            o.scaling = c.scaling;
+            const QTensor ct = cast_transpose(x, o);
+            expect_same_quantization(ct, quantize(x, o));
+            const uint8_t* d = ct.data.data<uint8_t>();
+            const uint8_t* t = ct.data_t.data<uint8_t>();
+            for (int64_t i = 0; i < c.rows; ++i) {
+                for (int64_t j = 0; j < c.cols; ++j) {
+                    ASSERT_EQ(t[j * c.rows + i], d[i * c.cols + j]) << "row " << i << ", column " << j;
+                }
+            }
+        });
+    }
+}
+
 // ---- amax and 16-bit inputs ----
 
 TEST(Amax, MatchesALoopPerGroup) {
