@@ -32,8 +32,6 @@ void for_each_element(size_t n, size_t group, size_t offset, Fn&& fn) {
 uint32_t abs_bits(float x) { return detail::f32_bits(x) & 0x7fffffffu; }
 
 struct Portable {
-    static constexpr size_t width = 1;
-
     template <class In, Format F, Overflow O>
     static void encode(const In* in, uint8_t* out, size_t n, size_t group, size_t offset, const float* scales,
                        uint32_t* amax) {
@@ -49,25 +47,13 @@ struct Portable {
     static void decode(const uint8_t* in, Out* out, size_t n, size_t group, size_t offset, const float* scale_inv) {
         for_each_element(n, group, offset, [&](size_t k, size_t g) { out[k] = Out(fp8kit::decode(in[k], F) * scale_inv[g]); });
     }
-    template <class In, Format F, Overflow O>
-    static void cast_transpose_tile(const In* in, size_t ld, size_t rows, size_t cols, uint8_t* out, size_t ld_out,
-                                    uint8_t* out_t, size_t ld_t, const float* mrow, const float* mcol, bool /*stream*/,
-                                    uint32_t* amax) {
-        uint32_t m = 0;
+    static void store_codes(const uint8_t* stage, size_t stride, size_t rows, size_t cols, uint8_t* out, size_t ld_out,
+                            uint8_t* out_t, size_t ld_t, bool /*stream*/) {
         for (size_t i = 0; i < rows; ++i) {
             for (size_t j = 0; j < cols; ++j) {
-                const float x = float(in[i * ld + j]);
-                m = std::max(m, abs_bits(x));
-                out[i * ld_out + j] = fp8kit::encode(x * mrow[i * cols + j], F, O);
-                out_t[j * ld_t + i] = fp8kit::encode(x * mcol[j * rows + i], F, O);
+                if (out != nullptr) out[i * ld_out + j] = stage[i * stride + j];
+                if (out_t != nullptr) out_t[j * ld_t + i] = stage[i * stride + j];
             }
-        }
-        if (amax != nullptr) *amax = std::max(*amax, m);
-    }
-    static void store_transposed(const uint8_t* stage, size_t stride, size_t rows, size_t cols, uint8_t* out,
-                                 size_t ld_out, uint8_t* out_t, size_t ld_t, bool /*stream*/) {
-        for (size_t i = 0; i < rows; ++i) {
-            for (size_t j = 0; j < cols; ++j) out[i * ld_out + j] = out_t[j * ld_t + i] = stage[i * stride + j];
         }
     }
     template <class In>

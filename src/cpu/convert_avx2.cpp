@@ -59,26 +59,6 @@ struct Avx2 {
         return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
     }
 
-    // 8x8 transpose: r[i][j] -> r[j][i]. After the unpacks and shuffles, register 4k+c holds
-    // column 4q+c of rows 4k..4k+3 in its 128-bit lane q; the lane permutes gather the columns.
-    static void transpose(F r[8]) {
-        F t[8], u[8];
-        for (int k = 0; k < 4; ++k) {
-            t[2 * k] = _mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
-            t[2 * k + 1] = _mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
-        }
-        for (int k = 0; k < 2; ++k) {
-            u[4 * k + 0] = _mm256_shuffle_ps(t[4 * k], t[4 * k + 2], 0x44);
-            u[4 * k + 1] = _mm256_shuffle_ps(t[4 * k], t[4 * k + 2], 0xee);
-            u[4 * k + 2] = _mm256_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0x44);
-            u[4 * k + 3] = _mm256_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0xee);
-        }
-        for (int c = 0; c < 4; ++c) {
-            r[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
-            r[4 + c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
-        }
-    }
-
     static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
     // 8 lanes of values 0..0xffff to 16-bit, in order (packus interleaves the 128-bit lanes).
     static __m128i pack_u16(I v) {

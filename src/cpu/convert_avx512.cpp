@@ -53,31 +53,6 @@ struct Avx512 {
         return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     }
 
-    // 16x16 transpose: r[i][j] -> r[j][i]. Afterwards (1) pairs of rows interleave, (2) register
-    // 4k+c holds column 4q+c of rows 4k..4k+3 in its 128-bit lane q, (3)+(4) 128-bit lanes are
-    // gathered so that register j holds column j.
-    static void transpose(F r[16]) {
-        F t[16], u[16];
-        for (int k = 0; k < 8; ++k) {
-            t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
-            t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
-        }
-        for (int k = 0; k < 4; ++k) {
-            u[4 * k + 0] = _mm512_shuffle_ps(t[4 * k], t[4 * k + 2], 0x44);
-            u[4 * k + 1] = _mm512_shuffle_ps(t[4 * k], t[4 * k + 2], 0xee);
-            u[4 * k + 2] = _mm512_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0x44);
-            u[4 * k + 3] = _mm512_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0xee);
-        }
-        for (int c = 0; c < 4; ++c) {
-            const F lo01 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88), hi01 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xdd);
-            const F lo23 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88), hi23 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xdd);
-            r[c] = _mm512_shuffle_f32x4(lo01, lo23, 0x88);
-            r[4 + c] = _mm512_shuffle_f32x4(hi01, hi23, 0x88);
-            r[8 + c] = _mm512_shuffle_f32x4(lo01, lo23, 0xdd);
-            r[12 + c] = _mm512_shuffle_f32x4(hi01, hi23, 0xdd);
-        }
-    }
-
     static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
     // 16-bit outputs: two registers (32 values) per 64-byte store.
     static I halves(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }

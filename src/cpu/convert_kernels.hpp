@@ -28,25 +28,19 @@ using EncodeKernel = void (*)(const In* in, uint8_t* out, size_t n, size_t group
 template <class Out>
 using DecodeKernel = void (*)(const uint8_t* in, Out* out, size_t n, size_t group, size_t offset,
                               const float* scale_inv);
-// Both copies of a rows x cols tile (multiples of the path's width, at most cast_tile_rows x
-// cast_tile_cols), each with its own multipliers - see Kernels::cast_transpose_tile in
-// convert_simd.hpp. Tiles are wide so that each input row is read in long runs (1 KiB of
-// float32), and 64 rows tall so that each row of the transposed copy is written in whole 64-byte
-// lines; both staged code tiles fit in L1.
+// cast_transpose works in tiles of cast_tile_rows x cast_tile_cols (quantize.cpp's cast_tiles):
+// wide, so that each input row is read in long runs (1 KiB of float32), and 64 rows tall, so that
+// each row of the transposed copy is written in whole 64-byte lines; a tile's staged codes fit in L1.
 inline constexpr size_t cast_tile_rows = 64, cast_tile_cols = 256;
 // A cast_transpose whose copies are this many bytes or more each writes them with non-temporal
 // stores (whole lines); smaller ones stay in the cache for the GEMM that reads them next. f32
 // inputs, tensor scaling, 2 threads (Zen 5, 32 MiB L3), ms streamed / not: 2048 x 2048 0.49 / 0.40,
 // 2048 x 4096 1.27 / 1.47, 4096 x 4096 2.91 / 3.66.
 inline constexpr size_t cast_stream_bytes = size_t(8) << 20;
-template <class In>
-using CastTransposeKernel = void (*)(const In* in, size_t ld, size_t rows, size_t cols, uint8_t* out, size_t ld_out,
-                                     uint8_t* out_t, size_t ld_t, const float* mrow, const float* mcol, bool stream,
-                                     uint32_t* amax);
-// A tile of codes (rows <= cast_tile_rows) copied to out and transposed into out_t, for a
-// cast_transpose whose copies have the same multipliers.
-using StoreTransposedKernel = void (*)(const uint8_t* stage, size_t stride, size_t rows, size_t cols, uint8_t* out,
-                                       size_t ld_out, uint8_t* out_t, size_t ld_t, bool stream);
+// A tile of codes (rows <= cast_tile_rows, row stride `stride`) copied to out and transposed into
+// out_t, either null.
+using StoreCodesKernel = void (*)(const uint8_t* stage, size_t stride, size_t rows, size_t cols, uint8_t* out,
+                                  size_t ld_out, uint8_t* out_t, size_t ld_t, bool stream);
 // acc[g] = max(acc[g], max |in| bits over the elements of group g).
 template <class In>
 using AmaxKernel = void (*)(const In* in, size_t n, size_t group, size_t offset, uint32_t* acc);
@@ -60,11 +54,7 @@ struct ConvertKernels {
     DecodeKernel<float> decode_f32[num_formats];
     DecodeKernel<bf16> decode_bf16[num_formats];
     DecodeKernel<f16> decode_f16[num_formats];
-    CastTransposeKernel<float> cast_transpose_f32[num_formats][2];
-    CastTransposeKernel<bf16> cast_transpose_bf16[num_formats][2];
-    CastTransposeKernel<f16> cast_transpose_f16[num_formats][2];
-    StoreTransposedKernel store_transposed;
-    size_t width;  // elements per register: tiles of cast_transpose are multiples of it
+    StoreCodesKernel store_codes;
     AmaxKernel<float> amax_f32;
     AmaxKernel<bf16> amax_bf16;
     AmaxKernel<f16> amax_f16;
@@ -73,7 +63,6 @@ struct ConvertKernels {
     template <class T> EncodeKernel<T> encode(Format f, Overflow o) const;
     template <class T> DecodeKernel<T> decode(Format f) const;
     template <class T> AmaxKernel<T> amax() const;
-    template <class T> CastTransposeKernel<T> cast_transpose(Format f, Overflow o) const;
 };
 
 template <> inline EncodeKernel<float> ConvertKernels::encode<float>(Format f, Overflow o) const { return encode_f32[int(f)][int(o)]; }
@@ -82,16 +71,13 @@ template <> inline EncodeKernel<f16> ConvertKernels::encode<f16>(Format f, Overf
 template <> inline DecodeKernel<float> ConvertKernels::decode<float>(Format f) const { return decode_f32[int(f)]; }
 template <> inline DecodeKernel<bf16> ConvertKernels::decode<bf16>(Format f) const { return decode_bf16[int(f)]; }
 template <> inline DecodeKernel<f16> ConvertKernels::decode<f16>(Format f) const { return decode_f16[int(f)]; }
-template <> inline CastTransposeKernel<float> ConvertKernels::cast_transpose<float>(Format f, Overflow o) const { return cast_transpose_f32[int(f)][int(o)]; }
-template <> inline CastTransposeKernel<bf16> ConvertKernels::cast_transpose<bf16>(Format f, Overflow o) const { return cast_transpose_bf16[int(f)][int(o)]; }
-template <> inline CastTransposeKernel<f16> ConvertKernels::cast_transpose<f16>(Format f, Overflow o) const { return cast_transpose_f16[int(f)][int(o)]; }
 template <> inline AmaxKernel<float> ConvertKernels::amax<float>() const { return amax_f32; }
 template <> inline AmaxKernel<bf16> ConvertKernels::amax<bf16>() const { return amax_bf16; }
 template <> inline AmaxKernel<f16> ConvertKernels::amax<f16>() const { return amax_f16; }
 
-// K provides its register width `width`, `template <class In, Format F, Overflow O> static void
-// encode(...)` and `cast_transpose_tile(...)`, `static void store_transposed(...)`,
-// `template <class Out, Format F> static void decode(...)` and `template <class In> static void amax(...)`.
+// K provides `template <class In, Format F, Overflow O> static void encode(...)`, `static void
+// store_codes(...)`, `template <class Out, Format F> static void decode(...)` and
+// `template <class In> static void amax(...)`.
 template <class K>
 constexpr ConvertKernels make_convert_kernels() {
     ConvertKernels t{};
@@ -107,18 +93,11 @@ constexpr ConvertKernels make_convert_kernels() {
         t.decode_f32[I] = &K::template decode<float, F>;
         t.decode_bf16[I] = &K::template decode<bf16, F>;
         t.decode_f16[I] = &K::template decode<f16, F>;
-        t.cast_transpose_f32[I][0] = &K::template cast_transpose_tile<float, F, S>;
-        t.cast_transpose_f32[I][1] = &K::template cast_transpose_tile<float, F, N>;
-        t.cast_transpose_bf16[I][0] = &K::template cast_transpose_tile<bf16, F, S>;
-        t.cast_transpose_bf16[I][1] = &K::template cast_transpose_tile<bf16, F, N>;
-        t.cast_transpose_f16[I][0] = &K::template cast_transpose_tile<f16, F, S>;
-        t.cast_transpose_f16[I][1] = &K::template cast_transpose_tile<f16, F, N>;
     };
     [&]<size_t... I>(std::index_sequence<I...>) {
         (fill(std::integral_constant<size_t, I>{}), ...);
     }(std::make_index_sequence<num_formats>{});
-    t.store_transposed = &K::store_transposed;
-    t.width = K::width;
+    t.store_codes = &K::store_codes;
     t.amax_f32 = &K::template amax<float>;
     t.amax_bf16 = &K::template amax<bf16>;
     t.amax_f16 = &K::template amax<f16>;

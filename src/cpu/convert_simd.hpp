@@ -330,8 +330,6 @@ inline void amax_run(const In* in, size_t len, typename V::I& acc) {
 
 template <class V>
 struct Kernels {
-    static constexpr size_t width = V::W;
-
     template <class In, Format F, Overflow O, bool Amax>
     static void encode_groups(const In* in, uint8_t* out, size_t n, size_t group, size_t offset,
                               const float* scales, uint32_t* amax) {
@@ -392,20 +390,6 @@ struct Kernels {
         });
     }
 
-    // cast_transpose of a tile of rows x cols elements (multiples of W, at most cast_tile_rows x
-    // cast_tile_cols) at `in` (row stride ld), where each direction has its own multipliers:
-    // row-major codes to out (row stride ld_out) and transposed codes to out_t (row stride ld_t),
-    // from one load of each W x W block, transposed in registers and encoded twice. Multipliers
-    // are uniform per register: mrow[k * (cols / W) + b] for tile row k in column block b,
-    // mcol[k * (rows / W) + b] for tile column k (a row of the transpose) in row block b. With
-    // amax, max |x| bits are folded into *amax. (Where both copies have the same multipliers,
-    // transpose_codes transposes the codes instead.)
-    //
-    // Both code tiles are staged in L1 and written out a row at a time: written straight, the W
-    // partial lines of one output (its rows ld_out or ld_t apart, often a multiple of 4 KiB) map
-    // to one L1 set and evict each other before they are complete. The same columns of the
-    // next tile to the right are prefetched, one line per row, since dozens of row streams at
-    // once are more than the hardware prefetcher follows.
     // Copies a staged rows x cols code tile (row stride `stride`) to dst. With `stream`, whole
     // aligned 64-byte lines are written with non-temporal stores: each is written once,
     // completely, so reading it first (what an ordinary store does) would only add traffic - but
@@ -425,47 +409,16 @@ struct Kernels {
         if (lines) V::fence();
     }
 
-    template <class In, Format F, Overflow O>
-    static void cast_transpose_tile(const In* in, size_t ld, size_t rows, size_t cols, uint8_t* out, size_t ld_out,
-                                    uint8_t* out_t, size_t ld_t, const float* mrow, const float* mcol, bool stream,
-                                    uint32_t* amax) {
-        constexpr size_t W = V::W, TR = cast_tile_rows, TC = cast_tile_cols;
-        alignas(64) uint8_t stage[TR * TC], stage_t[TC * TR];
-        auto acc = V::set1(0u);
-        typename V::F r[W];
-        for (size_t bi = 0; bi < rows; bi += W) {
-            for (size_t bj = 0; bj < cols; bj += W) {
-                for (size_t k = 0; k < W; ++k) {
-                    const In* p = in + (bi + k) * ld + bj;
-                    _mm_prefetch(reinterpret_cast<const char*>(p + cols), _MM_HINT_T0);
-                    r[k] = V::load(p);
-                    acc = V::max_u(acc, abs_bits<V>(r[k]));
-                    V::store_u8(stage + (bi + k) * TC + bj,
-                                encode_vec<V, F, O>(V::mul(r[k], V::set1f(mrow[(bi + k) * (cols / W) + bj / W]))));
-                }
-                V::transpose(r);
-                for (size_t k = 0; k < W; ++k) {
-                    V::store_u8(stage_t + (bj + k) * TR + bi,
-                                encode_vec<V, F, O>(V::mul(r[k], V::set1f(mcol[(bj + k) * (rows / W) + bi / W]))));
-                }
-            }
-        }
-        flush_tile(stage, TC, out, ld_out, rows, cols, stream);
-        flush_tile(stage_t, TR, out_t, ld_t, cols, rows, stream);
-        if (amax != nullptr) {
-            const uint32_t m = V::hmax(acc);
-            if (m > *amax) *amax = m;
-        }
-    }
-
     // A tile of codes just cast, rows (at most cast_tile_rows) x cols at `stage` (row stride
-    // `stride`), copied to out (row stride ld_out) and transposed into out_t (row stride ld_t):
-    // the cast_transpose of copies with the same multipliers (tensor scaling, square blocks). W x
-    // W blocks are transposed in registers (transpose_bytes) into a stage of 64 columns - 64 rows
-    // of the transposed copy, each `rows` long - written out a row at a time (flush_tile: straight,
-    // the rows ld_t apart map to few L1 sets and evict each other's partial lines); edges byte by byte.
-    static void store_transposed(const uint8_t* stage, size_t stride, size_t rows, size_t cols, uint8_t* out,
-                                 size_t ld_out, uint8_t* out_t, size_t ld_t, bool stream) {
+    // `stride`), copied to out (row stride ld_out) and transposed into out_t (row stride ld_t),
+    // either null: cast_transpose's two copies. W x W blocks are transposed in registers
+    // (transpose_bytes) into a stage of 64 columns - 64 rows of the transposed copy, each `rows`
+    // long - written out a row at a time (flush_tile: straight, the rows ld_t apart map to few L1
+    // sets and evict each other's partial lines); edges byte by byte.
+    static void store_codes(const uint8_t* stage, size_t stride, size_t rows, size_t cols, uint8_t* out, size_t ld_out,
+                            uint8_t* out_t, size_t ld_t, bool stream) {
+        if (out != nullptr) flush_tile(stage, stride, out, ld_out, rows, cols, stream);
+        if (out_t == nullptr) return;
         constexpr size_t W = V::W, B = 64;
         static_assert(cast_tile_rows <= B);
         alignas(64) uint8_t stage_t[B * B];
@@ -483,7 +436,6 @@ struct Kernels {
             }
             flush_tile(stage_t, B, out_t + j0 * ld_t, ld_t, w, rows, stream);
         }
-        flush_tile(stage, stride, out, ld_out, rows, cols, stream);
     }
 
     // 16-bit outputs are stored two registers at a time, so that every store on AVX-512 is a

@@ -11,11 +11,12 @@
 //    32 KiB for 1-row groups, 512 KiB for taller ones); a tile's amax is found, then the tile is
 //    cast while it is still in L1/L2. (A row longer than the L2 is read twice from memory.)
 //  - column, and blocks taller than the matrix: 2 - like tensor, a group spans every row.
-//  - cast_transpose: 1 for the cast itself, which writes both copies from one read of each 64x64
-//    tile, after the amax pass the scales need (none with a given scale): 1, also where each
-//    direction has its own groups (row, column, 1xN blocks, mx32), whose maxima that pass finds
-//    together. Where the transposed copy's groups are those of the row-major copy (tensor; square
-//    blocks), its codes are the row-major codes transposed, not encoded again.
+//  - cast_transpose: 1 for the cast itself, which writes both copies from one read of each 64x256
+//    tile (read again from L1 where the transposed copy has multipliers of its own), after the
+//    amax pass the scales need (none with a given scale): 1, also where each direction has its own
+//    groups (row, column, 1xN blocks, mx32), whose maxima that pass finds together. Where the
+//    transposed copy's groups are those of the row-major copy (tensor; square blocks), its codes
+//    are the row-major codes transposed, not encoded again.
 #include <algorithm>
 #include <initializer_list>
 #include <numeric>
@@ -213,21 +214,25 @@ uint32_t quantize_tiles(const detail::QuantizeJob& job) {
     return total.max();
 }
 
-// Where each element's multiplier is the same in both copies (tensor scaling, square blocks: the
-// transposed copy's groups are the copy's, transposed), the transposed codes are the codes
-// transposed: each tile of cast_tile_rows x cast_tile_cols is cast by the bulk encode kernel, a
-// row at a time, into a stage in L1, and copied out with its transpose (store_transposed). (In
-// the output itself the tile's rows, often a multiple of 4 KiB apart, share a few L1 sets.)
-// Encoding each 16x16 block as it was transposed, with 16-byte stores, took 1.3-1.7x as long
-// (f32 2048 x 2048 and 512 x 2048, tensor scaling, 2 threads, Zen 5).
+// Both copies in one pass over tiles of cast_tile_rows x cast_tile_cols, each element cast as
+// encode(float32(x * multiplier)) in each. A tile's rows are cast by the bulk encode kernel into
+// a stage in L1 and copied out (store_codes). The transposed copy: where each element's multiplier
+// is the same in both copies (tensor scaling, square blocks: the transposed copy's groups are the
+// copy's, transposed), that stage transposed; else the tile's rows cast again into a second stage,
+// each element by its multiplier in the transposed copy (the encode kernel's groups of one
+// element, as column scaling's), and that stage transposed. (Written straight into the outputs,
+// a tile's rows, often a multiple of 4 KiB apart, share a few L1 sets.) Each 16x16 block of
+// floats transposed in registers and encoded there with 16-byte stores took, f32 [2048, 2048],
+// 2 threads, Zen 5: tensor scaling 0.59-0.60 ms (0.41-0.43 by the stage), row scaling 0.97-1.00.
 template <class T>
-void cast_then_transpose(const detail::QuantizeJob& job, const float* mult, uint32_t* amax) {
+void cast_tiles(const detail::QuantizeJob& job, const float* mult, const float* mult_t, uint32_t* amax) {
     constexpr int64_t TR = int64_t(cast_tile_rows), TC = int64_t(cast_tile_cols);
     const MatrixRef& x = job.x;
-    const GroupShape g = job.group;
+    const GroupShape g = job.group, gt = job.group_t;
+    const bool same = gt.rows == g.cols && gt.cols == g.rows;
     const auto& k = active_kernels();
     const auto encode_kernel = k.encode<T>(job.rule.format, job.overflow);
-    const int64_t gc = ceil_div(x.cols, g.cols), col_tiles = ceil_div(x.cols, TC);
+    const int64_t gc = ceil_div(x.cols, g.cols), gct = ceil_div(x.rows, gt.cols), col_tiles = ceil_div(x.cols, TC);
     const bool stream = size_t(elements(x)) >= cast_stream_bytes;
     SlotMax acc;
     parallel_tasks(ceil_div(x.rows, TR) * col_tiles, elements(x), [&](int64_t t, int slot) {
@@ -238,84 +243,30 @@ void cast_then_transpose(const detail::QuantizeJob& job, const float* mult, uint
             encode_kernel(row<T>(x, i) + j0, stage + (i - i0) * TC, size_t(w), size_t(g.cols), size_t(j0 % g.cols),
                           mult + i / g.rows * gc + j0 / g.cols, amax != nullptr ? &acc[size_t(slot)] : nullptr);
         }
-        k.store_transposed(stage, size_t(TC), size_t(h), size_t(w), job.data + i0 * x.cols + j0, size_t(x.cols),
-                           job.data_t + j0 * x.rows + i0, size_t(x.rows), stream);
-    });
-    if (amax != nullptr) *amax = acc.max();
-}
-
-// Both copies in one pass over tiles of cast_tile_rows x cast_tile_cols (each with multipliers of
-// its own; the same in both: cast_then_transpose). The part of a tile that is a whole number of
-// registers wide and tall goes to the path's cast_transpose kernel, which transposes W x W blocks
-// in registers; it needs one multiplier per register, i.e. groups whose width is a multiple of W
-// (or spans the matrix) in both copies - true for row, 1xN blocks with N % 16 == 0 and mx32. The
-// rest (edges; column scaling and odd blocks on SIMD paths) is cast element by element here, with
-// the same arithmetic: encode(float32(x * multiplier)).
-template <class T>
-void cast_tiles(const detail::QuantizeJob& job, const float* mult, const float* mult_t, uint32_t* amax) {
-    const GroupShape g = job.group, gt = job.group_t;
-    if (gt.rows == g.cols && gt.cols == g.rows) return cast_then_transpose<T>(job, mult, amax);
-    constexpr int64_t TR = int64_t(cast_tile_rows), TC = int64_t(cast_tile_cols);
-    const MatrixRef& x = job.x;
-    const auto& k = active_kernels();
-    const auto tile_kernel = k.cast_transpose<T>(job.rule.format, job.overflow);
-    const int64_t W = int64_t(k.width);
-    const bool uniform = (g.cols % W == 0 || g.cols >= x.cols) && (gt.cols % W == 0 || gt.cols >= x.rows);
-    const int64_t gc = ceil_div(x.cols, g.cols), gct = ceil_div(x.rows, gt.cols);
-    const auto m = [&](int64_t i, int64_t j) { return mult[i / g.rows * gc + j / g.cols]; };
-    const auto m_t = [&](int64_t j, int64_t i) { return mult_t[j / gt.rows * gct + i / gt.cols]; };
-    const int64_t row_tiles = ceil_div(x.rows, TR), col_tiles = ceil_div(x.cols, TC);
-    SlotMax acc;
-    // Per thread slot: the multipliers of a tile, one per register (per element on the portable path).
-    const int64_t per_slot = 2 * TR * TC / W;
-    detail::Scratch<float> multipliers(int64_t(num_threads()) * per_slot);
-    parallel_tasks(row_tiles * col_tiles, elements(x), [&](int64_t t, int slot) {
-        const int64_t i0 = t / col_tiles * TR, j0 = t % col_tiles * TC;
-        const int64_t h = std::min(TR, x.rows - i0), w = std::min(TC, x.cols - j0);
-        const int64_t ha = uniform ? h - h % W : 0, wa = uniform ? w - w % W : 0;
-        uint32_t& a = acc[size_t(slot)];
-        if (ha > 0 && wa > 0) {
-            float* mr = multipliers.get() + slot * per_slot;
-            float* mt = mr + TR * TC / W;
-            // The multipliers by each row's (column's) group and each register's group along it,
-            // found once each: by m(i, j) and m_t(j, i) element by element, the integer divisions
-            // took 3/4 of a 2048 x 2048 cast with its transposed copy (2.4-2.7 ms against 0.7 for
-            // the cast alone). Where one group spans the tile's width (row scaling, 1x128 blocks),
-            // a line's registers take one multiplier, filled as a run: through the table the fill
-            // took a quarter of the kernel's time in a row-scaled 2048 x 2048 cast with its
-            // transposed copy. out[r * regs + b]: line r's register b, line0 + r being a row of x
-            // (mr) or of x^T (mt), its registers starting at element `first` along it.
-            const auto fill = [W](float* out, int64_t lines, int64_t regs, const float* mults, int64_t line0,
-                                  int64_t lines_per_group, int64_t groups_along, int64_t first, int64_t group_len) {
-                int64_t group_of_block[cast_tile_cols];  // of register b along a line
-                const bool one = first / group_len == (first + regs * W - 1) / group_len;
-                for (int64_t b = 0; b < regs; ++b) group_of_block[b] = (first + b * W) / group_len;
-                // Line r's group, counted on from line0's.
-                int64_t group = line0 / lines_per_group, left = lines_per_group - line0 % lines_per_group;
-                for (int64_t r = 0; r < lines; ++r) {
-                    const float* along = mults + group * groups_along;
-                    if (--left == 0) ++group, left = lines_per_group;
-                    if (one) {
-                        std::fill_n(out + r * regs, regs, along[group_of_block[0]]);
-                        continue;
-                    }
-                    for (int64_t b = 0; b < regs; ++b) out[r * regs + b] = along[group_of_block[b]];
-                }
-            };
-            fill(mr, ha, wa / W, mult, i0, g.rows, gc, j0, g.cols);
-            fill(mt, wa, ha / W, mult_t, j0, gt.rows, gct, i0, gt.cols);
-            tile_kernel(row<T>(x, i0) + j0, size_t(x.ld), size_t(ha), size_t(wa), job.data + i0 * x.cols + j0,
-                        size_t(x.cols), job.data_t + j0 * x.rows + i0, size_t(x.rows), mr, mt, size_t(elements(x)) >= cast_stream_bytes, &a);
+        uint8_t* out = job.data + i0 * x.cols + j0;
+        uint8_t* out_t = job.data_t + j0 * x.rows + i0;
+        if (same) {
+            k.store_codes(stage, size_t(TC), size_t(h), size_t(w), out, size_t(x.cols), out_t, size_t(x.rows), stream);
+            return;
         }
+        k.store_codes(stage, size_t(TC), size_t(h), size_t(w), out, size_t(x.cols), nullptr, 0, stream);
+        // Row i's multipliers in the transposed copy, column by column: one run for its rows'
+        // group of the transposed copy (gt.cols rows of x), made again where the next begins.
+        alignas(64) float row_mult[TC];
+        int64_t made = -1;
         for (int64_t i = i0; i < i0 + h; ++i) {
-            const T* src = row<T>(x, i);
-            for (int64_t j = (i < i0 + ha ? j0 + wa : j0); j < j0 + w; ++j) {
-                const float v = float(src[j]);
-                a = std::max(a, detail::f32_bits(v) & 0x7fffffffu);
-                job.data[i * x.cols + j] = encode(v * m(i, j), job.rule.format, job.overflow);
-                job.data_t[j * x.rows + i] = encode(v * m_t(j, i), job.rule.format, job.overflow);
+            if (i / gt.cols != made) {
+                made = i / gt.cols;
+                // column j0 + c's group along the transposed copy's rows: gj, for `left` more columns
+                int64_t gj = j0 / gt.rows, left = gt.rows - j0 % gt.rows;
+                for (int64_t c = 0; c < w; ++c) {
+                    row_mult[c] = mult_t[gj * gct + made];
+                    if (--left == 0) ++gj, left = gt.rows;
+                }
             }
+            encode_kernel(row<T>(x, i) + j0, stage + (i - i0) * TC, size_t(w), 1, 0, row_mult, nullptr);
         }
+        k.store_codes(stage, size_t(TC), size_t(h), size_t(w), nullptr, 0, out_t, size_t(x.rows), stream);
     });
     if (amax != nullptr) *amax = acc.max();
 }

@@ -659,7 +659,9 @@ TEST(CastTranspose, TransposedCopyIsQuantizeOfTheTranspose) {
     const Scaling scalings[] = {Scaling::tensor(),     Scaling::row(),        Scaling::column(),
                                 Scaling::block(1, 128), Scaling::block(128, 128), Scaling::block(3, 5),
                                 Scaling::block(2, 3),  Scaling::mx32()};
-    for (const auto& shape : {std::pair<int64_t, int64_t>{17, 33}, {130, 70}}) {
+    // 70 x 300: two tiles of cast_tile_rows x cast_tile_cols (64 x 256) each way, the second starting
+    // inside a 3x5 or 2x3 block of either copy.
+    for (const auto& shape : {std::pair<int64_t, int64_t>{17, 33}, {130, 70}, {70, 300}}) {
         const int64_t rows = shape.first, cols = shape.second;
         std::mt19937 rng(static_cast<uint32_t>(rows));
         std::normal_distribution<float> nd(0.0f, 1.0f);
