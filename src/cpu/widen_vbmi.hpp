@@ -168,13 +168,58 @@ inline bool chunk_gathers(const uint8_t* row0, int64_t ld, int64_t cols, int64_t
     return false;
 }
 
+// 16 x 16 dwords transposed in registers: r[i] dword j -> r[j] dword i (unpacks within 128-bit
+// lanes, after which r[4k + c]'s lane q holds dword 4q + c of rows 4k .. 4k + 3; then the lanes
+// gathered by two rounds of 128-bit shuffles).
+inline void transpose_dwords(__m512i r[16]) {
+    __m512i t[16];
+    for (int k = 0; k < 8; ++k) {
+        t[2 * k] = _mm512_unpacklo_epi32(r[2 * k], r[2 * k + 1]);
+        t[2 * k + 1] = _mm512_unpackhi_epi32(r[2 * k], r[2 * k + 1]);
+    }
+    for (int k = 0; k < 4; ++k) {
+        r[4 * k + 0] = _mm512_unpacklo_epi64(t[4 * k], t[4 * k + 2]);
+        r[4 * k + 1] = _mm512_unpackhi_epi64(t[4 * k], t[4 * k + 2]);
+        r[4 * k + 2] = _mm512_unpacklo_epi64(t[4 * k + 1], t[4 * k + 3]);
+        r[4 * k + 3] = _mm512_unpackhi_epi64(t[4 * k + 1], t[4 * k + 3]);
+    }
+    for (int c = 0; c < 4; ++c) {
+        const __m512i lo01 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x88), hi01 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xdd);
+        const __m512i lo23 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x88), hi23 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xdd);
+        t[c] = _mm512_shuffle_i32x4(lo01, lo23, 0x88);
+        t[4 + c] = _mm512_shuffle_i32x4(hi01, hi23, 0x88);
+        t[8 + c] = _mm512_shuffle_i32x4(lo01, lo23, 0xdd);
+        t[12 + c] = _mm512_shuffle_i32x4(hi01, hi23, 0xdd);
+    }
+    for (int j = 0; j < 16; ++j) r[j] = t[j];
+}
+
 // GemmKernels::widen_rows with a Widen the caller holds: `chunks` chunks of a strip of B's rows
-// from K element e0, each line of the packed strip made in a register (StripLines, as
-// pack_group_avx512 makes it) or read from the chunk packed with its padding, then widened.
+// from K element e0, each line of the packed strip made in a register, then widened. A whole
+// strip two chunks at a time: its 16 rows' next 64 codes loaded and transposed as dwords, dword j
+// of every row (K elements 4j .. 4j + 3) being line j, its pairs put apart (pairs_apart). With a
+// gather a line (StripLines) instead, a GEMM on a QTensor B (2 threads, Zen 5) ran 128 x 4096 x
+// 4096 at 655-656 GFLOP/s against 838-869 (B packed ahead: 894), 512 x 1024 x 1024 at 860-862
+// against 908. Else a chunk at a time: its lines by StripLines gathers, or read from the chunk
+// packed with its padding.
 inline void widen_rows(const Widen& widen, const uint8_t* row0, int64_t ld, int64_t cols, int64_t e0, int64_t chunks,
                        int64_t k, uint16_t* out) {
     const StripLines lines(ld);
-    for (int64_t q = 0; q < chunks; ++q, out += gemm_chunk_codes) {
+    int64_t q = 0;
+    if (cols == gemm_tile) {
+        for (; q + 2 <= chunks && e0 + (q + 2) * gemm_chunk <= k; q += 2, out += 2 * gemm_chunk_codes) {
+            __m512i r[16];
+            for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(row0 + i * ld + e0 + q * gemm_chunk);
+            transpose_dwords(r);
+            for (int l = 0; l < 16; ++l) {
+                __m512i w0, w1;
+                widen(_mm512_permutexvar_epi16(lines.order, r[l]), w0, w1, widen.neg_zero_is_nan);
+                _mm512_storeu_si512(out + 64 * l, w0);
+                _mm512_storeu_si512(out + 64 * l + 32, w1);
+            }
+        }
+    }
+    for (; q < chunks; ++q, out += gemm_chunk_codes) {
         alignas(64) uint8_t chunk[gemm_chunk_codes];
         const bool gathers = chunk_gathers(row0, ld, cols, e0 + q * gemm_chunk, k, chunk);
         for (int64_t l = 0; l < gemm_chunk_codes / 64; ++l) {
