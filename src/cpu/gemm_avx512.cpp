@@ -300,12 +300,18 @@ void small_bf16(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, 
     }
 }
 
-// GemmKernels::pack_group for whole strips: a line of dst a StripLines gather, where the loop made
-// 32 two-byte copies. A partial strip, and the last pair or element, go through pack_group_loop.
+// GemmKernels::pack_group for whole strips: 16 lines of dst at a time from 64 codes of each row
+// (strip_lines16), then a line a StripLines gather, where the loop made 32 two-byte copies. A
+// partial strip, and the last pair or element, go through pack_group_loop.
 void pack_group_avx512(const uint8_t* row0, int64_t ld, int64_t cols, int64_t len, uint8_t* dst) {
     if (cols < gemm_tile || ld > INT32_MAX / gemm_tile) return pack_group_loop(row0, ld, cols, len, dst);
     const StripLines lines(ld);
     int64_t e = 0;
+    for (; e + 64 <= len; e += 64, dst += 64 * gemm_tile) {
+        __m512i r[16];
+        strip_lines16(row0 + e, ld, lines, r);
+        for (int l = 0; l < 16; ++l) _mm512_storeu_si512(dst + 64 * l, r[l]);
+    }
     for (; e + 3 < len; e += 4, dst += 4 * gemm_tile) _mm512_storeu_si512(dst, lines.line(row0 + e));
     pack_group_loop(row0 + e, ld, cols, len - e, dst);
 }

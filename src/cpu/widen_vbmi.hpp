@@ -194,14 +194,21 @@ inline void transpose_dwords(__m512i r[16]) {
     for (int j = 0; j < 16; ++j) r[j] = t[j];
 }
 
+// The next 16 lines of a whole strip (16 rows of B, ld apart, from `at`): the rows' next 64 codes
+// loaded and transposed as dwords, dword j of every row (K elements 4j .. 4j + 3) being line j,
+// its pairs put apart as StripLines::line puts them. With a gather a line (StripLines) instead,
+// a GEMM on a QTensor B (2 threads, Zen 5) ran 128 x 4096 x 4096 at 655-656 GFLOP/s against
+// 838-869 (B packed ahead: 894), 512 x 1024 x 1024 at 860-862 against 908.
+inline void strip_lines16(const uint8_t* at, int64_t ld, const StripLines& lines, __m512i r[16]) {
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(at + i * ld);
+    transpose_dwords(r);
+    for (int j = 0; j < 16; ++j) r[j] = _mm512_permutexvar_epi16(lines.order, r[j]);
+}
+
 // GemmKernels::widen_rows with a Widen the caller holds: `chunks` chunks of a strip of B's rows
-// from K element e0, each line of the packed strip made in a register, then widened. A whole
-// strip two chunks at a time: its 16 rows' next 64 codes loaded and transposed as dwords, dword j
-// of every row (K elements 4j .. 4j + 3) being line j, its pairs put apart (pairs_apart). With a
-// gather a line (StripLines) instead, a GEMM on a QTensor B (2 threads, Zen 5) ran 128 x 4096 x
-// 4096 at 655-656 GFLOP/s against 838-869 (B packed ahead: 894), 512 x 1024 x 1024 at 860-862
-// against 908. Else a chunk at a time: its lines by StripLines gathers, or read from the chunk
-// packed with its padding.
+// from K element e0, each line of the packed strip made in a register, then widened: a whole
+// strip two chunks at a time (strip_lines16), else a chunk at a time, its lines by StripLines
+// gathers or read from the chunk packed with its padding.
 inline void widen_rows(const Widen& widen, const uint8_t* row0, int64_t ld, int64_t cols, int64_t e0, int64_t chunks,
                        int64_t k, uint16_t* out) {
     const StripLines lines(ld);
@@ -209,11 +216,10 @@ inline void widen_rows(const Widen& widen, const uint8_t* row0, int64_t ld, int6
     if (cols == gemm_tile) {
         for (; q + 2 <= chunks && e0 + (q + 2) * gemm_chunk <= k; q += 2, out += 2 * gemm_chunk_codes) {
             __m512i r[16];
-            for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(row0 + i * ld + e0 + q * gemm_chunk);
-            transpose_dwords(r);
+            strip_lines16(row0 + e0 + q * gemm_chunk, ld, lines, r);
             for (int l = 0; l < 16; ++l) {
                 __m512i w0, w1;
-                widen(_mm512_permutexvar_epi16(lines.order, r[l]), w0, w1, widen.neg_zero_is_nan);
+                widen(r[l], w0, w1, widen.neg_zero_is_nan);
                 _mm512_storeu_si512(out + 64 * l, w0);
                 _mm512_storeu_si512(out + 64 * l + 32, w1);
             }
