@@ -97,7 +97,7 @@ void block_portable(int rows, int nj, const uint16_t* a, int64_t lda, const void
 }
 
 constexpr GemmKernels portable_kernels{&expand_portable, &widen_bf16<&expand_portable>, 2, 8, 32, 32, 0, 2, 0,
-                                       &block_then_promote<&block_portable>, &no_tile_state, &no_tile_state, nullptr, 0, 0,
+                                       &block_then_promote<&block_portable>, false, &no_tile_state, &no_tile_state, nullptr, 0, 0,
                                        &matmul_f32_portable, &scale_store_loop, &gelu_row_loop, &fold_loop,
                                        &widen_then_fold<&expand_portable>, 1, &pack_group_loop, &mark_strip_loop, nullptr, "portable"};
 
@@ -408,7 +408,8 @@ void run_tiles(const Task& t, int64_t r0, int64_t rows, int64_t s0, int64_t s1, 
     // block: otherwise each window's read from memory and its computation take turns, which at
     // small M (few blocks per window) costs most (M = 16 on the avx512-bf16 tiles out of cache:
     // +3-9% with it).
-    const int64_t steps_per_window = one_group ? 1 : std::max<int64_t>(1, wchunks / cpg);
+    const bool whole_window = one_group || t.kern.block_groups;  // a block() call takes the window's K
+    const int64_t steps_per_window = whole_window ? 1 : std::max<int64_t>(1, wchunks / cpg);
     const int64_t block_rows = t.kern.block_tiles * gemm_tile;
     const int64_t blocks_per_window = (rows + block_rows - 1) / block_rows * steps_per_window * ((ns + 1) / 2);
     t.kern.begin();
@@ -453,9 +454,10 @@ void run_tiles(const Task& t, int64_t r0, int64_t rows, int64_t s0, int64_t s1, 
         for (int64_t i = 0; i < rows; i += block_rows) {
             const int block_m = int(std::min(block_rows, rows - i));
             const uint16_t* a = t.a_row(r0 + i) + w0 * gemm_chunk;
-            // One K group at a time across the strips, so that consecutive blocks read the same
-            // rows of A (the AVX2 kernel widens them once for all strips).
-            const int64_t step = one_group ? wc : cpg;
+            // Where block() takes one K group a call, one group at a time across the strips, so that
+            // consecutive blocks read the same rows of A (the AVX2 kernel widens them once for all
+            // strips).
+            const int64_t step = whole_window ? wc : cpg;
             for (int64_t q = 0; q < wc; q += step) {
                 const int64_t g = (w0 + q) / cpg;
                 for (int64_t s = 0; s < ns; s += 2) {
@@ -468,8 +470,9 @@ void run_tiles(const Task& t, int64_t r0, int64_t rows, int64_t s0, int64_t s1, 
                         continue;
                     }
                     const Promotion promotion{t.sa + (r0 + i) * kl.groups + g, kl.groups,
-                                              t.b.scales.data() + g * t.b.strips * gemm_tile + (s0 + s) * gemm_tile, g == 0};
-                    t.kern.block(block_m, nj, a + q * gemm_chunk, t.lda, b, b_strip, cpg, c, ldacc, false, &promotion);
+                                              t.b.scales.data() + g * t.b.strips * gemm_tile + (s0 + s) * gemm_tile, g == 0,
+                                              step / cpg, t.b.strips * gemm_tile};
+                    t.kern.block(block_m, nj, a + q * gemm_chunk, t.lda, b, b_strip, step, c, ldacc, false, &promotion);
                 }
             }
             if (next_w0 >= total_chunks) finish_rows(t, r0 + i, block_m, s0, s1, acc_out + (one_window ? 0 : i) * ldacc, ldacc);

@@ -152,13 +152,19 @@ struct ExpandTable {
 };
 const ExpandTable& expand_table(Format f, bool arith = false);  // arith: unit_log2 = arith_unit_log2(f)
 
-// One K group's scales, for its partial sums' promotion into the accumulator (DeepGEMM's): row r,
-// column col of the block gets sa[r * sa_stride] * sb[col]; first: the group is K's first.
+// The scales of `groups` consecutive K groups, for their partial sums' promotion into the
+// accumulator (DeepGEMM's): group i's row r, column col gets sa[r * sa_stride + i] *
+// sb[i * sb_group + col]; first: group 0 is K's first (multiplied in, where the others are fused
+// in by an FMA).
 struct Promotion {
     const float* sa;
     int64_t sa_stride;
     const float* sb;
     bool first;
+    int64_t groups = 1;
+    int64_t sb_group = 0;  // floats from one group's sb to the next's
+    // Groups [i, i + n) of these.
+    Promotion part(int64_t i, int64_t n) const { return {sa + i, sa_stride, sb + i * sb_group, first && i == 0, n, sb_group}; }
 };
 
 // The computing kernels. A is packed as bf16 rows [Mp][lda] in the K layout above; B pieces are
@@ -204,11 +210,14 @@ struct GemmKernels {
     // 16-column tiles: the sums over `chunks` K chunks of A rows (a + r * lda, chunk q at + 32 q)
     // times B strip tiles of the widened window (strip t at b + t * b_strip elements, chunk q at + 512
     // q elements), into c[r * ldc + col]. Without a promotion: added to c (accumulate) or written over
-    // it. With one, the chunks are one K group and its sums are promoted into c as promote_loop does.
+    // it. With one, the chunks are its K groups, each group's sums promoted into c as promote_loop does.
     // The AMX and AVX-512 kernels compute whole 16-row tiles (rows rounded up; A is padded to them),
     // the AVX2 kernel only the rows asked for: c's rows past `rows` are not to be read.
     void (*block)(int rows, int nj, const uint16_t* a, int64_t lda, const void* b, int64_t b_strip, int64_t chunks,
                   float* c, int64_t ldc, bool accumulate, const Promotion* promotion);
+    // Whether block() takes a promotion of several K groups (a whole window's, Promotion::groups,
+    // each group chunks / groups chunks); else run_tiles gives it one group a call.
+    bool block_groups;
     void (*begin)();  // per thread, at the start of a task (AMX: tile configuration; AVX2: forget widened A)
     void (*end)();
     // Small M (null where the kernel set has none): all rows (<= small_m_max) of packed A times
@@ -383,7 +392,7 @@ inline bool mark_strip_loop(const uint8_t* strip, int64_t lines, Format f, uint8
 }
 
 // GemmKernels::block for a kernel set whose Block does not promote: a K group's sums into a 32 x 32
-// part, then promote_loop.
+// part, then promote_loop. One group a call (the set's block_groups is false).
 template <void (*Block)(int, int, const uint16_t*, int64_t, const void*, int64_t, int64_t, float*, int64_t, bool)>
 void block_then_promote(int rows, int nj, const uint16_t* a, int64_t lda, const void* b, int64_t b_strip, int64_t chunks,
                         float* c, int64_t ldc, bool accumulate, const Promotion* promotion) {
