@@ -97,7 +97,7 @@ void block_portable(int rows, int nj, const uint16_t* a, int64_t lda, const void
 }
 
 constexpr GemmKernels portable_kernels{&expand_portable, &widen_bf16<&expand_portable>, 2, 8, 32, 32, 0, 2, 0,
-                                       &block_then_promote<&block_portable>, false, &no_tile_state, &no_tile_state, nullptr, 0, 0,
+                                       &block_then_promote<&block_portable>, false, &no_tile_state, &no_tile_state, nullptr, nullptr, 0, 0,
                                        &matmul_f32_portable, &scale_store_loop, &gelu_row_loop, &fold_loop,
                                        &widen_then_fold<&expand_portable>, 1, &pack_group_loop, &mark_strip_loop, nullptr, "portable"};
 
@@ -642,6 +642,10 @@ void gemm(GemmJob& job) {
     Scratch<float> ones(unit_sb);
     std::fill(ones.get(), ones.get() + unit_sb, 1.0f);
     const uint16_t* a_rows = in_place ? static_cast<const uint16_t*>(job.a_hp.data) : apk.get();
+    // The small kernel's own layout of packed A, made once for all tasks (GemmKernels::small_pack).
+    const bool small_pack = small && kern.small_pack != nullptr;
+    Scratch<uint16_t> a_small(small_pack ? mp * kl.padded : 0);
+    const bool small_packs = small_pack && kern.small_pack(job.m * terms, apk.get(), lda, kl.padded, a_small.get());
 
     // Tasks: row ranges x panels of strips, row-major, so that a thread's tasks (scheduled
     // statically, in order) keep to the fewest rows. Rows are split into one band per thread where
@@ -685,7 +689,7 @@ void gemm(GemmJob& job) {
     std::optional<PackedB> packed;
     if (b.rows != nullptr && !from_rows) packed.emplace(packed_strips(b, kern));
     const PackedB& bt = packed ? *packed : b;
-    const Task task{job,   bt,   kern,  a_rows, lda, apk.get(), tail_row, sa.get(), unit_sb > 0 ? ones.get() : bt.scales.data(),
+    const Task task{job,   bt,   kern,  small_packs ? a_small.get() : a_rows, small_packs ? kl.padded : lda, apk.get(), tail_row, sa.get(), unit_sb > 0 ? ones.get() : bt.scales.data(),
                     expand_table(b.format), terms, job.m * terms, bias, small, fold};
     parallel_tasks(panels * row_splits, work, [&](int64_t t, int) {
         const int64_t r = t / panels, p = t % panels;

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -70,8 +71,8 @@ namespace {
 // copies out of cache, the median call's GB/s of codes (2026-12-02, Sapphire Rapids): 4096 x
 // 4096 11.7 -> 17.2 (B packed ahead: 29.4), 11008 x 4096 10.6 -> 17.3, 1536 x 1536 7.7 -> 10.8.
 template <OneRowStream P, int R, int S, bool Rows>
-void small_block(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, const float* sa, const Widen& widen,
-                 bool arith, float* acc, int64_t ldacc) {
+void small_block(const uint16_t* a, const PackedB& b, int64_t s, const float* sa, const Widen& widen, bool arith,
+                 float* acc, int64_t ldacc) {
     const KLayout& kl = b.kl;
     const int64_t cpg = kl.chunks_per_group();
     const uint8_t* codes[S];  // the packed strips; Rows: the strips' first rows
@@ -106,9 +107,9 @@ void small_block(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, co
         // ahead (8 KiB of codes) was too close under a loaded memory's latency: block scaling
         // out of cache, M = 1 streamed 10-13% faster with the strip ahead, M = 4 4%, M = 16 2%
         // (settings alternated in one process, Zen 5); with none, M = 16 from Python ran 625-653
-        // GFLOP/s against 662-691. Caution: the 16-row block keeps 16 A row pointers, more than
-        // the free general registers, and which ones the compiler spills moved the same shape
-        // between 447 and 690 with changes elsewhere in this function (the same prefetch through
+        // GFLOP/s against 662-691. Caution: the 16-row block's registers are few - with its 16 A
+        // rows apart (before small_pack_avx512), which row addresses the compiler spilled moved
+        // the same shape between 447 and 690 with changes elsewhere in this function (the same prefetch through
         // a helper in gemm_kernels.hpp: 448-570); check a change here by its speed at M = 16,
         // block scaling included.
         for (int j = 0; j < S && kl.groups > 1 && s + S + j < b.strips; ++j) {
@@ -159,7 +160,7 @@ void small_block(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, co
             uint8_t specials[S];
             for (int j = 0; j < S; ++j) specials[j] = P.arith && arith ? b.specials(s + j, q) : 0xff;
             const auto line_pairs = [&](int l) {
-                const uint16_t* ap = a + q * gemm_chunk + 4 * l;  // K pairs 2l, 2l + 1 of the chunk
+                const uint16_t* ap = a + 2 * R * (q * gemm_chunk / 2 + 2 * l);  // K pairs 2l, 2l + 1 of the chunk
                 const int e0 = (2 * l) % lanes, e1 = (2 * l + 1) % lanes;
                 __m512i w0[S], w1[S];
                 for (int j = 0; j < S; ++j) {
@@ -177,8 +178,8 @@ void small_block(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, co
                 }
                 for (int r = 0; r < R; ++r) {
                     int32_t p0, p1;
-                    std::memcpy(&p0, ap + r * lda, 4);
-                    std::memcpy(&p1, ap + r * lda + 2, 4);
+                    std::memcpy(&p0, ap + 2 * r, 4);
+                    std::memcpy(&p1, ap + 2 * R + 2 * r, 4);
                     const __m512bh a0 = std::bit_cast<__m512bh>(_mm512_set1_epi32(p0));
                     const __m512bh a1 = std::bit_cast<__m512bh>(_mm512_set1_epi32(p1));
                     for (int j = 0; j < S; ++j) {
@@ -221,10 +222,10 @@ void small_block(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, co
 
 // Strips [s, s1) for R rows: blocks of S strips, then of S / 2, ... for the rest.
 template <OneRowStream P, int R, int S, bool Rows = false>
-void small_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, int64_t s1, const float* sa,
-                  const Widen& widen, bool arith, float* acc, int64_t ldacc) {
-    for (; s + S <= s1; s += S, acc += S * gemm_tile) small_block<P, R, S, Rows>(a, lda, b, s, sa, widen, arith, acc, ldacc);
-    if constexpr (S > 1) small_strips<P, R, S / 2, Rows>(a, lda, b, s, s1, sa, widen, arith, acc, ldacc);
+void small_strips(const uint16_t* a, const PackedB& b, int64_t s, int64_t s1, const float* sa, const Widen& widen,
+                  bool arith, float* acc, int64_t ldacc) {
+    for (; s + S <= s1; s += S, acc += S * gemm_tile) small_block<P, R, S, Rows>(a, b, s, sa, widen, arith, acc, ldacc);
+    if constexpr (S > 1) small_strips<P, R, S / 2, Rows>(a, b, s, s1, sa, widen, arith, acc, ldacc);
 }
 
 // Strips per block for R rows (see small_block); a single row streams P.strips at once. One
@@ -235,8 +236,8 @@ void small_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, i
 template <OneRowStream P>
 constexpr int small_strips_for(int rows) { return rows == 1 ? P.strips : rows > 8 ? 1 : 2; }
 
-using SmallRows = void (*)(const uint16_t*, int64_t, const PackedB&, int64_t, int64_t, const float*, const Widen&,
-                           bool, float*, int64_t);
+using SmallRows = void (*)(const uint16_t*, const PackedB&, int64_t, int64_t, const float*, const Widen&, bool, float*,
+                           int64_t);
 template <OneRowStream P, std::size_t... R>
 constexpr std::array<SmallRows, sizeof...(R)> small_rows_table(std::index_sequence<R...>) {
     return {&small_strips<P, int(R) + 1, small_strips_for<P>(int(R) + 1)>...};
@@ -268,8 +269,41 @@ bool scale_rows(const uint16_t* a, int64_t rows, int64_t lda, int64_t k, int uni
     return outside == 0;
 }
 
+// The small kernel's rows in even groups of up to 16 (17 rows: 9 and 8, never a single row, which
+// sums apart): the rows of each but the last.
+int64_t small_group_rows(int64_t rows) {
+    const int64_t groups = (rows + small_rows_max - 1) / small_rows_max;
+    return (rows + groups - 1) / groups;
+}
+
+// Rows [0, n) of A (row stride lda, k elements: a multiple of 32) with their K pairs interleaved,
+// the small kernel's layout: pair p of row r at out + 2 (p n + r), so that every broadcast of a
+// line is one address plus a constant. Row by row, the 16-row block kept its 16 row addresses in
+// general registers, spilled and reloaded in the loop. 16 pairs of the n rows at a time,
+// transposed as dwords (a gather a pair took 4-6% of an M = 1-4 call at 4096 x 4096).
+void interleave_pairs(const uint16_t* a, int n, int64_t lda, int64_t k, uint16_t* out) {
+    const auto live = __mmask16((1u << n) - 1);
+    for (int64_t p = 0; p < k / 2; p += 16) {
+        __m512i r[16];
+        for (int i = 0; i < 16; ++i) r[i] = i < n ? _mm512_loadu_si512(a + i * lda + 2 * p) : _mm512_setzero_si512();
+        transpose_dwords(r);
+        for (int j = 0; j < 16; ++j) _mm512_mask_storeu_epi32(out + 2 * (p + j) * n, live, r[j]);
+    }
+}
+
+// GemmKernels::small_pack: each group of rows (small_group_rows) interleaved by K pair, at its
+// first row's offset r k; a single row is its own interleaving, read where it is.
+bool small_pack_avx512(int64_t rows, const uint16_t* a, int64_t lda, int64_t k, uint16_t* out) {
+    if (rows == 1) return false;
+    const int64_t per = small_group_rows(rows);
+    for (int64_t r = 0; r < rows; r += per) interleave_pairs(a + r * lda, int(std::min(per, rows - r)), lda, k, out + r * k);
+    return true;
+}
+
 }  // namespace
 
+// A's rows as small_pack_avx512 left them (a single row, which the AMX sets pass as it is, is its
+// own interleaving).
 template <OneRowStream P>
 void small_bf16(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,
                 const float* sa, const ExpandTable& t, bool /*fold: never asked (no GemmKernels::fold here)*/, float* acc,
@@ -277,7 +311,7 @@ void small_bf16(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, 
     // B left as its rows: gemm() gives them a single row here (GemmKernels::small_rows_max_m; the
     // AMX sets take more rows on the tiles), its lines widened by the tables.
     if (b.rows != nullptr) {
-        return small_strips<P, 1, small_strips_for<P>(1), true>(a, lda, b, s0, s1, sa, Widen(t), false, acc, ldacc);
+        return small_strips<P, 1, small_strips_for<P>(1), true>(a, b, s0, s1, sa, Widen(t), false, acc, ldacc);
     }
     // With the arithmetic widening, A times 2^arith_unit_log2 and the tables' values (for lines
     // of other codes) divided by it, so that every product is the same.
@@ -292,16 +326,15 @@ void small_bf16(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, 
         }
     }
     const Widen widen(arith ? expand_table(b.format, true) : t);
-    // Rows in even groups of up to 16 (17 rows: 9 and 8, never a single row, which sums apart).
-    // With one group all strips pass in turn; with more, 2 strips at a time, so that the groups
-    // after the first read them from L2 (2 x 16 x K bytes).
-    const int64_t groups = (rows + small_rows_max - 1) / small_rows_max, per = (rows + groups - 1) / groups;
-    const int64_t step = groups == 1 ? s1 - s0 : 2;
+    // Rows in their groups (small_pack_avx512). With one group all strips pass in turn; with more,
+    // 2 strips at a time, so that the groups after the first read them from L2 (2 x 16 x K bytes).
+    const int64_t per = small_group_rows(rows);
+    const int64_t step = per == rows ? s1 - s0 : 2;
     for (int64_t s = s0; s < s1; s += step) {
         const int64_t e = std::min(s1, s + step);
         for (int64_t r = 0; r < rows; r += per) {
-            small_rows<P>[size_t(std::min(per, rows - r) - 1)](a + r * lda, lda, b, s, e, sa + r * b.kl.groups, widen,
-                                                                          arith, acc + r * ldacc + (s - s0) * gemm_tile, ldacc);
+            small_rows<P>[size_t(std::min(per, rows - r) - 1)](a + r * lda, b, s, e, sa + r * b.kl.groups, widen, arith,
+                                                                          acc + r * ldacc + (s - s0) * gemm_tile, ldacc);
         }
     }
 }
@@ -535,7 +568,7 @@ bool vbmi_and_bf16() {
 
 // The layer ops' float32 matmul stays AVX2's (VDPBF16PS would round its float32 inputs to bf16).
 constexpr GemmKernels avx512_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 32, 32, 0, 2, 0, &block_avx512, true,
-                                     &no_tile_state, &no_tile_state, &small_bf16<avx512_one_row>,
+                                     &no_tile_state, &no_tile_state, &small_bf16<avx512_one_row>, &small_pack_avx512,
                                      avx512_small_m_max, 0, &matmul_f32_avx2, &scale_store_avx512, &gelu_row_loop, nullptr, nullptr, 0,
                                      &pack_group_avx512, &mark_strip_avx512, &widen_rows_vbmi, "avx512-bf16"};
 
