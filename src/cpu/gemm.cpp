@@ -97,7 +97,7 @@ void block_portable(int rows, int nj, const uint16_t* a, int64_t lda, const void
 }
 
 constexpr GemmKernels portable_kernels{&expand_portable, &widen_bf16<&expand_portable>, 2, 8, 32, 32, 0, 2, 0,
-                                       &block_then_promote<&block_portable>, false, &no_tile_state, &no_tile_state, nullptr, nullptr, 0, 0,
+                                       &block_then_promote<&block_portable>, false, &no_tile_state, &no_tile_state, nullptr, nullptr, 0, 0, 0, 0,
                                        &matmul_f32_portable, &scale_store_loop, &gelu_row_loop, &fold_loop,
                                        &widen_then_fold<&expand_portable>, 1, &pack_group_loop, &mark_strip_loop, nullptr, "portable"};
 
@@ -612,7 +612,11 @@ void gemm(GemmJob& job) {
     // wrote and read it once more (a 4160 x 2560 A: a quarter of the GEMM). The kernels read whole
     // tiles, so the last block of rows, where it is partial, is packed into tail.
     const int64_t block_rows = kern.block_tiles * gemm_tile;
-    const bool small = kern.small != nullptr && job.m * terms <= kern.small_m_max;
+    const size_t work = size_t(job.m * terms) * size_t(job.n) * size_t(std::max<int64_t>(job.k, 1));
+    const int threads = threads_for(work);
+    const bool large_b = b.rows == nullptr && int64_t(b.code_bytes()) >= kern.large_b_bytes &&
+                         b.strips >= 2 * threads * kern.panel_strips;
+    const bool small = kern.small != nullptr && job.m * terms <= (large_b ? kern.small_m_max_large_b : kern.small_m_max);
     const bool in_place = !small && job.a_hp.data != nullptr && job.a_hp.dtype == DType::bf16 && kl.groups == 1 &&
                           kl.padded == job.k && bf16_rows_pack_as_they_are(job.a_hp, job.m, job.k);
     // Row stride of packed A: a multiple of 64 bytes, but not of 512, so that the 16 rows of a
@@ -654,8 +658,6 @@ void gemm(GemmJob& job) {
     // small-M kernel, which may pick its way of summing by the rows it is given (AMX: one row
     // apart), so that D does not depend on the split.
     const int64_t row_blocks = (mp + block_rows - 1) / block_rows;
-    const size_t work = size_t(job.m * terms) * size_t(job.n) * size_t(std::max<int64_t>(job.k, 1));
-    const int threads = threads_for(work);
     const bool bands = int64_t(b.code_bytes()) <= kern.row_band_max_b;
     const int64_t strip_window = window_chunks(kl, kern, fold) * gemm_chunk_codes * kern.widened_bytes;  // bytes
     const int64_t window_strips = kern.panel_window_bytes / strip_window;

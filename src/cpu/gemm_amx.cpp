@@ -396,14 +396,14 @@ constexpr int64_t amx_panel_window_bytes = int64_t(512) << 10;
 // codes); 2048^3 and 2048 x 1024 x 4096 (4 MiB) 8053 / 10504 against 7641 / 7945.
 constexpr int64_t amx_row_band_max_b = int64_t(1) << 20;
 constexpr GemmKernels amx_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 64, amx_one_window_chunks, amx_panel_window_bytes, 2, amx_row_band_max_b, &block_then_promote<&block_dispatch>, false,
-                                  &amx_begin, &amx_end, &small_amx<false>, nullptr, amx_small_m_max, amx_small_m_max, &matmul_f32_avx2,
+                                  &amx_begin, &amx_end, &small_amx<false>, nullptr, amx_small_m_max, amx_small_m_max, 0, amx_small_m_max, &matmul_f32_avx2,
                                   &scale_store_loop, &gelu_row_loop, &fold_amx, &widen_fold_amx, 1, &pack_group_avx512, &mark_strip_avx512, &widen_rows_vbmi, "amx"};
 // With AVX512-BF16: its bf16 conversion in the epilogue (scale_store_avx512), and M = 1 on
 // src/cpu/gemm_avx512.cpp's small kernel, two strips at once (small_strips_for), which does not
 // fold (so folding starts at M = 2); 2 <= M <= 128 streams through the tiles (small_amx).
 constexpr GemmKernels amx_bf16_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 64, amx_one_window_chunks, amx_panel_window_bytes, 2, amx_row_band_max_b,
                                        &block_then_promote<&block_dispatch>, false, &amx_begin, &amx_end, &small_amx<true>, nullptr,
-                                       amx_small_m_max, amx_small_m_max, &matmul_f32_avx2, &scale_store_avx512, &gelu_row_loop, &fold_amx, &widen_fold_amx, 2,
+                                       amx_small_m_max, amx_small_m_max, 0, amx_small_m_max, &matmul_f32_avx2, &scale_store_avx512, &gelu_row_loop, &fold_amx, &widen_fold_amx, 2,
                                        &pack_group_avx512, &mark_strip_avx512, &widen_rows_vbmi, "amx"};
 
 }  // namespace

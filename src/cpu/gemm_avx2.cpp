@@ -201,7 +201,7 @@ void expand_avx2(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t
 // (4096 x 4096, the best of alternating runs) the tiles ran ahead at M = 32 (136 GFLOP/s against
 // the small kernel's 116; 48: 144 against 139) and behind it up to 24 (M = 24: 136 against 148).
 constexpr GemmKernels avx2_kernels{&expand_avx2, &widen_b_avx2, 4, 16, 4, 4, 0, 3, 0, &block_then_promote<&block_avx2>, false, &begin_avx2,
-                                    &no_tile_state, &small_avx2, nullptr, 24, 0, &matmul_f32_avx2, &scale_store_loop, &gelu_row_loop, nullptr, nullptr, 0, &pack_group_loop, &mark_strip_loop, nullptr, "avx2"};
+                                    &no_tile_state, &small_avx2, nullptr, 24, 24, 0, 0, &matmul_f32_avx2, &scale_store_loop, &gelu_row_loop, nullptr, nullptr, 0, &pack_group_loop, &mark_strip_loop, nullptr, "avx2"};
 static_assert(avx2_kernels.block_tiles <= max_block_tiles, "block_then_promote's part holds max_block_tiles row tiles");
 
 }  // namespace

@@ -436,7 +436,16 @@ namespace {
 // 799); at M = 40 814 against 738, at 48 860 against 884, at 64 860 against 915 (M = 33..40
 // would gain by it, rare shapes). Out of cache at M = 16 790-810 against the tiles' 501-506: the
 // codes streamed once instead of widened into a window that 16 rows share.
-constexpr int64_t avx512_small_m_max = 32;
+// With A interleaved (small_pack_avx512) it also passes the tiles on a large B packed ahead, up
+// to M = 256 (each 16 rows then widen B's lines again, where the tiles widen a window once for
+// all rows). GFLOP/s, tiles / small kernel, 2 threads, weights rotating out of cache, Zen 5: x
+// 4096 x 4096 M = 96 820-836 / 870-908, 128 888-893 / 977-1004, 192 884 / 916-917, 256 898-901 /
+// 907-928; 128 x 2048 x 4096 (8 MiB) 858-881 / 876-900; 256 x 11008 x 4096 888-898 / 940. Below
+// 8 MiB the tiles keep M > 32: 256 x 1024 x 1024 816-836 / 757-772, 256 x 2048 x 2048 866-872 /
+// 849-853, 128 x 1024 x 1024 774-854 / 757-890. A B left as its rows (a QTensor) would be packed
+// first: there the tiles, which widen its rows directly, are faster from M = 48 (128 x 4096 x
+// 4096: 862-874 / 806-812).
+constexpr int64_t avx512_small_m_max = 32, avx512_small_m_max_large_b = 256, avx512_large_b_bytes = int64_t(8) << 20;
 
 // ---- tiles: an R x 16 NJ block of C in zmm accumulators, over K pairs of a bf16 window ----
 // The window's strip t is at b + t * b_strip; its K pair P is one 64-byte row, lane c holding
@@ -569,7 +578,7 @@ bool vbmi_and_bf16() {
 // The layer ops' float32 matmul stays AVX2's (VDPBF16PS would round its float32 inputs to bf16).
 constexpr GemmKernels avx512_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 32, 32, 0, 2, 0, &block_avx512, true,
                                      &no_tile_state, &no_tile_state, &small_bf16<avx512_one_row>, &small_pack_avx512,
-                                     avx512_small_m_max, 0, &matmul_f32_avx2, &scale_store_avx512, &gelu_row_loop, nullptr, nullptr, 0,
+                                     avx512_small_m_max, avx512_small_m_max_large_b, avx512_large_b_bytes, 0, &matmul_f32_avx2, &scale_store_avx512, &gelu_row_loop, nullptr, nullptr, 0,
                                      &pack_group_avx512, &mark_strip_avx512, &widen_rows_vbmi, "avx512-bf16"};
 
 }  // namespace

@@ -235,8 +235,9 @@ struct GemmKernels {
     bool (*small_pack)(int64_t rows, const uint16_t* a, int64_t lda, int64_t k, uint16_t* out);
     // The largest M the small kernel takes (chosen by all of packed A's rows - two a row for a
     // weight-only f32 / f16 A - never by a task's rows, so which kernel rounds D does not depend
-    // on the thread split).
-    int64_t small_m_max;
+    // on the thread split); up to small_m_max_large_b where B was packed ahead (not left as its
+    // rows) with at least large_b_bytes of codes, and its strips leave every thread two panels.
+    int64_t small_m_max, small_m_max_large_b, large_b_bytes;
     // The most M (packed rows of A) for which the small kernel reads a B left as its rows
     // (PackedB::rows); 0: never, gemm() packs B first.
     int64_t small_rows_max_m;

@@ -1383,6 +1383,42 @@ TEST(GemmOps, SmallMKernelsSumAsTheTiles) {
 // nothing else; in row j of B, column j. Every scaling, every backend and ISA, f32 and bf16
 // output, M on the tiles and on the small-M kernel (which decodes B's strips with and without a
 // NaN code differently).
+
+// The avx512-bf16 small-M kernel also takes 32 < M <= 256 on a B packed ahead with at least 8 MiB
+// of codes and two panels of strips a thread (src/cpu/gemm_avx512.cpp, avx512_small_m_max_large_b;
+// here 2 threads, B 1024 x 8300: 8.5 MiB, 64 strips): its first M rows of D are the tiles' (M =
+// 272) bit for bit, for one K group and for 128-wide ones, at M = 33 (groups of 17 and 16 rows),
+// 100 and 256 (16 groups of 16).
+TEST(GemmOps, SmallMKernelOnALargePackedBSumsAsTheTiles) {
+    const int64_t big = 272, n = 1024, k = 8300;
+    bool ran = false;
+    const int threads = num_threads();
+    set_num_threads(2);
+    const std::vector<float> xv = gaussian(big, k, 950);
+    on_backend(Backend::cpu, [&] {
+        for_each_isa([&](Isa) {
+            if (std::string(gemm_kernels_name()) != "avx512-bf16") return;
+            ran = true;
+            for (const GranCase& g : gran_cases()) {
+                if (g.name != "row" && g.name != "block") continue;
+                SCOPED_TRACE(g.name);
+                const QuantizeOptions oa = qopts(g.a, Format::e4m3fn, g.power_of_two);
+                const PackedWeight w(quantize(as_tensor(gaussian(n, k, 951), n, k, DType::f32), qopts(g.b, Format::e4m3fn, false)));
+                const std::vector<double> tiles = values(gemm(quantize(as_tensor(xv, big, k, DType::f32), oa), w));
+                for (const int64_t m : {int64_t(33), int64_t(100), int64_t(256)}) {
+                    const std::vector<float> x(xv.begin(), xv.begin() + m * k);
+                    const std::vector<double> small = values(gemm(quantize(as_tensor(x, m, k, DType::f32), oa), w));
+                    int64_t differ = 0;
+                    for (int64_t i = 0; i < m * n; ++i) differ += bits(float(small[size_t(i)])) != bits(float(tiles[size_t(i)]));
+                    EXPECT_EQ(differ, 0) << "M = " << m << ": elements of D not equal to the tiles' bit for bit";
+                }
+            }
+        });
+        return 0;
+    });
+    set_num_threads(threads);
+    if (!ran) GTEST_SKIP() << "needs the avx512-bf16 GEMM kernels (AVX512-BF16 and VBMI without AMX): this CPU or build has none";
+}
 TEST(GemmNaN, NanCodePoisonsOnlyItsRowOrColumn) {
     const int64_t n = 45, k = 300, nj = 9;
     const struct {
