@@ -237,6 +237,9 @@ struct GemmKernels {
     // weight-only f32 / f16 A - never by a task's rows, so which kernel rounds D does not depend
     // on the thread split); up to small_m_max_large_b where B was packed ahead (not left as its
     // rows) with at least large_b_bytes of codes, and its strips leave every thread two panels.
+    // That choice depends on the thread count: a set takes small_m_max_large_b past small_m_max
+    // only where its small kernel sums as its tiles do (the avx512-bf16 set; tests/ops/test_gemm.cpp
+    // checks D bit for bit).
     int64_t small_m_max, small_m_max_large_b, large_b_bytes;
     // The most M (packed rows of A) for which the small kernel reads a B left as its rows
     // (PackedB::rows); 0: never, gemm() packs B first.
