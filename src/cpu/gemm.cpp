@@ -316,8 +316,8 @@ struct Task {
     const uint16_t* tail;
     int64_t tail_row;
     const float* sa;
-    // B's column scales for the epilogue: group 0's with one group; 1s with several (the
-    // promotion scaled the sums) and when folded.
+    // B's column scales for the epilogue: with one group, PackedB::scales (then strip after strip,
+    // column order); 1s with several (the promotion scaled the sums) and when folded.
     const float* sb;
     const ExpandTable& table;
     int64_t terms;     // packed rows per row of A (a_terms)
@@ -469,9 +469,8 @@ void run_tiles(const Task& t, int64_t r0, int64_t rows, int64_t s0, int64_t s1, 
                         t.kern.block(block_m, nj, a, t.lda, b, b_strip, wc, c, ldacc, w0 > 0, nullptr);
                         continue;
                     }
-                    const Promotion promotion{t.sa + (r0 + i) * kl.groups + g, kl.groups,
-                                              t.b.scales.data() + g * t.b.strips * gemm_tile + (s0 + s) * gemm_tile, g == 0,
-                                              step / cpg, t.b.strips * gemm_tile};
+                    const Promotion promotion{t.sa + (r0 + i) * kl.groups + g, kl.groups, t.b.sb(s0 + s, g), t.b.sb_strip(),
+                                              g == 0, step / cpg};
                     t.kern.block(block_m, nj, a + q * gemm_chunk, t.lda, b, b_strip, step, c, ldacc, false, &promotion);
                 }
             }
@@ -553,15 +552,15 @@ std::shared_ptr<const void> pack_weight(const ExecContext&, const GemmOperand& b
                                                b.format, {}, {}, {}, {}, false});
     PackedB& pb = *p;
     const KLayout& kl = pb.kl;
-    pb.scales.assign(size_t(kl.groups * pb.strips * gemm_tile), 0.0f);
-    for (int64_t g = 0; g < kl.groups; ++g) {
-        for (int64_t j = 0; j < b.rows; ++j) pb.scales[size_t(g * pb.strips * gemm_tile + j)] = b.scale(j, g * kl.group);
-    }
+    pb.scales.assign(size_t(pb.strips * kl.groups * gemm_tile), 0.0f);
     pb.scales_fold = true;  // over B's columns (padding columns' scales are 0)
-    for (int64_t g = 0; g < kl.groups; ++g) {
-        const float* s = pb.scales.data() + g * pb.strips * gemm_tile;
-        int e = 0;
-        pb.scales_fold = pb.scales_fold && std::all_of(s, s + b.rows, [&](float x) { return fold_log2(x, e); });
+    for (int64_t j = 0; j < b.rows; ++j) {
+        for (int64_t g = 0; g < kl.groups; ++g) {
+            float& sb = pb.sb(j / gemm_tile, g)[j % gemm_tile];
+            sb = b.scale(j, g * kl.group);
+            int e = 0;
+            pb.scales_fold = pb.scales_fold && fold_log2(sb, e);
+        }
     }
     const int64_t chunks = kl.padded / gemm_chunk;
     const size_t flags = size_t(pb.strips) + size_t(pb.strips * chunks);

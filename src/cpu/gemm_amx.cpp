@@ -256,20 +256,18 @@ void stream_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, 
     alignas(64) uint16_t wide[2][NJ][stream_slice_chunks][gemm_chunk_codes];
     alignas(64) float part[amx_small_m_max][2 * gemm_tile];  // a group's sums, row by row
     const bool summed = kl.groups == 1 || fold;  // one sum over K: into acc, unpromoted
-    // Folded, every group's scales of the strips are read before its first chunk is widened; they
-    // are group-major, strips * 64 bytes apart, past what the hardware prefetchers follow, so with B
-    // streamed from memory each group would wait for its line: all of them are asked for at once.
+    // Folded, every group's scales of the strips are read before its first chunk is widened: with B
+    // streamed from memory each group would wait for its line, so all of them (a strip's lie
+    // together, PackedB::sb) are asked for at once.
     const int64_t g_end = (q_end + cpg - 1) / cpg;
     for (int64_t g = q_begin / cpg; fold && g < g_end; ++g) {
-        for (int j = 0; j < NJ; ++j) {
-            _mm_prefetch(reinterpret_cast<const char*>(b.scales.data() + g * b.strips * gemm_tile + (s + j) * gemm_tile), _MM_HINT_T0);
-        }
+        for (int j = 0; j < NJ; ++j) _mm_prefetch(reinterpret_cast<const char*>(b.sb(s + j, g)), _MM_HINT_T0);
     }
     int64_t slices = 0;
     for (int64_t g = q_begin / cpg; g < g_end; ++g) {
         __m512i add[NJ], arith_add[NJ];
         for (int j = 0; fold && j < NJ; ++j) {
-            add[j] = fold_add_lanes(b.scales.data() + g * b.strips * gemm_tile + (s + j) * gemm_tile);
+            add[j] = fold_add_lanes(b.sb(s + j, g));
             arith_add[j] = widen.arith_fold_add(add[j]);
         }
         const int64_t g_last = std::min((g + 1) * cpg, q_end);
@@ -321,7 +319,7 @@ void stream_strips(const uint16_t* a, int64_t lda, const PackedB& b, int64_t s, 
                 }
                 if (!summed && last) {
                     promote_loop(c, std::min<int64_t>(2 * gemm_tile, rows - r0), NJ * gemm_tile, sa + r0 * kl.groups + g,
-                                 kl.groups, b.scales.data() + g * b.strips * gemm_tile + s * gemm_tile, acc + r0 * ldacc,
+                                 kl.groups, b.sb(s, g), b.sb_strip(), acc + r0 * ldacc,
                                  ldacc, g == 0);
                 }
             }

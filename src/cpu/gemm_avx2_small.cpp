@@ -69,8 +69,8 @@ void small_strip(const float* af, int64_t ldaf, const PackedB& b, int64_t s, con
                 }
             }
         }
-        const __m256 sb0 = _mm256_loadu_ps(b.scales.data() + g * b.strips * gemm_tile + s * gemm_tile);
-        const __m256 sb1 = _mm256_loadu_ps(b.scales.data() + g * b.strips * gemm_tile + s * gemm_tile + 8);
+        const __m256 sb0 = _mm256_loadu_ps(b.sb(s, g));
+        const __m256 sb1 = _mm256_loadu_ps(b.sb(s, g) + 8);
         for (int r = 0; r < R; ++r) {
             // Per column: element 0's sum plus element 1's (C = 4; NUMERICS.md), or the K-order sum.
             __m256 part[2];

@@ -101,9 +101,10 @@ void small_block(const uint16_t* a, const PackedB& b, int64_t s, const float* sa
         return strip == nullptr ? nullptr : reinterpret_cast<const char*>(strip + at * gemm_chunk_codes);
     };
     for (int64_t g = 0; g < kl.groups; ++g) {
-        // This group's scales of the next block of strips, a strip's whole sweep of K ahead: the
-        // group-major table puts a strip's line of each group 16 x strips floats apart, where no
-        // hardware prefetcher looks, and a miss at a group's end stalls the stream. Four groups
+        // This group's scales of the next block of strips, a strip's whole sweep of K ahead: a miss
+        // at a group's end stalls the stream, and a strip's scale lines (PackedB::sb), one per group
+        // among its codes' 32 and more, are too few for the hardware prefetchers to follow (block
+        // scaling at 1 x 4096 x 4096 out of cache without it: 85-89 GFLOP/s against 95-100). Four groups
         // ahead (8 KiB of codes) was too close under a loaded memory's latency: block scaling
         // out of cache, M = 1 streamed 10-13% faster with the strip ahead, M = 4 4%, M = 16 2%
         // (settings alternated in one process, Zen 5); with none, M = 16 from Python ran 625-653
@@ -113,8 +114,7 @@ void small_block(const uint16_t* a, const PackedB& b, int64_t s, const float* sa
         // a helper in gemm_kernels.hpp: 448-570); check a change here by its speed at M = 16,
         // block scaling included.
         for (int j = 0; j < S && kl.groups > 1 && s + S + j < b.strips; ++j) {
-            _mm_prefetch(reinterpret_cast<const char*>(b.scales.data() + g * b.strips * gemm_tile + (s + S + j) * gemm_tile),
-                         _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(b.sb(s + S + j, g)), _MM_HINT_T0);
         }
         __m512 sum[R][S][lanes];
         for (int r = 0; r < R; ++r) {
@@ -202,7 +202,7 @@ void small_block(const uint16_t* a, const PackedB& b, int64_t s, const float* sa
         }
         // One group: the raw sums (scaled in the epilogue). Groups: promoted into acc as each ends.
         for (int j = 0; j < S; ++j) {
-            const __m512 sb = _mm512_loadu_ps(b.scales.data() + g * b.strips * gemm_tile + (s + j) * gemm_tile);
+            const __m512 sb = _mm512_loadu_ps(b.sb(s + j, g));
             for (int r = 0; r < R; ++r) {
                 float* out = acc + r * ldacc + j * gemm_tile;
                 const __m512 part = lanes == 4 ? _mm512_add_ps(_mm512_add_ps(sum[r][j][0], sum[r][j][1]),
@@ -499,7 +499,7 @@ void micro(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t b_strip, i
         const Promotion pg = promotion->part(g, 1);
         __m512 sb[NJ];
         FP8KIT_UNROLL(2)
-        for (int j = 0; j < NJ; ++j) sb[j] = _mm512_loadu_ps(pg.sb + j * gemm_tile);
+        for (int j = 0; j < NJ; ++j) sb[j] = _mm512_loadu_ps(pg.sb + j * pg.sb_strip);
         FP8KIT_UNROLL(16)
         for (int r = 0; r < R; ++r) {
             const __m512 sa = _mm512_set1_ps(pg.sa[r * pg.sa_stride]);

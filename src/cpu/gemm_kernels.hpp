@@ -75,7 +75,12 @@ struct PackedB {
     // uninitialised until pack_weight writes every byte (padding included), in parallel: zeroing
     // 16 MiB on one thread took a fifth of a 4096 x 4096 pack.
     std::shared_ptr<std::byte> codes;
-    std::vector<float> scales;   // [kl.groups][strips * 16]: sb(j, g), group-major
+    // [strips][kl.groups][16]: strip s's 16 column scales of K group g at sb(s, g). Strip-major, so
+    // that a strip's scales lie in K order next to each other, as the small-M kernels stream a strip
+    // over K. Group-major, each group's line of a strip was strips x 64 bytes from the next, past
+    // what the hardware prefetchers follow: block scaling at 1 x 4096 x 4096, 2 threads, weights
+    // out of cache, 91-94 -> 94-98 GFLOP/s (Zen 5, the two builds alternated; tensorwise 98-104).
+    std::vector<float> scales;
     // [strips]: 1 where a code of the strip is NaN or Inf (finite_code). Weights rarely hold one,
     // and the small-M kernels skip the fix-up of their in-register decode on strips that have none.
     std::vector<uint8_t> strip_nonfinite;
@@ -95,6 +100,9 @@ struct PackedB {
     int64_t ld = 0;
     const uint8_t& specials(int64_t s, int64_t chunk) const { return chunk_specials[size_t(s * (kl.padded / gemm_chunk) + chunk)]; }
     const uint8_t* strip(int64_t s) const { return reinterpret_cast<const uint8_t*>(codes.get()) + s * kl.padded * gemm_tile; }
+    const float* sb(int64_t s, int64_t g) const { return scales.data() + (s * kl.groups + g) * gemm_tile; }
+    float* sb(int64_t s, int64_t g) { return scales.data() + (s * kl.groups + g) * gemm_tile; }
+    int64_t sb_strip() const { return kl.groups * gemm_tile; }  // floats from a strip's sb to the next's
     size_t code_bytes() const { return size_t(strips * kl.padded * gemm_tile); }
 };
 
@@ -153,18 +161,18 @@ struct ExpandTable {
 const ExpandTable& expand_table(Format f, bool arith = false);  // arith: unit_log2 = arith_unit_log2(f)
 
 // The scales of `groups` consecutive K groups, for their partial sums' promotion into the
-// accumulator (DeepGEMM's): group i's row r, column col gets sa[r * sa_stride + i] *
-// sb[i * sb_group + col]; first: group 0 is K's first (multiplied in, where the others are fused
-// in by an FMA).
+// accumulator (DeepGEMM's): group i's row r, column 16 t + c (strip t, c < 16) gets
+// sa[r * sa_stride + i] * sb[t * sb_strip + 16 i + c] (PackedB::sb's layout); first: group 0 is
+// K's first (multiplied in, where the others are fused in by an FMA).
 struct Promotion {
     const float* sa;
     int64_t sa_stride;
     const float* sb;
+    int64_t sb_strip;
     bool first;
     int64_t groups = 1;
-    int64_t sb_group = 0;  // floats from one group's sb to the next's
     // Groups [i, i + n) of these.
-    Promotion part(int64_t i, int64_t n) const { return {sa + i, sa_stride, sb + i * sb_group, first && i == 0, n, sb_group}; }
+    Promotion part(int64_t i, int64_t n) const { return {sa + i, sa_stride, sb + i * gemm_tile, sb_strip, first && i == 0, n}; }
 };
 
 // The computing kernels. A is packed as bf16 rows [Mp][lda] in the K layout above; B pieces are
@@ -300,21 +308,27 @@ void matmul_f32_avx2(float* c, const float* a, bool ta, const float* b, bool tb,
 namespace {  // compiled into each kernel TU with that TU's ISA flags (internal linkage, no ODR mixing)
 
 // A K group's partial sums promoted, as a loop the compiler vectorizes: acc[r * ldacc + col] =
-// part[r * 32 + col] * (sa[r * sa_stride] * sb[col]) for the first group, then acc = fma(partial, sa * sb, acc) - DeepGEMM's order, the multiply-add rounded once.
+// part[r * 32 + col] * (sa[r * sa_stride] * sb_col) for the first group, then acc = fma(partial,
+// sa * sb_col, acc) - DeepGEMM's order, the multiply-add rounded once - where column 16 t + c's
+// scale sb_col is sb[t * sb_strip + c] (Promotion's layout).
 // Fused explicitly: written `acc += partial * (sa * sb)`, GCC made it an FMA at -O3 and a multiply
 // and an add at -O1 (the asan preset), so D depended on the optimisation level (the small-M
 // kernels' bit-equality test with the tiles caught it). std::fma is one instruction in the kernel
 // TUs (built with FMA), a libm call in the portable one.
 inline void promote_loop(const float* part, int64_t rows, int64_t cols, const float* sa, int64_t sa_stride,
-                         const float* sb, float* acc, int64_t ldacc, bool first) {
+                         const float* sb, int64_t sb_strip, float* acc, int64_t ldacc, bool first) {
     for (int64_t r = 0; r < rows; ++r) {
         const float s = sa[r * sa_stride];
-        float* out = acc + r * ldacc;
-        const float* p = part + r * 2 * gemm_tile;
-        if (first) {
-            for (int64_t c = 0; c < cols; ++c) out[c] = p[c] * (s * sb[c]);
-        } else {
-            for (int64_t c = 0; c < cols; ++c) out[c] = std::fma(p[c], s * sb[c], out[c]);
+        for (int64_t c0 = 0; c0 < cols; c0 += gemm_tile) {
+            float* out = acc + r * ldacc + c0;
+            const float* p = part + r * 2 * gemm_tile + c0;
+            const float* sbt = sb + c0 / gemm_tile * sb_strip;
+            const int64_t n = std::min(gemm_tile, cols - c0);
+            if (first) {
+                for (int64_t c = 0; c < n; ++c) out[c] = p[c] * (s * sbt[c]);
+            } else {
+                for (int64_t c = 0; c < n; ++c) out[c] = std::fma(p[c], s * sbt[c], out[c]);
+            }
         }
     }
 }
@@ -360,7 +374,7 @@ inline void b_fold_add(const PackedB& b, int64_t s, int64_t g, int16_t* add) {
     for (int64_t c = 0; c < gemm_tile; ++c) {
         const int64_t j = s * gemm_tile + c;
         int e = 0;
-        if (j >= b.n || !fold_log2(b.scales[size_t(g * b.strips * gemm_tile + j)], e)) e = 0;
+        if (j >= b.n || !fold_log2(b.sb(s, g)[c], e)) e = 0;
         add[2 * c] = add[2 * c + 1] = int16_t(e * 128);
     }
 }
@@ -407,7 +421,7 @@ void block_then_promote(int rows, int nj, const uint16_t* a, int64_t lda, const 
     if (promotion == nullptr) return Block(rows, nj, a, lda, b, b_strip, chunks, c, ldc, accumulate);
     alignas(64) float part[max_block_tiles * 2 * gemm_tile * gemm_tile];
     Block(rows, nj, a, lda, b, b_strip, chunks, part, 2 * gemm_tile, false);
-    promote_loop(part, rows, nj * gemm_tile, promotion->sa, promotion->sa_stride, promotion->sb, c, ldc,
+    promote_loop(part, rows, nj * gemm_tile, promotion->sa, promotion->sa_stride, promotion->sb, promotion->sb_strip, c, ldc,
                  promotion->first);
 }
 
