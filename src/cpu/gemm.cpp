@@ -417,10 +417,17 @@ void run_tiles(const Task& t, int64_t r0, int64_t rows, int64_t s0, int64_t s1, 
         const int64_t wc = std::min(wchunks, total_chunks - w0);
         for (int64_t s = 0; s < ns; ++s) {
             auto* w = bexp.get() + s * b_strip * eb;
-            if (t.b.rows != nullptr) {  // B left as its rows (gemm() says when)
+            if (t.b.rows != nullptr) {  // B left as its rows (gemm() says when); folded, then each group's chunks
                 const int64_t j0 = (s0 + s) * gemm_tile;
                 t.kern.widen_rows(t.b.rows + j0 * t.b.ld, t.b.ld, std::min(gemm_tile, t.b.n - j0), w0 * gemm_chunk, wc, kl.k,
                                   t.table, w);
+                for (int64_t q = 0; t.fold && q < wc;) {
+                    const int64_t g = (w0 + q) / cpg, q1 = std::min(wc, (g + 1) * cpg - w0);
+                    int16_t add[2 * gemm_tile];
+                    b_fold_add(t.b, s0 + s, g, add);
+                    t.kern.fold(reinterpret_cast<uint16_t*>(w) + q * gemm_chunk_codes, (q1 - q) * gemm_chunk_codes, add);
+                    q = q1;
+                }
                 continue;
             }
             const uint8_t* codes = t.b.strip(s0 + s) + w0 * gemm_chunk_codes;
@@ -678,14 +685,14 @@ void gemm(GemmJob& job) {
     }
     const float* bias = convert_bias ? bias32.get() : static_cast<const float*>(job.bias);
     // B left as its rows (PackedB::rows): run_tiles widens its windows straight from them where the
-    // set can (K groups of whole chunks, not folded), and so does the small kernel up to
-    // small_rows_max_m rows, with no pass of their own over B and no copy; the other small-M
-    // kernels and folding read packed strips, packed here first. A QTensor B, 2 threads, the two
-    // ways switched in one process (2026-12-02, Sapphire Rapids), ms: 512 x 2048 x 2048 1.93-2.01
-    // packed first, 1.83-1.84 from the rows; 2048 x 4096 x 4096 28.8-29.3 and 27.8-28.4; 2048 x
-    // 2048 x 512 (two row bands, each widening all of B) 1.79-1.91 and 1.83.
-    const bool from_rows = b.rows != nullptr && !fold && kern.widen_rows != nullptr &&
-                           (!small || job.m * terms <= kern.small_rows_max_m) &&
+    // set can (K groups of whole chunks; folded, it then folds them), and so does the small kernel
+    // up to small_rows_max_m rows, unfolded, with no pass of their own over B and no copy; the other
+    // small-M kernels, and theirs folded, read packed strips, packed here first. A QTensor B, 2
+    // threads, the two ways switched in one process (2026-12-02, Sapphire Rapids), ms: 512 x 2048
+    // x 2048 1.93-2.01 packed first, 1.83-1.84 from the rows; 2048 x 4096 x 4096 28.8-29.3 and
+    // 27.8-28.4; 2048 x 2048 x 512 (two row bands, each widening all of B) 1.79-1.91 and 1.83.
+    const bool from_rows = b.rows != nullptr && kern.widen_rows != nullptr &&
+                           (!small || (!fold && job.m * terms <= kern.small_rows_max_m)) &&
                            (kl.groups == 1 || kl.group % gemm_chunk == 0);
     std::optional<PackedB> packed;
     if (b.rows != nullptr && !from_rows) packed.emplace(packed_strips(b, kern));

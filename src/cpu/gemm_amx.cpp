@@ -110,53 +110,6 @@ void block_dispatch(int rows, int nj, const uint16_t* a, int64_t lda, const void
     block_amx<1, 1>(a, lda, b, b_strip, chunks, c, ldc, accumulate);
 }
 
-// ---- folding (gemm.cpp, "Folding"): fold_loop on 32 bf16 lanes ----
-
-// w + add where a lane is nonzero and finite: magnitude - 1 below 0x7f7f (0 wraps to 0xffff).
-inline __m512i fold_lanes(__m512i w, __m512i add) {
-    const __m512i mag = _mm512_and_si512(w, _mm512_set1_epi16(0x7fff));
-    const __mmask32 finite_nonzero = _mm512_cmplt_epu16_mask(_mm512_sub_epi16(mag, _mm512_set1_epi16(1)),
-                                                             _mm512_set1_epi16(0x7f7f));
-    return _mm512_mask_add_epi16(w, finite_nonzero, w, add);
-}
-
-// b_fold_add in vectors, from the strip's 16 column scales in the group (folding powers of two, or 0
-// past n: addend 0): each dword lane c is column c's exponent in a bf16's exponent field, twice.
-inline __m512i fold_add_lanes(const float* sb) {
-    const __m512i bits = _mm512_loadu_si512(sb);
-    const __m512i e = _mm512_slli_epi32(_mm512_sub_epi32(_mm512_srli_epi32(bits, 23), _mm512_set1_epi32(127)), 7);
-    const __m512i lo = _mm512_and_si512(e, _mm512_set1_epi32(0xffff));
-    return _mm512_maskz_or_epi32(_mm512_test_epi32_mask(bits, bits), lo, _mm512_slli_epi32(lo, 16));
-}
-
-void fold_amx(uint16_t* x, int64_t n, const int16_t* add) {
-    const __m512i a = _mm512_loadu_si512(add);
-    for (int64_t i = 0; i < n; i += 2 * gemm_tile) _mm512_storeu_si512(x + i, fold_lanes(_mm512_loadu_si512(x + i), a));
-}
-
-// One 64-code line of B widened and folded: by shifts with the fold in the exponent add where the
-// line is all normals (PackedB::chunk_specials' bit clear), else by the tables and fold_lanes.
-inline void widen_fold_line(const Widen& widen, const uint8_t* codes, bool special, bool nan, __m512i add,
-                            __m512i arith_add, __m512i& w0, __m512i& w1) {
-    if (!special) return widen.arith_fold(codes, arith_add, w0, w1);
-    widen(codes, w0, w1, nan);
-    w0 = fold_lanes(w0, add);
-    w1 = fold_lanes(w1, add);
-}
-
-void widen_fold_amx(const uint8_t* codes, int64_t n, const ExpandTable& t, bool nan, const int16_t* add,
-                    const uint8_t* specials, uint16_t* out) {
-    const Widen widen(t);
-    const __m512i a = _mm512_loadu_si512(add), arith = widen.arith_fold_add(a);
-    for (int64_t line = 0; line < n / 64; ++line) {
-        __m512i w0, w1;
-        widen_fold_line(widen, codes + 64 * line, (specials[line / 8] >> (line % 8)) & 1, nan && widen.neg_zero_is_nan,
-                        a, arith, w0, w1);
-        _mm512_storeu_si512(out + 64 * line, w0);
-        _mm512_storeu_si512(out + 64 * line + 32, w1);
-    }
-}
-
 // GemmKernels::small of the AMX sets: a single row on the AVX512-BF16 small-M kernel where the CPU
 // has it (two VDPBF16PS per 64 codes, src/cpu/gemm_avx512.cpp), else strip pairs through
 // stream_strips. 2 threads, e4m3 rowwise A cast in the call, 4 x 4096 x 4096 weights in turn (L3),
@@ -395,13 +348,13 @@ constexpr int64_t amx_panel_window_bytes = int64_t(512) << 10;
 constexpr int64_t amx_row_band_max_b = int64_t(1) << 20;
 constexpr GemmKernels amx_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 64, amx_one_window_chunks, amx_panel_window_bytes, 2, amx_row_band_max_b, &block_then_promote<&block_dispatch>, false,
                                   &amx_begin, &amx_end, &small_amx<false>, nullptr, amx_small_m_max, amx_small_m_max, 0, amx_small_m_max, &matmul_f32_avx2,
-                                  &scale_store_loop, &gelu_row_loop, &fold_amx, &widen_fold_amx, 1, &pack_group_avx512, &mark_strip_avx512, &widen_rows_vbmi, "amx"};
+                                  &scale_store_loop, &gelu_row_loop, &fold_vbmi, &widen_fold_vbmi, 1, &pack_group_avx512, &mark_strip_avx512, &widen_rows_vbmi, "amx"};
 // With AVX512-BF16: its bf16 conversion in the epilogue (scale_store_avx512), and M = 1 on
 // src/cpu/gemm_avx512.cpp's small kernel, two strips at once (small_strips_for), which does not
 // fold (so folding starts at M = 2); 2 <= M <= 128 streams through the tiles (small_amx).
 constexpr GemmKernels amx_bf16_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 64, amx_one_window_chunks, amx_panel_window_bytes, 2, amx_row_band_max_b,
                                        &block_then_promote<&block_dispatch>, false, &amx_begin, &amx_end, &small_amx<true>, nullptr,
-                                       amx_small_m_max, amx_small_m_max, 0, amx_small_m_max, &matmul_f32_avx2, &scale_store_avx512, &gelu_row_loop, &fold_amx, &widen_fold_amx, 2,
+                                       amx_small_m_max, amx_small_m_max, 0, amx_small_m_max, &matmul_f32_avx2, &scale_store_avx512, &gelu_row_loop, &fold_vbmi, &widen_fold_vbmi, 2,
                                        &pack_group_avx512, &mark_strip_avx512, &widen_rows_vbmi, "amx"};
 
 }  // namespace

@@ -306,7 +306,7 @@ bool small_pack_avx512(int64_t rows, const uint16_t* a, int64_t lda, int64_t k, 
 // own interleaving).
 template <OneRowStream P>
 void small_bf16(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,
-                const float* sa, const ExpandTable& t, bool /*fold: never asked (no GemmKernels::fold here)*/, float* acc,
+                const float* sa, const ExpandTable& t, bool /*fold: never asked (each set that runs this folds only past its M)*/, float* acc,
                 int64_t ldacc) {
     // B left as its rows: gemm() gives them a single row here (GemmKernels::small_rows_max_m; the
     // AMX sets take more rows on the tiles), its lines widened by the tables.
@@ -353,6 +353,26 @@ void pack_group_avx512(const uint8_t* row0, int64_t ld, int64_t cols, int64_t le
     }
     for (; e + 3 < len; e += 4, dst += 4 * gemm_tile) _mm512_storeu_si512(dst, lines.line(row0 + e));
     pack_group_loop(row0 + e, ld, cols, len - e, dst);
+}
+
+// GemmKernels::fold: fold_loop's adds on 32 bf16 lanes.
+void fold_vbmi(uint16_t* x, int64_t n, const int16_t* add) {
+    const __m512i a = _mm512_loadu_si512(add);
+    for (int64_t i = 0; i < n; i += 2 * gemm_tile) _mm512_storeu_si512(x + i, fold_lanes(_mm512_loadu_si512(x + i), a));
+}
+
+// GemmKernels::widen_fold: widen_fold_line over the lines.
+void widen_fold_vbmi(const uint8_t* codes, int64_t n, const ExpandTable& t, bool nan, const int16_t* add,
+                     const uint8_t* specials, uint16_t* out) {
+    const Widen widen(t);
+    const __m512i a = _mm512_loadu_si512(add), arith = widen.arith_fold_add(a);
+    for (int64_t line = 0; line < n / 64; ++line) {
+        __m512i w0, w1;
+        widen_fold_line(widen, codes + 64 * line, (specials[line / 8] >> (line % 8)) & 1, nan && widen.neg_zero_is_nan,
+                        a, arith, w0, w1);
+        _mm512_storeu_si512(out + 64 * line, w0);
+        _mm512_storeu_si512(out + 64 * line + 32, w1);
+    }
 }
 
 // GemmKernels::widen_rows on VBMI (widen_vbmi.hpp's widen_rows, with the tables of t).
@@ -446,6 +466,12 @@ namespace {
 // first: there the tiles, which widen its rows directly, are faster from M = 48 (128 x 4096 x
 // 4096: 862-874 / 806-812).
 constexpr int64_t avx512_small_m_max = 32, avx512_small_m_max_large_b = 256, avx512_large_b_bytes = int64_t(8) << 20;
+// Folding (gemm.cpp) on the tiles alone: the small-M kernel promotes each group, and a given M
+// takes one or the other by the thread count, where D must not depend on it. 2048^3, 2 threads,
+// Zen 5, GFLOP/s before / after: mx32 748-765 / 819-852 on a PackedWeight, 603-758 / 736-839 on a
+// QTensor B (its rows widened, then folded); block scaling with power-of-two scales 755-764 /
+// 810-826 (tensorwise 898-915).
+constexpr int64_t avx512_fold_min_m = avx512_small_m_max_large_b + 1;
 
 // ---- tiles: an R x 16 NJ block of C in zmm accumulators, over K pairs of a bf16 window ----
 // The window's strip t is at b + t * b_strip; its K pair P is one 64-byte row, lane c holding
@@ -578,7 +604,7 @@ bool vbmi_and_bf16() {
 // The layer ops' float32 matmul stays AVX2's (VDPBF16PS would round its float32 inputs to bf16).
 constexpr GemmKernels avx512_kernels{&expand_vbmi, &widen_bf16<&expand_vbmi>, 2, 8, 32, 32, 0, 2, 0, &block_avx512, true,
                                      &no_tile_state, &no_tile_state, &small_bf16<avx512_one_row>, &small_pack_avx512,
-                                     avx512_small_m_max, avx512_small_m_max_large_b, avx512_large_b_bytes, 0, &matmul_f32_avx2, &scale_store_avx512, &gelu_row_loop, nullptr, nullptr, 0,
+                                     avx512_small_m_max, avx512_small_m_max_large_b, avx512_large_b_bytes, 0, &matmul_f32_avx2, &scale_store_avx512, &gelu_row_loop, &fold_vbmi, &widen_fold_vbmi, avx512_fold_min_m,
                                      &pack_group_avx512, &mark_strip_avx512, &widen_rows_vbmi, "avx512-bf16"};
 
 }  // namespace

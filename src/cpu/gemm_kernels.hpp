@@ -522,6 +522,9 @@ void pack_group_avx512(const uint8_t* row0, int64_t ld, int64_t cols, int64_t le
 bool mark_strip_avx512(const uint8_t* strip, int64_t lines, Format f, uint8_t* specials);
 void widen_rows_vbmi(const uint8_t* row0, int64_t ld, int64_t cols, int64_t e0, int64_t chunks, int64_t k,
                      const ExpandTable& t, void* out);
+void fold_vbmi(uint16_t* x, int64_t n, const int16_t* add);
+void widen_fold_vbmi(const uint8_t* codes, int64_t n, const ExpandTable& t, bool nan, const int16_t* add,
+                     const uint8_t* specials, uint16_t* out);
 void scale_store_avx512(float* v, float alpha, float sa, const float* sb, const float* bias, bool gelu, void* out,
                         bool bf16_out, int64_t cols);
 // How the small-M kernel streams B for a single row (M = 1): strips at once, and how many chunks

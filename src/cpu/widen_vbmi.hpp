@@ -141,6 +141,35 @@ private:
     }();
 };
 
+// ---- folding (gemm.cpp, "Folding") on 32 bf16 lanes ----
+
+// w + add where a lane is nonzero and finite: magnitude - 1 below 0x7f7f (0 wraps to 0xffff).
+inline __m512i fold_lanes(__m512i w, __m512i add) {
+    const __m512i mag = _mm512_and_si512(w, _mm512_set1_epi16(0x7fff));
+    const __mmask32 finite_nonzero = _mm512_cmplt_epu16_mask(_mm512_sub_epi16(mag, _mm512_set1_epi16(1)),
+                                                             _mm512_set1_epi16(0x7f7f));
+    return _mm512_mask_add_epi16(w, finite_nonzero, w, add);
+}
+
+// b_fold_add in vectors, from the strip's 16 column scales in the group (folding powers of two, or 0
+// past n: addend 0): each dword lane c is column c's exponent in a bf16's exponent field, twice.
+inline __m512i fold_add_lanes(const float* sb) {
+    const __m512i bits = _mm512_loadu_si512(sb);
+    const __m512i e = _mm512_slli_epi32(_mm512_sub_epi32(_mm512_srli_epi32(bits, 23), _mm512_set1_epi32(127)), 7);
+    const __m512i lo = _mm512_and_si512(e, _mm512_set1_epi32(0xffff));
+    return _mm512_maskz_or_epi32(_mm512_test_epi32_mask(bits, bits), lo, _mm512_slli_epi32(lo, 16));
+}
+
+// One 64-code line of B widened and folded: by shifts with the fold in the exponent add where the
+// line is all normals (PackedB::chunk_specials' bit clear), else by the tables and fold_lanes.
+inline void widen_fold_line(const Widen& widen, const uint8_t* codes, bool special, bool nan, __m512i add,
+                            __m512i arith_add, __m512i& w0, __m512i& w1) {
+    if (!special) return widen.arith_fold(codes, arith_add, w0, w1);
+    widen(codes, w0, w1, nan);
+    w0 = fold_lanes(w0, add);
+    w1 = fold_lanes(w1, add);
+}
+
 // Lines of a packed strip made from B's 16 rows (ld apart, ld <= INT32_MAX / 16): one gather
 // takes the next 4 elements (two K pairs) of each row as a dword, and a word permute puts the
 // first pair of every row before the second - the strip's 64-byte line for those 4 elements.

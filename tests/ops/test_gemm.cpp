@@ -1068,16 +1068,18 @@ TEST(GemmPackedWeight, ReuseEqualsAFreshPack) {
 }
 
 // A QTensor B is taken for its one call: on the cpu backend its windows are widened straight from
-// B's codes (the tiles; on AMX every small M too: one row on VDPBF16PS, M = 1; the tiles with one
-// A tile held over K, M = 5, and blocks of 32 rows over slices of K, M = 20 and 100), else B is
-// packed inside the call (the AVX512-BF16 set's small-M kernel, folding). Either way D is bit for bit what B packed ahead into a
-// PackedWeight gives: shapes with a partial last strip, K not a multiple of 32 and K over two
-// windows, row, block and mx32 (folded) scaling, NaN codes of each format kind in B (e4m3fnuz's
-// is 0x80, which the widening fixes up): the last strip's last code, and row 1's first - the code
+// B's codes (the tiles, folded or not; on AMX every small M too: one row on VDPBF16PS, M = 1; the
+// tiles with one A tile held over K, M = 5, and blocks of 32 rows over slices of K, M = 20 and
+// 100), else B is packed inside the call (the AVX512-BF16 set's small-M kernel; the small-M
+// kernels folding). Either way D is bit for bit what B packed ahead into a PackedWeight gives:
+// shapes with a partial last strip, K not a multiple of 32 and K over two windows, row, block and
+// mx32 scaling (power-of-two scales fold where M reaches the set's fold_min_m: 2 on AMX, 257 on
+// the avx512-bf16 set, M = 300 and 264 here), NaN codes of each format kind in B (e4m3fnuz's is
+// 0x80, which the widening fixes up): the last strip's last code, and row 1's first - the code
 // right after row 0's last, which K's padding must not read.
 TEST(GemmPackedWeight, AQTensorBForOneCallEqualsItsPackedWeight) {
-    const Mnk shapes[] = {{150, 70, 300}, {136, 40, 3100}, {200, 48, 512}, {20, 70, 300},
-                          {5, 70, 300},   {100, 40, 3100}, {1, 40, 3100}};
+    const Mnk shapes[] = {{150, 70, 300}, {136, 40, 3100}, {200, 48, 512}, {20, 70, 300}, {5, 70, 300},
+                          {100, 40, 3100}, {1, 40, 3100},  {300, 70, 300}, {264, 40, 3100}};
     uint32_t seed = 900;
     for (const Mnk s : shapes) {
         for (const GranCase& g : gran_cases()) {
