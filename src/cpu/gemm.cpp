@@ -653,9 +653,9 @@ void gemm(GemmJob& job) {
     std::fill(ones.get(), ones.get() + unit_sb, 1.0f);
     const uint16_t* a_rows = in_place ? static_cast<const uint16_t*>(job.a_hp.data) : apk.get();
     // The small kernel's own layout of packed A, made once for all tasks (GemmKernels::small_pack).
-    const bool small_pack = small && kern.small_pack != nullptr;
-    Scratch<uint16_t> a_small(small_pack ? mp * kl.padded : 0);
-    const bool small_packs = small_pack && kern.small_pack(job.m * terms, apk.get(), lda, kl.padded, a_small.get());
+    const bool small_packs = small && kern.small_pack != nullptr && job.m * terms >= 2;
+    Scratch<uint16_t> a_small(small_packs ? mp * kl.padded : 0);
+    if (small_packs) kern.small_pack(job.m * terms, apk.get(), lda, kl.padded, a_small.get());
 
     // Tasks: row ranges x panels of strips, row-major, so that a thread's tasks (scheduled
     // statically, in order) keep to the fewest rows. Rows are split into one band per thread where

@@ -292,12 +292,10 @@ void interleave_pairs(const uint16_t* a, int n, int64_t lda, int64_t k, uint16_t
 }
 
 // GemmKernels::small_pack: each group of rows (small_group_rows) interleaved by K pair, at its
-// first row's offset r k; a single row is its own interleaving, read where it is.
-bool small_pack_avx512(int64_t rows, const uint16_t* a, int64_t lda, int64_t k, uint16_t* out) {
-    if (rows == 1) return false;
+// first row's offset r k.
+void small_pack_avx512(int64_t rows, const uint16_t* a, int64_t lda, int64_t k, uint16_t* out) {
     const int64_t per = small_group_rows(rows);
     for (int64_t r = 0; r < rows; r += per) interleave_pairs(a + r * lda, int(std::min(per, rows - r)), lda, k, out + r * k);
-    return true;
 }
 
 }  // namespace

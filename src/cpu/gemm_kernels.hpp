@@ -238,9 +238,10 @@ struct GemmKernels {
     void (*small)(int64_t rows, const uint16_t* a, int64_t lda, const PackedB& b, int64_t s0, int64_t s1,
                   const float* sa, const ExpandTable& t, bool fold, float* acc, int64_t ldacc);
     // Packed A's rows [0, rows) (row stride lda, k elements) into out (rows x k elements) in the
-    // layout `small` reads, then with row stride k, once a call before its tasks; false where
-    // `small` reads these rows as they are (out unwritten). Null: it always does.
-    bool (*small_pack)(int64_t rows, const uint16_t* a, int64_t lda, int64_t k, uint16_t* out);
+    // layout `small` reads, then with row stride k, once a call before its tasks, where rows >= 2:
+    // a single row is read as it is (for every layout, its own interleaving). Null: `small` reads
+    // packed A's rows as they are.
+    void (*small_pack)(int64_t rows, const uint16_t* a, int64_t lda, int64_t k, uint16_t* out);
     // The largest M the small kernel takes (chosen by all of packed A's rows - two a row for a
     // weight-only f32 / f16 A - never by a task's rows, so which kernel rounds D does not depend
     // on the thread split); up to small_m_max_large_b where B was packed ahead (not left as its
