@@ -1,9 +1,11 @@
 // src/cpu/widen_vbmi.hpp: FP8 codes to bf16 in AVX-512 registers, 64 at a time (VBMI byte tables),
-// for the kernels built with AVX-512 VBMI flags: src/cpu/gemm_avx512.cpp (its small-M kernel and
-// the tile windows) and src/cpu/gemm_amx.cpp (its streaming kernel). Include it only from such a
-// file: it is compiled with that file's ISA flags (internal linkage, so no definition is shared
-// between files built with different flags). Checked by tests/ops/test_gemm.cpp
-// (EveryCodeOfBDecodesExactly on every kernel that widens).
+// and power-of-two scales folded into them, for the kernels built with AVX-512 VBMI flags:
+// src/cpu/gemm_avx512.cpp (its small-M kernel and the tile windows) and src/cpu/gemm_amx.cpp (its
+// streaming kernel). Include it only from such a file: it is compiled with that file's ISA flags
+// (internal linkage, so no definition is shared between files built with different flags).
+// Checked by tests/ops/test_gemm.cpp (EveryCodeOfBDecodesExactly on every kernel that widens; the
+// folding by the grid's mx32 and block_pow2 cases against float64, and
+// AQTensorBForOneCallEqualsItsPackedWeight).
 #pragma once
 
 #include <immintrin.h>

@@ -586,6 +586,19 @@ TEST(GemmOps, WideBlockGroupsWithinTheFloat64Bound) {
     run_grid({"block_512_pow2", Scaling::block(1, 512), Scaling::block(512, 512), true}, {Mnk{100, 40, 8300}}, check_gemm);
 }
 
+// Power-of-two scales folded where M is past the small-M kernels (the avx512-bf16 tiles fold from
+// M = 257, gemm_avx512.cpp's avx512_fold_min_m): mx32 and block_pow2 over K = 600 (a cut last
+// group), B a QTensor: its rows widened, then folded in the window (a PackedWeight B is held to
+// it bit for bit by AQTensorBForOneCallEqualsItsPackedWeight).
+TEST(GemmOps, FoldedOnTheTilesWithinTheFloat64Bound) {
+    for (const GranCase& g : gran_cases()) {
+        if (g.name == "mx32" || g.name == "block_pow2") {
+            SCOPED_TRACE(g.name);
+            run_grid(g, {Mnk{300, 70, 600}}, check_gemm);
+        }
+    }
+}
+
 // K past one window of B on the cpu tiles (AMX: 3072 is one window, src/cpu/gemm_amx.cpp; the
 // avx512-bf16 tiles: 1024; AVX2: 128) with M past the small-M kernels, so that each task keeps all
 // its rows' sums between windows and finishes them after the last: tensorwise, block (each group
