@@ -401,6 +401,7 @@ void run_tiles(const Task& t, int64_t r0, int64_t rows, int64_t s0, int64_t s1, 
     const int64_t b_strip = wchunks * gemm_chunk_codes;  // elements of the window per strip
     const int64_t eb = t.kern.widened_bytes;
     Scratch<std::byte> bexp(ns * b_strip * eb);
+    Scratch<int16_t> fold_adds(t.fold && t.b.rows != nullptr ? wchunks * 2 * gemm_tile : 0);  // widen_rows' addends
     const int64_t total_chunks = kl.padded / gemm_chunk;
     const bool one_window = cpu::one_window(kl, t.kern, t.fold);
 
@@ -417,17 +418,18 @@ void run_tiles(const Task& t, int64_t r0, int64_t rows, int64_t s0, int64_t s1, 
         const int64_t wc = std::min(wchunks, total_chunks - w0);
         for (int64_t s = 0; s < ns; ++s) {
             auto* w = bexp.get() + s * b_strip * eb;
-            if (t.b.rows != nullptr) {  // B left as its rows (gemm() says when); folded, then each group's chunks
+            if (t.b.rows != nullptr) {  // B left as its rows (gemm() says when); folded, each chunk by its group's addends
                 const int64_t j0 = (s0 + s) * gemm_tile;
-                t.kern.widen_rows(t.b.rows + j0 * t.b.ld, t.b.ld, std::min(gemm_tile, t.b.n - j0), w0 * gemm_chunk, wc, kl.k,
-                                  t.table, w);
-                for (int64_t q = 0; t.fold && q < wc;) {
-                    const int64_t g = (w0 + q) / cpg, q1 = std::min(wc, (g + 1) * cpg - w0);
-                    int16_t add[2 * gemm_tile];
-                    b_fold_add(t.b, s0 + s, g, add);
-                    t.kern.fold(reinterpret_cast<uint16_t*>(w) + q * gemm_chunk_codes, (q1 - q) * gemm_chunk_codes, add);
-                    q = q1;
+                for (int64_t q = 0; t.fold && q < wc; ++q) {
+                    int16_t* add = fold_adds.get() + q * 2 * gemm_tile;
+                    if (q == 0 || (w0 + q) % cpg == 0) {
+                        b_fold_add(t.b, s0 + s, (w0 + q) / cpg, add);
+                    } else {
+                        std::copy_n(add - 2 * gemm_tile, 2 * gemm_tile, add);
+                    }
                 }
+                t.kern.widen_rows(t.b.rows + j0 * t.b.ld, t.b.ld, std::min(gemm_tile, t.b.n - j0), w0 * gemm_chunk, wc, kl.k,
+                                  t.table, t.fold ? fold_adds.get() : nullptr, w);
                 continue;
             }
             const uint8_t* codes = t.b.strip(s0 + s) + w0 * gemm_chunk_codes;

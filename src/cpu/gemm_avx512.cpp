@@ -375,8 +375,8 @@ void widen_fold_vbmi(const uint8_t* codes, int64_t n, const ExpandTable& t, bool
 
 // GemmKernels::widen_rows on VBMI (widen_vbmi.hpp's widen_rows, with the tables of t).
 void widen_rows_vbmi(const uint8_t* row0, int64_t ld, int64_t cols, int64_t e0, int64_t chunks, int64_t k,
-                     const ExpandTable& t, void* out) {
-    widen_rows(Widen(t), row0, ld, cols, e0, chunks, k, static_cast<uint16_t*>(out));
+                     const ExpandTable& t, const int16_t* fold, void* out) {
+    widen_rows(Widen(t), row0, ld, cols, e0, chunks, k, static_cast<uint16_t*>(out), fold);
 }
 
 // GemmKernels::mark_strip on AVX-512BW: mark_strip_loop's tests as byte compares, a line at a

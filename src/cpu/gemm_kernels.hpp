@@ -293,9 +293,11 @@ struct GemmKernels {
     // widen_b of B's rows as packed, for a window of B left where it is (PackedB::rows): rows
     // row0 + c * ld (c < cols <= 16), elements [e0, e0 + 32 chunks) of each - those at or past k
     // are padding, +0 - into `chunks` tiles at out, what widen_b writes from the same chunks of
-    // the packed strip. Null where the set's window is not bf16 tiles (gemm() then packs B).
+    // the packed strip; with `fold` ([chunks][32] addends, b_fold_add's for each chunk's group),
+    // what widen_fold writes, in the same pass. Null where the set's window is not bf16 tiles
+    // (gemm() then packs B).
     void (*widen_rows)(const uint8_t* row0, int64_t ld, int64_t cols, int64_t e0, int64_t chunks, int64_t k,
-                       const ExpandTable& t, void* out);
+                       const ExpandTable& t, const int16_t* fold, void* out);
     const char* name;  // what gemm_kernels_name() reports: amx, avx512-bf16, avx2, portable
 };
 
@@ -522,7 +524,7 @@ void expand_vbmi(const uint8_t* codes, int64_t n, const ExpandTable& t, uint16_t
 void pack_group_avx512(const uint8_t* row0, int64_t ld, int64_t cols, int64_t len, uint8_t* dst);
 bool mark_strip_avx512(const uint8_t* strip, int64_t lines, Format f, uint8_t* specials);
 void widen_rows_vbmi(const uint8_t* row0, int64_t ld, int64_t cols, int64_t e0, int64_t chunks, int64_t k,
-                     const ExpandTable& t, void* out);
+                     const ExpandTable& t, const int16_t* fold, void* out);
 void fold_vbmi(uint16_t* x, int64_t n, const int16_t* add);
 void widen_fold_vbmi(const uint8_t* codes, int64_t n, const ExpandTable& t, bool nan, const int16_t* add,
                      const uint8_t* specials, uint16_t* out);

@@ -237,34 +237,38 @@ inline void strip_lines16(const uint8_t* at, int64_t ld, const StripLines& lines
 }
 
 // GemmKernels::widen_rows with a Widen the caller holds: `chunks` chunks of a strip of B's rows
-// from K element e0, each line of the packed strip made in a register, then widened: a whole
-// strip two chunks at a time (strip_lines16), else a chunk at a time, its lines by StripLines
-// gathers or read from the chunk packed with its padding.
+// from K element e0, each line of the packed strip made in a register, then widened - and folded
+// where `fold` holds each chunk's 32 addends (b_fold_add's, [chunks][32]; null: not folded): a
+// whole strip two chunks at a time (strip_lines16), else a chunk at a time, its lines by
+// StripLines gathers or read from the chunk packed with its padding.
 inline void widen_rows(const Widen& widen, const uint8_t* row0, int64_t ld, int64_t cols, int64_t e0, int64_t chunks,
-                       int64_t k, uint16_t* out) {
+                       int64_t k, uint16_t* out, const int16_t* fold = nullptr) {
     const StripLines lines(ld);
+    // Line l of chunk q (l < 8), widened from its codes v, to out (q's tile), folded with q's addends.
+    const auto store = [&](__m512i v, int64_t q, int64_t l, uint16_t* tile) {
+        __m512i w0, w1;
+        widen(v, w0, w1, widen.neg_zero_is_nan);
+        if (fold != nullptr) {
+            const __m512i add = _mm512_loadu_si512(fold + q * 2 * gemm_tile);
+            w0 = fold_lanes(w0, add);
+            w1 = fold_lanes(w1, add);
+        }
+        _mm512_storeu_si512(tile + 64 * l, w0);
+        _mm512_storeu_si512(tile + 64 * l + 32, w1);
+    };
     int64_t q = 0;
     if (cols == gemm_tile) {
         for (; q + 2 <= chunks && e0 + (q + 2) * gemm_chunk <= k; q += 2, out += 2 * gemm_chunk_codes) {
             __m512i r[16];
             strip_lines16(row0 + e0 + q * gemm_chunk, ld, lines, r);
-            for (int l = 0; l < 16; ++l) {
-                __m512i w0, w1;
-                widen(r[l], w0, w1, widen.neg_zero_is_nan);
-                _mm512_storeu_si512(out + 64 * l, w0);
-                _mm512_storeu_si512(out + 64 * l + 32, w1);
-            }
+            for (int l = 0; l < 16; ++l) store(r[l], q + l / 8, l % 8, out + l / 8 * gemm_chunk_codes);
         }
     }
     for (; q < chunks; ++q, out += gemm_chunk_codes) {
         alignas(64) uint8_t chunk[gemm_chunk_codes];
         const bool gathers = chunk_gathers(row0, ld, cols, e0 + q * gemm_chunk, k, chunk);
         for (int64_t l = 0; l < gemm_chunk_codes / 64; ++l) {
-            __m512i w0, w1;
-            widen(gathers ? lines.line(row0 + e0 + q * gemm_chunk + 4 * l) : _mm512_load_si512(chunk + 64 * l), w0, w1,
-                  widen.neg_zero_is_nan);
-            _mm512_storeu_si512(out + 64 * l, w0);
-            _mm512_storeu_si512(out + 64 * l + 32, w1);
+            store(gathers ? lines.line(row0 + e0 + q * gemm_chunk + 4 * l) : _mm512_load_si512(chunk + 64 * l), q, l, out);
         }
     }
 }
