@@ -32,6 +32,21 @@ struct Avx2 {
         m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0xb1));
         return uint32_t(_mm_cvtsi128_si32(m));
     }
+    // Lane g = hmax(r[g]): the 8 registers' maxima as one, halving the lanes that each holds a
+    // partial max of (8 registers of 8, 4 of 2 x 4, 2 of 4 x 2, 1 of 8 x 1).
+    static I hmax_lanes(const I* r) {
+        I s[4], t[2];
+        for (int i = 0; i < 4; ++i) {  // s[i]: 128-bit half h = r[2i + h]'s partial
+            s[i] = max_u(_mm256_permute2x128_si256(r[2 * i], r[2 * i + 1], 0x20), _mm256_permute2x128_si256(r[2 * i], r[2 * i + 1], 0x31));
+        }
+        for (int j = 0; j < 2; ++j) {  // t[j]: half h = [r[4j + h] x 2, r[4j + 2 + h] x 2]
+            t[j] = max_u(_mm256_unpacklo_epi64(s[2 * j], s[2 * j + 1]), _mm256_unpackhi_epi64(s[2 * j], s[2 * j + 1]));
+        }
+        // half h = [r[h], r[2 + h], r[4 + h], r[6 + h]], then in order
+        const F a = as_f(t[0]), b = as_f(t[1]);
+        const I m = max_u(as_i(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0))), as_i(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1))));
+        return _mm256_permutevar8x32_epi32(m, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    }
     static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
     static F cvt_f(I a) { return _mm256_cvtepi32_ps(a); }
     static I round_i(F a) {

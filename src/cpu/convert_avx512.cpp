@@ -27,6 +27,26 @@ struct Avx512 {
     static I min_u(I a, I b) { return _mm512_min_epu32(a, b); }
     static I max_u(I a, I b) { return _mm512_max_epu32(a, b); }
     static uint32_t hmax(I a) { return _mm512_reduce_max_epu32(a); }
+    // Lane g = hmax(r[g]): the 16 registers' maxima as one, halving the lanes that each holds a
+    // partial max of (16 registers of 16, 8 of 2 x 8, 4 of 4 x 4, 2 of 8 x 2, 1 of 16 x 1).
+    static I hmax_lanes(const I* r) {
+        I s[8], u[4], v[2];
+        for (int i = 0; i < 8; ++i) {  // s[i]: 256-bit half h = r[2i + h]'s partial
+            const I a = r[2 * i], b = r[2 * i + 1];
+            s[i] = max_u(_mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+        }
+        for (int j = 0; j < 4; ++j) {  // u[j]: quarter k = r[4j + k]'s partial
+            const I a = s[2 * j], b = s[2 * j + 1];
+            u[j] = max_u(_mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+        }
+        for (int j = 0; j < 2; ++j) {  // v[j]: quarter k = [r[8j + k] x 2, r[8j + 4 + k] x 2]
+            v[j] = max_u(_mm512_unpacklo_epi64(u[2 * j], u[2 * j + 1]), _mm512_unpackhi_epi64(u[2 * j], u[2 * j + 1]));
+        }
+        // quarter k = [r[k], r[4 + k], r[8 + k], r[12 + k]], then in order
+        const F a = as_f(v[0]), b = as_f(v[1]);
+        const I m = max_u(as_i(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0))), as_i(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1))));
+        return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), m);
+    }
     static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
     static F cvt_f(I a) { return _mm512_cvtepi32_ps(a); }
     static I round_i(F a) {

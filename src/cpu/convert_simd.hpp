@@ -371,11 +371,30 @@ struct Kernels {
             }
             return;
         }
-        for_each_group(n, group, offset, [&](size_t begin, size_t len, size_t g) {
+        size_t i = 0, g0 = 0;
+        if (group % W == 0 && group <= 4 * W && offset % group == 0) {
+            // Short groups (mx32, 1x16 and 1x32 blocks): up to W whole groups at a time, their
+            // maxima reduced together (V::hmax_lanes), where one horizontal max a group cost as
+            // much as reading its 1-4 registers.
+            for (size_t count; (count = min_size(W, (n - i) / group)) > 0; i += count * group, g0 += count) {
+                typename V::I r[W];
+                for (size_t q = 0; q < W; ++q) {
+                    r[q] = V::set1(0u);
+                    const In* p = in + i + q * group;
+                    if (q >= count) continue;
+                    if (q * group % block<V> == 0) prefetch_block<V>(p);
+                    for (size_t v = 0; v < group; v += W) r[q] = V::max_u(r[q], abs_bits<V>(V::load(p + v)));
+                }
+                alignas(64) uint32_t m[W];
+                V::store_i(m, V::hmax_lanes(r));
+                for (size_t q = 0; q < count; ++q) acc[g0 + q] = m[q] > acc[g0 + q] ? m[q] : acc[g0 + q];
+            }
+        }
+        for_each_group(n - i, group, offset, [&](size_t begin, size_t len, size_t g) {
             auto r = V::set1(0u);
-            amax_run<V>(in + begin, len, r);
+            amax_run<V>(in + i + begin, len, r);
             const uint32_t m = V::hmax(r);
-            if (m > acc[g]) acc[g] = m;
+            if (m > acc[g0 + g]) acc[g0 + g] = m;
         });
     }
 

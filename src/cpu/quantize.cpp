@@ -13,8 +13,10 @@
 //  - column, and blocks taller than the matrix: 2 - like tensor, a group spans every row.
 //  - cast_transpose: 1 for the cast itself, which writes both copies from one read of each 64x256
 //    tile (read again from L1 where the transposed copy has multipliers of its own), after the
-//    amax pass the scales need (none with a given scale): 1, also where each direction has its own
-//    groups (row, column, 1xN blocks, mx32), whose maxima that pass finds together. Where the
+//    amax pass the scales need: 1, also where each direction has its own groups (row, column, 1xN
+//    blocks), whose maxima that pass finds together. None with a given scale, and none where every
+//    group of both copies lies in one tile (mx32, 1x16 and 1x32 blocks): each tile finds its own
+//    amaxes and scales from the cache before it casts. Where the
 //    transposed copy's groups are those of the row-major copy (tensor; square blocks), its codes
 //    are the row-major codes transposed, not encoded again.
 #include <algorithm>
@@ -130,17 +132,19 @@ void group_amax_bits(const MatrixRef& x, std::initializer_list<GroupShape> shape
     }
 }
 
-// The scales of every group from their amax bits: stored scale_inv (float or e8m0) and the float
-// multipliers the encode kernels use. Returns the max over all groups.
-uint32_t make_scales(const uint32_t* acc, size_t n, const ScaleRule& rule, void* scale_inv, float* mult) {
+// The scales of every group from their amax bits: stored scale_inv (float or e8m0; consecutive
+// groups `stride` entries apart, so that a transposed copy's scales are written where they lie)
+// and the float multipliers the encode kernels use. Returns the max over all groups.
+uint32_t make_scales(const uint32_t* acc, size_t n, const ScaleRule& rule, void* scale_inv, float* mult,
+                     size_t stride = 1) {
     uint32_t total = 0;
     for (size_t k = 0; k < n; ++k) {
         const GroupScale s = group_scale(amax_value(acc[k]), rule);
         mult[k] = s.scale;
         if (rule.mx) {
-            static_cast<uint8_t*>(scale_inv)[k] = s.e8m0;
+            static_cast<uint8_t*>(scale_inv)[k * stride] = s.e8m0;
         } else {
-            static_cast<float*>(scale_inv)[k] = s.scale_inv;
+            static_cast<float*>(scale_inv)[k * stride] = s.scale_inv;
         }
         total = std::max(total, acc[k]);
     }
@@ -149,6 +153,22 @@ uint32_t make_scales(const uint32_t* acc, size_t n, const ScaleRule& rule, void*
 uint32_t make_scales(const std::vector<uint32_t>& acc, const ScaleRule& rule, void* scale_inv, std::vector<float>& mult) {
     mult.resize(acc.size());
     return make_scales(acc.data(), acc.size(), rule, scale_inv, mult.data());
+}
+
+// Entry k of a scale array (e8m0 codes or floats).
+void* scale_entry(void* scale_inv, const ScaleRule& rule, int64_t k) {
+    return rule.mx ? static_cast<void*>(static_cast<uint8_t*>(scale_inv) + k) : static_cast<void*>(static_cast<float*>(scale_inv) + k);
+}
+
+// The scales of a transposed copy from the amax bits of its groups as they lie on x, acc [ra, ca]
+// (x's group (a, b) is the transposed copy's (b, a)): scale_inv_t with rows ld_t entries apart
+// (entry (b, a) at b * ld_t + a), and mult [ra, ca] in acc's order, the order in which the cast
+// walks x's rows.
+void make_scales_t(const uint32_t* acc, int64_t ra, int64_t ca, const ScaleRule& rule, void* scale_inv_t,
+                   int64_t ld_t, float* mult) {
+    for (int64_t a = 0; a < ra; ++a) {
+        make_scales(acc + a * ca, size_t(ca), rule, scale_entry(scale_inv_t, rule, a), mult + a * ca, size_t(ld_t));
+    }
 }
 
 // Encodes every row with the multipliers of its groups (mult [ceil(rows/g.rows), ceil(cols/g.cols)]),
@@ -204,8 +224,7 @@ uint32_t quantize_tiles(const detail::QuantizeJob& job) {
         float* m = mult.get() + slot * groups_per_tile;
         std::fill(a, a + nc, 0u);
         for (int64_t i = i0; i < i1; ++i) amax_kernel(row<T>(x, i) + j0, size_t(width), size_t(g.cols), 0, a);
-        void* scale_inv = job.rule.mx ? static_cast<void*>(static_cast<uint8_t*>(job.scale_inv) + b * gc + c0)
-                                      : static_cast<void*>(static_cast<float*>(job.scale_inv) + b * gc + c0);
+        void* scale_inv = scale_entry(job.scale_inv, job.rule, b * gc + c0);
         total[size_t(slot)] = std::max(total[size_t(slot)], make_scales(a, size_t(nc), job.rule, scale_inv, m));
         for (int64_t i = i0; i < i1; ++i) {
             encode_kernel(row<T>(x, i) + j0, job.data + i * x.cols + j0, size_t(width), size_t(g.cols), 0, m, nullptr);
@@ -214,35 +233,84 @@ uint32_t quantize_tiles(const detail::QuantizeJob& job) {
     return total.max();
 }
 
+// The multipliers of one copy's groups as they lie on x (shape g): the group of x's element (i, j)
+// at at[(i / g.rows - row0) * ld + j / g.cols - col0] - the whole array, or a tile's own part.
+struct MultView {
+    const float* at;
+    int64_t ld, row0, col0;
+    // Row i's multipliers from column j0's group on.
+    const float* row(int64_t i, int64_t j0, GroupShape g) const { return at + (i / g.rows - row0) * ld + j0 / g.cols - col0; }
+};
+
+// Whether every group of both copies of a cast_transpose lies within one cast tile, and the two
+// differ (mx32 and 1x32 blocks: 1x32 groups along x's rows and 32x1 groups for x^T's), so that
+// each tile can find its own scales from what it has in cache.
+bool tile_local(GroupShape g, GroupShape gx) {
+    const auto fits = [](GroupShape s) { return int64_t(cast_tile_rows) % s.rows == 0 && int64_t(cast_tile_cols) % s.cols == 0; };
+    return !(g == gx) && fits(g) && fits(gx);
+}
+
 // Both copies in one pass over tiles of cast_tile_rows x cast_tile_cols, each element cast as
-// encode(float32(x * multiplier)) in each. A tile's rows are cast by the bulk encode kernel into
-// a stage in L1 and copied out (store_codes). The transposed copy: where each element's multiplier
-// is the same in both copies (tensor scaling, square blocks: the transposed copy's groups are the
-// copy's, transposed), that stage transposed; else the tile's rows cast again into a second stage,
-// each element by its multiplier in the transposed copy (the encode kernel's groups of one
-// element, as column scaling's), and that stage transposed. (Written straight into the outputs,
-// a tile's rows, often a multiple of 4 KiB apart, share a few L1 sets.) With each 16x16 block of
-// floats transposed in registers and both copies encoded there with 16-byte stores, f32 [2048,
-// 2048] took (2 threads, Zen 5) 0.59-0.60 ms with tensor scaling (0.41-0.43 by the stages) and
-// 0.95-0.99 with row scaling (0.80-0.85).
+// encode(float32(x * multiplier)) in each, with the multipliers of each copy's groups as they lie
+// on x (mult: x's groups g, mult_x: the transposed copy's, gx). A tile's rows are cast by the bulk
+// encode kernel into a stage in L1 and copied out (store_codes). The transposed copy: where each
+// element's multiplier is the same in both copies (tensor scaling, square blocks: the transposed
+// copy's groups are the copy's, transposed), that stage transposed; else the tile's rows cast
+// again into a second stage, each by its multipliers in the transposed copy, and that stage
+// transposed. (Written straight into the outputs, a tile's rows, often a multiple of 4 KiB apart,
+// share a few L1 sets.) With each 16x16 block of floats transposed in registers and both copies
+// encoded there with 16-byte stores, f32 [2048, 2048] took (2 threads, Zen 5) 0.59-0.60 ms with
+// tensor scaling (0.41-0.43 by the stages) and 0.95-0.99 with row scaling (0.80-0.85).
+// mult null (tile_local groups): each tile first finds its groups' amaxes and writes their scales,
+// so x is read once from memory and no thread waits on a serial pass over every group's scale.
+// Returns the max |x| bits where this pass measured it (a fixed scale's cast, tile-local scales).
 template <class T>
-void cast_tiles(const detail::QuantizeJob& job, const float* mult, const float* mult_t, uint32_t* amax) {
+uint32_t cast_tiles(const detail::QuantizeJob& job, const float* mult, const float* mult_x) {
     constexpr int64_t TR = int64_t(cast_tile_rows), TC = int64_t(cast_tile_cols);
     const MatrixRef& x = job.x;
-    const GroupShape g = job.group, gt = job.group_t;
-    const bool same = gt.rows == g.cols && gt.cols == g.rows;
+    const GroupShape g = job.group, gx{job.group_t.cols, job.group_t.rows};
+    const bool same = g == gx, local = mult == nullptr, measure = job.rule.fixed_scale != nullptr;
     const auto& k = active_kernels();
     const auto encode_kernel = k.encode<T>(job.rule.format, job.overflow);
-    const int64_t gc = ceil_div(x.cols, g.cols), gct = ceil_div(x.rows, gt.cols), col_tiles = ceil_div(x.cols, TC);
+    const auto amax_kernel = k.amax<T>();
+    const int64_t gc = ceil_div(x.cols, g.cols), gxr = ceil_div(x.rows, gx.rows), gxc = ceil_div(x.cols, gx.cols);
+    const int64_t col_tiles = ceil_div(x.cols, TC);
     const bool stream = size_t(elements(x)) >= cast_stream_bytes;
-    SlotMax acc;
+    // Tile-local scales: per thread slot, a tile's group amaxes and multipliers of each shape.
+    const int64_t n = local ? TR / g.rows * (TC / g.cols) : 0, nx = local ? TR / gx.rows * (TC / gx.cols) : 0;
+    detail::Scratch<uint32_t> tile_acc(int64_t(num_threads()) * (n + nx));
+    detail::Scratch<float> tile_mult(int64_t(num_threads()) * (n + nx));
+    SlotMax total;
     parallel_tasks(ceil_div(x.rows, TR) * col_tiles, elements(x), [&](int64_t t, int slot) {
         const int64_t i0 = t / col_tiles * TR, j0 = t % col_tiles * TC;
         const int64_t h = std::min(TR, x.rows - i0), w = std::min(TC, x.cols - j0);
+        MultView m{mult, gc, 0, 0}, mx{mult_x, gxc, 0, 0};
+        if (local) {  // the tile's groups of each shape: [nr, nc] from group (r0, c0); [nrx, ncx] from (rx0, cx0)
+            const int64_t r0 = i0 / g.rows, c0 = j0 / g.cols, nr = ceil_div(h, g.rows), nc = ceil_div(w, g.cols);
+            const int64_t rx0 = i0 / gx.rows, cx0 = j0 / gx.cols, nrx = ceil_div(h, gx.rows), ncx = ceil_div(w, gx.cols);
+            uint32_t* a = tile_acc.get() + slot * (n + nx);
+            uint32_t* ax = a + n;
+            float* ma = tile_mult.get() + slot * (n + nx);
+            float* mxa = ma + n;
+            std::fill(a, a + nr * nc, 0u);
+            std::fill(ax, ax + nrx * ncx, 0u);
+            for (int64_t i = i0; i < i0 + h; ++i) {
+                amax_kernel(row<T>(x, i) + j0, size_t(w), size_t(g.cols), 0, a + (i - i0) / g.rows * nc);
+                amax_kernel(row<T>(x, i) + j0, size_t(w), size_t(gx.cols), 0, ax + (i - i0) / gx.rows * ncx);
+            }
+            for (int64_t r = 0; r < nr; ++r) {
+                const uint32_t seen = make_scales(a + r * nc, size_t(nc), job.rule,
+                                                  scale_entry(job.scale_inv, job.rule, (r0 + r) * gc + c0), ma + r * nc);
+                total[size_t(slot)] = std::max(total[size_t(slot)], seen);
+            }
+            make_scales_t(ax, nrx, ncx, job.rule, scale_entry(job.scale_inv_t, job.rule, cx0 * gxr + rx0), gxr, mxa);
+            m = {ma, nc, r0, c0};
+            mx = {mxa, ncx, rx0, cx0};
+        }
         alignas(64) uint8_t stage[TR * TC];
         for (int64_t i = i0; i < i0 + h; ++i) {
             encode_kernel(row<T>(x, i) + j0, stage + (i - i0) * TC, size_t(w), size_t(g.cols), size_t(j0 % g.cols),
-                          mult + i / g.rows * gc + j0 / g.cols, amax != nullptr ? &acc[size_t(slot)] : nullptr);
+                          m.row(i, j0, g), measure ? &total[size_t(slot)] : nullptr);
         }
         uint8_t* out = job.data + i0 * x.cols + j0;
         uint8_t* out_t = job.data_t + j0 * x.rows + i0;
@@ -251,25 +319,13 @@ void cast_tiles(const detail::QuantizeJob& job, const float* mult, const float* 
             return;
         }
         k.store_codes(stage, size_t(TC), size_t(h), size_t(w), out, size_t(x.cols), nullptr, 0, stream);
-        // Row i's multipliers in the transposed copy, column by column: one run for its rows'
-        // group of the transposed copy (gt.cols rows of x), made again where the next begins.
-        alignas(64) float row_mult[TC];
-        int64_t made = -1;
         for (int64_t i = i0; i < i0 + h; ++i) {
-            if (i / gt.cols != made) {
-                made = i / gt.cols;
-                // column j0 + c's group along the transposed copy's rows: gj, for `left` more columns
-                int64_t gj = j0 / gt.rows, left = gt.rows - j0 % gt.rows;
-                for (int64_t c = 0; c < w; ++c) {
-                    row_mult[c] = mult_t[gj * gct + made];
-                    if (--left == 0) ++gj, left = gt.rows;
-                }
-            }
-            encode_kernel(row<T>(x, i) + j0, stage + (i - i0) * TC, size_t(w), 1, 0, row_mult, nullptr);
+            encode_kernel(row<T>(x, i) + j0, stage + (i - i0) * TC, size_t(w), size_t(gx.cols), size_t(j0 % gx.cols),
+                          mx.row(i, j0, gx), nullptr);
         }
         k.store_codes(stage, size_t(TC), size_t(h), size_t(w), nullptr, 0, out_t, size_t(x.rows), stream);
     });
-    if (amax != nullptr) *amax = acc.max();
+    return total.max();
 }
 
 template <class T>
@@ -299,36 +355,29 @@ void quantize_typed(detail::QuantizeJob& job) {
         *job.amax = amax_value(total);
         return;
     }
-    // cast_transpose: the scales of both copies first, then one tiled pass writes both.
-    const GroupShape gt = job.group_t;
-    const int64_t gr = ceil_div(x.rows, g.rows), gc = ceil_div(x.cols, g.cols);
-    const int64_t grt = ceil_div(x.cols, gt.rows), gct = ceil_div(x.rows, gt.cols);
+    // cast_transpose: the scales of both copies (each tile's own where tile_local), then one tiled
+    // pass writes both.
+    const GroupShape gx{job.group_t.cols, job.group_t.rows};  // the transposed copy's groups as they lie on x
     if (job.rule.fixed_scale != nullptr) {
         static_cast<float*>(job.scale_inv)[0] = static_cast<float*>(job.scale_inv_t)[0] =
             group_scale(0.0f, job.rule).scale_inv;
-        mult.assign(1, *job.rule.fixed_scale);
-        mult_t = mult;
-        cast_tiles<T>(job, mult.data(), mult_t.data(), &total);
-        *job.amax = amax_value(total);
-        return;
-    }
-    // The transposed copy's group (r, c) on x^T is the block of c rows by r columns of x.
-    const GroupShape gx{gt.cols, gt.rows};
-    std::vector<uint32_t> acc_x, acc_t(size_t(grt * gct));
-    if (gx == g) {
-        group_amax_bits<T>(x, {g}, {&acc});
-        for (int64_t a = 0; a < gr; ++a) {
-            for (int64_t b = 0; b < gc; ++b) acc_t[size_t(b * gct + a)] = acc[size_t(a * gc + b)];
-        }
+        total = cast_tiles<T>(job, job.rule.fixed_scale, job.rule.fixed_scale);
+    } else if (tile_local(g, gx)) {
+        total = cast_tiles<T>(job, nullptr, nullptr);
     } else {
-        group_amax_bits<T>(x, {g, gx}, {&acc, &acc_x});  // acc_x [gct, grt]
-        for (int64_t a = 0; a < gct; ++a) {
-            for (int64_t b = 0; b < grt; ++b) acc_t[size_t(b * gct + a)] = acc_x[size_t(a * grt + b)];
+        std::vector<uint32_t> acc_x;
+        if (gx == g) {
+            group_amax_bits<T>(x, {g}, {&acc});
+        } else {
+            group_amax_bits<T>(x, {g, gx}, {&acc, &acc_x});
         }
+        const std::vector<uint32_t>& ax = gx == g ? acc : acc_x;  // [gxr, gxc]
+        total = make_scales(acc, job.rule, job.scale_inv, mult);
+        mult_t.resize(ax.size());
+        make_scales_t(ax.data(), ceil_div(x.rows, gx.rows), ceil_div(x.cols, gx.cols), job.rule, job.scale_inv_t,
+                      ceil_div(x.rows, gx.rows), mult_t.data());
+        cast_tiles<T>(job, mult.data(), mult_t.data());
     }
-    total = make_scales(acc, job.rule, job.scale_inv, mult);
-    make_scales(acc_t, job.rule, job.scale_inv_t, mult_t);
-    cast_tiles<T>(job, mult.data(), mult_t.data(), nullptr);
     *job.amax = amax_value(total);
 }
 
