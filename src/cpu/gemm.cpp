@@ -118,6 +118,10 @@ void pack_groups(const KLayout& kl, uint16_t* out, Fill&& fill) {
 // Row i of A's codes into packed bf16 row `out`.
 void pack_row(const uint8_t* codes, const KLayout& kl, const ExpandTable& table, const GemmKernels& kern,
               uint16_t* out) {
+    if (kl.k > 0 && kl.group == kl.group_padded && kl.k % kl.group == 0) {  // no padding: one run (mx32: 32-wide groups)
+        kern.expand(codes, kl.k, table, out);
+        return;
+    }
     pack_groups(kl, out, [&](int64_t k0, int64_t len, uint16_t* dst) { kern.expand(codes + k0, len, table, dst); });
 }
 
@@ -562,15 +566,22 @@ std::shared_ptr<const void> pack_weight(const ExecContext&, const GemmOperand& b
     PackedB& pb = *p;
     const KLayout& kl = pb.kl;
     pb.scales.assign(size_t(pb.strips * kl.groups * gemm_tile), 0.0f);
-    pb.scales_fold = true;  // over B's columns (padding columns' scales are 0)
-    for (int64_t j = 0; j < b.rows; ++j) {
-        for (int64_t g = 0; g < kl.groups; ++g) {
-            float& sb = pb.sb(j / gemm_tile, g)[j % gemm_tile];
-            sb = b.scale(j, g * kl.group);
-            int e = 0;
-            pb.scales_fold = pb.scales_fold && fold_log2(sb, e);
+    // Strip by strip, on every thread: an mx32 B of 2048 x 2048 has 131072 scales, and a call's
+    // pack of a QTensor B gathers them each time.
+    std::atomic<bool> fold{true};  // over B's columns (padding columns' scales are 0)
+    parallel_tasks(pb.strips, size_t(b.rows * kl.groups), [&](int64_t s, int) {
+        bool folds = true;
+        for (int64_t j = s * gemm_tile; j < std::min(b.rows, (s + 1) * gemm_tile); ++j) {
+            for (int64_t g = 0; g < kl.groups; ++g) {
+                float& sb = pb.sb(s, g)[j % gemm_tile];
+                sb = b.scale(j, g * kl.group);
+                int e = 0;
+                folds = folds && fold_log2(sb, e);
+            }
         }
-    }
+        if (!folds) fold.store(false, std::memory_order_relaxed);
+    });
+    pb.scales_fold = fold.load();
     const int64_t chunks = kl.padded / gemm_chunk;
     const size_t flags = size_t(pb.strips) + size_t(pb.strips * chunks);
     if (!lasting) {  // left where it is, for the call's gemm() (PackedB::rows)
