@@ -36,14 +36,6 @@
 #define FP8KIT_UNROLL(n)
 #endif
 
-// A read hint into L2 (GCC and clang; elsewhere nothing). Never faults, so it may point past
-// the end of a buffer.
-#if defined(__GNUC__)
-#define FP8KIT_PREFETCH_L2(p) __builtin_prefetch((p), 0, 2)
-#else
-#define FP8KIT_PREFETCH_L2(p) ((void)(p))
-#endif
-
 namespace fp8kit::cpu {
 
 inline constexpr int64_t gemm_tile = 16;   // rows of an A tile; columns (n) of a B strip

@@ -294,7 +294,15 @@ uint32_t cast_tiles(const detail::QuantizeJob& job, const float* mult, const flo
             float* mxa = ma + n;
             std::fill(a, a + nr * nc, 0u);
             std::fill(ax, ax + nrx * ncx, 0u);
+            // The first read of the tile, from memory: the same row of the thread's next tile
+            // (static schedule: task t + 1) asked for meanwhile, as the hardware prefetchers do not
+            // follow 64 runs of 1 KiB, each in a page of its own.
+            const int64_t ni0 = (t + 1) / col_tiles * TR, nj0 = (t + 1) % col_tiles * TC;
+            const int64_t next_bytes = std::min(TC, x.cols - nj0) * int64_t(sizeof(T));
             for (int64_t i = i0; i < i0 + h; ++i) {
+                for (int64_t b = 0; ni0 + i - i0 < x.rows && b < next_bytes; b += 64) {
+                    FP8KIT_PREFETCH_L2(reinterpret_cast<const char*>(row<T>(x, ni0 + i - i0) + nj0) + b);
+                }
                 amax_kernel(row<T>(x, i) + j0, size_t(w), size_t(g.cols), 0, a + (i - i0) / g.rows * nc);
                 amax_kernel(row<T>(x, i) + j0, size_t(w), size_t(gx.cols), 0, ax + (i - i0) / gx.rows * ncx);
             }
