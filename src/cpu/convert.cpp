@@ -60,6 +60,12 @@ struct Portable {
     static void amax(const In* in, size_t n, size_t group, size_t offset, uint32_t* acc) {
         for_each_element(n, group, offset, [&](size_t k, size_t g) { acc[g] = std::max(acc[g], abs_bits(float(in[k]))); });
     }
+    static void mx_scales(const uint32_t* amax, size_t n, Format f, MxRounding r, uint8_t* codes, float* mult) {
+        for (size_t k = 0; k < n; ++k) {
+            codes[k] = mx_scale_code(detail::f32_from_bits(amax[k]), f, r);
+            mult[k] = mx_quantize_multiplier(codes[k]);
+        }
+    }
 };
 
 constexpr ConvertKernels portable_table = make_convert_kernels<Portable>();

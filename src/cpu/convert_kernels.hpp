@@ -15,6 +15,7 @@
 #include "fp8kit/format.hpp"
 #include "fp8kit/half.hpp"
 #include "fp8kit/runtime.hpp"
+#include "fp8kit/scaling.hpp"
 
 namespace fp8kit::cpu {
 
@@ -44,6 +45,9 @@ using StoreCodesKernel = void (*)(const uint8_t* stage, size_t stride, size_t ro
 // acc[g] = max(acc[g], max |in| bits over the elements of group g).
 template <class In>
 using AmaxKernel = void (*)(const In* in, size_t n, size_t group, size_t offset, uint32_t* acc);
+// The e8m0 scales of n MX groups from their amax bits: codes[k] = mx_scale_code and mult[k] =
+// mx_quantize_multiplier of it (fp8kit/scaling.hpp), for codes of format f.
+using MxScalesKernel = void (*)(const uint32_t* amax, size_t n, Format f, MxRounding r, uint8_t* codes, float* mult);
 
 struct ConvertKernels {
     // [format][overflow]
@@ -58,6 +62,7 @@ struct ConvertKernels {
     AmaxKernel<float> amax_f32;
     AmaxKernel<bf16> amax_bf16;
     AmaxKernel<f16> amax_f16;
+    MxScalesKernel mx_scales;
 
     // The entry for an element type (float, bf16, f16).
     template <class T> EncodeKernel<T> encode(Format f, Overflow o) const;
@@ -77,7 +82,7 @@ template <> inline AmaxKernel<f16> ConvertKernels::amax<f16>() const { return am
 
 // K provides `template <class In, Format F, Overflow O> static void encode(...)`, `static void
 // store_codes(...)`, `template <class Out, Format F> static void decode(...)` and
-// `template <class In> static void amax(...)`.
+// `template <class In> static void amax(...)` and `static void mx_scales(...)`.
 template <class K>
 constexpr ConvertKernels make_convert_kernels() {
     ConvertKernels t{};
@@ -101,6 +106,7 @@ constexpr ConvertKernels make_convert_kernels() {
     t.amax_f32 = &K::template amax<float>;
     t.amax_bf16 = &K::template amax<bf16>;
     t.amax_f16 = &K::template amax<f16>;
+    t.mx_scales = &K::mx_scales;
     return t;
 }
 

@@ -398,6 +398,42 @@ struct Kernels {
         });
     }
 
+    // mx_scale_code on the amax bits a (|x|, NaN above Inf): 0xff for Inf and NaN; else the biased
+    // exponent of a less emax (plus one, rounding up, where a's significand is above max / 2^emax),
+    // clamped to [0, 254] - a zero or subnormal a, whose exponent field is 0, clamps to 0 as the
+    // scalar rule's exponent below -127 does (emax >= 7). Its multiplier 2^(127 - code) by the bits.
+    static void mx_scales(const uint32_t* amax, size_t n, Format f, MxRounding r, uint8_t* codes, float* mult) {
+        constexpr size_t W = V::W;
+        const int emax = mx_emax(f);
+        const uint32_t above = r == MxRounding::up
+                                   ? detail::f32_bits(format_info(f).max / detail::f32_from_bits(uint32_t(127 + emax) << 23)) & 0x7fffffu
+                                   : 0x7fffffu;  // no significand is above it
+        const auto run = [&](const uint32_t* in, uint8_t* c, float* m) {
+            using I = typename V::I;
+            const I a = V::and_(V::load_i(in), V::set1(abs_mask));
+            const I up = V::select(V::gt(V::and_(a, V::set1(0x7fffffu)), V::set1(above)), V::set1(1u), V::set1(0u));
+            I e = V::add(V::sub(V::template srli<23>(a), V::set1(uint32_t(emax))), up);
+            e = V::min_u(V::select(V::lt(e, V::set1(0u)), V::set1(0u), e), V::set1(254u));
+            const I code = V::select(V::gt(a, V::set1(inf_bits - 1u)), V::set1(0xffu), e);
+            I bits = V::template slli<23>(V::sub(V::set1(254u), code));
+            bits = V::select(V::eq(code, V::set1(0xfeu)), V::set1(0x00400000u), bits);  // 2^-127
+            bits = V::select(V::eq(code, V::set1(0xffu)), V::set1(detail::f32_bits(1.0f)), bits);
+            V::store_u8(c, code);
+            V::store(m, V::as_f(bits));
+        };
+        size_t k = 0;
+        for (; k + W <= n; k += W) run(amax + k, codes + k, mult + k);
+        if (k < n) {
+            alignas(64) uint32_t in[W] = {};
+            alignas(64) uint8_t c[W];
+            alignas(64) float m[W];
+            std::memcpy(in, amax + k, (n - k) * sizeof(uint32_t));
+            run(in, c, m);
+            std::memcpy(codes + k, c, n - k);
+            std::memcpy(mult + k, m, (n - k) * sizeof(float));
+        }
+    }
+
     template <class Out, Format F>
     static void decode(const uint8_t* in, Out* out, size_t n, size_t group, size_t offset, const float* scale_inv) {
         if (group == 1) {

@@ -132,43 +132,44 @@ void group_amax_bits(const MatrixRef& x, std::initializer_list<GroupShape> shape
     }
 }
 
-// The scales of every group from their amax bits: stored scale_inv (float or e8m0; consecutive
-// groups `stride` entries apart, so that a transposed copy's scales are written where they lie)
-// and the float multipliers the encode kernels use. Returns the max over all groups.
-uint32_t make_scales(const uint32_t* acc, size_t n, const ScaleRule& rule, void* scale_inv, float* mult,
-                     size_t stride = 1) {
+// The scales of groups [rows, cols] from their amax bits acc [rows, cols]: stored scale_inv
+// (float, or e8m0 codes by the SIMD kernel), entry (r, c) at r * ld_r + c * ld_c - the copy's own
+// layout, or a transposed copy's (ld_r 1) - and the float multipliers the encode kernels use, mult
+// [rows, cols] in acc's order, the order in which the cast walks x. Returns the max over all groups.
+uint32_t make_scales(const uint32_t* acc, int64_t rows, int64_t cols, const ScaleRule& rule, void* scale_inv,
+                     int64_t ld_r, int64_t ld_c, float* mult) {
+    const int64_t n = rows * cols;
     uint32_t total = 0;
-    for (size_t k = 0; k < n; ++k) {
+    for (int64_t k = 0; k < n; ++k) total = std::max(total, acc[k]);
+    int64_t r = 0, c = 0;  // the group of entry k
+    const auto next = [&] {
+        if (++c == cols) c = 0, ++r;
+    };
+    if (rule.mx) {
+        constexpr int64_t chunk = 512;
+        alignas(64) uint8_t codes[chunk];
+        for (int64_t k0 = 0; k0 < n; k0 += chunk) {
+            const int64_t m = std::min(chunk, n - k0);
+            active_kernels().mx_scales(acc + k0, size_t(m), rule.format, rule.mx_rounding, codes, mult + k0);
+            for (int64_t k = 0; k < m; ++k, next()) static_cast<uint8_t*>(scale_inv)[r * ld_r + c * ld_c] = codes[k];
+        }
+        return total;
+    }
+    for (int64_t k = 0; k < n; ++k, next()) {
         const GroupScale s = group_scale(amax_value(acc[k]), rule);
         mult[k] = s.scale;
-        if (rule.mx) {
-            static_cast<uint8_t*>(scale_inv)[k * stride] = s.e8m0;
-        } else {
-            static_cast<float*>(scale_inv)[k * stride] = s.scale_inv;
-        }
-        total = std::max(total, acc[k]);
+        static_cast<float*>(scale_inv)[r * ld_r + c * ld_c] = s.scale_inv;
     }
     return total;
 }
 uint32_t make_scales(const std::vector<uint32_t>& acc, const ScaleRule& rule, void* scale_inv, std::vector<float>& mult) {
     mult.resize(acc.size());
-    return make_scales(acc.data(), acc.size(), rule, scale_inv, mult.data());
+    return make_scales(acc.data(), 1, int64_t(acc.size()), rule, scale_inv, 0, 1, mult.data());
 }
 
 // Entry k of a scale array (e8m0 codes or floats).
 void* scale_entry(void* scale_inv, const ScaleRule& rule, int64_t k) {
     return rule.mx ? static_cast<void*>(static_cast<uint8_t*>(scale_inv) + k) : static_cast<void*>(static_cast<float*>(scale_inv) + k);
-}
-
-// The scales of a transposed copy from the amax bits of its groups as they lie on x, acc [ra, ca]
-// (x's group (a, b) is the transposed copy's (b, a)): scale_inv_t with rows ld_t entries apart
-// (entry (b, a) at b * ld_t + a), and mult [ra, ca] in acc's order, the order in which the cast
-// walks x's rows.
-void make_scales_t(const uint32_t* acc, int64_t ra, int64_t ca, const ScaleRule& rule, void* scale_inv_t,
-                   int64_t ld_t, float* mult) {
-    for (int64_t a = 0; a < ra; ++a) {
-        make_scales(acc + a * ca, size_t(ca), rule, scale_entry(scale_inv_t, rule, a), mult + a * ca, size_t(ld_t));
-    }
 }
 
 // Encodes every row with the multipliers of its groups (mult [ceil(rows/g.rows), ceil(cols/g.cols)]),
@@ -225,7 +226,7 @@ uint32_t quantize_tiles(const detail::QuantizeJob& job) {
         std::fill(a, a + nc, 0u);
         for (int64_t i = i0; i < i1; ++i) amax_kernel(row<T>(x, i) + j0, size_t(width), size_t(g.cols), 0, a);
         void* scale_inv = scale_entry(job.scale_inv, job.rule, b * gc + c0);
-        total[size_t(slot)] = std::max(total[size_t(slot)], make_scales(a, size_t(nc), job.rule, scale_inv, m));
+        total[size_t(slot)] = std::max(total[size_t(slot)], make_scales(a, 1, nc, job.rule, scale_inv, 0, 1, m));
         for (int64_t i = i0; i < i1; ++i) {
             encode_kernel(row<T>(x, i) + j0, job.data + i * x.cols + j0, size_t(width), size_t(g.cols), 0, m, nullptr);
         }
@@ -306,12 +307,10 @@ uint32_t cast_tiles(const detail::QuantizeJob& job, const float* mult, const flo
                 amax_kernel(row<T>(x, i) + j0, size_t(w), size_t(g.cols), 0, a + (i - i0) / g.rows * nc);
                 amax_kernel(row<T>(x, i) + j0, size_t(w), size_t(gx.cols), 0, ax + (i - i0) / gx.rows * ncx);
             }
-            for (int64_t r = 0; r < nr; ++r) {
-                const uint32_t seen = make_scales(a + r * nc, size_t(nc), job.rule,
-                                                  scale_entry(job.scale_inv, job.rule, (r0 + r) * gc + c0), ma + r * nc);
-                total[size_t(slot)] = std::max(total[size_t(slot)], seen);
-            }
-            make_scales_t(ax, nrx, ncx, job.rule, scale_entry(job.scale_inv_t, job.rule, cx0 * gxr + rx0), gxr, mxa);
+            // x's group (r, c) is the transposed copy's (c, r): its entry c * gxr + r.
+            const uint32_t seen = make_scales(a, nr, nc, job.rule, scale_entry(job.scale_inv, job.rule, r0 * gc + c0), gc, 1, ma);
+            total[size_t(slot)] = std::max(total[size_t(slot)], seen);
+            make_scales(ax, nrx, ncx, job.rule, scale_entry(job.scale_inv_t, job.rule, cx0 * gxr + rx0), 1, gxr, mxa);
             m = {ma, nc, r0, c0};
             mx = {mxa, ncx, rx0, cx0};
         }
@@ -382,8 +381,8 @@ void quantize_typed(detail::QuantizeJob& job) {
         const std::vector<uint32_t>& ax = gx == g ? acc : acc_x;  // [gxr, gxc]
         total = make_scales(acc, job.rule, job.scale_inv, mult);
         mult_t.resize(ax.size());
-        make_scales_t(ax.data(), ceil_div(x.rows, gx.rows), ceil_div(x.cols, gx.cols), job.rule, job.scale_inv_t,
-                      ceil_div(x.rows, gx.rows), mult_t.data());
+        const int64_t gxr = ceil_div(x.rows, gx.rows);  // x's group (r, c) is the transposed copy's (c, r)
+        make_scales(ax.data(), gxr, ceil_div(x.cols, gx.cols), job.rule, job.scale_inv_t, 1, gxr, mult_t.data());
         cast_tiles<T>(job, mult.data(), mult_t.data());
     }
     *job.amax = amax_value(total);

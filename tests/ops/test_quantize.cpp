@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -362,6 +363,47 @@ TEST(QuantizeOps, StridedViewsEqualRef) {
                 const Tensor bd = big.to(Device::cuda);
                 const Tensor xd = x.shape()[0] == 300 ? bd.slice(1, 3, 260) : bd.slice(0, 1, 299).slice(1, 129, 520);
                 expect_same(quantize(xd, on_device(opts)).to(Device::cpu), ref);
+            }
+        }
+    }
+}
+
+// MX scales at every exponent and at the edges of the rule (scaling.hpp's mx_scale_code; the SIMD
+// kernels compute it on the amax bits, vector-wide): each 1x32 group of a 64 x 512 f32 matrix has
+// one element of magnitude A and 31 of A / 2, A running over 0, the smallest subnormal, 2^-127,
+// 1.5 x 2^-126, s x 2^e for e in [-126, 127] with s = 1, the format's max / 2^emax (the largest
+// significand that rounding up keeps in place) and the next float above it, FLT_MAX, Inf and NaN.
+// With the transposed copy, its 32x1 groups take the columns' maxima. Every data format, both
+// roundings, on every ISA path, against ref bit for bit: an exponent off by one, a limit compared
+// with >= instead of >, or a zero group given anything but code 0 changes a scale.
+TEST(QuantizeOps, Mx32ScalesAtEveryExponentEqualRef) {
+    for (Format f : data_formats) {
+        const int emax = mx_emax(f);
+        const float limit = format_info(f).max / std::ldexp(1.0f, emax);
+        std::vector<float> amaxes = {0.0f, std::ldexp(1.0f, -149), std::ldexp(1.0f, -127), 1.5f * std::ldexp(1.0f, -126),
+                                     std::numeric_limits<float>::max(), INFINITY, NAN};
+        for (int e = -126; e <= 127; ++e) {
+            for (float s : {1.0f, limit, std::nextafter(limit, 2.0f)}) amaxes.push_back(std::ldexp(s, e));
+        }
+        const int64_t rows = 64, cols = 512;
+        ASSERT_LE(amaxes.size(), size_t(rows * cols / 32));
+        Tensor x = Tensor::empty({rows, cols}, DType::f32);
+        for (int64_t i = 0; i < rows; ++i) {
+            for (int64_t g = 0; g < cols / 32; ++g) {
+                const float a = amaxes[size_t(i * cols / 32 + g) % amaxes.size()];
+                for (int64_t e = 0; e < 32; ++e) x.data<float>()[i * cols + g * 32 + e] = e == i % 32 ? a : a / 2;
+            }
+        }
+        for (MxRounding r : {MxRounding::floor, MxRounding::up}) {
+            for (bool transpose : {false, true}) {
+                QuantizeOptions opts;
+                opts.scaling = Scaling::mx32();
+                opts.format = f;
+                opts.mx_rounding = r;
+                opts.transpose = transpose;
+                SCOPED_TRACE(std::string(to_string(f)) + (r == MxRounding::up ? " up" : " floor") + (transpose ? " cast_transpose" : ""));
+                const QTensor ref = on_backend(Backend::ref, [&] { return quantize(x, opts); });
+                test::for_each_isa([&](Isa) { expect_same(on_backend(Backend::cpu, [&] { return quantize(x, opts); }), ref); });
             }
         }
     }
