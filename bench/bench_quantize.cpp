@@ -3,7 +3,7 @@
 //
 // For f32 and bf16 input, each scaling granularity (tensor with current scaling, tensor with a
 // given scale = delayed scaling, row, column, block 1x128, block 128x128, mx32) and cast_transpose
-// (tensor, block 128x128, block 1x128), 1 thread and all threads, in cache and out of cache: GB/s
+// (tensor, row, block 128x128, block 1x128, mx32: the training recipes' casts), 1 thread and all threads, in cache and out of cache: GB/s
 // of input read (elements * input bytes / seconds), the ratio to memcpy copying the same input
 // bytes in the same run with the same threads (vs_memcpy: 1.0 means the cast takes as long as
 // copying its input once; a cast reads as much but writes 1/4 or 1/2 as much), and the target of
@@ -58,8 +58,10 @@ const Case cases[] = {
     {"quantize", Scaling::block(128, 128), false, 0.8},
     {"quantize", Scaling::mx32(), false, 0.8},
     {"cast_transpose", Scaling::tensor(), false, 0.6},
+    {"cast_transpose", Scaling::row(), false, 0.6},
     {"cast_transpose", Scaling::block(128, 128), false, 0.6},
     {"cast_transpose", Scaling::block(1, 128), false, 0.6},
+    {"cast_transpose", Scaling::mx32(), false, 0.6},
 };
 
 std::string scaling_name(const Case& c) { return to_string(c.scaling) + (c.delayed ? "+scale" : ""); }

@@ -15,8 +15,8 @@
 //    tile (read again from L1 where the transposed copy has multipliers of its own), after the
 //    amax pass the scales need: 1, also where each direction has its own groups (row, column, 1xN
 //    blocks), whose maxima that pass finds together. None with a given scale, and none where every
-//    group of both copies lies in one tile (mx32, 1x16 and 1x32 blocks): each tile finds its own
-//    amaxes and scales from the cache before it casts. Where the
+//    group of both copies lies in one tile (mx32, 1xN blocks for N = 16, 32, 128): each tile
+//    finds its own amaxes and scales from the cache before it casts. Where the
 //    transposed copy's groups are those of the row-major copy (tensor; square blocks), its codes
 //    are the row-major codes transposed, not encoded again.
 #include <algorithm>
@@ -243,15 +243,22 @@ struct MultView {
     const float* row(int64_t i, int64_t j0, GroupShape g) const { return at + (i / g.rows - row0) * ld + j0 / g.cols - col0; }
 };
 
-// Whether every group of both copies of a cast_transpose lies within one cast tile, and the two
-// differ (mx32 and 1x32 blocks: 1x32 groups along x's rows and 32x1 groups for x^T's), so that
-// each tile can find its own scales from what it has in cache.
+// Rows of a cast_transpose tile: cast_tile_rows, more where a group is taller (1x128 blocks:
+// x^T's 1x128 groups are 128x1 on x).
+int64_t tile_rows(GroupShape g, GroupShape gx) { return std::max({int64_t(cast_tile_rows), g.rows, gx.rows}); }
+
+// Whether every group of both copies of a cast_transpose lies within one tile of tile_rows (at most
+// twice cast_tile_rows) x cast_tile_cols, and the two differ (mx32, 1x16 / 1x32 / 1x128 blocks:
+// 1xN groups along x's rows and Nx1 groups for x^T's), so that each tile can find its own scales
+// from what it has in cache.
 bool tile_local(GroupShape g, GroupShape gx) {
-    const auto fits = [](GroupShape s) { return int64_t(cast_tile_rows) % s.rows == 0 && int64_t(cast_tile_cols) % s.cols == 0; };
-    return !(g == gx) && fits(g) && fits(gx);
+    const int64_t rows = tile_rows(g, gx);
+    const auto fits = [&](GroupShape s) { return rows % s.rows == 0 && int64_t(cast_tile_cols) % s.cols == 0; };
+    return !(g == gx) && rows <= 2 * int64_t(cast_tile_rows) && fits(g) && fits(gx);
 }
 
-// Both copies in one pass over tiles of cast_tile_rows x cast_tile_cols, each element cast as
+// Both copies in one pass over tiles of cast_tile_rows (tile_rows where tile-local) x
+// cast_tile_cols, each element cast as
 // encode(float32(x * multiplier)) in each, with the multipliers of each copy's groups as they lie
 // on x (mult: x's groups g, mult_x: the transposed copy's, gx). A tile's rows are cast by the bulk
 // encode kernel into a stage in L1 and copied out (store_codes). The transposed copy: where each
@@ -267,10 +274,12 @@ bool tile_local(GroupShape g, GroupShape gx) {
 // Returns the max |x| bits where this pass measured it (a fixed scale's cast, tile-local scales).
 template <class T>
 uint32_t cast_tiles(const detail::QuantizeJob& job, const float* mult, const float* mult_x) {
-    constexpr int64_t TR = int64_t(cast_tile_rows), TC = int64_t(cast_tile_cols);
     const MatrixRef& x = job.x;
     const GroupShape g = job.group, gx{job.group_t.cols, job.group_t.rows};
     const bool same = g == gx, local = mult == nullptr, measure = job.rule.fixed_scale != nullptr;
+    // TR rows a tile (the stage holds two cast_tile_rows, stored a cast_tile_rows at a time)
+    constexpr int64_t TS = int64_t(cast_tile_rows), TC = int64_t(cast_tile_cols);
+    const int64_t TR = local ? tile_rows(g, gx) : TS;
     const auto& k = active_kernels();
     const auto encode_kernel = k.encode<T>(job.rule.format, job.overflow);
     const auto amax_kernel = k.amax<T>();
@@ -314,23 +323,29 @@ uint32_t cast_tiles(const detail::QuantizeJob& job, const float* mult, const flo
             m = {ma, nc, r0, c0};
             mx = {mxa, ncx, rx0, cx0};
         }
-        alignas(64) uint8_t stage[TR * TC];
+        alignas(64) uint8_t stage[2 * TS * TC];
         for (int64_t i = i0; i < i0 + h; ++i) {
             encode_kernel(row<T>(x, i) + j0, stage + (i - i0) * TC, size_t(w), size_t(g.cols), size_t(j0 % g.cols),
                           m.row(i, j0, g), measure ? &total[size_t(slot)] : nullptr);
         }
-        uint8_t* out = job.data + i0 * x.cols + j0;
-        uint8_t* out_t = job.data_t + j0 * x.rows + i0;
+        // The stage into the row-major copy, the transposed one, or both.
+        const auto store = [&](bool rows_out, bool transposed_out) {
+            for (int64_t h0 = 0; h0 < h; h0 += TS) {
+                k.store_codes(stage + h0 * TC, size_t(TC), size_t(std::min(TS, h - h0)), size_t(w),
+                              rows_out ? job.data + (i0 + h0) * x.cols + j0 : nullptr, size_t(x.cols),
+                              transposed_out ? job.data_t + j0 * x.rows + i0 + h0 : nullptr, size_t(x.rows), stream);
+            }
+        };
         if (same) {
-            k.store_codes(stage, size_t(TC), size_t(h), size_t(w), out, size_t(x.cols), out_t, size_t(x.rows), stream);
+            store(true, true);
             return;
         }
-        k.store_codes(stage, size_t(TC), size_t(h), size_t(w), out, size_t(x.cols), nullptr, 0, stream);
+        store(true, false);
         for (int64_t i = i0; i < i0 + h; ++i) {
             encode_kernel(row<T>(x, i) + j0, stage + (i - i0) * TC, size_t(w), size_t(gx.cols), size_t(j0 % gx.cols),
                           mx.row(i, j0, gx), nullptr);
         }
-        k.store_codes(stage, size_t(TC), size_t(h), size_t(w), nullptr, 0, out_t, size_t(x.rows), stream);
+        store(false, true);
     });
     return total.max();
 }
