@@ -14,8 +14,8 @@
 //  - cast_transpose: 1 for the cast itself, which writes both copies from one read of each 64x256
 //    tile (read again from L1 where the transposed copy has multipliers of its own), after the
 //    amax pass the scales need: 1, also where each direction has its own groups (row, column, 1xN
-//    blocks past 128), whose maxima that pass finds together. None with a given scale, nor where every
-//    group of both copies lies in one tile (mx32, 1xN blocks up to N = 128): each tile
+//    blocks otherwise), whose maxima that pass finds together. None with a given scale, nor where every
+//    group of both copies lies in one tile (mx32; 1xN blocks, N a power of two <= 128): each tile
 //    finds its own amaxes and scales from the cache before it casts. Where the
 //    transposed copy's groups are those of the row-major copy (tensor; square blocks), its codes
 //    are the row-major codes transposed, not encoded again.
