@@ -124,8 +124,9 @@ struct GemmOperand {
     bool e8m0;
     int64_t scale_cols;
 
-    float scale(int64_t i, int64_t kk) const noexcept {
-        const int64_t at = (i / group.rows) * scale_cols + kk / group.cols;
+    float scale(int64_t i, int64_t kk) const noexcept { return scale_at((i / group.rows) * scale_cols + kk / group.cols); }
+    // Entry `at` of scale_inv as a float.
+    float scale_at(int64_t at) const noexcept {
         return e8m0 ? decode(static_cast<const uint8_t*>(scale_inv)[at], Format::e8m0fnu)
                     : static_cast<const float*>(scale_inv)[at];
     }

@@ -567,14 +567,17 @@ std::shared_ptr<const void> pack_weight(const ExecContext&, const GemmOperand& b
     const KLayout& kl = pb.kl;
     pb.scales.assign(size_t(pb.strips * kl.groups * gemm_tile), 0.0f);
     // Strip by strip, on every thread: an mx32 B of 2048 x 2048 has 131072 scales, and a call's
-    // pack of a QTensor B gathers them each time.
+    // pack of a QTensor B gathers them each time; each K group's entry in B's scale rows found once.
+    std::vector<int64_t> group_col(size_t(kl.groups));
+    for (int64_t g = 0; g < kl.groups; ++g) group_col[size_t(g)] = g * kl.group / b.group.cols;
     std::atomic<bool> fold{true};  // over B's columns (padding columns' scales are 0)
     parallel_tasks(pb.strips, size_t(b.rows * kl.groups), [&](int64_t s, int) {
         bool folds = true;
         for (int64_t j = s * gemm_tile; j < std::min(b.rows, (s + 1) * gemm_tile); ++j) {
+            const int64_t row_at = j / b.group.rows * b.scale_cols;
             for (int64_t g = 0; g < kl.groups; ++g) {
                 float& sb = pb.sb(s, g)[j % gemm_tile];
-                sb = b.scale(j, g * kl.group);
+                sb = b.scale_at(row_at + group_col[size_t(g)]);
                 int e = 0;
                 folds = folds && fold_log2(sb, e);
             }
