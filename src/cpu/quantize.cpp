@@ -258,10 +258,10 @@ bool tile_local(GroupShape g, GroupShape gx) {
 }
 
 // Both copies in one pass over tiles of cast_tile_rows (tile_rows where tile-local) x
-// cast_tile_cols, each element cast as
-// encode(float32(x * multiplier)) in each, with the multipliers of each copy's groups as they lie
-// on x (mult: x's groups g, mult_x: the transposed copy's, gx). A tile's rows are cast by the bulk
-// encode kernel into a stage in L1 and copied out (store_codes). The transposed copy: where each
+// cast_tile_cols, each element cast as encode(float32(x * multiplier)) in each, with the
+// multipliers of each copy's groups as they lie on x (mult: x's groups g, mult_x: the transposed
+// copy's, gx). A tile's rows are cast by the bulk encode kernel into a stage in L1 and copied out
+// (store_codes). The transposed copy: where each
 // element's multiplier is the same in both copies (tensor scaling, square blocks: the transposed
 // copy's groups are the copy's, transposed), that stage transposed; else the tile's rows cast
 // again into a second stage, each by its multipliers in the transposed copy, and that stage
