@@ -380,8 +380,8 @@ struct Kernels {
                 typename V::I r[W];
                 for (size_t q = 0; q < W; ++q) {
                     r[q] = V::set1(0u);
-                    const In* p = in + i + q * group;
                     if (q >= count) continue;
+                    const In* p = in + i + q * group;
                     if (q * group % block<V> == 0) prefetch_block<V>(p);
                     for (size_t v = 0; v < group; v += W) r[q] = V::max_u(r[q], abs_bits<V>(V::load(p + v)));
                 }
