@@ -20,6 +20,7 @@
 //    transposed copy's groups are those of the row-major copy (tensor; square blocks), its codes
 //    are the row-major codes transposed, not encoded again.
 #include <algorithm>
+#include <cstring>
 #include <initializer_list>
 #include <numeric>
 #include <vector>
@@ -141,24 +142,25 @@ uint32_t make_scales(const uint32_t* acc, int64_t rows, int64_t cols, const Scal
     const int64_t n = rows * cols;
     uint32_t total = 0;
     for (int64_t k = 0; k < n; ++k) total = std::max(total, acc[k]);
-    int64_t r = 0, c = 0;  // the group of entry k
-    const auto next = [&] {
-        if (++c == cols) c = 0, ++r;
-    };
     if (rule.mx) {
-        constexpr int64_t chunk = 512;
-        alignas(64) uint8_t codes[chunk];
-        for (int64_t k0 = 0; k0 < n; k0 += chunk) {
-            const int64_t m = std::min(chunk, n - k0);
-            active_kernels().mx_scales(acc + k0, size_t(m), rule.format, rule.mx_rounding, codes, mult + k0);
-            for (int64_t k = 0; k < m; ++k, next()) static_cast<uint8_t*>(scale_inv)[r * ld_r + c * ld_c] = codes[k];
+        detail::Scratch<uint8_t> codes(n);
+        active_kernels().mx_scales(acc, size_t(n), rule.format, rule.mx_rounding, codes.get(), mult);
+        auto* out = static_cast<uint8_t*>(scale_inv);
+        for (int64_t r = 0; r < rows; ++r) {
+            if (ld_c == 1) {
+                std::memcpy(out + r * ld_r, codes.get() + r * cols, size_t(cols));
+            } else {
+                for (int64_t c = 0; c < cols; ++c) out[r * ld_r + c * ld_c] = codes.get()[r * cols + c];
+            }
         }
         return total;
     }
-    for (int64_t k = 0; k < n; ++k, next()) {
-        const GroupScale s = group_scale(amax_value(acc[k]), rule);
-        mult[k] = s.scale;
-        static_cast<float*>(scale_inv)[r * ld_r + c * ld_c] = s.scale_inv;
+    for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < cols; ++c) {
+            const GroupScale s = group_scale(amax_value(acc[r * cols + c]), rule);
+            mult[r * cols + c] = s.scale;
+            static_cast<float*>(scale_inv)[r * ld_r + c * ld_c] = s.scale_inv;
+        }
     }
     return total;
 }
