@@ -3,11 +3,12 @@
 //
 // For f32 and bf16 input, each scaling granularity (tensor with current scaling, tensor with a
 // given scale = delayed scaling, row, column, block 1x128, block 128x128, mx32) and cast_transpose
-// (tensor, row, block 128x128, block 1x128, mx32: the training recipes' casts), 1 thread and all threads, in cache and out of cache: GB/s
-// of input read (elements * input bytes / seconds), the ratio to memcpy copying the same input
-// bytes in the same run with the same threads (vs_memcpy: 1.0 means the cast takes as long as
-// copying its input once; a cast reads as much but writes 1/4 or 1/2 as much), and the target of
-// the issue for that operation. Codes are e4m3fn, saturating (the defaults of QuantizeOptions).
+// (tensor, row, block 128x128, block 1x128, mx32: the training recipes' casts), 1 thread and all
+// threads, in cache and out of cache: GB/s of input read (elements * input bytes / seconds), the
+// ratio to memcpy copying the same input bytes in the same run with the same threads (vs_memcpy:
+// 1.0 means the cast takes as long as copying its input once; a cast reads as much but writes 1/4
+// or 1/2 as much), and the target of the issue for that operation. Codes are e4m3fn, saturating
+// (the defaults of QuantizeOptions).
 //
 // Each case quantizes into the same QTensor call after call (quantize(x, opts, out)), as a training
 // loop does, so the cast is timed and not the allocator. alloc_share says what a call that
