@@ -200,20 +200,36 @@ void small_block(const uint16_t* a, const PackedB& b, int64_t s, const float* sa
                 for (int l = 0; l < gemm_chunk_codes / 64; ++l) line_pairs(l);
             }
         }
-        // One group: the raw sums (scaled in the epilogue). Groups: promoted into acc as each ends.
+        // One group: the raw sums (scaled in the epilogue). Groups: promoted into acc as each ends,
+        // the rows in turn by one pointer. (Each row's own address and both branches inside the
+        // unrolled rows made GCC spill sums and addresses to the stack: a tenth of the kernel's
+        // samples with block scaling; without, 1 x 128 A by 128 x 128 B at M = 8-128 x 4096 x 4096
+        // ran 6-8% faster, tensor scaling alike, Zen 5.)
+        __m512 part[R][S];
+        for (int r = 0; r < R; ++r) {
+            for (int j = 0; j < S; ++j) {
+                part[r][j] = lanes == 4 ? _mm512_add_ps(_mm512_add_ps(sum[r][j][0], sum[r][j][1]), _mm512_add_ps(sum[r][j][2], sum[r][j][3]))
+                                        : sum[r][j][0];
+            }
+        }
+        if (kl.groups == 1) {
+            for (int r = 0; r < R; ++r) {
+                for (int j = 0; j < S; ++j) _mm512_storeu_ps(acc + r * ldacc + j * gemm_tile, part[r][j]);
+            }
+            continue;
+        }
         for (int j = 0; j < S; ++j) {
             const __m512 sb = _mm512_loadu_ps(b.sb(s + j, g));
-            for (int r = 0; r < R; ++r) {
-                float* out = acc + r * ldacc + j * gemm_tile;
-                const __m512 part = lanes == 4 ? _mm512_add_ps(_mm512_add_ps(sum[r][j][0], sum[r][j][1]),
-                                                               _mm512_add_ps(sum[r][j][2], sum[r][j][3]))
-                                               : sum[r][j][0];
-                if (kl.groups == 1) {
-                    _mm512_storeu_ps(out, part);
-                } else {
-                    const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(sa[r * kl.groups + g]), sb);
-                    _mm512_storeu_ps(out, g == 0 ? _mm512_mul_ps(part, scale)
-                                                 : _mm512_fmadd_ps(part, scale, _mm512_loadu_ps(out)));
+            float* out = acc + j * gemm_tile;
+            const float* sar = sa + g;
+            const int64_t groups = kl.groups;
+            if (g == 0) {
+                for (int r = 0; r < R; ++r, out += ldacc, sar += groups) {
+                    _mm512_storeu_ps(out, _mm512_mul_ps(part[r][j], _mm512_mul_ps(_mm512_set1_ps(*sar), sb)));
+                }
+            } else {
+                for (int r = 0; r < R; ++r, out += ldacc, sar += groups) {
+                    _mm512_storeu_ps(out, _mm512_fmadd_ps(part[r][j], _mm512_mul_ps(_mm512_set1_ps(*sar), sb), _mm512_loadu_ps(out)));
                 }
             }
         }
