@@ -27,9 +27,12 @@
 // 1 GiB), and the timed calls take them in turn, with a read of 1 GiB (the caches' flush) before
 // each. Why both: the flush alone left weights that every call re-reads in the L3 of a Zen 5 (its
 // replacement keeps reused lines against a one-time stream): OpenBLAS's sgemv read 64 MiB of f32
-// weights at 1.3x the read peak. of_bound = weight_bytes / seconds / read bandwidth; of_roofline =
-// gflops / the lower of that bandwidth's rate (2M flops a weight byte) and the arithmetic's peak
-// below (at M = 2-16 on AVX2 the FMAs bind first). For larger M, of_bound = gflops / the peak of
+// weights at 1.3x the read peak. of_bound = weight_bytes / seconds / read_gbps, the read bandwidth
+// of the same minutes: the fastest of the flushes before the shape's calls (1 GiB each, with the
+// stream count of the read peak measured at the start, which is its own row: a shared VM's memory
+// bandwidth moved 50% between minutes, and a peak from the start of the run made the ratios move
+// with it); of_roofline = gflops / the lower of that bandwidth's rate (2M flops a weight byte)
+// and the arithmetic's peak below (at M = 2-16 on AVX2 the FMAs bind first). For larger M, of_bound = gflops / the peak of
 // what the kernel multiplies: the AMX bf16 tile peak (TDPBF16PS, operands in tile registers) for
 // fp8kit's amx kernels and oneDNN's AMX bf16, the bf16 dot-product peak (VDPBF16PS) for oneDNN's
 // bf16 elsewhere and fp8kit's avx512-bf16 kernels, else the float32 FMA peak.
@@ -47,6 +50,7 @@
 // --quick: 512 square and M = 1, 8, 12, 16 with (4096, 4096) (12: a partial row tile), short budgets (~14 s on 2 idle cores).
 // Run by `bench_gemm [--json] [--quick]` and `fp8kit bench gemm`. Results: docs/PERF.md.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -176,7 +180,6 @@ public:
         dot_gflops_ = dot_bf16_peak(threads_, budget_);
         amx_gflops_ = amx_bf16_peak(threads_, budget_);
         read_ = read_peak(flush_.raw_data(), flush_bytes, threads_, budget_);
-        read_gbps_ = read_.gbps;
         const auto peak_row = [this](const char* impl) {
             return Row().add("bench", "gemm").add("impl", impl).add("threads", (long long)threads_);
         };
@@ -187,7 +190,7 @@ public:
                                .add("bytes", (long long)flush_bytes)
                                .add("isa", read_.isa)
                                .add("streams", (long long)read_.streams)
-                               .add("gbps", read_gbps_, 4)
+                               .add("gbps", read_.gbps, 4)
                                .add("plain_gbps", read_.plain_gbps, 4));
 #if !defined(FP8KIT_BENCH_OPENBLAS)
         skip("openblas", "not found when the benchmark was configured (pkg-config openblas)");
@@ -234,13 +237,14 @@ public:
            << "float32 FMA peak: " << fma_.gflops << " GFLOP/s (" << fma_.isa << ")";
         if (dot_gflops_ > 0.0) os << "; bf16 dot-product peak (VDPBF16PS): " << dot_gflops_ << " GFLOP/s";
         if (amx_gflops_ > 0.0) os << "; AMX bf16 tile peak (TDPBF16PS): " << amx_gflops_ << " GFLOP/s";
-        os << "; read bandwidth: " << read_gbps_
+        os << "; read bandwidth: " << read_.gbps
            << " GB/s (" << (flush_bytes >> 20) << " MiB, " << read_.isa << " loads, " << read_.streams
            << " streams per thread; one plain 64-bit sum: " << read_.plain_gbps << " GB/s); last-level cache "
            << (last_level_cache_bytes() >> 20) << " MiB.\n"
            << "gflops = 2*M*N*K / seconds; vs_openblas = gflops / OpenBLAS's; weight_bytes: 4 (f32), 2 (bf16), 1 (fp8)\n"
            << "per weight. M <= 16: out of cache (copies of each weight, 8x the last-level cache up to 1 GiB, taken in turn,\n"
-           << "and the caches flushed before each call), of_bound = weight_bytes / seconds / read bandwidth,\n"
+           << "and the caches flushed before each call), of_bound = weight_bytes / seconds / read_gbps (the fastest\n"
+           << "flush before the shape's calls: the read bandwidth of the same minutes),\n"
            << "of_roofline = gflops / the lower of the read bandwidth's rate and the peak below;\n"
            << "larger M: of_bound = gflops / the peak of the kernel's arithmetic - the AMX tiles' for AMX kernels, the\n"
            << "bf16 dot products' for onednn.bf16 and the avx512-bf16 kernels, else the f32 FMAs'. rel_err: relative RMS\n"
@@ -272,7 +276,6 @@ private:
     double dot_gflops_ = 0.0;  // 0: no AVX512-BF16
     double amx_gflops_ = 0.0;  // 0: fp8kit's GEMM kernels are not "amx"
     ReadPeak read_{};
-    double read_gbps_ = 0.0;
     std::vector<Row> machine_, rows_, skipped_;
     std::vector<std::string> failures_;  // results outside their error bound
 #if defined(FP8KIT_BENCH_DNNL)
@@ -309,10 +312,15 @@ private:
         std::vector<std::function<void()>> calls;
         for (const Candidate& c : shape_) calls.push_back(c.call);
         std::vector<double> err(shape_.size(), 0.0);
+        double read_gbps = 0.0;  // the fastest flush among this shape's calls: the read peak of their minutes
+        const auto flush = [&] {
+            const auto t0 = std::chrono::steady_clock::now();
+            sink_ += parallel_read(flush_.raw_data(), flush_bytes, threads_, read_.streams);
+            const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            read_gbps = std::max(read_gbps, double(flush_bytes) / s * 1e-9);
+        };
         const std::vector<double> best = best_seconds_in_turns(
-            calls, budget_, turn_rounds,
-            memory_bound ? std::function<void()>([&] { sink_ += parallel_read(flush_.raw_data(), flush_bytes, threads_); })
-                         : std::function<void()>(),
+            calls, budget_, turn_rounds, memory_bound ? std::function<void()>(flush) : std::function<void()>(),
             [&](size_t i) { err[i] = std::max(err[i], rel_err(shape_[i].result(), p.n, p.samples)); });
         double openblas_gflops = 0.0;  // the ratio base of this shape
         for (size_t i = 0; i < shape_.size(); ++i) {
@@ -340,10 +348,10 @@ private:
             const bool dots = !tiles && dot_gflops_ > 0.0 && (c.impl == "onednn.bf16" || c.kernel.ends_with(":avx512-bf16"));
             const double peak = tiles ? amx_gflops_ : dots ? dot_gflops_ : fma_.gflops;
             if (memory_bound) {
-                row.add("bound", "read_bw").add("of_bound", weight_bytes / s * 1e-9 / read_gbps_, 3);
+                row.add("bound", "read_bw").add("read_gbps", read_gbps, 4).add("of_bound", weight_bytes / s * 1e-9 / read_gbps, 3);
                 // The roofline: the lower of streaming the weight at the read peak and the
                 // arithmetic's peak (at M = 2-16 on AVX2 the FMAs bind, not the bytes).
-                const double streamed = read_gbps_ * 2.0 * double(p.m) * double(p.n) * double(p.k) / weight_bytes;
+                const double streamed = read_gbps * 2.0 * double(p.m) * double(p.n) * double(p.k) / weight_bytes;
                 const double roof = std::min(streamed, peak);
                 row.add("roofline_gflops", roof, 4).add("of_roofline", gflops / roof, 3);
             } else {
