@@ -19,6 +19,7 @@
 //   fp8kit.fused.f32, fp8kit.fused.bf16       A given in f32 or bf16 and quantized inside gemm()
 //                      (tensorwise): what a Linear layer's forward pays
 //   fp8kit.e4m3.pack   fp8kit.e4m3 with the weight packed inside every call, as OpenBLAS packs
+//   read               (M <= 16) a plain read of copies of the FP8 weight's bytes: of_bound's divisor
 // Columns: gflops = 2*M*N*K / seconds; vs_openblas = gflops / OpenBLAS's on the same shape;
 // weight_bytes = N*K * 4 (f32), 2 (bf16) or 1 (fp8). bound / of_bound: for M <= 16 a GEMM reads
 // each weight once and does little else, so it is bound by memory, and is measured out of cache,
@@ -28,11 +29,11 @@
 // each. Why both: the flush alone left weights that every call re-reads in the L3 of a Zen 5 (its
 // replacement keeps reused lines against a one-time stream): OpenBLAS's sgemv read 64 MiB of f32
 // weights at 1.3x the read peak. of_bound = weight_bytes / seconds / read_gbps, the read bandwidth
-// of the same minutes: the fastest of the flushes before the shape's calls (1 GiB each, with the
-// stream count of the read peak measured at the start, which is its own row: a shared VM's memory
-// bandwidth moved 50% between minutes, and a peak from the start of the run made the ratios move
-// with it); of_roofline = gflops / the lower of that bandwidth's rate (2M flops a weight byte)
-// and the arithmetic's peak below (at M = 2-16 on AVX2 the FMAs bind first). For larger M, of_bound = gflops / the peak of
+// of the same minutes and bytes: a plain read of as many copies of the FP8 weight's bytes takes
+// its turns with the implementations, after the same flush (row "read"; a shared VM's memory
+// bandwidth moved 1.5x between minutes, and the read peak measured at the run's start - its own
+// row - made the ratios move with it); of_roofline = gflops / the lower of that bandwidth's rate
+// (2M flops a weight byte) and the arithmetic's peak below (at M = 2-16 on AVX2 the FMAs bind first). For larger M, of_bound = gflops / the peak of
 // what the kernel multiplies: the AMX bf16 tile peak (TDPBF16PS, operands in tile registers) for
 // fp8kit's amx kernels and oneDNN's AMX bf16, the bf16 dot-product peak (VDPBF16PS) for oneDNN's
 // bf16 elsewhere and fp8kit's avx512-bf16 kernels, else the float32 FMA peak.
@@ -50,7 +51,6 @@
 // --quick: 512 square and M = 1, 8, 12, 16 with (4096, 4096) (12: a partial row tile), short budgets (~14 s on 2 idle cores).
 // Run by `bench_gemm [--json] [--quick]` and `fp8kit bench gemm`. Results: docs/PERF.md.
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -243,8 +243,8 @@ public:
            << (last_level_cache_bytes() >> 20) << " MiB.\n"
            << "gflops = 2*M*N*K / seconds; vs_openblas = gflops / OpenBLAS's; weight_bytes: 4 (f32), 2 (bf16), 1 (fp8)\n"
            << "per weight. M <= 16: out of cache (copies of each weight, 8x the last-level cache up to 1 GiB, taken in turn,\n"
-           << "and the caches flushed before each call), of_bound = weight_bytes / seconds / read_gbps (the fastest\n"
-           << "flush before the shape's calls: the read bandwidth of the same minutes),\n"
+           << "and the caches flushed before each call), of_bound = weight_bytes / seconds / read_gbps (a plain read of\n"
+           << "copies of the FP8 weight's bytes, in turns with the implementations: row \"read\"),\n"
            << "of_roofline = gflops / the lower of the read bandwidth's rate and the peak below;\n"
            << "larger M: of_bound = gflops / the peak of the kernel's arithmetic - the AMX tiles' for AMX kernels, the\n"
            << "bf16 dot products' for onednn.bf16 and the avx512-bf16 kernels, else the f32 FMAs'. rel_err: relative RMS\n"
@@ -311,17 +311,44 @@ private:
         const bool memory_bound = p.m <= memory_bound_m;
         std::vector<std::function<void()>> calls;
         for (const Candidate& c : shape_) calls.push_back(c.call);
+        // Memory-bound shapes: a plain read of copies of the FP8 weight's bytes (as many copies as
+        // fp8kit's, parallel_read with the read peak's streams) takes its turns with the
+        // implementations, after the same flush: the read bandwidth of the same minutes and bytes.
+        const size_t fp8_bytes = size_t(p.n * p.k);
+        std::vector<Tensor> read_copies;
+        size_t next_read = 0;
+        if (memory_bound) {
+            for (int c = 0; c < weight_copies(p.m, double(fp8_bytes)); ++c) {
+                read_copies.push_back(Tensor::empty({int64_t(fp8_bytes)}, DType::u8));
+                std::memset(read_copies.back().raw_data(), 1, fp8_bytes);
+            }
+            calls.push_back([&] {
+                sink_ += parallel_read(read_copies[next_read++ % read_copies.size()].raw_data(), fp8_bytes, threads_, read_.streams);
+            });
+        }
         std::vector<double> err(shape_.size(), 0.0);
-        double read_gbps = 0.0;  // the fastest flush among this shape's calls: the read peak of their minutes
-        const auto flush = [&] {
-            const auto t0 = std::chrono::steady_clock::now();
-            sink_ += parallel_read(flush_.raw_data(), flush_bytes, threads_, read_.streams);
-            const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-            read_gbps = std::max(read_gbps, double(flush_bytes) / s * 1e-9);
-        };
         const std::vector<double> best = best_seconds_in_turns(
-            calls, budget_, turn_rounds, memory_bound ? std::function<void()>(flush) : std::function<void()>(),
-            [&](size_t i) { err[i] = std::max(err[i], rel_err(shape_[i].result(), p.n, p.samples)); });
+            calls, budget_, turn_rounds,
+            memory_bound ? std::function<void()>([&] { sink_ += parallel_read(flush_.raw_data(), flush_bytes, threads_); })
+                         : std::function<void()>(),
+            [&](size_t i) {
+                if (i < shape_.size()) err[i] = std::max(err[i], rel_err(shape_[i].result(), p.n, p.samples));
+            });
+        const double read_gbps = memory_bound ? double(fp8_bytes) / best.back() * 1e-9 : 0.0;
+        if (memory_bound) {
+            rows_.push_back(Row()
+                                .add("bench", "gemm")
+                                .add("impl", "read")
+                                .add("m", (long long)p.m)
+                                .add("n", (long long)p.n)
+                                .add("k", (long long)p.k)
+                                .add("threads", (long long)threads_)
+                                .add("kernel", std::string(read_.isa) + " loads, " + std::to_string(read_.streams) + " streams")
+                                .add("seconds", best.back(), 4)
+                                .add("weight_bytes", (long long)fp8_bytes)
+                                .add("copies", (long long)read_copies.size())
+                                .add("read_gbps", read_gbps, 4));
+        }
         double openblas_gflops = 0.0;  // the ratio base of this shape
         for (size_t i = 0; i < shape_.size(); ++i) {
             const Candidate& c = shape_[i];

@@ -25,7 +25,7 @@ import tempfile
 
 # The fields that name a row of `fp8kit bench ... --json` (the rest are measurements).
 KEY_FIELDS = ("bench", "impl", "op", "dtype", "scaling", "cache", "shape", "m", "n", "k")
-PEERS = ("openblas", "onednn", "memcpy", "read_bw", "fma_peak", "dot_bf16_peak")
+PEERS = ("openblas", "onednn", "memcpy", "read_bw", "impl=read ", "fma_peak", "dot_bf16_peak")
 # fp8kit train's table: recipe, final loss, gap to f32, then (builds with --seeds) its +- and the
 # per-seed gaps, "-" with one seed, then tokens/s.
 TRAIN_ROW = re.compile(r"^(\w+)\s+[\d.]+\s+[+-][\d.]+%\s+(?:\S+\s+\S+\s+)?(\d+)\s")
