@@ -33,10 +33,11 @@
 // its turns with the implementations, after the same flush (row "read"; a shared VM's memory
 // bandwidth moved 1.5x between minutes, and the read peak measured at the run's start - its own
 // row - made the ratios move with it); of_roofline = gflops / the lower of that bandwidth's rate
-// (2M flops a weight byte) and the arithmetic's peak below (at M = 2-16 on AVX2 the FMAs bind first). For larger M, of_bound = gflops / the peak of
-// what the kernel multiplies: the AMX bf16 tile peak (TDPBF16PS, operands in tile registers) for
-// fp8kit's amx kernels and oneDNN's AMX bf16, the bf16 dot-product peak (VDPBF16PS) for oneDNN's
-// bf16 elsewhere and fp8kit's avx512-bf16 kernels, else the float32 FMA peak.
+// (2M flops a weight byte) and the arithmetic's peak below (at M = 2-16 on AVX2 the FMAs bind
+// first). For larger M, of_bound = gflops / the peak of what the kernel multiplies: the AMX bf16
+// tile peak (TDPBF16PS, operands in tile registers) for fp8kit's amx kernels and oneDNN's AMX
+// bf16, the bf16 dot-product peak (VDPBF16PS) for oneDNN's bf16 elsewhere and fp8kit's
+// avx512-bf16 kernels, else the float32 FMA peak.
 // The implementations of a shape take turns (best_seconds_in_turns: five rounds of a fifth of the
 // budget each), so that a minute of higher memory bandwidth on a shared VM reaches all of them;
 // the time is each one's fastest call. Each one's D is checked after each of its turns.
