@@ -143,9 +143,13 @@ uint32_t make_scales(const uint32_t* acc, int64_t rows, int64_t cols, const Scal
     uint32_t total = 0;
     for (int64_t k = 0; k < n; ++k) total = std::max(total, acc[k]);
     if (rule.mx) {
+        auto* out = static_cast<uint8_t*>(scale_inv);
+        if (ld_c == 1 && (rows == 1 || ld_r == cols)) {  // acc's own order: the codes straight into place
+            active_kernels().mx_scales(acc, size_t(n), rule.format, rule.mx_rounding, out, mult);
+            return total;
+        }
         detail::Scratch<uint8_t> codes(n);
         active_kernels().mx_scales(acc, size_t(n), rule.format, rule.mx_rounding, codes.get(), mult);
-        auto* out = static_cast<uint8_t*>(scale_inv);
         for (int64_t r = 0; r < rows; ++r) {
             if (ld_c == 1) {
                 std::memcpy(out + r * ld_r, codes.get() + r * cols, size_t(cols));
